@@ -1,0 +1,35 @@
+"""Errors of the consumer-group core. Messages name the field and the rule; never a secret."""
+
+from __future__ import annotations
+
+
+class ConsumerGroupError(Exception):
+    """Base class of every error raised by the core."""
+
+
+class ConfigError(ConsumerGroupError, ValueError):
+    """Invalid input. ``field`` names the offending field, ``rule`` the rule it breaks."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        self.field = field
+        self.rule = rule
+        super().__init__(f"{field}: {rule}")
+
+
+class GroupNotFound(ConsumerGroupError, LookupError):
+    def __init__(self, stream: str, group: str) -> None:
+        self.stream, self.group = stream, group
+        super().__init__(f"consumer group {group!r} on stream {stream!r} does not exist")
+
+
+class JetStreamApiError(ConsumerGroupError):
+    """The JetStream API refused a request (``code`` HTTP-like status, ``err_code`` JS code)."""
+
+    def __init__(self, code: int, err_code: int, description: str, subject: str = "") -> None:
+        self.code, self.err_code, self.description, self.subject = code, err_code, description, subject
+        where = f" ({subject})" if subject else ""
+        super().__init__(f"JetStream API error {code}/{err_code}: {description}{where}")
+
+
+class ServerUnavailable(ConsumerGroupError, ConnectionError):
+    """The server could not be reached or did not answer in time."""
