@@ -1,0 +1,139 @@
+"""Raw JetStream API requests, for what nats-py 2.16 cannot say.
+
+nats-py drops priority-group fields from consumer configs and cannot create a consumer with
+create-only semantics, so consumers are created, inspected and unpinned here with plain
+requests to ``$JS.API.*``. Every reply is JSON; an ``error`` member becomes
+:class:`~airflow_provider_cg.core.errors.JetStreamApiError`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from airflow_provider_cg.core.errors import JetStreamApiError, ServerUnavailable
+
+DEFAULT_PREFIX = "$JS.API"
+
+# JetStream error codes used by the core.
+ERR_CONSUMER_NOT_FOUND = 10014
+ERR_STREAM_NOT_FOUND = 10059
+ERR_NO_MESSAGE_FOUND = 10037
+ERR_WQ_CONSUMER_NOT_UNIQUE = 10100  # overlapping filters on a work-queue stream
+ERR_CONSUMER_EXISTS = 10148  # create-only on a consumer that exists with another config
+ERR_STREAM_NAME_IN_USE = 10058
+
+
+class JsApi:
+    """Thin request/reply client of the JetStream API on a nats-py connection."""
+
+    def __init__(self, nc, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> None:
+        self.nc = nc
+        self.prefix = prefix
+        self.timeout = timeout
+
+    async def request(self, suffix: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> dict:
+        subject = f"{self.prefix}.{suffix}"
+        payload = json.dumps(body).encode() if body is not None else b""
+        try:
+            msg = await self.nc.request(subject, payload, timeout=timeout or self.timeout)
+        except NoRespondersError:
+            raise ServerUnavailable(f"JetStream is not enabled or not reachable ({subject})") from None
+        except (NatsTimeoutError, TimeoutError):
+            raise ServerUnavailable(f"no JetStream API answer within {timeout or self.timeout}s ({subject})") from None
+        reply = json.loads(msg.data) if msg.data else {}
+        err = reply.get("error")
+        if err:
+            raise JetStreamApiError(err.get("code", 0), err.get("err_code", 0), err.get("description", ""), subject)
+        return reply
+
+    # --- streams -------------------------------------------------------------------------
+
+    async def stream_info(self, stream: str, subjects_filter: str | None = None) -> dict:
+        """Stream info; with ``subjects_filter`` the per-subject counts of every page are merged."""
+        if subjects_filter is None:
+            return await self.request(f"STREAM.INFO.{stream}")
+        info: dict | None = None
+        subjects: dict[str, int] = {}
+        offset = 0
+        while True:
+            page = await self.request(f"STREAM.INFO.{stream}", {"subjects_filter": subjects_filter, "offset": offset})
+            info = info or page
+            got = page.get("state", {}).get("subjects") or {}
+            subjects.update(got)
+            total = page.get("total", 0)
+            offset += len(got)
+            if not got or offset >= total:
+                break
+        assert info is not None
+        info.setdefault("state", {})["subjects"] = subjects
+        return info
+
+    async def add_stream(self, config: dict) -> dict:
+        return await self.request(f"STREAM.CREATE.{config['name']}", config)
+
+    async def update_stream(self, config: dict) -> dict:
+        return await self.request(f"STREAM.UPDATE.{config['name']}", config)
+
+    async def delete_stream(self, stream: str) -> bool:
+        try:
+            await self.request(f"STREAM.DELETE.{stream}")
+            return True
+        except JetStreamApiError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:
+                return False
+            raise
+
+    async def get_msg(self, stream: str, seq: int) -> dict | None:
+        """The stored message at ``seq`` (base64 ``data``/``hdrs``), or None if it is gone."""
+        try:
+            reply = await self.request(f"STREAM.MSG.GET.{stream}", {"seq": seq})
+        except JetStreamApiError as e:
+            if e.err_code == ERR_NO_MESSAGE_FOUND or e.code == 404:
+                return None
+            raise
+        return reply.get("message")
+
+    # --- consumers -----------------------------------------------------------------------
+
+    async def create_consumer(self, stream: str, config: dict, action: str | None = "create") -> dict:
+        """Create a named consumer. ``action="create"`` fails if it exists with another config."""
+        name = config.get("name") or config.get("durable_name")
+        body: dict[str, Any] = {"stream_name": stream, "config": config}
+        if action:
+            body["action"] = action
+        return await self.request(f"CONSUMER.CREATE.{stream}.{name}", body)
+
+    async def consumer_info(self, stream: str, consumer: str) -> dict | None:
+        """Consumer info (with ``priority_groups`` state), or None if it does not exist."""
+        try:
+            return await self.request(f"CONSUMER.INFO.{stream}.{consumer}")
+        except JetStreamApiError as e:
+            if e.err_code == ERR_CONSUMER_NOT_FOUND:
+                return None
+            raise
+
+    async def delete_consumer(self, stream: str, consumer: str) -> bool:
+        try:
+            await self.request(f"CONSUMER.DELETE.{stream}.{consumer}")
+            return True
+        except JetStreamApiError as e:
+            if e.err_code == ERR_CONSUMER_NOT_FOUND:
+                return False
+            raise
+
+    async def list_consumers(self, stream: str) -> list[dict]:
+        out: list[dict] = []
+        while True:
+            page = await self.request(f"CONSUMER.LIST.{stream}", {"offset": len(out)})
+            got = page.get("consumers") or []
+            out.extend(got)
+            if not got or len(out) >= page.get("total", 0):
+                return out
+
+    async def unpin(self, stream: str, consumer: str, group: str) -> None:
+        """Clear the pin of ``group``; the server then picks another waiting instance."""
+        await self.request(f"CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
