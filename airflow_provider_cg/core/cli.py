@@ -1,0 +1,509 @@
+"""The ``cg`` command: administer partitioned consumer groups (orbit ``pcgroups`` compatible).
+
+Server commands: ``create``, ``info``, ``ls``, ``rm``, ``add``, ``drop``, ``mapping set|rm``,
+``step-down``, ``members``, ``status``, ``reconcile``. Offline: ``plan`` (which member gets
+which partition, and what moves on a membership change) and ``hash`` (the partition of
+subjects, as the server computes it).
+
+Secrets never go on the command line: passwords, tokens, nkey seeds and creds come from files
+(``--password-file``, ``--token-file``, ``--nkey``, ``--creds``) or from ``CG_NATS_*``
+environment variables (see :class:`~airflow_provider_cg.core.connection.NatsConnectionSettings`).
+
+Exit status: 0 success, 1 invalid input (``cg: error: <field>: <rule>`` on stderr), 2 the
+server refused or could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from airflow_provider_cg.core import config as cgconfig
+from airflow_provider_cg.core import partitioning
+from airflow_provider_cg.core.connection import ENV_PREFIX, NatsConnectionSettings
+from airflow_provider_cg.core.errors import (
+    ConfigError,
+    ConsumerGroupError,
+    GroupNotFound,
+    JetStreamApiError,
+    ServerUnavailable,
+)
+
+EXIT_OK, EXIT_INPUT, EXIT_SERVER = 0, 1, 2
+ENV_SERVERS = ENV_PREFIX + "SERVERS"
+
+
+class _UsageError(Exception):
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field, self.rule = field, rule
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting with status 2 (2 means "server" here)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        m = re.match(r"argument ([^:]+): (.*)", message)
+        if m:
+            names = m.group(1).split("/")
+            raise _UsageError(names[-1].lstrip("-"), m.group(2))
+        m = re.match(r"the following arguments are required: (.*)", message)
+        if m:
+            missing = [a.strip().lstrip("-") for a in m.group(1).split(",")]
+            raise _UsageError(missing[0], "is required" + (f" (and {', '.join(missing[1:])})" if missing[1:] else ""))
+        raise _UsageError("arguments", message)
+
+
+# --- formatting ---------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """An aligned text table (no trailing spaces)."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells)
+
+
+def ranges(parts: Sequence[int]) -> str:
+    """``[0,1,2,5]`` -> ``"0-2,5"``; empty -> ``"-"``."""
+    ps = sorted(parts)
+    if not ps:
+        return "-"
+    out, start, prev = [], ps[0], ps[0]
+    for p in ps[1:] + [None]:  # type: ignore[list-item]
+        if p is not None and p == prev + 1:
+            prev = p
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if p is not None:
+            start = prev = p
+    return ",".join(out)
+
+
+def _emit(args, data: Any, text: str, out: TextIO) -> None:
+    if getattr(args, "json", False):
+        out.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
+    else:
+        out.write(text.rstrip("\n") + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, tuple | set):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+# --- input parsing ------------------------------------------------------------------------
+
+
+def _csv(values: Sequence[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out.extend(x.strip() for x in v.split(",") if x.strip())
+    return out
+
+
+def _ints(field: str, text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.replace(" ", ",").split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(field, f"expected comma-separated integers, got {text!r}") from None
+
+
+def _read_secret(field: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError as e:
+        raise ConfigError(field, f"cannot read {path!r}: {e.strerror}") from None
+
+
+def settings_from_args(args, environ: dict[str, str] | None = None) -> NatsConnectionSettings:
+    """Connection settings: ``CG_NATS_*`` environment, then the command-line options."""
+    env = os.environ if environ is None else environ
+    try:
+        values = NatsConnectionSettings.from_env(env).to_dict()
+    except (OSError, ValueError) as e:
+        raise ConfigError(ENV_PREFIX + "*", str(e)) from None
+    servers = _csv(args.server)
+    if servers:
+        values["servers"] = servers
+    if args.user:
+        values["user"] = args.user
+    for opt, key in (("password_file", "password"), ("token_file", "token"), ("nkey", "nkey_seed"), ("creds", "creds")):
+        path = getattr(args, opt)
+        if path:
+            values[key] = _read_secret(opt.replace("_", "-"), path)
+    for opt, key in (("tlsca", "tls_ca"), ("tlscert", "tls_cert"), ("tlskey", "tls_key")):
+        path = getattr(args, opt)
+        if path:
+            if not os.path.isfile(path):
+                raise ConfigError(opt, f"{path!r} is not a file")
+            values[key] = path
+    values["connect_timeout"] = args.timeout
+    values.setdefault("name", "cg")
+    try:
+        return NatsConnectionSettings.from_mapping(values)
+    except (TypeError, ValueError) as e:
+        field, _, rule = str(e).partition(": ")
+        raise ConfigError(field if rule else "server", rule or str(e)) from None
+
+
+# --- the parser ---------------------------------------------------------------------------
+
+
+def _common(json_only: bool = False) -> argparse.ArgumentParser:
+    p = _Parser(add_help=False)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    if json_only:
+        return p
+    g = p.add_argument_group("connection (secrets only from files or CG_NATS_* variables)")
+    g.add_argument("--server", "-s", action="append", metavar="URL",
+                   help=f"NATS server URL, repeatable or comma-separated (default ${ENV_SERVERS} "
+                        "or nats://127.0.0.1:4222)")
+    g.add_argument("--user", help="user name (its password from --password-file or CG_NATS_PASSWORD)")
+    g.add_argument("--password-file", metavar="FILE")
+    g.add_argument("--token-file", metavar="FILE")
+    g.add_argument("--nkey", metavar="FILE", help="file holding an nkey seed")
+    g.add_argument("--creds", metavar="FILE", help="NATS credentials (JWT + seed) file")
+    g.add_argument("--tlsca", metavar="FILE")
+    g.add_argument("--tlscert", metavar="FILE")
+    g.add_argument("--tlskey", metavar="FILE")
+    g.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="connect and request timeout")
+    g.add_argument("--js-prefix", default="$JS.API", metavar="PREFIX", help="JetStream API prefix")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common, offline = _common(), _common(json_only=True)
+    parser = _Parser(prog="cg", description="Partitioned consumer groups on NATS JetStream (orbit pcgroups compatible).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def cmd(name: str, help: str, parents=(common,), **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, parents=list(parents), **kw)
+
+    def sg(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("stream", metavar="STREAM")
+        p.add_argument("group", metavar="GROUP")
+        return p
+
+    p = cmd("create", "create a static or elastic group (idempotent for the same config)")
+    p.add_argument("kind", choices=cgconfig.KINDS, metavar="{static,elastic}")
+    sg(p)
+    p.add_argument("--max-members", type=int, required=True, metavar="N", help="number of partitions")
+    p.add_argument("--filter", action="append", default=[], metavar="F",
+                   help="subject filter, repeatable (elastic: partitioning filter; static: member filter)")
+    p.add_argument("--wildcards", action="append", default=[], metavar="1,2",
+                   help="elastic: partitioning wildcard indexes of the matching --filter (one per --filter)")
+    p.add_argument("--max-buffered-msgs", type=int, default=0, metavar="N", help="elastic: work-queue limit")
+    p.add_argument("--max-buffered-bytes", type=int, default=0, metavar="N", help="elastic: work-queue limit")
+    p.add_argument("--members", action="append", metavar="a,b")
+    p.add_argument("--mappings", metavar="JSON", help='[{"member":"m1","partitions":[0,1]},...] or {"m1":[0,1]}')
+
+    sg(cmd("info", "show a group's config, assignment and active members"))
+    p = cmd("ls", "list groups")
+    p.add_argument("stream", nargs="?", metavar="STREAM")
+    sg(cmd("rm", "delete a group (config, work-queue stream / member consumers)"))
+    for name, help in (("add", "add members (elastic)"), ("drop", "drop members (elastic)")):
+        sg(cmd(name, help)).add_argument("members", nargs="+", metavar="MEMBER")
+    p = cmd("mapping", "set or remove explicit member -> partitions mappings (elastic)")
+    msub = p.add_subparsers(dest="mapping_command", metavar="{set,rm}", parser_class=_Parser)
+    msub.required = True
+    sg(msub.add_parser("set", help="set the mappings", parents=[common])).add_argument("mappings", metavar="JSON")
+    sg(msub.add_parser("rm", help="remove the mappings", parents=[common]))
+    sg(cmd("step-down", "unpin a member's active instance")).add_argument("member", metavar="MEMBER")
+    sg(cmd("members", "member consumers: partitions, pin, pending"))
+    sg(cmd("status", "backlog per partition and member"))
+    sg(cmd("reconcile", "re-apply the membership to the member consumers"))
+
+    p = cmd("plan", "offline: partitions per member, and what moves with --next-members", parents=(offline,))
+    p.add_argument("--max-members", type=int, required=True, metavar="N")
+    p.add_argument("--members", action="append", metavar="a,b,c")
+    p.add_argument("--mappings", metavar="JSON")
+    p.add_argument("--next-members", action="append", metavar="a,b,c,d")
+    p.add_argument("--next-mappings", metavar="JSON")
+
+    p = cmd("hash", "offline: the partition of subjects (SUBJECT... or - for stdin)", parents=(offline,))
+    p.add_argument("--partitions", type=int, required=True, metavar="N")
+    p.add_argument("--filter", metavar="F", help="partitioning filter the subjects match")
+    p.add_argument("--wildcards", default="", metavar="1,2", help="wildcard indexes of --filter to hash")
+    p.add_argument("subjects", nargs="+", metavar="SUBJECT")
+    return parser
+
+
+# --- offline commands -----------------------------------------------------------------------
+
+
+def _membership(field: str, members: list[str], mappings_json: str | None) -> dict[str, Any]:
+    from airflow_provider_cg.core.groups import parse_mappings
+
+    if mappings_json is not None:
+        return {"members": tuple(members), "member_mappings": tuple(parse_mappings(mappings_json))}
+    return {"members": tuple(members), "member_mappings": ()}
+
+
+def cmd_plan(args, out: TextIO) -> int:
+    cfg = cgconfig.ElasticGroupConfig(
+        max_members=args.max_members, **_membership("members", _csv(args.members), args.mappings)
+    ).validate()
+    assignment = {m: sorted(p) for m, p in partitioning.assign_partitions(cfg).items()}
+    data: dict[str, Any] = {"max_members": cfg.max_members, "assignment": assignment}
+    lines = []
+    if args.next_members is None and args.next_mappings is None:
+        lines.append(table(["MEMBER", "PARTITIONS", "COUNT"], [(m, ranges(p), len(p)) for m, p in assignment.items()]))
+    else:
+        nxt = cgconfig.ElasticGroupConfig(
+            max_members=args.max_members, **_membership("next_members", _csv(args.next_members), args.next_mappings)
+        ).validate()
+        nassign = {m: sorted(p) for m, p in partitioning.assign_partitions(nxt).items()}
+        moves = _moves(assignment, nassign)
+        data.update(next_assignment=nassign, moves=moves)
+        rows = [
+            (m, ranges(assignment.get(m, [])), ranges(nassign.get(m, [])))
+            for m in sorted(set(assignment) | set(nassign))
+        ]
+        lines.append(table(["MEMBER", "PARTITIONS", "NEXT"], rows))
+        lines.append("")
+        if moves:
+            lines.append(f"{len(moves)} of {cfg.max_members} partitions move:")
+            lines.append(table(["PARTITION", "FROM", "TO"], [(mv["partition"], mv["from"] or "-", mv["to"] or "-")
+                                                             for mv in moves]))
+        else:
+            lines.append("no partition moves")
+    _emit(args, data, "\n".join(lines), out)
+    return EXIT_OK
+
+
+def _moves(old: dict[str, list[int]], new: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """Normalised ``plan_moves`` output: ``[{"partition", "from", "to"}]`` sorted by partition."""
+    moves = []
+    for mv in partitioning.plan_moves(old, new):
+        if isinstance(mv, dict):
+            p, a, b = mv["partition"], mv.get("from"), mv.get("to")
+        elif hasattr(mv, "partition"):
+            p, a, b = mv.partition, getattr(mv, "from_member", None), getattr(mv, "to_member", None)
+        else:
+            p, a, b = mv
+        moves.append({"partition": p, "from": a, "to": b})
+    return sorted(moves, key=lambda m: m["partition"])
+
+
+def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
+    if args.partitions < 1:
+        raise ConfigError("partitions", "must be >= 1")
+    wildcards = _ints("wildcards", args.wildcards) if args.wildcards else ()
+    if wildcards and not args.filter:
+        raise ConfigError("wildcards", "need --filter (the indexes count the filter's '*' tokens)")
+    if args.filter:
+        cgconfig.ElasticGroupConfig(
+            max_members=args.partitions,
+            partitioning_filters=(cgconfig.PartitioningFilter(args.filter, wildcards),),
+        ).validate()
+    subjects: list[str] = []
+    for s in args.subjects:
+        if s == "-":
+            subjects.extend(line.strip() for line in stdin if line.strip())
+        else:
+            subjects.append(s)
+    rows = []
+    for s in subjects:
+        cgconfig.validate_subject("subject", s, wildcards=False)
+        rows.append({"subject": s, "partition": partitioning.partition_of(s, args.partitions, wildcards, args.filter)})
+    _emit(args, rows, table(["SUBJECT", "PARTITION"], [(r["subject"], r["partition"]) for r in rows]), out)
+    return EXIT_OK
+
+
+# --- server commands ------------------------------------------------------------------------
+
+
+def _create_config(args) -> cgconfig.GroupConfig:
+    members = _csv(args.members)
+    mappings = None
+    if args.mappings is not None:
+        from airflow_provider_cg.core.groups import parse_mappings
+
+        mappings = tuple(parse_mappings(args.mappings))
+    if args.kind == cgconfig.STATIC:
+        if args.wildcards:
+            raise ConfigError("wildcards", "only for elastic groups")
+        if args.max_buffered_msgs or args.max_buffered_bytes:
+            raise ConfigError("max-buffered-msgs" if args.max_buffered_msgs else "max-buffered-bytes",
+                              "only for elastic groups")
+        return cgconfig.StaticGroupConfig(args.max_members, tuple(args.filter), tuple(members), mappings or ())
+    if args.wildcards and len(args.wildcards) != len(args.filter):
+        raise ConfigError("wildcards", "give one --wildcards per --filter (in the same order)")
+    pfs = tuple(
+        cgconfig.PartitioningFilter(f, _ints("wildcards", args.wildcards[i]) if args.wildcards else ())
+        for i, f in enumerate(args.filter)
+    )
+    return cgconfig.ElasticGroupConfig(
+        args.max_members, pfs, args.max_buffered_msgs, args.max_buffered_bytes, tuple(members), mappings or ()
+    )
+
+
+def _describe(info, states=None) -> str:
+    cfg = info.config
+    lines = [f"group:        {info.group} on stream {info.stream} ({info.kind}, revision {info.revision})",
+             f"max members:  {cfg.max_members} (partitions)"]
+    if info.kind == cgconfig.ELASTIC:
+        fl = [f"{pf.filter} (wildcards {','.join(map(str, pf.partitioning_wildcards)) or 'none: whole subject'})"
+              for pf in cfg.partitioning_filters]
+        lines.append(f"filters:      {'; '.join(fl) or '> (whole subject)'}")
+        lines.append(f"buffer:       max msgs {cfg.max_buffered_msgs or 'unlimited'}, "
+                     f"max bytes {cfg.max_buffered_bytes or 'unlimited'}")
+        lines.append(f"work queue:   {cgconfig.work_queue_stream(info.stream, info.group)}")
+    else:
+        lines.append(f"filters:      {', '.join(cfg.filters) or '> (all)'}")
+    if cfg.member_mappings:
+        lines.append("mappings:     " + "; ".join(f"{m.member}={ranges(m.partitions)}" for m in cfg.member_mappings))
+    else:
+        lines.append(f"members:      {', '.join(cfg.members) or '(none)'}")
+    assignment = partitioning.assign_partitions(cfg)
+    if states is not None:
+        rows = [(s.member, ranges(s.partitions), "yes" if s.consumer_exists else "no", s.pinned_id or "-")
+                for s in states]
+        lines += ["", table(["MEMBER", "PARTITIONS", "ACTIVE", "PINNED"], rows)]
+    elif assignment:
+        lines += ["", table(["MEMBER", "PARTITIONS"], [(m, ranges(p)) for m, p in assignment.items()])]
+    return "\n".join(lines)
+
+
+def _members_table(states) -> str:
+    rows = [
+        (s.member, ranges(s.partitions), "yes" if s.consumer_exists else "no",
+         ("" if s.filters_current else "stale ") + (s.pinned_id or "-"), s.num_pending, s.num_ack_pending,
+         s.num_redelivered, s.num_waiting)
+        for s in states
+    ]
+    return table(["MEMBER", "PARTITIONS", "CONSUMER", "PINNED", "PENDING", "ACK_PENDING", "REDELIVERED", "WAITING"],
+                 rows)
+
+
+async def _online(args, out: TextIO) -> int:
+    from airflow_provider_cg.core.groups import ConsumerGroups
+
+    settings = settings_from_args(args)
+    if args.command == "create":  # check the input before touching the network
+        created_cfg = _create_config(args)
+        created_cfg.validate(args.stream, args.group)
+    nc = await settings.connect(max_reconnect_attempts=1)
+    try:
+        cg = ConsumerGroups(nc, js_prefix=args.js_prefix, timeout=args.timeout)
+        c = args.command
+        if c == "create":
+            info = await cg.create(args.stream, args.group, created_cfg)
+            verb = "created" if info.created else "exists (same config):"
+            _emit(args, {**info.to_dict(), "created": info.created},
+                  f"{verb} {info.kind} group {args.group} on stream {args.stream}\n\n{_describe(info)}", out)
+        elif c == "info":
+            info = await cg.get(args.stream, args.group)
+            states = await cg.member_info(args.stream, args.group)
+            data = {**info.to_dict(), "active_members": [s.member for s in states if s.consumer_exists]}
+            _emit(args, data, _describe(info, states), out)
+        elif c == "ls":
+            groups = await cg.list(args.stream)
+            data = [{"kind": k, "stream": s, "group": g} for k, s, g in groups]
+            _emit(args, data, table(["KIND", "STREAM", "GROUP"], groups) if groups else "no consumer groups", out)
+        elif c == "rm":
+            info = await cg.delete(args.stream, args.group)
+            _emit(args, {"deleted": True, "kind": info.kind, "stream": args.stream, "group": args.group},
+                  f"deleted {info.kind} group {args.group} on stream {args.stream}", out)
+        elif c in ("add", "drop", "mapping"):
+            if c == "add":
+                info = await cg.add_members(args.stream, args.group, _csv(args.members))
+            elif c == "drop":
+                info = await cg.drop_members(args.stream, args.group, _csv(args.members))
+            elif args.mapping_command == "set":
+                info = await cg.set_mappings(args.stream, args.group, args.mappings)
+            else:
+                info = await cg.delete_mappings(args.stream, args.group)
+            _emit(args, info.to_dict(), _describe(info), out)
+        elif c == "step-down":
+            await cg.step_down(args.stream, args.group, args.member)
+            _emit(args, {"stepped_down": args.member, "stream": args.stream, "group": args.group},
+                  f"asked the active instance of member {args.member} to step down", out)
+        elif c == "members":
+            states = await cg.member_info(args.stream, args.group)
+            _emit(args, [s.to_dict() for s in states], _members_table(states) if states else "no members", out)
+        elif c == "status":
+            st = await cg.status(args.stream, args.group)
+            _emit(args, st.to_dict(), _status_text(st), out)
+        elif c == "reconcile":
+            done = await cg.reconcile(args.stream, args.group)
+            _emit(args, done, f"deleted: {', '.join(done['deleted']) or '-'}\n"
+                              f"re-created: {', '.join(done['recreated']) or '-'}", out)
+        return EXIT_OK
+    finally:
+        await nc.close()
+
+
+def _status_text(st) -> str:
+    lines = [f"group:        {st.group} on stream {st.stream} ({st.kind}, revision {st.revision})",
+             f"backlog:      {st.backlog}  pending {st.num_pending}  ack pending {st.num_ack_pending}  "
+             f"redelivered {st.num_redelivered}"]
+    if st.kind == cgconfig.ELASTIC:
+        fill = st.buffer_fill
+        lines.append(f"buffer:       {st.buffered_msgs} msgs / {st.buffered_bytes} bytes"
+                     + (f" ({fill:.0%} full)" if fill is not None else "")
+                     + (f", source lag {st.source_lag}" if st.source_lag is not None else ""))
+    if st.inactive_members:
+        lines.append(f"no consumer:  {', '.join(st.inactive_members)}")
+    if st.unassigned_partitions:
+        lines.append(f"unassigned:   partitions {ranges(st.unassigned_partitions)}")
+    owner = {p: m.member for m in st.members for p in m.partitions}
+    label = "BACKLOG" if st.kind == cgconfig.ELASTIC else "STORED"
+    lines += ["", table(["PARTITION", "MEMBER", label], [(p, owner.get(p, "-"), n) for p, n in sorted(st.partitions.items())])]
+    if st.members:
+        lines += ["", _members_table(st.members)]
+    return "\n".join(lines)
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def _error(err: TextIO, field: str, rule: str) -> None:
+    err.write(f"cg: error: {field}: {rule}\n")
+
+
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None,
+         stdin: TextIO | None = None) -> int:
+    """Run ``cg``; return the exit status (0 ok, 1 invalid input, 2 server refused/unreachable)."""
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except _UsageError as e:
+        _error(err, e.field, e.rule)
+        return EXIT_INPUT
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    try:
+        if args.command == "plan":
+            return cmd_plan(args, out)
+        if args.command == "hash":
+            return cmd_hash(args, out, stdin or sys.stdin)
+        return asyncio.run(_online(args, out))
+    except ConfigError as e:
+        _error(err, e.field, e.rule)
+        return EXIT_INPUT
+    except GroupNotFound as e:
+        _error(err, "group", str(e))
+        return EXIT_INPUT
+    except (JetStreamApiError, ServerUnavailable, ConnectionError, ConsumerGroupError) as e:
+        _error(err, "server", str(e))
+        return EXIT_SERVER
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

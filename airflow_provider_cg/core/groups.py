@@ -1,0 +1,842 @@
+"""Administration of partitioned consumer groups, compatible with Synadia orbit ``pcgroups``.
+
+:class:`ConsumerGroups` creates, reads, lists and deletes groups (config in the KV buckets
+``static-consumer-groups`` / ``elastic-consumer-groups``, key ``<stream>.<group>``), changes
+an elastic group's membership with compare-and-set and then moves the member consumers over
+safely, builds and ensures member consumers, steps a member's pinned instance down, and
+reports member state and per-partition backlog.
+
+Membership transition (seed 000, "Transitioning"), run after every membership write and by
+:meth:`ConsumerGroups.reconcile`:
+
+1. read the latest config and every member consumer (priority group ``PCG``) of the group;
+2. delete every consumer whose filter subjects differ from what the config now gives its
+   member (all deletes first: a work-queue stream refuses overlapping filters, 10100);
+3. pause briefly so running instances notice the deletion;
+4. re-create, create-only, the consumers of members that had one and are still members,
+   keeping their settings (ack wait, max ack pending, ...) with the new filters; an overlap
+   (10100) is retried with backoff until a deadline;
+5. if the config changed meanwhile, go round again.
+
+Members that had no consumer get none: a consumer means "an instance is running" (orbit
+lists active members that way), and a member job ensures its own consumer when it starts.
+The work-queue stream keeps every unacknowledged message, and a re-created consumer starts
+at the first message still there, so nothing is skipped; an in-flight ack to a deleted
+consumer fails (double ack) and the message goes to the new owner.
+
+Static groups consume the origin stream directly with durable consumers; their position
+cannot be carried from one member to another, so their membership is fixed at creation
+(as in orbit): change it by deleting and re-creating the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.js.api import StorageType
+
+from airflow_provider_cg.core import config as cgconfig
+from airflow_provider_cg.core import partitioning
+from airflow_provider_cg.core.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
+from airflow_provider_cg.core.errors import (
+    ConfigError,
+    ConsumerGroupError,
+    GroupNotFound,
+    JetStreamApiError,
+    ServerUnavailable,
+)
+from airflow_provider_cg.core.jsapi import (
+    DEFAULT_PREFIX,
+    ERR_CONSUMER_EXISTS,
+    ERR_STREAM_NAME_IN_USE,
+    ERR_STREAM_NOT_FOUND,
+    ERR_WQ_CONSUMER_NOT_UNIQUE,
+    JsApi,
+)
+
+STATIC, ELASTIC = "static", "elastic"
+KINDS = (STATIC, ELASTIC)
+PRIORITY_GROUP = "PCG"
+DEFAULT_ACK_WAIT = 30.0  # seconds
+IDLE_FACTOR = 2  # orbit: elastic inactive_threshold = ack_wait * 2
+MIN_PRIORITY_TIMEOUT = 1.0  # seconds
+TRANSITION_PAUSE = 0.5  # seconds, seed 000
+CAS_ATTEMPTS = 50
+NS = 1_000_000_000
+_ZERO_TS = "0001-01-01T00:00:00Z"
+
+
+
+# --- results ------------------------------------------------------------------------------
+
+
+@dataclass
+class GroupInfo:
+    """A stored group: its kind, config and KV revision."""
+
+    kind: str
+    config: GroupConfig
+    revision: int
+    stream: str = ""
+    group: str = ""
+    created: bool = False  # set by create(): False when the group already existed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "stream": self.stream,
+            "group": self.group,
+            "revision": self.revision,
+            "config": _config_dict(self.config),
+            "assignment": {m: list(p) for m, p in partitioning.assign_partitions(self.config).items()},
+        }
+
+
+@dataclass
+class MemberState:
+    """One member as the server sees it (from its consumer's info)."""
+
+    member: str
+    partitions: list[int]
+    consumer_exists: bool
+    pinned_id: str | None = None
+    pinned_since: str | None = None
+    num_pending: int = 0
+    num_ack_pending: int = 0
+    num_redelivered: int = 0
+    num_waiting: int = 0
+    consumer: str = ""
+    in_membership: bool = True
+    filters_current: bool = True  # False: the consumer's filters are stale (transition pending)
+    backlog: int = 0  # messages stored in the member's partitions (see GroupStatus.partitions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GroupStatus:
+    """Backlog and member state of a group, cheap enough to poll every few seconds.
+
+    ``partitions`` counts the messages stored per partition: for an elastic group that is
+    the backlog (the work-queue stream drops acknowledged messages); for a static group it
+    is what the origin stream holds, consumed or not. ``backlog`` is the elastic work-queue
+    size, or for a static group the sum of the member consumers' pending + ack pending.
+    """
+
+    kind: str
+    stream: str
+    group: str
+    max_members: int
+    partitions: dict[int, int]
+    members: list[MemberState]
+    backlog: int
+    num_pending: int
+    num_ack_pending: int
+    num_redelivered: int
+    unassigned_partitions: list[int] = field(default_factory=list)
+    inactive_members: list[str] = field(default_factory=list)
+    buffered_msgs: int | None = None
+    buffered_bytes: int | None = None
+    max_buffered_msgs: int | None = None
+    max_buffered_bytes: int | None = None
+    source_lag: int | None = None
+    revision: int = 0
+    ts: float = 0.0
+
+    @property
+    def buffer_fill(self) -> float | None:
+        """Fraction of the elastic buffer in use (the tighter of msgs and bytes), if limited."""
+        fills = []
+        if self.max_buffered_msgs and self.max_buffered_msgs > 0 and self.buffered_msgs is not None:
+            fills.append(self.buffered_msgs / self.max_buffered_msgs)
+        if self.max_buffered_bytes and self.max_buffered_bytes > 0 and self.buffered_bytes is not None:
+            fills.append(self.buffered_bytes / self.max_buffered_bytes)
+        return max(fills) if fills else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["partitions"] = {str(p): n for p, n in sorted(self.partitions.items())}
+        d["buffer_fill"] = self.buffer_fill
+        return d
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def kind_of(config: GroupConfig) -> str:
+    if isinstance(config, ElasticGroupConfig):
+        return ELASTIC
+    if isinstance(config, StaticGroupConfig):
+        return STATIC
+    raise ConfigError("config", f"expected a StaticGroupConfig or ElasticGroupConfig, got {type(config).__name__}")
+
+
+def _config_dict(config: GroupConfig) -> dict[str, Any]:
+    import json
+
+    return json.loads(config.to_json())
+
+
+def consumer_stream_of(kind: str, stream: str, group: str) -> str:
+    """The stream member consumers live on: the work-queue stream (elastic) or the origin."""
+    return cgconfig.work_queue_stream(stream, group) if kind == ELASTIC else stream
+
+
+def consumer_name_of(kind: str, group: str, member: str) -> str:
+    """Member consumer name: ``<member>`` (elastic) or durable ``<group>-<member>`` (static)."""
+    return member if kind == ELASTIC else f"{group}-{member}"
+
+
+def _filters_of(consumer_config: dict) -> list[str]:
+    subjects = consumer_config.get("filter_subjects") or []
+    if not subjects and consumer_config.get("filter_subject"):
+        subjects = [consumer_config["filter_subject"]]
+    return list(subjects)
+
+
+def _is_member_consumer(consumer_config: dict) -> bool:
+    return PRIORITY_GROUP in (consumer_config.get("priority_groups") or [])
+
+
+def _pin_state(info: dict) -> tuple[str | None, str | None]:
+    for pg in info.get("priority_groups") or []:
+        if pg.get("group") == PRIORITY_GROUP:
+            pid = pg.get("pinned_client_id") or None
+            ts = pg.get("pinned_ts")
+            return pid, (ts if pid and ts and ts != _ZERO_TS else None)
+    return None, None
+
+
+def stored_subjects(stream_config: dict) -> list[str]:
+    """The subjects as the origin stream stores them: its transform destination or subjects."""
+    dest = (stream_config.get("subject_transform") or {}).get("dest")
+    return [dest] if dest else list(stream_config.get("subjects") or [])
+
+
+# --- the API ------------------------------------------------------------------------------
+
+
+class ConsumerGroups:
+    """Async administration of consumer groups on one nats-py connection."""
+
+    def __init__(
+        self,
+        nc,
+        *,
+        js_prefix: str = DEFAULT_PREFIX,
+        timeout: float = 5.0,
+        transition_pause: float = TRANSITION_PAUSE,
+        overlap_deadline: float = 30.0,
+    ) -> None:
+        self.nc = nc
+        self.api = JsApi(nc, prefix=js_prefix, timeout=timeout)
+        self.js = nc.jetstream(prefix=js_prefix, timeout=timeout)
+        self.timeout = timeout
+        self.transition_pause = transition_pause
+        self.overlap_deadline = overlap_deadline
+        self._kvs: dict[str, Any] = {}
+
+    # --- KV ---------------------------------------------------------------------------------
+
+    async def _kv(self, kind: str, *, create_replicas: int | None = None):
+        """The kind's KV bucket; created (file storage) when ``create_replicas`` is given."""
+        if kind in self._kvs:
+            return self._kvs[kind]
+        bucket = cgconfig.KV_BUCKETS[kind]
+        async with _nats_errors():
+            try:
+                kv = await self.js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                if create_replicas is None:
+                    return None
+                try:
+                    kv = await self.js.create_key_value(
+                        bucket=bucket, replicas=create_replicas, storage=StorageType.FILE, direct=True
+                    )
+                except nats.js.errors.APIError:
+                    kv = await self.js.key_value(bucket)  # created meanwhile by someone else
+        self._kvs[kind] = kv
+        return kv
+
+    async def _read(self, kind: str, stream: str, group: str) -> GroupInfo | None:
+        kv = await self._kv(kind)
+        if kv is None:
+            return None
+        async with _nats_errors():
+            try:
+                entry = await kv.get(cgconfig.config_key(stream, group))
+            except nats.js.errors.KeyNotFoundError:
+                return None
+        cfg = cgconfig.load_config(kind, entry.value)
+        return GroupInfo(kind, cfg, entry.revision, stream, group)
+
+    # --- create / get / list / delete ------------------------------------------------------
+
+    async def create(self, stream: str, group: str, config: GroupConfig) -> GroupInfo:
+        """Create a group (kind from the config type); idempotent for the same immutable config."""
+        kind = kind_of(config)
+        config.validate(stream, group)
+        origin = await self._origin_info(stream)
+        subjects = stored_subjects(origin["config"])
+        if subjects:  # a sourcing/mirror stream has none to check against
+            cgconfig.validate_against_stream(config, subjects)
+        replicas = int(origin["config"].get("num_replicas") or 1)
+        kv = await self._kv(kind, create_replicas=replicas)
+        key = cgconfig.config_key(stream, group)
+        created = False
+        async with _nats_errors():
+            try:
+                revision = await kv.create(key, config.to_json())
+                created = True
+                info = GroupInfo(kind, config, revision, stream, group, created=True)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                info = None
+        if info is None:
+            existing = await self._read(kind, stream, group)
+            if existing is None:  # deleted between our create and read: try once more
+                return await self.create(stream, group, config)
+            cgconfig.check_change(existing.config, config)
+            info = existing
+        if kind == ELASTIC:
+            try:
+                await self._ensure_wq_stream(stream, group, info.config, origin["config"])
+            except BaseException:
+                if created:
+                    await self._rollback(kv, key, info.revision)
+                raise
+        return info
+
+    async def _rollback(self, kv, key: str, revision: int) -> None:
+        try:
+            async with _nats_errors():
+                await kv.delete(key, last=revision)
+        except ConsumerGroupError:
+            pass  # changed by someone else meanwhile: leave their write alone
+
+    async def _origin_info(self, stream: str) -> dict:
+        try:
+            return await self.api.stream_info(stream)
+        except JetStreamApiError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:
+                raise ConfigError("stream", f"stream {stream!r} does not exist") from None
+            raise
+
+    def wq_stream_config(self, stream: str, group: str, config: ElasticGroupConfig, origin: dict) -> dict:
+        """The elastic group's work-queue stream config (raw JetStream JSON)."""
+        n = config.max_members
+        if config.partitioning_filters:
+            transforms = [
+                {"src": pf.filter, "dest": partitioning.transform_destination(pf.filter, pf.partitioning_wildcards, n)}
+                for pf in config.partitioning_filters
+            ]
+        else:
+            transforms = [{"src": ">", "dest": partitioning.transform_destination(">", [], n)}]
+        return {
+            "name": cgconfig.work_queue_stream(stream, group),
+            "retention": "workqueue",
+            "discard": "new",
+            "max_msgs": config.max_buffered_msgs or -1,
+            "max_bytes": config.max_buffered_bytes or -1,
+            "num_replicas": int(origin.get("num_replicas") or 1),
+            "storage": origin.get("storage") or "file",
+            "allow_direct": True,
+            "sources": [{"name": stream, "subject_transforms": transforms}],
+        }
+
+    async def _ensure_wq_stream(self, stream: str, group: str, config: ElasticGroupConfig, origin: dict) -> None:
+        want = self.wq_stream_config(stream, group, config, origin)
+        try:
+            await self.api.add_stream(want)
+            return
+        except JetStreamApiError as e:
+            if e.err_code != ERR_STREAM_NAME_IN_USE:
+                raise
+        have = (await self.api.stream_info(want["name"]))["config"]
+        sources = have.get("sources") or []
+        same = (
+            have.get("retention") == "workqueue"
+            and len(sources) == 1
+            and sources[0].get("name") == stream
+            and (sources[0].get("subject_transforms") or []) == want["sources"][0]["subject_transforms"]
+        )
+        if not same:
+            raise ConfigError(
+                "group", f"stream {want['name']!r} exists and is not this group's work-queue stream"
+            )
+
+    async def get(self, stream: str, group: str, kind: str | None = None) -> GroupInfo:
+        """The stored group (both buckets are searched unless ``kind`` is given)."""
+        found = [i for k in ((kind,) if kind else KINDS) if (i := await self._read(k, stream, group))]
+        if not found:
+            raise GroupNotFound(stream, group)
+        if len(found) > 1:
+            raise ConfigError("group", f"{group!r} exists as both a static and an elastic group; give the kind")
+        return found[0]
+
+    async def list(self, stream: str | None = None) -> list[tuple[str, str, str]]:
+        """``(kind, stream, group)`` of every group, optionally of one stream, sorted."""
+        out: list[tuple[str, str, str]] = []
+        for kind in KINDS:
+            kv = await self._kv(kind)
+            if kv is None:
+                continue
+            async with _nats_errors():
+                try:
+                    keys = await kv.keys()
+                except nats.js.errors.NoKeysError:
+                    keys = []
+            for key in keys:
+                s, _, g = key.partition(".")
+                if g and (stream is None or s == stream):
+                    out.append((kind, s, g))
+        return sorted(out, key=lambda t: (t[1], t[2], t[0]))
+
+    async def delete(self, stream: str, group: str) -> GroupInfo:
+        """Delete the config entry, then the work-queue stream (elastic) or member consumers."""
+        info = await self.get(stream, group)
+        kv = await self._kv(info.kind)
+        async with _nats_errors():
+            await kv.delete(cgconfig.config_key(stream, group))
+        if info.kind == ELASTIC:
+            await self.api.delete_stream(cgconfig.work_queue_stream(stream, group))
+        else:
+            names = {consumer_name_of(STATIC, group, m) for m in _all_members(info.config)}
+            for c in await self.api.list_consumers(stream):
+                name = c.get("name", "")
+                if name in names or (name.startswith(f"{group}-") and _is_member_consumer(c.get("config", {}))):
+                    await self.api.delete_consumer(stream, name)
+        return info
+
+    # --- membership -------------------------------------------------------------------------
+
+    async def add_members(self, stream: str, group: str, members: Iterable[str]) -> GroupInfo:
+        members = _names(members)
+
+        def change(cfg: GroupConfig) -> GroupConfig:
+            if cfg.member_mappings:
+                raise ConfigError("members", "the group uses member_mappings; delete them before adding members")
+            return cgconfig.with_members(cfg, list(dict.fromkeys([*cfg.members, *members])))
+
+        return await self._change_membership(stream, group, change, "members")
+
+    async def drop_members(self, stream: str, group: str, members: Iterable[str]) -> GroupInfo:
+        members = _names(members)
+
+        def change(cfg: GroupConfig) -> GroupConfig:
+            if cfg.member_mappings:
+                raise ConfigError("members", "the group uses member_mappings; delete them before dropping members")
+            return cgconfig.with_members(cfg, [m for m in cfg.members if m not in set(members)])
+
+        return await self._change_membership(stream, group, change, "members")
+
+    async def set_mappings(self, stream: str, group: str, mappings: Any) -> GroupInfo:
+        """Replace the membership with explicit member -> partitions mappings."""
+        parsed = parse_mappings(mappings)
+        for m in parsed:
+            cgconfig.validate_name("member", m.member, "member")
+        return await self._change_membership(
+            stream, group, lambda cfg: cgconfig.with_mappings(cfg, parsed), "member_mappings"
+        )
+
+    async def delete_mappings(self, stream: str, group: str) -> GroupInfo:
+        """Remove the mappings (the group then has no members until some are added)."""
+        return await self._change_membership(
+            stream, group, lambda cfg: cgconfig.with_mappings(cfg, []), "member_mappings"
+        )
+
+    async def _change_membership(
+        self, stream: str, group: str, change: Callable[[GroupConfig], GroupConfig], what: str
+    ) -> GroupInfo:
+        """Read, change, validate, compare-and-set (retried on conflict), then transition."""
+        for attempt in range(CAS_ATTEMPTS):
+            info = await self.get(stream, group)
+            if info.kind == STATIC:
+                raise ConfigError(
+                    what, "a static group's membership is fixed at creation; delete and re-create the group"
+                )
+            new = change(info.config)
+            new.validate()
+            cgconfig.check_change(info.config, new)
+            if new.to_json() == info.config.to_json():
+                return info  # nothing to change
+            kv = await self._kv(info.kind)
+            async with _nats_errors():
+                try:
+                    revision = await kv.update(cgconfig.config_key(stream, group), new.to_json(), last=info.revision)
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    await asyncio.sleep(random.uniform(0.005, 0.02 * (attempt + 1)))
+                    continue
+            await self.reconcile(stream, group)
+            return GroupInfo(info.kind, new, revision, stream, group)
+        raise ConsumerGroupError(f"could not update {stream}.{group}: {CAS_ATTEMPTS} concurrent changes in a row")
+
+    async def reconcile(self, stream: str, group: str, *, pause: float | None = None) -> dict[str, list[str]]:
+        """Bring the member consumers in line with the stored membership (see module doc).
+
+        Returns the consumers it ``deleted`` and ``recreated``.
+        """
+        pause = self.transition_pause if pause is None else pause
+        had: dict[str, dict] = {}  # member -> its consumer's config before we deleted it
+        deleted: list[str] = []
+        for _ in range(10):
+            info = await self.get(stream, group)
+            cstream = consumer_stream_of(info.kind, stream, group)
+            existing = await self._member_consumers(info, cstream)
+            stale = [
+                (m, c)
+                for m, c in existing.items()
+                if sorted(_filters_of(c["config"])) != sorted(self._member_filters(info.config, m))
+            ]
+            for member, c in stale:
+                await self.api.delete_consumer(cstream, c["name"])
+                had.setdefault(member, c["config"])
+                deleted.append(c["name"])
+            todo = {m: cfg for m, cfg in had.items() if cgconfig.in_membership(info.config, m)}
+            todo = {m: cfg for m, cfg in todo.items() if self._member_filters(info.config, m)}
+            if stale and todo:
+                await asyncio.sleep(pause)
+            for member, old in todo.items():
+                filters = self._member_filters(info.config, member)
+                await self._create_consumer(cstream, _with_filters(old, filters), info.kind, stream, group, member)
+            latest = await self.get(stream, group)
+            if latest.revision == info.revision:
+                break
+        recreated = sorted(consumer_name_of(info.kind, group, m) for m in todo)
+        return {"deleted": deleted, "recreated": recreated}
+
+    async def _member_consumers(self, info: GroupInfo, cstream: str) -> dict[str, dict]:
+        """member -> consumer info, for every member consumer of the group that exists."""
+        out: dict[str, dict] = {}
+        try:
+            consumers = await self.api.list_consumers(cstream)
+        except JetStreamApiError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:
+                return out
+            raise
+        prefix = f"{info.group}-"
+        for c in consumers:
+            name, ccfg = c.get("name", ""), c.get("config", {})
+            if not _is_member_consumer(ccfg):
+                continue
+            if info.kind == ELASTIC:
+                out[name] = c
+            elif name.startswith(prefix):
+                out[name[len(prefix) :]] = c
+        return out
+
+    @staticmethod
+    def _member_filters(config: GroupConfig, member: str) -> list[str]:
+        if not cgconfig.in_membership(config, member):
+            return []
+        return list(partitioning.member_filter_subjects(config, member))
+
+    # --- member consumers -------------------------------------------------------------------
+
+    def member_consumer_config(
+        self,
+        stream: str,
+        group: str,
+        member: str,
+        config: GroupConfig,
+        *,
+        ack_wait: float = DEFAULT_ACK_WAIT,
+        max_ack_pending: int | None = None,
+        max_deliver: int | None = None,
+        inactive_threshold: float | None = None,
+    ) -> tuple[str, dict]:
+        """``(consumer stream, raw consumer config)`` of a member, per orbit's conventions.
+
+        ``inactive_threshold`` (seconds) defaults to ``ack_wait * 2`` for elastic members
+        (orbit); static members are durable and get none unless asked.
+        """
+        kind = kind_of(config)
+        cgconfig.validate_name("member", member, "member")
+        if not cgconfig.in_membership(config, member):
+            raise ConfigError("member", f"{member!r} is not a member of group {group!r} on stream {stream!r}")
+        filters = self._member_filters(config, member)
+        if not filters:
+            raise ConfigError("member", f"{member!r} gets no partitions (more members than max_members)")
+        if ack_wait <= 0:
+            raise ConfigError("ack_wait", "must be > 0 seconds")
+        name = consumer_name_of(kind, group, member)
+        cc: dict[str, Any] = {
+            "name": name,
+            "filter_subjects": filters,
+            "ack_policy": "explicit",
+            "deliver_policy": "all",
+            "ack_wait": int(ack_wait * NS),
+            "priority_groups": [PRIORITY_GROUP],
+            "priority_policy": "pinned_client",
+            "priority_timeout": int(max(ack_wait, MIN_PRIORITY_TIMEOUT) * NS),
+        }
+        if kind == STATIC:
+            cc["durable_name"] = name
+        if inactive_threshold is None and kind == ELASTIC:
+            inactive_threshold = ack_wait * IDLE_FACTOR
+        if inactive_threshold is not None:
+            if inactive_threshold <= 0:
+                raise ConfigError("inactive_threshold", "must be > 0 seconds")
+            cc["inactive_threshold"] = int(inactive_threshold * NS)
+        if max_ack_pending is not None:
+            if max_ack_pending < 1:
+                raise ConfigError("max_ack_pending", "must be >= 1")
+            cc["max_ack_pending"] = int(max_ack_pending)
+        if max_deliver is not None:
+            if max_deliver == 0 or max_deliver < -1:
+                raise ConfigError("max_deliver", "must be >= 1 or -1 (unlimited)")
+            cc["max_deliver"] = int(max_deliver)
+        return consumer_stream_of(kind, stream, group), cc
+
+    async def ensure_member_consumer(
+        self, stream: str, group: str, member: str, *, deadline: float | None = None, **opts: Any
+    ) -> tuple[str, str]:
+        """Create the member's consumer (create-only) unless it exists with the right filters.
+
+        A consumer with stale filters (membership changed) is deleted and re-created; an
+        overlap with another member's consumer (10100) is retried until ``deadline`` seconds.
+        ``opts`` go to :meth:`member_consumer_config`.
+        """
+        info = await self.get(stream, group)
+        cstream, cc = self.member_consumer_config(stream, group, member, info.config, **opts)
+        await self._create_consumer(cstream, cc, info.kind, stream, group, member, deadline=deadline)
+        return cstream, cc["name"]
+
+    async def _create_consumer(
+        self,
+        cstream: str,
+        cc: dict,
+        kind: str,
+        stream: str,
+        group: str,
+        member: str,
+        *,
+        deadline: float | None = None,
+    ) -> None:
+        """Create-only with the retries of orbit's tryCreateConsumer plus overlap backoff."""
+        limit = time.monotonic() + (self.overlap_deadline if deadline is None else deadline)
+        delay = 0.05
+        while True:
+            try:
+                await self.api.create_consumer(cstream, cc, action="create")
+                return
+            except JetStreamApiError as e:
+                if e.err_code == ERR_CONSUMER_EXISTS:
+                    have = await self.api.consumer_info(cstream, cc["name"])
+                    if have is not None and sorted(_filters_of(have["config"])) == sorted(cc["filter_subjects"]):
+                        return  # someone (the member itself) created it right already
+                    # stale filters: make sure ours are the current ones, then replace it
+                    info = await self.get(stream, group)
+                    want = self._member_filters(info.config, member)
+                    if not want:
+                        raise ConfigError("member", f"{member!r} is no longer a member of group {group!r}") from None
+                    cc = _with_filters(cc, want)
+                    if have is not None and sorted(_filters_of(have["config"])) == sorted(want):
+                        return
+                    await self.api.delete_consumer(cstream, cc["name"])
+                    continue
+                if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE:
+                    raise
+                if time.monotonic() >= limit:
+                    raise ConsumerGroupError(
+                        f"consumer {cc['name']!r} on {cstream!r}: its partitions are still held by another "
+                        f"member's consumer (overlapping filters, 10100) after "
+                        f"{self.overlap_deadline if deadline is None else deadline}s; a membership "
+                        "transition may be stuck: run reconcile or check the other members"
+                    ) from None
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, 1.0)
+                # the membership may have changed while we waited
+                info = await self.get(stream, group)
+                want = self._member_filters(info.config, member)
+                if not want:
+                    raise ConfigError("member", f"{member!r} is no longer a member of group {group!r}") from None
+                cc = _with_filters(cc, want)
+
+    async def step_down(self, stream: str, group: str, member: str) -> None:
+        """Unpin the member's active instance; the server pins another waiting one."""
+        info = await self.get(stream, group)
+        cstream = consumer_stream_of(info.kind, stream, group)
+        name = consumer_name_of(info.kind, group, member)
+        try:
+            await self.api.unpin(cstream, name, PRIORITY_GROUP)
+        except JetStreamApiError as e:
+            if e.code == 404:
+                raise ConfigError("member", f"{member!r} has no consumer (no running instance) to step down") from None
+            raise
+
+    # --- observation ------------------------------------------------------------------------
+
+    async def member_info(self, stream: str, group: str) -> list[MemberState]:
+        info = await self.get(stream, group)
+        return await self._member_states(info)
+
+    async def _member_states(self, info: GroupInfo) -> list[MemberState]:
+        cstream = consumer_stream_of(info.kind, info.stream, info.group)
+        consumers = await self._member_consumers(info, cstream)
+        assignment = partitioning.assign_partitions(info.config)
+        out: list[MemberState] = []
+        for member in sorted(set(_all_members(info.config)) | set(consumers)):
+            c = consumers.get(member)
+            inm = cgconfig.in_membership(info.config, member)
+            parts = sorted(assignment.get(member, [])) if inm else []
+            st = MemberState(
+                member=member,
+                partitions=parts,
+                consumer_exists=c is not None,
+                consumer=consumer_name_of(info.kind, info.group, member),
+                in_membership=inm,
+            )
+            if c is not None:
+                st.pinned_id, st.pinned_since = _pin_state(c)
+                st.num_pending = int(c.get("num_pending", 0))
+                st.num_ack_pending = int(c.get("num_ack_pending", 0))
+                st.num_redelivered = int(c.get("num_redelivered", 0))
+                st.num_waiting = int(c.get("num_waiting", 0))
+                st.filters_current = sorted(_filters_of(c["config"])) == sorted(
+                    self._member_filters(info.config, member)
+                )
+            out.append(st)
+        return out
+
+    async def status(self, stream: str, group: str) -> GroupStatus:
+        """Per-partition backlog, per-member state and totals (one KV get, one stream info,
+        one consumer list)."""
+        info = await self.get(stream, group)
+        cfg = info.config
+        members = await self._member_states(info)
+        partitions = {p: 0 for p in range(cfg.max_members)}
+        st = GroupStatus(
+            kind=info.kind,
+            stream=stream,
+            group=group,
+            max_members=cfg.max_members,
+            partitions=partitions,
+            members=members,
+            backlog=0,
+            num_pending=sum(m.num_pending for m in members),
+            num_ack_pending=sum(m.num_ack_pending for m in members),
+            num_redelivered=sum(m.num_redelivered for m in members),
+            revision=info.revision,
+            ts=time.time(),
+        )
+        if info.kind == ELASTIC:
+            wq = cgconfig.work_queue_stream(stream, group)
+            try:
+                si = await self.api.stream_info(wq, subjects_filter=">")
+            except JetStreamApiError as e:
+                if e.err_code != ERR_STREAM_NOT_FOUND:
+                    raise
+                si = {"state": {}, "config": {}}
+            _count_partitions(partitions, si["state"].get("subjects") or {})
+            st.backlog = int(si["state"].get("messages", 0))
+            st.buffered_msgs = st.backlog
+            st.buffered_bytes = int(si["state"].get("bytes", 0))
+            st.max_buffered_msgs = cfg.max_buffered_msgs or None
+            st.max_buffered_bytes = cfg.max_buffered_bytes or None
+            sources = si.get("sources") or []
+            st.source_lag = int(sources[0].get("lag", 0)) if sources else None
+        else:
+            for f in cfg.filters or [">"]:
+                si = await self.api.stream_info(stream, subjects_filter=f if f == ">" else f"*.{f}")
+                _count_partitions(partitions, si["state"].get("subjects") or {})
+            st.backlog = st.num_pending + st.num_ack_pending
+        assigned = set()
+        for m in members:
+            m.backlog = sum(partitions.get(p, 0) for p in m.partitions)
+            assigned.update(m.partitions)
+            if m.in_membership and m.partitions and not m.consumer_exists:
+                st.inactive_members.append(m.member)
+        st.unassigned_partitions = [p for p in range(cfg.max_members) if p not in assigned]
+        return st
+
+
+# --- module helpers -----------------------------------------------------------------------
+
+
+class _nats_errors:
+    """Turn nats-py errors into the core's errors (async context manager)."""
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, et, e, tb):
+        if e is None or isinstance(e, ConsumerGroupError):
+            return False
+        if isinstance(e, (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError,
+                          nats.js.errors.NoKeysError, nats.js.errors.BucketNotFoundError)):
+            return False  # handled by the caller
+        if isinstance(e, nats.js.errors.APIError):
+            raise JetStreamApiError(e.code or 0, e.err_code or 0, e.description or str(e)) from None
+        if isinstance(e, (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError,
+                          nats.errors.ConnectionClosedError)):
+            raise ServerUnavailable(f"NATS request failed: {type(e).__name__}") from None
+        return False
+
+
+def _count_partitions(partitions: dict[int, int], subjects: dict[str, int]) -> None:
+    for subject, n in subjects.items():
+        first = subject.split(".", 1)[0]
+        if first.isdigit():
+            p = int(first)
+            partitions[p] = partitions.get(p, 0) + int(n)
+
+
+def _with_filters(consumer_config: dict, filters: Sequence[str]) -> dict:
+    """A consumer config to re-create: the old settings, new filters, no server metadata."""
+    cc = {k: v for k, v in consumer_config.items() if k not in ("filter_subject", "filter_subjects")}
+    md = {k: v for k, v in (cc.get("metadata") or {}).items() if not k.startswith("_nats.")}
+    if md:
+        cc["metadata"] = md
+    else:
+        cc.pop("metadata", None)
+    cc["filter_subjects"] = list(filters)
+    return cc
+
+
+def _all_members(config: GroupConfig) -> list[str]:
+    if config.member_mappings:
+        return [m.member for m in config.member_mappings]
+    return list(dict.fromkeys(config.members or []))
+
+
+def _names(members: Iterable[str]) -> list[str]:
+    out = [m.strip() for m in ([members] if isinstance(members, str) else members) if m and m.strip()]
+    if not out:
+        raise ConfigError("members", "give at least one member name")
+    for m in out:
+        cgconfig.validate_name("members", m, "member")
+    return out
+
+
+def parse_mappings(value: Any) -> list:
+    """Mappings from JSON text, a list of ``{"member", "partitions"}`` or ``{member: [p...]}``."""
+    import json
+
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise ConfigError("member_mappings", f"not valid JSON: {e}") from None
+    if isinstance(value, dict):
+        value = [{"member": k, "partitions": v} for k, v in value.items()]
+    if not isinstance(value, list):
+        raise ConfigError("member_mappings", 'expected a list of {"member": ..., "partitions": [...]}')
+    out = []
+    for item in value:
+        if isinstance(item, cgconfig.MemberMapping):
+            out.append(item)
+            continue
+        if not isinstance(item, dict) or "member" not in item or not isinstance(item.get("partitions"), list):
+            raise ConfigError("member_mappings", 'each mapping needs "member" and a "partitions" list')
+        if not all(isinstance(p, int) and not isinstance(p, bool) for p in item["partitions"]):
+            raise ConfigError("member_mappings", "partitions must be integers")
+        out.append(cgconfig.MemberMapping(member=str(item["member"]), partitions=list(item["partitions"])))
+    return out
