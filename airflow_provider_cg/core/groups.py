@@ -642,9 +642,12 @@ class ConsumerGroups:
                         return
                     await self.api.delete_consumer(cstream, cc["name"])
                     continue
-                if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE:
+                transient = e.code >= 500  # e.g. 10012 when a same-named consumer is being deleted
+                if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE and not transient:
                     raise
                 if time.monotonic() >= limit:
+                    if transient:
+                        raise
                     raise ConsumerGroupError(
                         f"consumer {cc['name']!r} on {cstream!r}: its partitions are still held by another "
                         f"member's consumer (overlapping filters, 10100) after "
