@@ -46,7 +46,12 @@ class _UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting with status 2 (2 means "server" here)."""
+    """argparse that raises instead of exiting with status 2 (2 means "server" here), and
+    takes no abbreviations (``--password`` must not silently mean ``--password-file``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         m = re.match(r"argument ([^:]+): (.*)", message)
@@ -317,7 +322,11 @@ def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
     rows = []
     for s in subjects:
         cgconfig.validate_subject("subject", s, wildcards=False)
-        rows.append({"subject": s, "partition": partitioning.partition_of(s, args.partitions, wildcards, args.filter)})
+        try:
+            p = partitioning.partition_of(s, args.partitions, wildcards, args.filter)
+        except ValueError as e:
+            raise ConfigError("subject", str(e)) from None
+        rows.append({"subject": s, "partition": p})
     _emit(args, rows, table(["SUBJECT", "PARTITION"], [(r["subject"], r["partition"]) for r in rows]), out)
     return EXIT_OK
 

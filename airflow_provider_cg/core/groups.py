@@ -385,19 +385,38 @@ class ConsumerGroups:
         """``(kind, stream, group)`` of every group, optionally of one stream, sorted."""
         out: list[tuple[str, str, str]] = []
         for kind in KINDS:
-            kv = await self._kv(kind)
-            if kv is None:
+            for key in await self._keys(kind, stream):
+                s, _, g = key.partition(".")
+                out.append((kind, s, g))
+        return sorted(out, key=lambda t: (t[1], t[2], t[0]))
+
+    async def _keys(self, kind: str, stream: str | None = None) -> list[str]:
+        """Live keys of a bucket (``<stream>.*`` only, if given).
+
+        From the KV stream's per-subject state, not nats-py's ``kv.keys()``: its watcher can
+        signal "no more keys" before it has handed over the ones already delivered.
+        """
+        bucket = cgconfig.KV_BUCKETS[kind]
+        prefix = f"$KV.{bucket}."
+        try:
+            si = await self.api.stream_info(f"KV_{bucket}", subjects_filter=prefix + (f"{stream}.*" if stream else ">"))
+        except JetStreamApiError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:
+                return []
+            raise
+        keys = sorted(s[len(prefix) :] for s in si["state"].get("subjects") or {})
+        kv = await self._kv(kind)
+        live = []
+        for key in keys:  # a deleted or purged key keeps its subject (the marker): skip it
+            if "." not in key:
                 continue
             async with _nats_errors():
                 try:
-                    keys = await kv.keys()
-                except nats.js.errors.NoKeysError:
-                    keys = []
-            for key in keys:
-                s, _, g = key.partition(".")
-                if g and (stream is None or s == stream):
-                    out.append((kind, s, g))
-        return sorted(out, key=lambda t: (t[1], t[2], t[0]))
+                    await kv.get(key)
+                except nats.js.errors.KeyNotFoundError:
+                    continue
+            live.append(key)
+        return live
 
     async def delete(self, stream: str, group: str) -> GroupInfo:
         """Delete the config entry, then the work-queue stream (elastic) or member consumers."""
