@@ -1,13 +1,101 @@
-"""The dict behind ``get_provider_info`` (kept apart so importing the package stays cheap)."""
+"""The dict behind ``get_provider_info`` (kept apart so importing the package stays cheap).
+
+Airflow >= 3.2 reads the connection form (``conn-fields``, ``ui-field-behaviour``) from here
+without importing the hook; ``NatsHook`` derives its legacy form methods (Airflow 3.1) from
+the same constants, so there is one definition of the form.
+"""
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
+INTEGRATION = "NATS JetStream consumer groups"
+CONN_TYPE = "nats"
+HOOK_CLASS = "airflow_provider_cg.hooks.nats.NatsHook"
+QUEUE_SCHEME = "nats-cg"
+QUEUE_CLASS = "airflow_provider_cg.queues.nats.NatsCgMessageQueueProvider"
+
+
+def _text(label: str, description: str | None = None, *, secret: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": ["string", "null"]}
+    if secret:
+        schema["format"] = "password"  # Airflow treats the field as sensitive
+    field: dict[str, Any] = {"label": label, "schema": schema}
+    if description:
+        field["description"] = description
+    return field
+
+
+# Extra fields of a `nats` connection, stored unprefixed in the connection's extra JSON.
+CONN_FIELDS: dict[str, dict[str, Any]] = {
+    "servers": _text(
+        "Servers",
+        "Comma-separated NATS URLs (nats://h1:4222,tls://h2:4222). Replaces Host/Port/URL scheme.",
+    ),
+    "token": _text("Token", "Authentication token.", secret=True),
+    "nkey_seed": _text("NKey seed", "The user's NKey seed (SU...).", secret=True),
+    "creds": _text("Credentials", "Content of a .creds file (user JWT and NKey seed).", secret=True),
+    "tls_ca": _text("TLS CA", "CA certificate: PEM text or a file path."),
+    "tls_cert": _text("TLS client certificate", "PEM text or a file path."),
+    "tls_key": _text("TLS client key", "PEM text or a file path.", secret=True),
+    "name": _text("Client name", "Connection name shown by the server (monitoring)."),
+    "connect_timeout": {
+        "label": "Connect timeout (s)",
+        "schema": {"type": ["number", "null"], "default": 5},
+    },
+}
+
+UI_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden-fields": [],
+    "relabeling": {"host": "Host(s)", "schema": "URL scheme", "login": "User"},
+    "placeholders": {
+        "host": "127.0.0.1 or nats-1,nats-2:4223",
+        "port": "4222",
+        "schema": "nats (or tls, ws, wss)",
+        "login": "user (optional)",
+        "password": "password (optional)",
+        "servers": "nats://nats-1:4222,nats://nats-2:4222",
+        "tls_ca": "/etc/nats/ca.pem or -----BEGIN CERTIFICATE-----...",
+        "tls_cert": "/etc/nats/client.pem or -----BEGIN CERTIFICATE-----...",
+        "tls_key": "/etc/nats/client-key.pem or -----BEGIN PRIVATE KEY-----...",
+        "name": "airflow",
+    },
+}
+
 
 def provider_info(version: str) -> dict:
+    def modules(*names: str) -> list[dict[str, Any]]:
+        return [
+            {"integration-name": INTEGRATION, "python-modules": [f"airflow_provider_cg.{n}" for n in names]}
+        ]
+
     return {
         "package-name": "airflow-provider-cg",
         "name": "NATS JetStream consumer groups",
         "description": "Partitioned consumer groups on NATS JetStream, consumed in bounded, "
         "exactly-once batches by Apache Spark.",
         "versions": [version],
+        "integrations": [
+            {
+                "integration-name": INTEGRATION,
+                "external-doc-url": "https://docs.nats.io/nats-concepts/jetstream",
+                "tags": ["protocol"],
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": CONN_TYPE,
+                "hook-class-name": HOOK_CLASS,
+                "hook-name": "NATS JetStream",
+                "conn-fields": copy.deepcopy(CONN_FIELDS),
+                "ui-field-behaviour": copy.deepcopy(UI_FIELD_BEHAVIOUR),
+            }
+        ],
+        "hooks": modules("hooks.nats"),
+        "operators": modules("operators.groups", "operators.spark"),
+        "sensors": modules("sensors.overflow"),
+        "triggers": modules("triggers.overflow"),
+        # A list of class paths (not python-modules): MessageQueueTrigger(scheme="nats-cg").
+        "queues": [QUEUE_CLASS],
     }

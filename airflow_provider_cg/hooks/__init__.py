@@ -1,0 +1,1 @@
+"""Airflow hooks: NatsHook (connection type ``nats``)."""

@@ -1,0 +1,1 @@
+"""Airflow operators: consumer-group administration and the Spark member fan-out."""

@@ -1,0 +1,1 @@
+"""Message-queue provider for ``MessageQueueTrigger(scheme="nats-cg")`` (common-messaging)."""

@@ -1,0 +1,1 @@
+"""Airflow sensors: GroupOverflowSensor."""

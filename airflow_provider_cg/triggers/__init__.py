@@ -1,0 +1,1 @@
+"""Airflow triggers: GroupOverflowTrigger (usable by AssetWatcher)."""
