@@ -503,6 +503,11 @@ class ConsumerGroups:
         Returns the consumers it ``deleted`` and ``recreated``.
         """
         pause = self.transition_pause if pause is None else pause
+        if (await self.get(stream, group)).kind == STATIC:
+            raise ConfigError(
+                "group", "only elastic groups are reconciled: a static member's durable consumer keeps its "
+                "position and is never re-created"
+            )
         had: dict[str, dict] = {}  # member -> its consumer's config before we deleted it
         deleted: list[str] = []
         for _ in range(10):
@@ -659,6 +664,13 @@ class ConsumerGroups:
                     cc = _with_filters(cc, want)
                     if have is not None and sorted(_filters_of(have["config"])) == sorted(want):
                         return
+                    if kind == STATIC and have is not None:
+                        # a re-created durable would start again at the stream's first message
+                        raise ConfigError(
+                            "member",
+                            f"durable consumer {cc['name']!r} on {cstream!r} has other filters than the group "
+                            "gives this member; delete it deliberately (re-creating it replays the stream)",
+                        ) from None
                     await self.api.delete_consumer(cstream, cc["name"])
                     continue
                 transient = e.code >= 500  # e.g. 10012 when a same-named consumer is being deleted

@@ -476,6 +476,17 @@ async def test_static_membership_is_fixed(nc, cg):
     with pytest.raises(ConfigError) as e:
         await cg.set_mappings("S", "g", {"m1": [0, 1]})
     assert e.value.field == "member_mappings"
+    with pytest.raises(ConfigError) as e:
+        await cg.reconcile("S", "g")
+    assert e.value.field == "group"
+    # a durable with other filters is never silently re-created (it would replay the stream)
+    await JsApi(nc).create_consumer("S", {"durable_name": "g-m1", "ack_policy": "explicit",
+                                          "filter_subjects": ["1.bar.*"], "priority_groups": ["PCG"],
+                                          "priority_policy": "pinned_client"})
+    with pytest.raises(ConfigError) as e:
+        await cg.ensure_member_consumer("S", "g", "m1")
+    assert e.value.field == "member" and "replays" in e.value.rule
+    assert (await JsApi(nc).consumer_info("S", "g-m1"))["config"]["filter_subjects"] == ["1.bar.*"]
 
 
 async def test_concurrent_membership_changes_lose_none(nc):
