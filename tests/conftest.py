@@ -8,6 +8,9 @@ import pytest
 from airflow_provider_cg.core.connection import NatsConnectionSettings
 from airflow_provider_cg.core.server import EmbeddedNatsCluster, EmbeddedNatsServer
 
+# Airflow tests share one isolated AIRFLOW_HOME; the plugin imports nothing from Airflow itself.
+pytest_plugins = ["tests.airflow_conftest"]
+
 
 @pytest.fixture
 def nats_server(tmp_path):
