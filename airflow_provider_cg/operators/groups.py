@@ -1,0 +1,456 @@
+"""Consumer-group administration operators (create/delete, membership, step-down, status).
+
+Each operator opens one NATS connection through :class:`NatsHook` (``nats_conn_id``), calls
+:class:`~airflow_provider_cg.core.groups.ConsumerGroups` and returns a JSON-able dict to XCom.
+Invalid input raises ``ConfigError(field, rule)`` when the DAG is parsed (values that are
+Jinja templates are checked after rendering, still before the server is contacted); a
+config the server refuses (a different immutable field, a missing group, ...) fails the
+task without retries (``AirflowFailException``, message ``"<field>: <rule>"``).
+
+Create and the membership operators are idempotent: running them again with the same
+arguments changes nothing (``created`` / ``changed`` are ``False`` in the result).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_cg.core import config as cgconfig
+from airflow_provider_cg.core.config import (
+    ElasticGroupConfig,
+    GroupConfig,
+    PartitioningFilter,
+    StaticGroupConfig,
+)
+from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, JetStreamApiError
+from airflow_provider_cg.core.groups import ELASTIC, KINDS, STATIC, ConsumerGroups, GroupInfo, parse_mappings
+from airflow_provider_cg.core.jsapi import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
+
+T = TypeVar("T")
+UI_COLOR = "#cfe2f3"
+
+
+def _templated(value: Any) -> bool:
+    """Whether ``value`` (or a string inside it) is a Jinja template rendered at run time."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(_templated(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_templated(v) for v in value)
+    return False
+
+
+def _member_list(field: str, value: Any) -> list[str]:
+    """Member names from a list, or from one string (comma-separated names)."""
+    if isinstance(value, str):
+        value = value.split(",")
+    if not isinstance(value, list | tuple):
+        raise ConfigError(field, "must be a list of member names")
+    names = [m.strip() if isinstance(m, str) else m for m in value]
+    names = [m for m in names if m != ""]
+    if not names:
+        raise ConfigError(field, "give at least one member name")
+    for i, m in enumerate(names):
+        cgconfig.validate_name(f"{field}[{i}]", m, "member")
+    return names
+
+
+def _partitioning_filters(value: Any) -> tuple[PartitioningFilter, ...]:
+    """``"foo.*"`` (hash the whole subject) or ``{"filter", "partitioning_wildcards"}`` items."""
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise ConfigError("partitioning_filters", 'must be a list of subjects or {"filter", "partitioning_wildcards"}')
+    out = []
+    for i, item in enumerate(value):
+        where = f"partitioning_filters[{i}]"
+        if isinstance(item, PartitioningFilter):
+            out.append(item)
+        elif isinstance(item, str):
+            out.append(PartitioningFilter(item))
+        elif isinstance(item, Mapping) and isinstance(item.get("filter"), str):
+            unknown = set(item) - {"filter", "partitioning_wildcards"}
+            if unknown:
+                raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown key")
+            wcs = item.get("partitioning_wildcards") or ()
+            if not isinstance(wcs, list | tuple):
+                raise ConfigError(f"{where}.partitioning_wildcards", "must be a list of wildcard indexes")
+            out.append(PartitioningFilter(item["filter"], tuple(wcs)))
+        else:
+            raise ConfigError(where, 'must be a subject or {"filter": ..., "partitioning_wildcards": [...]}')
+    return tuple(out)
+
+
+class _ConsumerGroupOperator(BaseOperator):
+    """Shared by the operators: stream/group names, the connection, error mapping."""
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id")
+    ui_color = UI_COLOR
+
+    def __init__(self, *, stream: str, group: str, nats_conn_id: str = "nats_default", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stream = stream
+        self.group = group
+        self.nats_conn_id = nats_conn_id
+        for field in ("stream", "group"):
+            if not _templated(getattr(self, field)):
+                cgconfig.validate_name(field, getattr(self, field), field)
+
+    def _validate(self) -> None:
+        """Checks after rendering, before any connection (raise ``ConfigError``)."""
+        cgconfig.validate_name("stream", self.stream, "stream")
+        cgconfig.validate_name("group", self.group, "group")
+
+    def _run(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """Validate, then ``await fn(nc)`` on a fresh connection; config errors fail for good."""
+        from airflow_provider_cg.hooks.nats import NatsHook
+
+        try:
+            self._validate()
+            return NatsHook(nats_conn_id=self.nats_conn_id).run(fn)
+        except (ConfigError, GroupNotFound) as e:
+            raise AirflowFailException(str(e)) from e
+
+
+class CreateConsumerGroupOperator(_ConsumerGroupOperator):
+    """Create a consumer group; succeed without changes when it exists with the same config.
+
+    :param stream: origin stream (must exist, unless ``create_stream`` creates it).
+    :param group: group name.
+    :param kind: ``"elastic"`` (default) or ``"static"``.
+    :param max_members: number of partitions (1..1024).
+    :param filters: static only: subject filters (after the partition token).
+    :param partitioning_filters: elastic only: subjects (whole subject hashed) or
+        ``{"filter": "orders.*.*", "partitioning_wildcards": [1]}``.
+    :param max_buffered_msgs: elastic only: work-queue stream limit (0 = unlimited).
+    :param max_buffered_bytes: elastic only: work-queue stream limit (0 = unlimited).
+    :param members: member names, or
+    :param member_mappings: ``{member: [partitions]}`` or ``[{"member", "partitions"}]``.
+    :param create_stream: create the origin stream first when it does not exist: a raw
+        JetStream stream config, e.g. ``{"subjects": ["orders.>"], "storage": "memory"}``
+        (``name`` defaults to ``stream``). An existing stream is left as it is. Not templated
+        (a static origin's ``{{partition(...)}}`` transform would read as Jinja).
+    :param nats_conn_id: Airflow connection of type ``nats``.
+
+    Returns ``GroupInfo.to_dict()`` (kind, stream, group, revision, config, assignment) plus
+    ``created`` and ``stream_created``. An existing group with a different immutable field
+    fails naming the field; a different membership is kept (a warning says so: change it
+    with the membership operators).
+    """
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        max_members: int,
+        kind: str = ELASTIC,
+        filters: Sequence[str] | None = None,
+        partitioning_filters: Sequence[str | Mapping[str, Any]] | None = None,
+        max_buffered_msgs: int = 0,
+        max_buffered_bytes: int = 0,
+        members: Sequence[str] | None = None,
+        member_mappings: Any = None,
+        create_stream: dict[str, Any] | None = None,
+        nats_conn_id: str = "nats_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(stream=stream, group=group, nats_conn_id=nats_conn_id, **kwargs)
+        if kind not in KINDS:
+            raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
+        self.kind = kind
+        self.max_members = max_members
+        self.filters = filters
+        self.partitioning_filters = partitioning_filters
+        self.max_buffered_msgs = max_buffered_msgs
+        self.max_buffered_bytes = max_buffered_bytes
+        self.members = members
+        self.member_mappings = member_mappings
+        self.create_stream = create_stream
+        self.build_config()
+        if not _templated(stream) and not _templated(group):
+            cgconfig.validate_names(stream, group, kind)
+        self._stream_config()
+
+    def build_config(self) -> GroupConfig:
+        """The validated group config from the operator's arguments."""
+        members = tuple(_member_list("members", self.members)) if self.members else ()
+        mappings = tuple(parse_mappings(self.member_mappings)) if self.member_mappings else ()
+        if self.kind == STATIC:
+            for field in ("partitioning_filters", "max_buffered_msgs", "max_buffered_bytes"):
+                if getattr(self, field):
+                    raise ConfigError(field, "only for elastic groups")
+            filters = self.filters or ()
+            if isinstance(filters, str) or not isinstance(filters, list | tuple):
+                raise ConfigError("filters", "must be a list of subjects")
+            cfg: GroupConfig = StaticGroupConfig(self.max_members, tuple(filters), members, mappings)
+        else:
+            if self.filters:
+                raise ConfigError("filters", "only for static groups (elastic groups take partitioning_filters)")
+            cfg = ElasticGroupConfig(
+                self.max_members,
+                _partitioning_filters(self.partitioning_filters),
+                self.max_buffered_msgs,
+                self.max_buffered_bytes,
+                members,
+                mappings,
+            )
+        return cfg.validate()
+
+    def _stream_config(self) -> dict[str, Any] | None:
+        if self.create_stream is None:
+            return None
+        if not isinstance(self.create_stream, Mapping):
+            raise ConfigError("create_stream", "must be a dict (a JetStream stream config)")
+        sc = {"storage": "file", **self.create_stream}
+        sc.setdefault("name", self.stream)
+        if sc["name"] != self.stream:
+            raise ConfigError("create_stream.name", "must be the group's stream (or left out)")
+        subjects = sc.get("subjects")
+        if not sc.get("sources") and not sc.get("mirror"):
+            if not isinstance(subjects, list | tuple) or not subjects:
+                raise ConfigError("create_stream.subjects", "give a list of subjects")
+        if subjects is not None:
+            for i, s in enumerate(subjects):
+                cgconfig.validate_subject(f"create_stream.subjects[{i}]", s)
+            sc["subjects"] = list(subjects)
+        if sc["storage"] not in ("file", "memory"):
+            raise ConfigError("create_stream.storage", "must be 'file' or 'memory'")
+        return sc
+
+    def _validate(self) -> None:
+        super()._validate()
+        cgconfig.validate_names(self.stream, self.group, self.kind)
+        self.build_config()
+        self._stream_config()
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        async def go(nc) -> tuple[GroupInfo, bool]:
+            stream_created = False
+            sc = self._stream_config()
+            if sc is not None:
+                stream_created = await _ensure_stream(JsApi(nc), sc)
+            cg = ConsumerGroups(nc)
+            try:
+                existing = await cg.get(self.stream, self.group)
+            except GroupNotFound:
+                existing = None
+            if existing is not None and existing.kind != self.kind:
+                raise ConfigError("kind", f"the group exists as a {existing.kind} group; cannot change after creation")
+            return await cg.create(self.stream, self.group, self.build_config()), stream_created
+
+        info, stream_created = self._run(go)
+        if stream_created:
+            self.log.info("Created stream %s", self.stream)
+        if info.created:
+            self.log.info("Created %s group %s on stream %s (revision %s)", info.kind, self.group, self.stream,
+                          info.revision)
+        else:
+            self.log.info("Group %s on stream %s already exists with this config", self.group, self.stream)
+            want = self.build_config()
+            if (want.members, want.member_mappings) != (info.config.members, info.config.member_mappings):
+                self.log.warning(
+                    "The existing group's membership differs from the one given and was left unchanged; "
+                    "use AddMembersOperator / SetMemberMappingsOperator to change it"
+                )
+        return {**info.to_dict(), "created": info.created, "stream_created": stream_created}
+
+
+async def _ensure_stream(api: JsApi, config: dict[str, Any]) -> bool:
+    """Create the stream unless it exists; True when this call created it."""
+    try:
+        await api.stream_info(config["name"])
+        return False
+    except JetStreamApiError as e:
+        if e.err_code != ERR_STREAM_NOT_FOUND:
+            raise
+    try:
+        await api.add_stream(config)
+        return True
+    except JetStreamApiError as e:
+        if e.err_code == ERR_STREAM_NAME_IN_USE:
+            return False  # created meanwhile by someone else
+        raise
+
+
+class DeleteConsumerGroupOperator(_ConsumerGroupOperator):
+    """Delete a group: its config and its work-queue stream (elastic) or member consumers (static).
+
+    The origin stream stays. ``ignore_missing`` (default) makes a missing group a success.
+    Returns ``{"stream", "group", "kind", "deleted"}``.
+    """
+
+    def __init__(self, *, stream: str, group: str, ignore_missing: bool = True, **kwargs: Any) -> None:
+        super().__init__(stream=stream, group=group, **kwargs)
+        self.ignore_missing = ignore_missing
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        async def go(nc) -> GroupInfo | None:
+            try:
+                return await ConsumerGroups(nc).delete(self.stream, self.group)
+            except GroupNotFound:
+                if not self.ignore_missing:
+                    raise
+                return None
+
+        info = self._run(go)
+        if info is None:
+            self.log.info("Group %s on stream %s does not exist: nothing to delete", self.group, self.stream)
+        else:
+            self.log.info("Deleted %s group %s on stream %s", info.kind, self.group, self.stream)
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "kind": info.kind if info else None,
+            "deleted": info is not None,
+        }
+
+
+class _MembershipOperator(_ConsumerGroupOperator):
+    """One membership change of an elastic group (compare-and-set, then safe transition)."""
+
+    action: ClassVar[str]
+
+    def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        async def go(nc) -> tuple[GroupInfo, GroupInfo]:
+            cg = ConsumerGroups(nc)
+            before = await cg.get(self.stream, self.group)
+            return before, await self._change(cg)
+
+        before, after = self._run(go)
+        changed = after.revision != before.revision
+        result = {**after.to_dict(), "changed": changed}
+        if changed:
+            self.log.info("%s on group %s: assignment now %s", self.action, self.group, result["assignment"])
+        else:
+            self.log.info("%s on group %s: nothing to change", self.action, self.group)
+        return result
+
+
+class AddMembersOperator(_MembershipOperator):
+    """Add members (a list, or one comma-separated string) to an elastic group.
+
+    Returns ``GroupInfo.to_dict()`` (with the new ``assignment``) plus ``changed``.
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "members")
+    action = "add members"
+
+    def __init__(self, *, stream: str, group: str, members: Sequence[str] | str, **kwargs: Any) -> None:
+        super().__init__(stream=stream, group=group, **kwargs)
+        self.members = members
+        if not _templated(members):
+            _member_list("members", members)
+
+    def _validate(self) -> None:
+        super()._validate()
+        _member_list("members", self.members)
+
+    def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
+        return cg.add_members(self.stream, self.group, _member_list("members", self.members))
+
+
+class DropMembersOperator(AddMembersOperator):
+    """Remove members from an elastic group; their partitions move to the others."""
+
+    action = "drop members"
+
+    def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
+        return cg.drop_members(self.stream, self.group, _member_list("members", self.members))
+
+
+class SetMemberMappingsOperator(_MembershipOperator):
+    """Replace an elastic group's membership with explicit member -> partitions mappings.
+
+    ``mappings``: ``{"m1": [0, 1], "m2": [2]}``, ``[{"member": "m1", "partitions": [0, 1]}, ...]``
+    or the same as JSON text; every partition must be mapped exactly once.
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "mappings")
+    action = "set member mappings"
+
+    def __init__(self, *, stream: str, group: str, mappings: Any, **kwargs: Any) -> None:
+        super().__init__(stream=stream, group=group, **kwargs)
+        self.mappings = mappings
+        if not _templated(mappings):
+            self._parsed()
+
+    def _parsed(self) -> list:
+        parsed = parse_mappings(self.mappings)
+        if not parsed:
+            raise ConfigError("member_mappings", "give at least one mapping")
+        for i, m in enumerate(parsed):
+            cgconfig.validate_name(f"member_mappings[{i}].member", m.member, "member")
+        return parsed
+
+    def _validate(self) -> None:
+        super()._validate()
+        self._parsed()
+
+    def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
+        return cg.set_mappings(self.stream, self.group, self._parsed())
+
+
+class DeleteMemberMappingsOperator(_MembershipOperator):
+    """Remove an elastic group's member mappings (it has no members until some are added)."""
+
+    action = "delete member mappings"
+
+    def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
+        return cg.delete_mappings(self.stream, self.group)
+
+
+class StepDownMemberOperator(_ConsumerGroupOperator):
+    """Unpin a member's active instance; the server pins one of its waiting instances.
+
+    Fails when the member has no consumer (no instance ever ran). Returns ``{"stream",
+    "group", "member", "unpinned_id"}`` (the pin id that was active, or ``None``).
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "member")
+
+    def __init__(self, *, stream: str, group: str, member: str, **kwargs: Any) -> None:
+        super().__init__(stream=stream, group=group, **kwargs)
+        self.member = member
+        if not _templated(member):
+            cgconfig.validate_name("member", member, "member")
+
+    def _validate(self) -> None:
+        super()._validate()
+        cgconfig.validate_name("member", self.member, "member")
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        async def go(nc) -> str | None:
+            cg = ConsumerGroups(nc)
+            pinned = [s.pinned_id for s in await cg.member_info(self.stream, self.group) if s.member == self.member]
+            await cg.step_down(self.stream, self.group, self.member)
+            return pinned[0] if pinned else None
+
+        unpinned = self._run(go)
+        self.log.info("Member %s of group %s stepped down (pin %s released)", self.member, self.group, unpinned)
+        return {"stream": self.stream, "group": self.group, "member": self.member, "unpinned_id": unpinned}
+
+
+class ConsumerGroupStatusOperator(_ConsumerGroupOperator):
+    """Push ``GroupStatus.to_dict()`` to XCom: backlog per partition and member, pins, totals."""
+
+    ui_color = "#d9ead3"
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        async def go(nc):
+            return await ConsumerGroups(nc).status(self.stream, self.group)
+
+        st = self._run(go)
+        self.log.info(
+            "%s group %s on %s: backlog %s, pending %s, ack pending %s, inactive members %s",
+            st.kind, self.group, self.stream, st.backlog, st.num_pending, st.num_ack_pending, st.inactive_members,
+        )
+        return st.to_dict()
