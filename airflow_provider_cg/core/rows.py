@@ -1,0 +1,130 @@
+"""The row schema of landed messages and the identity of a batch.
+
+``ROW_SCHEMA`` is what every sink accepts (extra columns, e.g. a struct ``value`` parsed from a
+JSON payload, are allowed and kept). ``headers`` is a JSON object as text (``{"k": "v"}``;
+a repeated header maps to a list of strings; null without headers): Parquet, Spark and
+PostgreSQL (``jsonb``) all read it without a map type. Sinks store ``timestamp`` with
+microsecond precision (Spark and PostgreSQL have no nanosecond timestamps).
+
+``BatchId.gid`` names one prepared write everywhere: a PostgreSQL global transaction id,
+a staging directory, a commit-log record. Format::
+
+    cg:<stream>:<group>:<member>:<batch_seq>:<uid>
+
+with ``%`` and ``:`` percent-escaped inside names and ``uid`` 8 random hex digits, so a
+batch number reused after an abort still gets a new gid. PostgreSQL limits a gid to 199 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from .errors import ConfigError
+
+ROW_SCHEMA = pa.schema(
+    [
+        pa.field("origin_stream", pa.string(), nullable=False),
+        pa.field("origin_seq", pa.int64(), nullable=False),
+        pa.field("subject", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("key", pa.string()),
+        pa.field("payload", pa.binary()),
+        pa.field("payload_text", pa.string()),
+        pa.field("headers", pa.string()),
+        pa.field("timestamp", pa.timestamp("ns", tz="UTC")),
+        pa.field("delivery_count", pa.int32()),
+        pa.field("group", pa.string()),
+        pa.field("member", pa.string()),
+    ]
+)
+"""Columns of a landed row, in order. ``(origin_stream, origin_seq)`` is the dedupe key."""
+
+KEY_COLUMNS = ("origin_stream", "origin_seq")
+GID_PREFIX = "cg"
+GID_MAX_LEN = 199  # PostgreSQL GIDSIZE is 200 bytes including the terminator
+
+_UID_RE = re.compile(r"^[0-9a-f]{8}$")
+
+
+def headers_to_json(headers: Mapping[str, str | list[str]] | None) -> str | None:
+    """Encode NATS headers for the ``headers`` column (null when empty)."""
+    if not headers:
+        return None
+    return json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def _esc(value: str) -> str:
+    return value.replace("%", "%25").replace(":", "%3A")
+
+
+def _unesc(value: str) -> str:
+    return value.replace("%3A", ":").replace("%3a", ":").replace("%25", "%")
+
+
+@dataclass(frozen=True)
+class BatchId:
+    """One batch of one member: ``gid`` encodes it and ``BatchId.parse(gid)`` reads it back."""
+
+    stream: str
+    group: str
+    member: str
+    batch_seq: int
+    uid: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def __post_init__(self) -> None:
+        for name in ("stream", "group", "member"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ConfigError(name, "must be a non-empty string")
+            if any(ord(c) < 0x20 or c == "'" for c in value):
+                raise ConfigError(name, "must not contain control characters or quotes")
+        if not isinstance(self.batch_seq, int) or self.batch_seq < 0:
+            raise ConfigError("batch_seq", "must be an integer >= 0")
+        if not _UID_RE.match(self.uid):
+            raise ConfigError("uid", "must be 8 lowercase hex digits")
+        if len(self.gid.encode()) > GID_MAX_LEN:
+            raise ConfigError("gid", f"stream, group and member names too long (gid > {GID_MAX_LEN} bytes)")
+
+    @property
+    def gid(self) -> str:
+        return f"{self.member_prefix(self.stream, self.group, self.member)}{self.batch_seq}:{self.uid}"
+
+    @staticmethod
+    def member_prefix(stream: str, group: str, member: str) -> str:
+        """The gid prefix shared by every batch of one member (ends with ``:``)."""
+        return f"{GID_PREFIX}:{_esc(stream)}:{_esc(group)}:{_esc(member)}:"
+
+    @classmethod
+    def parse(cls, gid: str) -> BatchId:
+        """Read a gid back; raises ``ConfigError`` for anything this module did not write."""
+        parts = gid.split(":")
+        if len(parts) != 6 or parts[0] != GID_PREFIX or not parts[4].isdigit():
+            raise ConfigError("gid", f"not a consumer-group batch id: {gid!r}")
+        return cls(_unesc(parts[1]), _unesc(parts[2]), _unesc(parts[3]), int(parts[4]), parts[5])
+
+    @staticmethod
+    def is_gid(gid: str) -> bool:
+        try:
+            BatchId.parse(gid)
+        except ConfigError:
+            return False
+        return True
+
+    def to_dict(self) -> dict:
+        return {
+            "stream": self.stream,
+            "group": self.group,
+            "member": self.member,
+            "batch_seq": self.batch_seq,
+            "uid": self.uid,
+        }
+
+
+def missing_columns(schema: pa.Schema, required: Iterable[str] = ROW_SCHEMA.names) -> list[str]:
+    return [name for name in required if schema.get_field_index(name) < 0]

@@ -1,0 +1,31 @@
+"""Two-phase sinks: prepare durably, ack in NATS, then commit; deduplicated by origin key.
+
+``PostgresSink`` imports psycopg2 only when used.
+"""
+
+from .base import (
+    CommitResult,
+    PreparedWrite,
+    PreparedWriteLost,
+    SinkError,
+    SinkLockTimeout,
+    TwoPhaseSink,
+    WriteState,
+)
+from .parquet import DatasetCorrupt, ParquetLakeSink, committed_files, read_committed
+from .postgres import PostgresSink
+
+__all__ = [
+    "CommitResult",
+    "DatasetCorrupt",
+    "ParquetLakeSink",
+    "PostgresSink",
+    "PreparedWrite",
+    "PreparedWriteLost",
+    "SinkError",
+    "SinkLockTimeout",
+    "TwoPhaseSink",
+    "WriteState",
+    "committed_files",
+    "read_committed",
+]

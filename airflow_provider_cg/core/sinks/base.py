@@ -1,0 +1,288 @@
+"""The two-phase sink contract used by the batch job.
+
+Protocol per batch: ``prepare`` (the batch is durable in the sink's staging, invisible to
+readers, and the later ``commit`` cannot fail for data reasons) -> ``mark_acking`` (durable
+note that acks may now be sent) -> double-ack the messages in NATS -> ``commit``. ``abort``
+only when certain that no ack took effect. At start a job calls ``recover(stream, group,
+member)`` and finishes every write it returns: ``acking=False`` means no ack was ever sent,
+so aborting is safe; ``acking=True`` means commit (or check the stored ``refs`` against
+NATS). Because every sink dedupes by ``(origin_stream, origin_seq)`` against everything
+committed, committing a recovered write is always safe (redelivered messages are dropped as
+duplicates later); aborting only avoids landing rows that will come again anyway.
+
+``commit`` and ``abort`` are idempotent and race-safe against each other: the first one to
+take effect wins; ``commit`` after an abort raises ``PreparedWriteLost``, ``abort`` after a
+commit returns ``WriteState.COMMITTED``.
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import enum
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import ConsumerGroupError
+from ..rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
+
+MessageRefs = Sequence[tuple[str, int]] | Mapping[str, Any]
+"""(consumed stream, stream sequence) pairs, or ``{stream: array of sequences}`` (faster)."""
+
+
+class SinkError(ConsumerGroupError):
+    """A sink operation failed. Messages never contain credentials."""
+
+
+class PreparedWriteLost(SinkError):
+    """``commit`` found the prepared write rolled back or gone: its rows are not in the sink."""
+
+
+class SinkLockTimeout(SinkError, TimeoutError):
+    """A write waited longer than the lock timeout for rows held by another (prepared) write."""
+
+
+class WriteState(enum.StrEnum):
+    PREPARED = "prepared"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    """Rows that landed and rows dropped as duplicates (in-batch or already committed)."""
+
+    rows_written: int
+    duplicates_skipped: int
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedWrite:
+    """A durable, uncommitted write. ``refs`` maps consumed stream -> sorted unique sequences."""
+
+    batch_id: BatchId
+    rows: int
+    refs: Mapping[str, np.ndarray] = field(repr=False)
+    token: str = ""  # sink-specific handle (staging directory, gid)
+    acking: bool = False  # mark_acking() was (or may have been) recorded: acks may have been sent
+
+    @property
+    def gid(self) -> str:
+        return self.batch_id.gid
+
+    @property
+    def message_refs(self) -> list[tuple[str, int]]:
+        """The refs as (stream, seq) pairs (built on demand; use ``refs`` for large batches)."""
+        return [(s, int(q)) for s, seqs in self.refs.items() for q in seqs]
+
+    def iter_ref_ranges(self) -> Iterator[tuple[str, int, int]]:
+        """(stream, first, last) for each run of consecutive sequences."""
+        for stream, seqs in self.refs.items():
+            for first, last in seq_ranges(seqs):
+                yield stream, first, last
+
+
+class TwoPhaseSink(abc.ABC):
+    """Prepare / commit / abort / recover, deduplicating by ``(origin_stream, origin_seq)``."""
+
+    @abc.abstractmethod
+    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs) -> PreparedWrite:
+        """Make the batch durable but invisible; store ``message_refs`` with it for recovery."""
+
+    @abc.abstractmethod
+    def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
+        """Durably record that acks are about to be sent (call before the first ack).
+
+        Returns the write with ``acking=True``; raises ``PreparedWriteLost`` if it was aborted."""
+
+    @abc.abstractmethod
+    def commit(self, prepared: PreparedWrite) -> CommitResult:
+        """Make the prepared rows visible, minus duplicates. Idempotent."""
+
+    @abc.abstractmethod
+    def abort(self, prepared: PreparedWrite) -> WriteState:
+        """Discard the prepared rows (``ABORTED``), or report ``COMMITTED`` if commit won. Idempotent."""
+
+    @abc.abstractmethod
+    def recover(self, stream: str, group: str, member: str) -> list[PreparedWrite]:
+        """Writes of this member that are prepared and neither committed nor aborted, by batch_seq."""
+
+    @abc.abstractmethod
+    def state(self, prepared: PreparedWrite) -> WriteState:
+        """Where a prepared write stands now."""
+
+    @abc.abstractmethod
+    def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:
+        """Boolean mask: which ``seqs`` of ``origin_stream`` are already committed."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections (no-op by default)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers shared by the sinks
+
+
+def conform_table(table: pa.Table) -> pa.Table:
+    """Cast the ``ROW_SCHEMA`` columns to their types (adding absent nullable ones as nulls),
+    keep extra columns after them, and reject null keys."""
+    if not isinstance(table, pa.Table):
+        raise SinkError(f"expected a pyarrow.Table, got {type(table).__name__}")
+    for name in KEY_COLUMNS:
+        if table.schema.get_field_index(name) < 0:
+            raise SinkError(f"table has no {name!r} column")
+    columns, fields = [], []
+    for f in ROW_SCHEMA:
+        idx = table.schema.get_field_index(f.name)
+        if idx < 0:
+            col = pa.nulls(table.num_rows, f.type)
+        else:
+            col = table.column(idx)
+            if col.type != f.type:
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise SinkError(f"column {f.name!r}: cannot cast {col.type} to {f.type}: {exc}") from None
+        if not f.nullable and col.null_count:
+            raise SinkError(f"column {f.name!r} has {col.null_count} null values")
+        columns.append(col)
+        fields.append(f)
+    for f in table.schema:
+        if ROW_SCHEMA.get_field_index(f.name) < 0:
+            columns.append(table.column(f.name))
+            fields.append(f)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
+def keys_by_stream(table: pa.Table) -> dict[str, np.ndarray]:
+    """``{origin_stream: origin_seq array}`` in row order (no copy for a single stream)."""
+    streams = table.column("origin_stream")
+    seqs = table.column("origin_seq")
+    uniq = pc.unique(streams).to_pylist()
+    if len(uniq) == 1:
+        return {uniq[0]: seqs.to_numpy()}
+    out = {}
+    for s in uniq:
+        out[s] = seqs.filter(pc.equal(streams, s)).to_numpy()
+    return out
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """Sorted unique values (``np.unique`` is much slower on numpy 2.4 for int64)."""
+    srt = np.sort(np.asarray(values, dtype=np.int64))
+    if len(srt) < 2:
+        return srt
+    keep = np.empty(len(srt), dtype=bool)
+    keep[0] = True
+    np.not_equal(srt[1:], srt[:-1], out=keep[1:])
+    return srt if keep.all() else srt[keep]
+
+
+def _first_of_each(keys: np.ndarray) -> np.ndarray | None:
+    order = np.argsort(keys, kind="stable")
+    srt = keys[order]
+    dup = srt[1:] == srt[:-1]
+    if not dup.any():
+        return None
+    mask = np.ones(len(keys), dtype=bool)
+    mask[order[1:][dup]] = False  # a stable sort puts the first occurrence first
+    return mask
+
+
+def first_occurrence_mask(table: pa.Table) -> np.ndarray | None:
+    """Mask keeping the first row of each ``(origin_stream, origin_seq)``; None if no duplicates."""
+    if table.num_rows < 2:
+        return None
+    streams = table.column("origin_stream")
+    seqs = table.column("origin_seq").to_numpy()
+    if pc.count_distinct(streams).as_py() == 1:
+        srt = np.sort(seqs)
+        if not (srt[1:] == srt[:-1]).any():
+            return None
+        return _first_of_each(seqs)
+    mask = np.ones(len(seqs), dtype=bool)
+    found = False
+    for stream in pc.unique(streams).to_pylist():
+        rows = np.nonzero(pc.equal(streams, stream).to_numpy(zero_copy_only=False))[0]
+        sub = _first_of_each(seqs[rows])
+        if sub is not None:
+            mask[rows[~sub]] = False
+            found = True
+    return mask if found else None
+
+
+def normalize_refs(message_refs: MessageRefs) -> dict[str, np.ndarray]:
+    """Refs as ``{stream: sorted unique int64 array}``."""
+    out: dict[str, np.ndarray] = {}
+    if isinstance(message_refs, Mapping):
+        items = message_refs.items()
+    else:
+        grouped: dict[str, list[int]] = {}
+        refs = list(message_refs)
+        if refs:
+            streams, seqs = zip(*refs, strict=True)
+            if len(set(streams)) == 1:
+                grouped[streams[0]] = seqs
+            else:
+                for s, q in refs:
+                    grouped.setdefault(s, []).append(q)
+        items = grouped.items()
+    for stream, seqs in items:
+        if not isinstance(stream, str) or not stream:
+            raise SinkError("message_refs: stream names must be non-empty strings")
+        arr = sorted_unique(np.asarray(seqs, dtype=np.int64))
+        if len(arr) and arr[0] < 1:
+            raise SinkError("message_refs: stream sequences start at 1")
+        out[stream] = arr
+    return out
+
+
+def seq_ranges(seqs: np.ndarray) -> list[tuple[int, int]]:
+    """Runs of consecutive values of a sorted unique array as inclusive (first, last) pairs."""
+    if len(seqs) == 0:
+        return []
+    breaks = np.nonzero(np.diff(seqs) != 1)[0]
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks, [len(seqs) - 1]))
+    return [(int(seqs[a]), int(seqs[b])) for a, b in zip(starts, ends, strict=True)]
+
+
+def encode_seqs(seqs: np.ndarray) -> str:
+    """Sorted int64 sequences -> compact text (zlib of the deltas, base64)."""
+    arr = np.asarray(seqs, dtype="<i8")
+    deltas = np.diff(arr, prepend=np.int64(0)).astype("<i8")
+    return base64.b64encode(zlib.compress(deltas.tobytes(), 1)).decode("ascii")
+
+
+def decode_seqs(text: str) -> np.ndarray:
+    deltas = np.frombuffer(zlib.decompress(base64.b64decode(text)), dtype="<i8")
+    return np.cumsum(deltas, dtype=np.int64)
+
+
+def encode_refs(refs: Mapping[str, np.ndarray]) -> dict[str, str]:
+    return {stream: encode_seqs(seqs) for stream, seqs in refs.items()}
+
+
+def decode_refs(encoded: Mapping[str, str]) -> dict[str, np.ndarray]:
+    return {stream: decode_seqs(text) for stream, text in encoded.items()}
+
+
+def isin_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """Mask of ``values`` present in the sorted array ``sorted_keys``."""
+    if len(sorted_keys) == 0 or len(values) == 0:
+        return np.zeros(len(values), dtype=bool)
+    idx = np.searchsorted(sorted_keys, values)
+    idx[idx >= len(sorted_keys)] = len(sorted_keys) - 1
+    return sorted_keys[idx] == values

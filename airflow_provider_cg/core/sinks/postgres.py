@@ -1,0 +1,649 @@
+"""PostgreSQL sink on real two-phase commit (``PREPARE TRANSACTION``).
+
+``prepare`` first stores the message refs in ``cg_prepared_writes`` (own, immediately
+committed transaction), then in one transaction: COPY the rows into an unlogged staging table,
+``INSERT INTO target ... ON CONFLICT (origin_stream, origin_seq) DO NOTHING``, drop the
+staging table, insert the commit marker into ``cg_committed_writes`` and
+``PREPARE TRANSACTION '<gid>'``. ``COMMIT PREPARED`` makes rows and marker visible at once;
+after ``ROLLBACK PREPARED`` there is no marker, so a gid missing from ``pg_prepared_xacts``
+is committed iff its marker exists. ``mark_acking`` sets ``acking`` on the refs row (an
+upsert, outside the prepared transaction); commit/abort delete the refs row afterwards.
+``recover`` lists ``pg_prepared_xacts`` by the member's gid prefix, joins the refs rows
+(a prepared write without one is reported ``acking=True``: commit is the safe choice) and
+deletes refs rows whose write is no longer prepared. Markers are kept (one small row per
+batch); delete old ones with ``prune_markers``.
+
+Blocking: a prepared transaction keeps the row locks of the keys it inserted. Another write
+inserting one of those keys waits until it is committed or rolled back -- so a job must run
+``recover`` before consuming, and every statement runs under ``lock_timeout`` (default 30 s)
+and fails with ``SinkLockTimeout`` instead of hanging. Adding a column for a new extra
+column needs an exclusive table lock, so it also waits for pending prepared writes.
+
+The server needs ``max_prepared_transactions > 0``; COMMIT/ROLLBACK PREPARED must run as the
+user who prepared (or a superuser). ``timestamp`` is stored with microsecond precision;
+``headers`` as ``jsonb``; nested extra columns (e.g. the struct ``value``) as ``jsonb``;
+``payload_text`` values containing NUL (not storable in ``text``) become NULL (``payload``
+keeps the bytes). psycopg2 is imported lazily; error messages never contain the password.
+"""
+
+from __future__ import annotations
+
+import binascii
+import dataclasses
+import io
+import json
+import os
+import re
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from ..rows import ROW_SCHEMA, BatchId
+from .base import (
+    CommitResult,
+    MessageRefs,
+    PreparedWrite,
+    PreparedWriteLost,
+    SinkError,
+    SinkLockTimeout,
+    TwoPhaseSink,
+    WriteState,
+    conform_table,
+    decode_refs,
+    encode_refs,
+    normalize_refs,
+)
+
+REFS_TABLE = "cg_prepared_writes"
+MARKERS_TABLE = "cg_committed_writes"
+_JSON_COLUMNS = {"headers"}
+_NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}
+_SECRET_PATTERNS = [
+    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
+    re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)"),
+]
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _pg_type(name: str, typ: pa.DataType) -> str:
+    if name in _JSON_COLUMNS:
+        return "jsonb"
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return "text"
+    if pa.types.is_boolean(typ):
+        return "boolean"
+    if pa.types.is_int8(typ) or pa.types.is_int16(typ) or pa.types.is_uint8(typ):
+        return "smallint"
+    if pa.types.is_int32(typ) or pa.types.is_uint16(typ):
+        return "integer"
+    if pa.types.is_int64(typ) or pa.types.is_uint32(typ):
+        return "bigint"
+    if pa.types.is_uint64(typ) or pa.types.is_decimal(typ):
+        return "numeric"
+    if pa.types.is_float32(typ) or pa.types.is_float16(typ):
+        return "real"
+    if pa.types.is_float64(typ):
+        return "double precision"
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ):
+        return "bytea"
+    if pa.types.is_timestamp(typ):
+        return "timestamptz" if typ.tz else "timestamp"
+    if pa.types.is_date(typ):
+        return "date"
+    if pa.types.is_time(typ):
+        return "time"
+    return "jsonb"
+
+
+def _hex(arr: pa.Array) -> pa.Array:
+    """Binary -> lowercase hex text (vectorised; ``decode(x, 'hex')`` reverses it)."""
+    if pa.types.is_fixed_size_binary(arr.type):
+        arr = arr.cast(pa.binary())
+    wide = pa.types.is_large_binary(arr.type)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[
+        arr.offset : arr.offset + len(arr) + 1
+    ]
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
+    start, end = int(offsets[0]), int(offsets[-1])
+    hexed = binascii.hexlify(memoryview(data[start:end]))
+    new_offsets = (offsets.astype(np.int64) - start) * 2
+    out = pa.LargeStringArray.from_buffers(len(arr), pa.py_buffer(new_offsets), pa.py_buffer(hexed))
+    if arr.null_count:
+        out = pc.if_else(arr.is_null(), pa.scalar(None, pa.large_string()), out)
+    return out
+
+
+def _json_text(arr: pa.Array) -> pa.Array:
+    def default(value: Any) -> Any:
+        if isinstance(value, bytes):
+            return value.hex()
+        return str(value)
+
+    return pa.array(
+        [None if v is None else json.dumps(v, default=default) for v in arr.to_pylist()], pa.large_string()
+    )
+
+
+class _CsvStream:
+    """File-like object producing CSV of a table batch by batch, for ``copy_expert``."""
+
+    def __init__(self, table: pa.Table, encoders: dict[str, Any], chunk_rows: int) -> None:
+        self._batches = iter(table.to_batches(max_chunksize=chunk_rows))
+        self._encoders = encoders
+        self._buf = memoryview(b"")
+        self._options = pcsv.WriteOptions(include_header=False)
+
+    def _next_chunk(self) -> bool:
+        for batch in self._batches:
+            if not batch.num_rows:
+                continue
+            cols = [
+                self._encoders.get(name, _identity)(batch.column(i))
+                for i, name in enumerate(batch.schema.names)
+            ]
+            sink = io.BytesIO()
+            pcsv.write_csv(pa.RecordBatch.from_arrays(cols, names=batch.schema.names), sink, self._options)
+            self._buf = memoryview(sink.getvalue())
+            return True
+        return False
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._buf and not self._next_chunk():
+            return b""
+        if size < 0 or size >= len(self._buf):
+            out, self._buf = bytes(self._buf), memoryview(b"")
+        else:
+            out, self._buf = bytes(self._buf[:size]), self._buf[size:]
+        return out
+
+    readline = read
+
+
+def _rollback_quietly(cur) -> None:
+    if cur.connection.closed:
+        return
+    try:
+        cur.execute("ROLLBACK")
+    except Exception:  # the original error matters
+        pass
+
+
+def _identity(arr: pa.Array) -> pa.Array:
+    return arr
+
+
+def _strip_nul(arr: pa.Array) -> pa.Array:
+    has_nul = pc.match_substring(arr, "\x00")
+    if not pc.any(has_nul).as_py():
+        return arr
+    return pc.if_else(has_nul, pa.scalar(None, arr.type), arr)
+
+
+def _to_us(arr: pa.Array) -> pa.Array:
+    if arr.type.unit == "ns":
+        return pc.cast(arr, pa.timestamp("us", tz=arr.type.tz), safe=False)
+    return arr
+
+
+class PostgresSink(TwoPhaseSink):
+    """Two-phase sink into ``schema.table``; see the module docstring.
+
+    ``dsn_or_conn_params``: a libpq DSN/URI string or psycopg2 ``connect()`` keyword dict.
+    One connection per instance, serialised by a lock; use one instance per thread for
+    parallel writes.
+    """
+
+    def __init__(
+        self,
+        dsn_or_conn_params: str | Mapping[str, Any],
+        table: str = "cg_events",
+        schema: str = "public",
+        *,
+        lock_timeout_s: float = 30.0,
+        copy_chunk_rows: int = 50_000,
+    ) -> None:
+        self._dsn = dsn_or_conn_params if isinstance(dsn_or_conn_params, str) else dict(dsn_or_conn_params)
+        self.table = table
+        self.schema = schema
+        self.lock_timeout_s = lock_timeout_s
+        self.copy_chunk_rows = copy_chunk_rows
+        self._conn = None
+        self._lock = threading.RLock()
+        self._columns: set[str] | None = None
+        self._secrets = self._find_secrets()
+
+    # -- connection and errors -------------------------------------------------------------------
+
+    def _find_secrets(self) -> list[str]:
+        found = [os.environ.get("PGPASSWORD", "")]
+        if isinstance(self._dsn, dict):
+            found.append(str(self._dsn.get("password") or ""))
+        else:
+            try:
+                from psycopg2.extensions import parse_dsn
+
+                found.append(parse_dsn(self._dsn).get("password", ""))
+            except Exception:  # unparsable DSN: take what looks like a password
+                for pattern in _SECRET_PATTERNS:
+                    found.extend(m.group(2).strip("'") for m in pattern.finditer(self._dsn))
+        return [s for s in found if s]
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        for pattern in _SECRET_PATTERNS:
+            text = pattern.sub(lambda m: m.group(1) + "***" + (m.group(3) if m.lastindex == 3 else ""), text)
+        return text
+
+    def _error(self, exc: BaseException, action: str) -> SinkError:
+        code = getattr(exc, "pgcode", None)
+        message = self._redact(str(exc).strip()) or type(exc).__name__
+        err = SinkError(f"postgres {action} failed{f' [{code}]' if code else ''}: {message}")
+        err.pgcode = code  # type: ignore[attr-defined]
+        return err
+
+    def __repr__(self) -> str:
+        if isinstance(self._dsn, dict):
+            where = f"host={self._dsn.get('host')!r}, dbname={self._dsn.get('dbname')!r}"
+        else:
+            where = "dsn=***"
+        return f"PostgresSink({where}, table={self.schema}.{self.table})"
+
+    @property
+    def _target(self) -> str:
+        return f"{_ident(self.schema)}.{_ident(self.table)}"
+
+    def _side(self, name: str) -> str:
+        return f"{_ident(self.schema)}.{_ident(name)}"
+
+    def _connection(self):
+        import psycopg2
+
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        try:
+            if isinstance(self._dsn, dict):
+                conn = psycopg2.connect(**self._dsn)
+            else:
+                conn = psycopg2.connect(self._dsn)
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SET lock_timeout = %s", (f"{int(self.lock_timeout_s * 1000)}ms",))
+                cur.execute("SET application_name = 'airflow-provider-cg'")
+        except psycopg2.Error as exc:
+            raise self._error(exc, "connect") from None
+        self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.close()
+                finally:
+                    self._conn = None
+
+    def _run(self, action: str, fn):
+        """Run ``fn(cursor)`` on the autocommit connection; map psycopg2 errors."""
+        import psycopg2
+
+        with self._lock:
+            conn = self._connection()
+            try:
+                with conn.cursor() as cur:
+                    return fn(cur)
+            except psycopg2.Error as exc:
+                if conn.closed or isinstance(exc, psycopg2.InterfaceError):
+                    self._drop_connection()
+                raise self._error(exc, action) from None
+
+    def _drop_connection(self) -> None:
+        try:
+            if self._conn is not None:
+                self._conn.close()
+        except Exception:
+            pass
+        self._conn = None
+
+    # -- schema ----------------------------------------------------------------------------------
+
+    def ensure_tables(self, arrow_schema: pa.Schema = ROW_SCHEMA) -> None:
+        """Create the target (with PRIMARY KEY (origin_stream, origin_seq)) and side tables if
+        absent, and add columns for extra fields the target lacks."""
+        if self._columns is not None and set(arrow_schema.names) <= self._columns:
+            return
+
+        def ddl(cur):
+            cur.execute("BEGIN")
+            try:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('airflow-provider-cg ddl'))")
+                cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in ROW_SCHEMA)
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, "
+                    f'PRIMARY KEY ("origin_stream", "origin_seq"))'
+                )
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._side(REFS_TABLE)} (gid text PRIMARY KEY, "
+                    "target text NOT NULL, stream text NOT NULL, grp text NOT NULL, member text NOT NULL, "
+                    "batch_seq bigint NOT NULL, rows bigint NOT NULL, refs jsonb NOT NULL, "
+                    "acking boolean NOT NULL DEFAULT false, prepared_at timestamptz NOT NULL DEFAULT now())"
+                )
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._side(MARKERS_TABLE)} (gid text PRIMARY KEY, "
+                    "target text NOT NULL, rows_written bigint NOT NULL, duplicates_skipped bigint NOT NULL, "
+                    "committed_at timestamptz NOT NULL DEFAULT now())"
+                )
+                cur.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+                    "AND table_name = %s",
+                    (self.schema, self.table),
+                )
+                existing = {r[0] for r in cur.fetchall()}
+                for f in arrow_schema:
+                    if f.name not in existing:
+                        cur.execute(
+                            f"ALTER TABLE {self._target} ADD COLUMN IF NOT EXISTS "
+                            f"{_ident(f.name)} {_pg_type(f.name, f.type)}"
+                        )
+                        existing.add(f.name)
+                cur.execute("COMMIT")
+            except BaseException:
+                _rollback_quietly(cur)
+                raise
+            return existing
+
+        try:
+            self._columns = self._run("create tables", ddl)
+        except SinkError as exc:
+            raise self._lock_error(exc, "altering the target table") from None
+
+    def _lock_error(self, exc: SinkError, what: str) -> SinkError:
+        if getattr(exc, "pgcode", None) != "55P03":
+            return exc
+        try:
+            pending = self._run(
+                "list prepared",
+                lambda cur: (
+                    cur.execute(
+                        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                        "AND left(gid, 3) = 'cg:' ORDER BY prepared"
+                    ),
+                    [r[0] for r in cur.fetchall()],
+                )[1],
+            )
+        except SinkError:
+            pending = ["(could not list)"]
+        err = SinkLockTimeout(
+            f"{what} waited more than {self.lock_timeout_s:g}s for rows or tables locked by another "
+            f"transaction. Prepared writes pending in this database: {pending or 'none'}. A prepared "
+            "write keeps its locks until committed or aborted: run recover() for its member first."
+        )
+        err.pgcode = "55P03"  # type: ignore[attr-defined]
+        return err
+
+    # -- prepare ---------------------------------------------------------------------------------
+
+    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs) -> PreparedWrite:
+        refs = normalize_refs(message_refs)
+        table = conform_table(table)
+        for i, f in enumerate(table.schema):
+            if pa.types.is_dictionary(f.type):
+                table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
+        self.ensure_tables(table.schema)
+        gid = batch_id.gid
+        rows_in = table.num_rows
+
+        self._run(
+            "store message refs",
+            lambda cur: cur.execute(
+                f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    gid,
+                    f"{self.schema}.{self.table}",
+                    batch_id.stream,
+                    batch_id.group,
+                    batch_id.member,
+                    batch_id.batch_seq,
+                    rows_in,
+                    json.dumps(encode_refs(refs)),
+                ),
+            ),
+        )
+        staging = self._side(f"_cg_stg_{secrets.token_hex(8)}")
+        stg_cols, select, encoders = [], [], {}
+        for f in table.schema:
+            name = _ident(f.name)
+            pg_type = _pg_type(f.name, f.type)
+            if pg_type == "bytea":
+                stg_cols.append(f"{name} text")
+                select.append(f"decode({name}, 'hex')")
+                encoders[f.name] = _hex
+            else:
+                stg_cols.append(f"{name} {pg_type}")
+                select.append(name)
+                if pg_type == "jsonb" and f.name not in _JSON_COLUMNS:
+                    encoders[f.name] = _json_text
+                elif pa.types.is_timestamp(f.type):
+                    encoders[f.name] = _to_us
+                elif pg_type == "text" and f.name not in _NUL_SAFE_COLUMNS:
+                    encoders[f.name] = _strip_nul
+        columns = ", ".join(_ident(n) for n in table.schema.names)
+
+        def transaction(cur) -> int:
+            cur.execute("BEGIN")
+            try:
+                cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(stg_cols)})")
+                if rows_in:
+                    cur.copy_expert(
+                        f"COPY {staging} ({columns}) FROM STDIN WITH (FORMAT csv)",
+                        _CsvStream(table, encoders, self.copy_chunk_rows),
+                        size=1 << 20,
+                    )
+                cur.execute(
+                    f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
+                    'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING'
+                )
+                written = cur.rowcount
+                cur.execute(f"DROP TABLE {staging}")
+                cur.execute(
+                    f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped) "
+                    "VALUES (%s, %s, %s, %s)",
+                    (gid, f"{self.schema}.{self.table}", written, rows_in - written),
+                )
+                cur.execute("PREPARE TRANSACTION %s", (gid,))
+            except BaseException:
+                _rollback_quietly(cur)
+                raise
+            return written
+
+        try:
+            self._run(f"prepare {gid}", transaction)
+        except BaseException as exc:
+            try:
+                self._run(
+                    "drop message refs",
+                    lambda cur: cur.execute(f"DELETE FROM {self._side(REFS_TABLE)} WHERE gid = %s", (gid,)),
+                )
+            except SinkError:
+                pass  # recover() removes refs rows that were never prepared
+            if isinstance(exc, SinkError):
+                raise self._lock_error(exc, f"prepare of {gid}") from None
+            raise
+        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=gid)
+
+    # -- commit / abort / state ------------------------------------------------------------------
+
+    def _marker(self, cur, gid: str) -> tuple[int, int] | None:
+        cur.execute(
+            f"SELECT rows_written, duplicates_skipped FROM {self._side(MARKERS_TABLE)} WHERE gid = %s", (gid,)
+        )
+        row = cur.fetchone()
+        return (int(row[0]), int(row[1])) if row else None
+
+    def _finish(self, verb: str, gid: str):
+        """``verb`` PREPARED gid; returns (was_prepared, marker). Retries while another session
+        is finishing the same gid."""
+        import psycopg2.errors as pgerr
+
+        def fn(cur):
+            for attempt in range(100):
+                try:
+                    cur.execute(f"{verb} PREPARED %s", (gid,))
+                    prepared = True
+                    break
+                except pgerr.UndefinedObject:
+                    prepared = False
+                    break
+                except pgerr.ObjectInUse:
+                    time.sleep(min(0.01 * (attempt + 1), 0.2))
+            else:
+                raise SinkError(f"prepared write {gid} stayed busy in another session")
+            return prepared, self._marker(cur, gid)
+
+        return self._run(f"{verb.lower()} prepared {gid}", fn)
+
+    def _drop_refs(self, gid: str) -> None:
+        self._run(
+            "drop message refs",
+            lambda cur: cur.execute(f"DELETE FROM {self._side(REFS_TABLE)} WHERE gid = %s", (gid,)),
+        )
+
+    def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
+        self.ensure_tables()
+        b = prepared.batch_id
+
+        def fn(cur):
+            cur.execute(
+                f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs, "
+                "acking) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, true) ON CONFLICT (gid) DO UPDATE SET acking = true",
+                (prepared.gid, f"{self.schema}.{self.table}", b.stream, b.group, b.member, b.batch_seq,
+                 prepared.rows, json.dumps(encode_refs(prepared.refs))),
+            )  # fmt: skip
+            cur.execute(
+                "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
+                (prepared.gid,),
+            )
+            return cur.fetchone() is not None or self._marker(cur, prepared.gid) is not None
+
+        with self._lock:
+            if not self._run(f"mark acking {prepared.gid}", fn):
+                self._drop_refs(prepared.gid)
+                raise PreparedWriteLost(f"prepared write {prepared.gid} was rolled back")
+        return dataclasses.replace(prepared, acking=True)
+
+    def commit(self, prepared: PreparedWrite) -> CommitResult:
+        with self._lock:
+            self.ensure_tables()
+            _, marker = self._finish("COMMIT", prepared.gid)
+            self._drop_refs(prepared.gid)
+            if marker is None:
+                raise PreparedWriteLost(f"prepared write {prepared.gid} was rolled back (no commit marker)")
+            return CommitResult(*marker)
+
+    def abort(self, prepared: PreparedWrite) -> WriteState:
+        with self._lock:
+            self.ensure_tables()
+            _, marker = self._finish("ROLLBACK", prepared.gid)
+            self._drop_refs(prepared.gid)
+            return WriteState.COMMITTED if marker is not None else WriteState.ABORTED
+
+    def state(self, prepared: PreparedWrite) -> WriteState:
+        self.ensure_tables()
+
+        def fn(cur):
+            cur.execute(
+                "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
+                (prepared.gid,),
+            )
+            if cur.fetchone():
+                return WriteState.PREPARED
+            return WriteState.COMMITTED if self._marker(cur, prepared.gid) else WriteState.ABORTED
+
+        return self._run("read state", fn)
+
+    # -- recovery --------------------------------------------------------------------------------
+
+    def recover(self, stream: str, group: str, member: str) -> list[PreparedWrite]:
+        """Prepared writes of this member (from ``pg_prepared_xacts``) with their refs; also
+        deletes refs rows of this member whose write is not prepared (never was, or finished)."""
+        self.ensure_tables()
+        prefix = BatchId.member_prefix(stream, group, member)
+        target = f"{self.schema}.{self.table}"
+
+        def fn(cur):
+            cur.execute(
+                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                "AND left(gid, length(%s)) = %s",
+                (prefix, prefix),
+            )
+            gids = [r[0] for r in cur.fetchall()]
+            cur.execute(
+                f"SELECT gid, target, rows, refs, acking FROM {self._side(REFS_TABLE)} "
+                "WHERE left(gid, length(%s)) = %s",
+                (prefix, prefix),
+            )
+            refs = {r[0]: r[1:] for r in cur.fetchall()}
+            orphans = [g for g in refs if g not in gids]
+            if orphans:
+                cur.execute(f"DELETE FROM {self._side(REFS_TABLE)} WHERE gid = ANY(%s)", (orphans,))
+            out = []
+            for gid in gids:
+                if not BatchId.is_gid(gid):
+                    continue
+                info = refs.get(gid)
+                if info is not None and info[0] != target:
+                    continue  # a write of the same member into another table
+                # no refs row: acking unknown, so report it as acking (commit is always safe)
+                rows, encoded, acking = (int(info[1]), info[2], bool(info[3])) if info else (0, {}, True)
+                out.append(
+                    PreparedWrite(BatchId.parse(gid), rows, decode_refs(encoded), token=gid, acking=acking)
+                )
+            return sorted(out, key=lambda p: p.batch_id.batch_seq)
+
+        return self._run("recover", fn)
+
+    def prune_markers(self, older_than_s: float) -> int:
+        """Delete commit markers older than ``older_than_s`` seconds (after that, a commit of
+        such an old write is reported lost instead of idempotent). Returns rows deleted."""
+        self.ensure_tables()
+
+        def fn(cur):
+            cur.execute(
+                f"DELETE FROM {self._side(MARKERS_TABLE)} WHERE target = %s AND "
+                "committed_at < now() - make_interval(secs => %s)",
+                (f"{self.schema}.{self.table}", older_than_s),
+            )
+            return cur.rowcount
+
+        return self._run("prune markers", fn)
+
+    def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:
+        values = np.asarray(list(seqs) if not isinstance(seqs, np.ndarray) else seqs, dtype=np.int64)
+        self.ensure_tables()
+        found: set[int] = set()
+
+        def fn(cur):
+            for i in range(0, len(values), 100_000):
+                chunk = [int(v) for v in values[i : i + 100_000]]
+                cur.execute(
+                    f"SELECT origin_seq FROM {self._target} WHERE origin_stream = %s AND origin_seq = ANY(%s)",
+                    (origin_stream, chunk),
+                )
+                found.update(r[0] for r in cur.fetchall())
+
+        self._run("look up keys", fn)
+        if not found:
+            return np.zeros(len(values), dtype=bool)
+        return np.isin(values, np.fromiter(found, dtype=np.int64))

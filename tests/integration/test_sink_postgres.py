@@ -1,0 +1,399 @@
+"""PostgresSink on a real PostgreSQL 15: PREPARE TRANSACTION protocol, dedupe, recovery from
+pg_prepared_xacts, lock waits, and no password in errors."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import psycopg2
+import pyarrow as pa
+import pytest
+
+from airflow_provider_cg.core.rows import BatchId, headers_to_json
+from airflow_provider_cg.core.sinks import (
+    CommitResult,
+    PostgresSink,
+    PreparedWriteLost,
+    SinkError,
+    SinkLockTimeout,
+    WriteState,
+)
+
+pytestmark = [pytest.mark.postgres, pytest.mark.integration]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def rows(seqs, stream="ORDERS", member="m1", extra=None) -> pa.Table:
+    seqs = np.asarray(list(seqs), dtype=np.int64)
+    n = len(seqs)
+    cols = {
+        "origin_stream": pa.array([stream] * n),
+        "origin_seq": pa.array(seqs),
+        "subject": pa.array([f"orders.{s % 3}" for s in seqs]),
+        "partition": pa.array((seqs % 4).astype(np.int32)),
+        "key": pa.array([str(s % 3) for s in seqs]),
+        "payload": pa.array([f"payload-{s}".encode() for s in seqs], pa.binary()),
+        "payload_text": pa.array([f"payload-{s}" for s in seqs]),
+        "headers": pa.array([headers_to_json({"Nats-Msg-Id": str(s)}) for s in seqs]),
+        "timestamp": pa.array(seqs * 1_000_000_123, pa.timestamp("ns", tz="UTC")),
+        "delivery_count": pa.array(np.ones(n, dtype=np.int32)),
+        "group": pa.array(["g"] * n),
+        "member": pa.array([member] * n),
+    }
+    if extra:
+        cols.update(extra(seqs))
+    return pa.table(cols)
+
+
+def refs_for(seqs, stream="ORDERS-g"):
+    return [(stream, int(s)) for s in seqs]
+
+
+def query(params, sql, args=()):
+    conn = psycopg2.connect(**params.conn_params())
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, args)
+            return cur.fetchall() if cur.description else None
+    finally:
+        conn.close()
+
+
+def landed(params, table="cg_events") -> list[tuple[str, int]]:
+    return [tuple(r) for r in query(params, f"SELECT origin_stream, origin_seq FROM {table} ORDER BY 1, 2")]
+
+
+def prepared_gids(params) -> list[str]:
+    return [
+        r[0] for r in query(params, "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
+    ]
+
+
+@pytest.fixture
+def sink(postgres_db):
+    s = PostgresSink(postgres_db.conn_params(), lock_timeout_s=10)
+    yield s
+    s.close()
+
+
+def test_prepare_is_invisible_until_commit(sink, postgres_db):
+    p = sink.prepare(
+        BatchId("ORDERS", "g", "m1", 1), rows(range(1, 101)), message_refs=refs_for(range(1, 101))
+    )
+    assert prepared_gids(postgres_db) == [p.gid]
+    assert landed(postgres_db) == []
+    assert sink.state(p) is WriteState.PREPARED
+    assert sink.commit(p) == CommitResult(rows_written=100, duplicates_skipped=0)
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 101)]
+    assert prepared_gids(postgres_db) == []
+    assert sink.state(p) is WriteState.COMMITTED
+    assert query(postgres_db, "SELECT count(*) FROM cg_prepared_writes") == [(0,)]
+
+
+def test_values_round_trip(sink, postgres_db):
+    t = rows([1, 2], extra=lambda s: {"value": pa.array([{"id": int(x), "tags": ["a", "b"]} for x in s])})
+    t = t.set_column(5, "payload", pa.array([b"\x00\xffraw", None], pa.binary()))
+    t = t.set_column(6, "payload_text", pa.array(["has\x00nul", "ok"]))
+    sink.commit(sink.prepare(BatchId("ORDERS", "g", "m1", 1), t, message_refs=refs_for([1, 2])))
+    got = query(
+        postgres_db,
+        "SELECT payload, payload_text, headers->>'Nats-Msg-Id', value->'tags', \"timestamp\", \"group\", "
+        '"partition" FROM cg_events ORDER BY origin_seq',
+    )
+    assert bytes(got[0][0]) == b"\x00\xffraw" and got[1][0] is None
+    assert got[0][1] is None and got[1][1] == "ok"  # NUL cannot live in text: NULL, bytes kept in payload
+    assert got[0][2] == "1" and got[0][3] == ["a", "b"]
+    assert got[0][4].timestamp() == pytest.approx(1.000000123, abs=1e-6)
+    assert got[0][5] == "g" and got[0][6] == 1
+
+
+def test_commit_is_idempotent_across_instances(sink, postgres_db):
+    p = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 11)), message_refs=refs_for(range(1, 11)))
+    first = sink.commit(p)
+    assert sink.commit(p) == first
+    with PostgresSink(postgres_db.dsn) as other:
+        assert other.commit(p) == first
+    assert len(landed(postgres_db)) == 10
+
+
+def test_abort_is_idempotent_and_final(sink, postgres_db):
+    p = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 11)), message_refs=refs_for(range(1, 11)))
+    assert sink.abort(p) is WriteState.ABORTED
+    assert sink.abort(p) is WriteState.ABORTED
+    assert sink.state(p) is WriteState.ABORTED
+    with pytest.raises(PreparedWriteLost):
+        sink.commit(p)
+    assert landed(postgres_db) == [] and prepared_gids(postgres_db) == []
+    assert query(postgres_db, "SELECT count(*) FROM cg_prepared_writes") == [(0,)]
+
+    q = sink.prepare(BatchId("ORDERS", "g", "m1", 2), rows(range(1, 11)), message_refs=refs_for(range(1, 11)))
+    sink.commit(q)
+    assert sink.abort(q) is WriteState.COMMITTED
+    assert len(landed(postgres_db)) == 10
+
+
+def test_duplicates_across_commits_and_within_a_batch_are_dropped(sink, postgres_db):
+    sink.commit(
+        sink.prepare(
+            BatchId("ORDERS", "g", "m1", 1), rows(range(1, 101)), message_refs=refs_for(range(1, 101))
+        )
+    )
+    seqs = [*range(50, 151), 60]
+    p = sink.prepare(BatchId("ORDERS", "g", "m1", 2), rows(seqs), message_refs=refs_for(seqs))
+    assert sink.commit(p) == CommitResult(rows_written=50, duplicates_skipped=52)
+    sink.commit(
+        sink.prepare(BatchId("ORDERS", "g", "m1", 3), rows([1, 2], stream="OTHER"), message_refs={"X": [1]})
+    )
+    got = landed(postgres_db)
+    assert len(got) == len(set(got)) == 152
+    assert sink.committed_keys_exist("ORDERS", [0, 1, 150, 151]).tolist() == [False, True, True, False]
+
+
+def test_recover_from_pg_prepared_xacts_after_the_connection_is_gone(sink, postgres_db):
+    mine = sink.prepare(
+        BatchId("ORD:ERS", "g", "m1", 5), rows(range(1, 11)), message_refs=refs_for(range(1, 11))
+    )
+    sink.prepare(BatchId("ORD:ERS", "g", "m10", 1), rows(range(11, 21)), message_refs=refs_for(range(11, 21)))
+    sink.close()
+
+    with PostgresSink(postgres_db.dsn) as fresh:
+        found = fresh.recover("ORD:ERS", "g", "m1")
+        assert [p.gid for p in found] == [mine.gid]
+        assert found[0].rows == 10 and found[0].message_refs == refs_for(range(1, 11))
+        assert fresh.state(found[0]) is WriteState.PREPARED
+        assert fresh.commit(found[0]) == CommitResult(10, 0)
+        assert fresh.recover("ORD:ERS", "g", "m1") == []
+        assert [p.batch_id.member for p in fresh.recover("ORD:ERS", "g", "m10")] == ["m10"]
+
+
+CRASH_AFTER_PREPARE = """
+import os, sys
+sys.path.insert(0, {repo!r})
+from tests.integration.test_sink_postgres import rows, refs_for
+from airflow_provider_cg.core.rows import BatchId
+from airflow_provider_cg.core.sinks import PostgresSink
+sink = PostgresSink(os.environ["CG_TEST_DSN"])
+sink.prepare(BatchId("ORDERS", "g", "m1", 8), rows(range(1, 301)), message_refs=refs_for(range(1, 301)))
+os._exit(9)  # killed before acking and committing
+"""
+
+
+def test_crash_after_prepare_then_recover_and_commit(postgres_db):
+    env = {"CG_TEST_DSN": postgres_db.dsn, "PATH": "/usr/bin:/bin"}  # the DSN via env, not argv
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_AFTER_PREPARE.format(repo=str(REPO))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 9, proc.stderr
+    assert landed(postgres_db) == []
+    with PostgresSink(postgres_db.conn_params()) as sink:
+        (pending,) = sink.recover("ORDERS", "g", "m1")
+        assert pending.batch_id.batch_seq == 8 and not pending.acking  # died before acking
+        assert list(pending.iter_ref_ranges()) == [("ORDERS-g", 1, 300)]
+        assert sink.commit(pending) == CommitResult(300, 0)
+    assert len(landed(postgres_db)) == 300
+
+
+def test_recover_drops_refs_of_writes_that_never_prepared(sink, postgres_db):
+    sink.ensure_tables()
+    gid = BatchId("ORDERS", "g", "m1", 3).gid
+    query(
+        postgres_db,
+        "INSERT INTO cg_prepared_writes (gid, target, stream, grp, member, batch_seq, rows, refs) "
+        "VALUES (%s, 'public.cg_events', 'ORDERS', 'g', 'm1', 3, 1, '{}')",
+        (gid,),
+    )
+    assert sink.recover("ORDERS", "g", "m1") == []
+    assert query(postgres_db, "SELECT count(*) FROM cg_prepared_writes") == [(0,)]
+
+
+def test_mark_acking_is_durable_and_drives_recovery(sink, postgres_db):
+    quiet = sink.prepare(
+        BatchId("ORDERS", "g", "m1", 1), rows(range(1, 11)), message_refs=refs_for(range(1, 11))
+    )
+    acking = sink.prepare(
+        BatchId("ORDERS", "g", "m1", 2), rows(range(11, 21)), message_refs=refs_for(range(11, 21))
+    )
+    assert sink.mark_acking(acking).acking is True
+    assert sink.mark_acking(acking).acking is True  # idempotent
+    sink.close()
+    with PostgresSink(postgres_db.dsn) as fresh:
+        found = {p.batch_id.batch_seq: p for p in fresh.recover("ORDERS", "g", "m1")}
+        assert found[1].acking is False and found[2].acking is True
+        assert found[2].message_refs == refs_for(range(11, 21))
+        assert fresh.abort(found[1]) is WriteState.ABORTED
+        assert fresh.commit(found[2]) == CommitResult(10, 0)
+        with pytest.raises(PreparedWriteLost):
+            fresh.mark_acking(quiet)
+        assert fresh.mark_acking(acking).acking is True  # already committed: fine
+        assert fresh.recover("ORDERS", "g", "m1") == []
+    assert query(postgres_db, "SELECT count(*) FROM cg_prepared_writes") == [(0,)]
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(11, 21)]
+
+
+def test_prepared_write_without_refs_row_is_reported_acking(sink, postgres_db):
+    p = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 4)), message_refs=refs_for(range(1, 4)))
+    query(postgres_db, "DELETE FROM cg_prepared_writes")  # e.g. removed by a racing recover
+    (found,) = sink.recover("ORDERS", "g", "m1")
+    assert found.gid == p.gid and found.acking is True and found.message_refs == []
+    assert sink.commit(found) == CommitResult(3, 0)
+
+
+def test_second_prepare_of_held_keys_times_out_clearly(postgres_db):
+    holder = PostgresSink(postgres_db.conn_params())
+    first = holder.prepare(
+        BatchId("ORDERS", "g", "m1", 1), rows(range(1, 11)), message_refs=refs_for(range(1, 11))
+    )
+    waiter = PostgresSink(postgres_db.conn_params(), lock_timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(SinkLockTimeout) as info:
+        waiter.prepare(
+            BatchId("ORDERS", "g", "m2", 1), rows(range(5, 16)), message_refs=refs_for(range(5, 16))
+        )
+    assert 0.9 < time.monotonic() - started < 8
+    assert first.gid in str(info.value) and "recover()" in str(info.value)
+    assert prepared_gids(postgres_db) == [first.gid]
+    assert query(postgres_db, "SELECT gid FROM cg_prepared_writes") == [(first.gid,)]
+
+    # a waiting prepare proceeds once the holder commits, and skips the held keys
+    result = {}
+
+    def wait_then_prepare():
+        with PostgresSink(postgres_db.conn_params(), lock_timeout_s=30) as s:
+            p = s.prepare(
+                BatchId("ORDERS", "g", "m2", 2), rows(range(5, 16)), message_refs=refs_for(range(5, 16))
+            )
+            result["commit"] = s.commit(p)
+
+    t = threading.Thread(target=wait_then_prepare)
+    t.start()
+    time.sleep(0.5)
+    assert t.is_alive()  # blocked on the prepared rows
+    holder.commit(first)
+    t.join(30)
+    assert result["commit"] == CommitResult(rows_written=5, duplicates_skipped=6)
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 16)]
+    holder.close()
+    waiter.close()
+
+
+def test_concurrent_writers_in_threads(postgres_db):
+    workers, batches = 4, 8
+    written, errors = [], []
+    barrier = threading.Barrier(workers)
+
+    def work(w):
+        try:
+            with PostgresSink(postgres_db.conn_params()) as s:
+                barrier.wait()
+                for i in range(batches):
+                    seqs = range(max(1, 1 + i * 40 - w * 7), 1 + i * 40 + 50)
+                    p = s.prepare(BatchId("ORDERS", "g", f"m{w}", i), rows(seqs), message_refs=refs_for(seqs))
+                    written.append(s.commit(p).rows_written)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    expected = {("ORDERS", s) for w in range(workers) for i in range(batches)
+                for s in range(max(1, 1 + i * 40 - w * 7), 1 + i * 40 + 50)}  # fmt: skip
+    got = landed(postgres_db)
+    assert len(got) == len(set(got)) and set(got) == expected
+    assert sum(written) == len(expected)
+    assert prepared_gids(postgres_db) == []
+
+
+def _process_worker(dsn, worker, batches, start, out):
+    with PostgresSink(dsn) as s:
+        start.wait()
+        total = 0
+        for i in range(batches):
+            seqs = range(max(1, 1 + i * 40 - worker * 13), 1 + i * 40 + 50)
+            p = s.prepare(BatchId("ORDERS", "g", f"p{worker}", i), rows(seqs), message_refs=refs_for(seqs))
+            total += s.commit(p).rows_written
+    out.put(total)
+
+
+def test_concurrent_writers_in_two_processes(postgres_db):
+    PostgresSink(postgres_db.dsn).ensure_tables()
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Barrier(2, timeout=60), ctx.Queue()
+    batches = 15
+    procs = [
+        ctx.Process(target=_process_worker, args=(postgres_db.dsn, w, batches, start, out)) for w in (0, 1)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    written = out.get(timeout=5) + out.get(timeout=5)
+    expected = {("ORDERS", s) for w in (0, 1) for i in range(batches)
+                for s in range(max(1, 1 + i * 40 - w * 13), 1 + i * 40 + 50)}  # fmt: skip
+    got = landed(postgres_db)
+    assert len(got) == len(set(got)) and set(got) == expected
+    assert written == len(expected)
+
+
+def test_no_password_in_errors(postgres_db):
+    secret = "Wr0ng-Sekret-Pw"
+    bad = PostgresSink(postgres_db.conn_params(password=secret))
+    assert secret not in repr(bad)
+    with pytest.raises(SinkError) as info:
+        bad.recover("ORDERS", "g", "m1")
+    text = "".join(traceback.format_exception(info.value))
+    assert "password authentication failed" in text
+    assert secret not in text
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+
+    dsn = postgres_db.dsn.replace(postgres_db.password, secret) + " bogus_option"
+    with pytest.raises(SinkError) as info:
+        PostgresSink(dsn).recover("ORDERS", "g", "m1")
+    assert secret not in "".join(traceback.format_exception(info.value))
+    uri = f"postgresql://{postgres_db.user}:{secret}@{postgres_db.host}:{postgres_db.port}/nodb?bogus=1"
+    with pytest.raises(SinkError) as info:
+        PostgresSink(uri).recover("ORDERS", "g", "m1")
+    assert secret not in "".join(traceback.format_exception(info.value))
+    assert postgres_db.password not in repr(PostgresSink(postgres_db.dsn))
+
+    # whatever a driver message echoes, the password is masked
+    for conn in (dsn, uri, {"host": "h", "password": secret}):
+        err = PostgresSink(conn)._error(RuntimeError(f"cannot use {conn} / {secret}"), "connect")
+        assert secret not in str(err) and "***" in str(err)
+
+
+def test_target_without_unique_key_is_reported(postgres_db):
+    query(postgres_db, "CREATE TABLE plain_events (origin_stream text, origin_seq bigint)")
+    with PostgresSink(postgres_db.conn_params(), table="plain_events") as s:
+        with pytest.raises(SinkError, match="ON CONFLICT"):
+            s.prepare(BatchId("ORDERS", "g", "m1", 1), rows([1]), message_refs=refs_for([1]))
+        assert prepared_gids(postgres_db) == []
+        assert query(postgres_db, "SELECT count(*) FROM cg_prepared_writes") == [(0,)]
+
+
+def test_headers_are_jsonb(sink, postgres_db):
+    sink.commit(sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows([7]), message_refs=refs_for([7])))
+    (typ,) = query(
+        postgres_db, "SELECT data_type FROM information_schema.columns WHERE column_name = 'headers'"
+    )
+    assert typ == ("jsonb",)
+    assert json.loads(json.dumps(query(postgres_db, "SELECT headers FROM cg_events")[0][0])) == {
+        "Nats-Msg-Id": "7"
+    }
