@@ -1,0 +1,140 @@
+"""GroupOverflowSensor: wait until a consumer group (or one member) has enough work waiting."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+
+from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, ServerUnavailable
+from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.triggers.overflow import (
+    ONCE,
+    GroupOverflowTrigger,
+    check_thresholds,
+    event_payload,
+    exceeds,
+    measure,
+)
+
+
+class GroupOverflowSensor(BaseSensorOperator):
+    """Succeed once ``min_pending`` or ``min_ack_pending`` is reached (either one; OR).
+
+    Figures as in :mod:`airflow_provider_cg.triggers.overflow`; the event payload (pending,
+    ack_pending, backlog, partitions, ...) is pushed to XCom in both modes.
+
+    :param stream: the origin stream of the group.
+    :param group: the consumer group.
+    :param member: watch one member; ``None`` (default) watches the whole group.
+    :param min_pending: messages waiting for delivery (int >= 1).
+    :param min_ack_pending: messages delivered and not yet acknowledged (int >= 1).
+    :param nats_conn_id: Airflow connection of type ``nats``.
+    :param deferrable: wait in the triggerer (default) instead of a worker slot. The
+        trigger enforces ``timeout`` itself and it is also passed to ``defer``.
+
+    ``poke_interval`` (default 10 s), ``timeout``, ``soft_fail``, ``mode`` as for any
+    sensor. A missing group or member fails the task (skipped with ``soft_fail``); server
+    errors in poke mode count as "not yet" until ``timeout``.
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "member", "nats_conn_id")
+    ui_color = "#d9ead3"
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        member: str | None = None,
+        min_pending: int | None = None,
+        min_ack_pending: int | None = None,
+        nats_conn_id: str = "nats_default",
+        deferrable: bool = True,
+        poke_interval: timedelta | float = 10,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(poke_interval=poke_interval, **kwargs)
+        check_thresholds(min_pending, min_ack_pending)
+        if self.poke_interval <= 0:
+            raise ConfigError("poke_interval", "must be > 0 seconds")
+        self.stream = stream
+        self.group = group
+        self.member = member
+        self.min_pending = min_pending
+        self.min_ack_pending = min_ack_pending
+        self.nats_conn_id = nats_conn_id
+        self.deferrable = deferrable
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        self.defer(
+            trigger=GroupOverflowTrigger(
+                stream=self.stream,
+                group=self.group,
+                member=self.member,
+                min_pending=self.min_pending,
+                min_ack_pending=self.min_ack_pending,
+                poke_interval=self.poke_interval,
+                nats_conn_id=self.nats_conn_id,
+                mode=ONCE,
+                deadline=time.time() + self.timeout,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume after the trigger fired: the payload to XCom, or fail / time out."""
+        status = (event or {}).get("status")
+        if status == "overflow":
+            self._log_hit(event)
+            return event  # type: ignore[return-value]
+        if status == "timeout":
+            raise AirflowSensorTimeout(
+                f"Sensor has timed out after {self.timeout}s: the thresholds were not reached "
+                f"(last figures: pending={event.get('pending')}, ack_pending={event.get('ack_pending')})"  # type: ignore[union-attr]
+            )
+        if status == "error":
+            raise AirflowFailException(event.get("error"))  # type: ignore[union-attr]
+        raise AirflowException(f"unexpected trigger event: {event!r}")
+
+    def poke(self, context: Any) -> bool | PokeReturnValue:
+        from airflow_provider_cg.hooks.nats import NatsHook, scrub
+
+        hook = NatsHook(nats_conn_id=self.nats_conn_id)
+
+        async def _status(nc):
+            return await ConsumerGroups(nc).status(self.stream, self.group)
+
+        try:
+            status = hook.run(_status)
+            figures = measure(status, self.member)
+        except (ConfigError, GroupNotFound) as e:
+            raise AirflowFailException(str(e)) from e
+        except (ServerUnavailable, ConnectionError) as e:
+            self.log.warning("NATS not reachable, trying again: %s", scrub(str(e), hook.get_settings()))
+            return False
+        self.log.info(
+            "pending=%s ack_pending=%s backlog=%s (min_pending=%s, min_ack_pending=%s)",
+            figures["pending"], figures["ack_pending"], figures["backlog"], self.min_pending, self.min_ack_pending,
+        )
+        if not exceeds(figures, self.min_pending, self.min_ack_pending):
+            return False
+        payload = event_payload(
+            "overflow", self.stream, self.group, self.member, self.min_pending, self.min_ack_pending,
+            figures, status.ts,
+        )
+        self._log_hit(payload)
+        return PokeReturnValue(is_done=True, xcom_value=payload)
+
+    def _log_hit(self, event: dict[str, Any]) -> None:
+        self.log.info(
+            "Threshold reached: pending=%s ack_pending=%s backlog=%s",
+            event.get("pending"), event.get("ack_pending"), event.get("backlog"),
+        )
