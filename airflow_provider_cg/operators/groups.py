@@ -335,14 +335,10 @@ class _MembershipOperator(_ConsumerGroupOperator):
         return result
 
 
-class AddMembersOperator(_MembershipOperator):
-    """Add members (a list, or one comma-separated string) to an elastic group.
-
-    Returns ``GroupInfo.to_dict()`` (with the new ``assignment``) plus ``changed``.
-    """
+class _MembersOperator(_MembershipOperator):
+    """A change that names members: a list, or one comma-separated string (templated)."""
 
     template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "members")
-    action = "add members"
 
     def __init__(self, *, stream: str, group: str, members: Sequence[str] | str, **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
@@ -354,12 +350,24 @@ class AddMembersOperator(_MembershipOperator):
         super()._validate()
         _member_list("members", self.members)
 
+
+class AddMembersOperator(_MembersOperator):
+    """Add members to an elastic group; partitions move to them safely.
+
+    Returns ``GroupInfo.to_dict()`` (with the new ``assignment``) plus ``changed``.
+    """
+
+    action = "add members"
+
     def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
         return cg.add_members(self.stream, self.group, _member_list("members", self.members))
 
 
-class DropMembersOperator(AddMembersOperator):
-    """Remove members from an elastic group; their partitions move to the others."""
+class DropMembersOperator(_MembersOperator):
+    """Remove members from an elastic group; their partitions move to the others.
+
+    Returns ``GroupInfo.to_dict()`` (with the new ``assignment``) plus ``changed``.
+    """
 
     action = "drop members"
 
