@@ -128,3 +128,134 @@ class BatchId:
 
 def missing_columns(schema: pa.Schema, required: Iterable[str] = ROW_SCHEMA.names) -> list[str]:
     return [name for name in required if schema.get_field_index(name) < 0]
+
+
+# --- building rows from pulled messages ---------------------------------------------------------
+
+_SOURCE_KEY = b"\r\nNats-Stream-Source:"
+# Headers the server adds; their content is in other columns, so they are not kept in ``headers``.
+_SYSTEM_HEADERS = frozenset({"Nats-Stream-Source", "Nats-Pin-Id"})
+
+
+def _source_of(raw: bytes | None) -> tuple[str, int] | None:
+    """``(origin stream, origin seq)`` from a raw ``Nats-Stream-Source`` header, if present."""
+    if not raw:
+        return None
+    i = raw.find(_SOURCE_KEY)
+    if i < 0:
+        return None
+    end = raw.find(b"\r\n", i + 2)
+    parts = raw[i + len(_SOURCE_KEY) : end].split()
+    if len(parts) < 2:
+        return None
+    name = parts[0].decode()
+    # Sources from another account or domain are written as "<stream>:<hash>".
+    return name.split(":", 1)[0], int(parts[1])
+
+
+def _user_headers(raw: bytes | None) -> str | None:
+    """JSON of the message's own headers (server-added ones dropped), or None."""
+    if not raw:
+        return None
+    lines = raw.split(b"\r\n")[1:]
+    out: dict[str, str | list[str]] = {}
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep or not name:
+            continue
+        k = name.strip().decode("ascii", "replace")
+        if k in _SYSTEM_HEADERS:
+            continue
+        v = value.strip().decode("utf-8", "replace")
+        prev = out.get(k)
+        out[k] = v if prev is None else ([*prev, v] if isinstance(prev, list) else [prev, v])
+    return headers_to_json(out)
+
+
+class KeySelector:
+    """The partitioning key of a subject: its partitioning-wildcard tokens joined with ``.``.
+
+    With no wildcard indexes (whole-subject hashing) or for static groups the key is the
+    whole subject (partition token stripped).
+    """
+
+    def __init__(self, filters: Iterable[tuple[str, Iterable[int]]]) -> None:
+        self.rules: list[tuple[list[str], list[int]]] = []
+        for f, wildcards in filters:
+            tokens = f.split(".")
+            stars = [i for i, t in enumerate(tokens) if t == "*"]
+            self.rules.append((tokens, [stars[w - 1] for w in wildcards]))
+
+    @staticmethod
+    def _matches(ftokens: list[str], stokens: list[str]) -> bool:
+        for i, ft in enumerate(ftokens):
+            if ft == ">":
+                return len(stokens) > i
+            if i >= len(stokens) or (ft != "*" and ft != stokens[i]):
+                return False
+        return len(stokens) == len(ftokens)
+
+    def key(self, subject: str) -> str:
+        rules = self.rules
+        if not rules:
+            return subject
+        tokens = subject.split(".")
+        if len(rules) == 1:
+            positions = rules[0][1]
+        else:
+            positions = next((p for f, p in rules if self._matches(f, tokens)), [])
+        if not positions:
+            return subject
+        return ".".join(tokens[i] for i in positions if i < len(tokens))
+
+
+def build_rows(msgs, *, group: str, member: str, keys: KeySelector, sourced: bool) -> pa.Table:
+    """Rows (``ROW_SCHEMA``) of pulled messages, in delivery order.
+
+    ``sourced``: the messages come from an elastic group's work-queue stream, whose
+    ``Nats-Stream-Source`` header names the origin stream and sequence; otherwise (static
+    groups) the consumed stream is the origin.
+    """
+    n = len(msgs)
+    streams: list[str] = [""] * n
+    seqs = [0] * n
+    subjects: list[str] = [""] * n
+    parts = [0] * n
+    key_col: list[str] = [""] * n
+    headers: list[str | None] = [None] * n
+    ts = [0] * n
+    delivered = [0] * n
+    key_of = keys.key
+    for i, m in enumerate(msgs):
+        p, _, rest = m.subject.partition(".")
+        parts[i] = int(p)
+        subjects[i] = rest
+        key_col[i] = key_of(rest)
+        meta = m.metadata
+        ts[i] = meta.timestamp_ns
+        delivered[i] = meta.num_delivered
+        raw = m._hdr
+        src = _source_of(raw) if sourced else None
+        if src is None:
+            streams[i], seqs[i] = meta.stream, meta.stream_seq
+        else:
+            streams[i], seqs[i] = src
+        if raw is not None and raw.count(b"\r\n") > (4 if sourced else 3):
+            headers[i] = _user_headers(raw)
+    return pa.Table.from_arrays(
+        [
+            pa.array(streams, pa.string()),
+            pa.array(seqs, pa.int64()),
+            pa.array(subjects, pa.string()),
+            pa.array(parts, pa.int32()),
+            pa.array(key_col, pa.string()),
+            pa.array([m.data for m in msgs], pa.binary()),
+            pa.nulls(n, pa.string()),
+            pa.array(headers, pa.string()),
+            pa.array(ts, pa.timestamp("ns", tz="UTC")),
+            pa.array(delivered, pa.int32()),
+            pa.array([group] * n, pa.string()),
+            pa.array([member] * n, pa.string()),
+        ],
+        schema=ROW_SCHEMA,
+    )

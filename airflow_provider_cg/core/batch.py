@@ -1,0 +1,462 @@
+"""Bounded, exclusively pinned consumption of one member into a two-phase sink.
+
+``run_member_batch`` is what the Spark member job runs. It joins the member's consumer as a
+pinned client (priority group ``PCG``), fixes its target at the backlog it finds (like
+Spark's ``Trigger.AvailableNow``), and lands messages batch by batch:
+
+    prepare (sink staging) -> mark acking -> double-ack all -> commit
+
+The rule for ending a batch is in docs/architecture.md: roll back only when certain that no
+ack took effect, otherwise commit; the sink's dedupe on ``(origin_stream, origin_seq)`` makes
+a commit of a message that comes back again a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from airflow_provider_cg.core import partitioning
+from airflow_provider_cg.core.config import ElasticGroupConfig, in_membership
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.priority import (
+    AckOutcome,
+    ConsumerGone,
+    PinLost,
+    PriorityClient,
+    PullTransient,
+)
+from airflow_provider_cg.core.rows import BatchId, KeySelector, build_rows
+from airflow_provider_cg.core.sinks.base import TwoPhaseSink
+
+log = logging.getLogger("airflow_provider_cg.batch")
+
+RESULT_COMMITTED = "committed"
+RESULT_EMPTY = "empty"
+RESULT_NOT_PINNED = "not-pinned"
+
+# decode(table) -> (table, {row_index: error}) ; rows named in the dict are poison.
+Decoder = Callable[[Any], tuple[Any, dict[int, str]]]
+
+
+@dataclass
+class BatchOptions:
+    """Limits and timings of one member job run. Durations are seconds."""
+
+    stream: str
+    group: str
+    member: str
+    batch_size: int = 100_000
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    max_seconds: float | None = None
+    standby_timeout: float = 30.0
+    ack_wait: float = 60.0
+    max_deliver: int = 5
+    idle_timeout: float = 2.0
+    ack_timeout: float = 30.0
+    progress_interval: float = 5.0
+
+    def validate(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError("batch_size", "must be >= 1")
+        for name in ("max_messages", "max_bytes"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(name, "must be >= 1 when set")
+        for name in ("max_seconds", "standby_timeout", "ack_wait", "idle_timeout", "ack_timeout"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ConfigError(name, "must be > 0 seconds")
+        if self.max_deliver < 2:
+            raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
+
+
+@dataclass
+class Summary:
+    """The job's result; printed as one JSON line that the Airflow operator reads."""
+
+    stream: str
+    group: str
+    member: str
+    result: str = RESULT_EMPTY
+    target: int = 0
+    consumed: int = 0
+    committed: int = 0
+    duplicates_skipped: int = 0
+    dead_lettered: int = 0
+    poison_deliveries: int = 0
+    batches: int = 0
+    recovered_committed: int = 0
+    recovered_aborted: int = 0
+    unconfirmed_acks: int = 0
+    bytes: int = 0
+    partitions: dict[str, dict[str, int]] = field(default_factory=dict)
+    stop_reason: str = ""
+    pin_id: str | None = None
+    duration_s: float = 0.0
+
+    def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int) -> None:
+        p = self.partitions.setdefault(str(partition), {"count": 0, "first_origin_seq": first_seq, "last_origin_seq": last_seq})
+        p["count"] += n
+        p["first_origin_seq"] = min(p["first_origin_seq"], first_seq)
+        p["last_origin_seq"] = max(p["last_origin_seq"], last_seq)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
+
+
+class _Progress:
+    def __init__(self, summary: Summary, interval: float) -> None:
+        self.summary, self.interval = summary, interval
+        self.start = self.last = time.monotonic()
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        s = self.summary
+        rate = s.consumed / max(now - self.start, 1e-9)
+        left = max(s.target - s.consumed, 0)
+        log.info("cg progress member=%s consumed=%d committed=%d rate=%.0f msg/s backlog_left=%d",
+                 s.member, s.consumed, s.committed, rate, left)
+
+
+class DeadLetters:
+    """The dead-letter stream ``<stream>-<group>-dlq``; poison messages keep their error."""
+
+    def __init__(self, nc, api: JsApi, stream: str, group: str, replicas: int = 1) -> None:
+        self.nc, self.api = nc, api
+        self.name = f"{stream}-{group}-dlq"
+        self.prefix = f"cg.dlq.{stream}.{group}"
+        self.replicas = replicas
+        self._ready = False
+
+    async def _ensure(self) -> None:
+        if self._ready:
+            return
+        cfg = {"name": self.name, "subjects": [f"{self.prefix}.>"], "retention": "limits",
+               "storage": "file", "num_replicas": self.replicas, "duplicate_window": 3600 * 10**9}
+        try:
+            await self.api.add_stream(cfg)
+        except ConsumerGroupError as e:
+            if getattr(e, "err_code", 0) != 10058:  # already exists
+                raise
+        self._ready = True
+
+    async def publish(self, subject: str, data: bytes, headers: dict[str, str]) -> None:
+        await self._ensure()
+        js = self.nc.jetstream()
+        await js.publish(f"{self.prefix}.{subject}", data, headers=headers, stream=self.name)
+
+
+async def _resolve_acks(client: PriorityClient, api: JsApi, consumer_stream: str, is_work_queue: bool,
+                        msgs: list, outcomes: list[AckOutcome], deadline: float) -> int:
+    """Turn unknown ack outcomes into known ones where possible; return how many stay unknown.
+
+    A work-queue stream deletes an acked message, so "gone" means acked. Re-sending an ack
+    is idempotent, so unknown ones are re-acked until ``deadline``.
+    """
+    unknown = [m for m, o in zip(msgs, outcomes, strict=True) if not o.acked]
+    while unknown and time.monotonic() < deadline:
+        if is_work_queue:
+            still = []
+            for m in unknown:
+                if await api.get_msg(consumer_stream, m.stream_seq) is not None:
+                    still.append(m)
+            unknown = still
+            if not unknown:
+                break
+        try:
+            again = await client.ack_sync_many(unknown, timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+            unknown = [m for m, o in zip(unknown, again, strict=True) if not o.acked]
+        except Exception as e:  # server away: wait for the reconnect
+            log.warning("re-ack failed (%s); retrying", type(e).__name__)
+            await asyncio.sleep(0.5)
+    return len(unknown)
+
+
+FAILPOINT_ENV = "CG_FAILPOINT"
+
+
+def _failpoint(name: str) -> None:
+    """Crash here with SIGKILL when ``$CG_FAILPOINT`` names this point (fault-injection tests)."""
+    if os.environ.get(FAILPOINT_ENV) == name:
+        log.warning("cg failpoint %s: killing this process", name)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Run:
+    """State of one member job run (one pinned client, one sink, one summary)."""
+
+    def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None, js_prefix: str) -> None:
+        self.nc, self.sink, self.options, self.decode = nc, sink, options, decode
+        self.summary = Summary(options.stream, options.group, options.member)
+        self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
+        self.api = JsApi(nc, prefix=js_prefix)
+        self.started = time.monotonic()
+        self.progress = _Progress(self.summary, options.progress_interval)
+        self.taken = 0  # messages pulled and not handed back (nak) so far
+        self.batch_seq = int(time.time() * 1000)
+        self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
+
+    async def setup(self) -> None:
+        o = self.options
+        group = await self.groups.get(o.stream, o.group)
+        self.config = group.config
+        if not in_membership(self.config, o.member):
+            raise ConfigError("member", f"{o.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
+        self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
+            o.stream, o.group, o.member,
+            ack_wait=o.ack_wait, max_deliver=o.max_deliver,
+            max_ack_pending=max(3 * o.batch_size, 1000),
+            inactive_threshold=max(o.ack_wait * 2, o.standby_timeout + o.idle_timeout + 30),
+        )
+        self.sourced = isinstance(self.config, ElasticGroupConfig)
+        self.keys = KeySelector(_key_rules(self.config))
+        self.client = PriorityClient(self.nc, self.consumer_stream, consumer)
+
+    # --- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> Summary:
+        o, s = self.options, self.summary
+        try:
+            await self.setup()
+            info = await self.client.consumer_info()
+            backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
+            s.target = min(backlog, o.max_messages or backlog)
+            if backlog == 0 and not _pinned_id(info):
+                await self.recover()
+                s.result, s.stop_reason = RESULT_EMPTY, "empty backlog"
+                return s
+            first = await self._acquire_pin()
+            if first is None:
+                if _pinned_id(await self.client.consumer_info()):
+                    s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
+                else:
+                    await self.recover()
+                    s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
+                return s
+            s.pin_id = self.client.pin_id
+            log.info("cg pinned member=%s pin_id=%s target=%d", o.member, s.pin_id, s.target)
+            await self.recover()
+            await self._consume(first)
+            s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
+            return s
+        finally:
+            s.duration_s = round(time.monotonic() - self.started, 3)
+            self.progress.tick(force=True)
+            client = getattr(self, "client", None)
+            if client is not None:
+                await client.close()
+
+    async def recover(self) -> None:
+        await asyncio.to_thread(_recover_sync, self.sink, self.options, self.summary)
+
+    async def _acquire_pin(self) -> list | None:
+        """Pull as a standby until the server pins us (messages arrive) or the timeout passes."""
+        o = self.options
+        deadline = self.started + o.standby_timeout
+        while time.monotonic() < deadline:
+            expires = max(0.5, min(5.0, deadline - time.monotonic()))
+            try:
+                msgs = await self.client.pull(min(o.batch_size, max(self.summary.target, 1)), expires=expires)
+            except PinLost as e:
+                if e.messages:
+                    return e.messages
+                continue
+            except PullTransient:
+                await asyncio.sleep(0.5)
+                continue
+            if msgs:
+                return msgs
+        return None
+
+    def _limit_reached(self) -> str | None:
+        o, s = self.options, self.summary
+        if o.max_seconds and time.monotonic() - self.started >= o.max_seconds:
+            return "max_seconds"
+        if o.max_bytes and s.bytes >= o.max_bytes:
+            return "max_bytes"
+        if self.taken >= s.target:
+            return "target reached"
+        return None
+
+    async def _consume(self, first: list) -> None:
+        """Pull batch k+1 while batch k is landed (prepare, ack, commit) in the background."""
+        o, s = self.options, self.summary
+        landing: asyncio.Task | None = None
+        msgs, end = first, None
+        transient_deadline = None
+        try:
+            while True:
+                if msgs:
+                    self.taken += len(msgs)
+                    if landing is not None:
+                        await landing
+                    landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
+                    self.progress.tick()
+                if end is not None:
+                    s.stop_reason = {"pin": "pin lost", "gone": "consumer deleted", "idle": "backlog drained"}[end]
+                    break
+                reason = self._limit_reached()
+                if reason:
+                    s.stop_reason = reason
+                    break
+                want = min(o.batch_size, s.target - self.taken)
+                try:
+                    msgs = await self.client.pull(want, expires=o.idle_timeout)
+                    transient_deadline = None
+                    if not msgs:
+                        end = "idle"
+                except PinLost as e:
+                    msgs, end = e.messages, "pin"
+                except ConsumerGone as e:
+                    msgs, end = e.messages, "gone"
+                except PullTransient as e:  # server restart, leadership change: keep trying a while
+                    msgs = e.messages
+                    transient_deadline = transient_deadline or time.monotonic() + max(o.ack_wait, 30.0)
+                    if time.monotonic() > transient_deadline:
+                        raise
+                    log.warning("cg pull interrupted (%s); retrying", e)
+                    await asyncio.sleep(0.5)
+        finally:
+            if landing is not None:
+                await landing
+
+    # --- one batch -------------------------------------------------------------------------
+
+    async def _land(self, msgs: list, consumer_gone: bool = False) -> None:
+        o, s = self.options, self.summary
+        table = build_rows(msgs, group=o.group, member=o.member, keys=self.keys, sourced=self.sourced)
+        bad: dict[int, str] = {}
+        if self.decode is not None:
+            table, bad = await asyncio.to_thread(self.decode, table)
+        if bad:
+            table, msgs = await self._handle_poison(table, msgs, bad)
+        if not msgs:
+            return
+        self.batch_seq += 1
+        batch_id = BatchId(o.stream, o.group, o.member, self.batch_seq)
+        refs = {self.consumer_stream: np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))}
+        prepared = await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs)
+        _failpoint("after_prepare")
+        if consumer_gone:
+            # The consumer is gone before any ack was sent: none can take effect, and the
+            # messages stay in the stream for the re-created consumer.
+            await asyncio.to_thread(self.sink.abort, prepared)
+            return
+        prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
+        if os.environ.get(FAILPOINT_ENV) == "mid_ack":
+            await self.client.ack_sync_many(msgs[: len(msgs) // 2], timeout=o.ack_timeout)
+            _failpoint("mid_ack")
+        outcomes = await self.client.ack_sync_many(msgs, timeout=min(o.ack_timeout, 10.0))
+        unknown = await _resolve_acks(self.client, self.api, self.consumer_stream, self.sourced, msgs, outcomes,
+                                      time.monotonic() + o.ack_timeout)
+        _failpoint("before_commit")
+        s.unconfirmed_acks += unknown
+        result = await asyncio.to_thread(self.sink.commit, prepared)
+        s.batches += 1
+        s.committed += result.rows_written
+        s.duplicates_skipped += result.duplicates_skipped
+        s.consumed += len(msgs)
+        s.bytes += sum(len(m.data) for m in msgs)
+        for p, first, last, n in refs_by_partition(table):
+            s.count_partition(p, first, last, n)
+
+    async def _handle_poison(self, table, msgs: list, bad: dict[int, str]):
+        """Nak poison messages that have deliveries left; dead-letter the others (then ack them
+        with the batch). Returns the good rows and the messages to ack."""
+        o, s = self.options, self.summary
+        keep_rows, ack_msgs = [], []
+        s.poison_deliveries += len(bad)
+        origin_streams = table.column("origin_stream")
+        origin_seqs = table.column("origin_seq")
+        for i, m in enumerate(msgs):
+            err = bad.get(i)
+            if err is None:
+                keep_rows.append(i)
+                ack_msgs.append(m)
+            elif m.num_delivered >= o.max_deliver:
+                origin, seq = origin_streams[i].as_py(), origin_seqs[i].as_py()
+                await self.dlq.publish(partitioning.strip_partition(m.subject)[1], m.data, {
+                    "Cg-Error": err[:1024], "Cg-Origin-Stream": origin, "Cg-Origin-Seq": str(seq),
+                    "Cg-Member": o.member, "Cg-Deliveries": str(m.num_delivered),
+                    "Nats-Msg-Id": f"{origin}:{seq}",
+                })
+                s.dead_lettered += 1
+                ack_msgs.append(m)
+            else:
+                await self.client.nak(m)
+                self.taken -= 1  # it comes back and is counted again
+        # Dead-lettered messages are acked with the batch but have no row.
+        good = table.take(keep_rows)
+        return good, ack_msgs
+
+
+def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary) -> None:
+    """Finish prepared writes a previous instance of this member left behind.
+
+    Commit those whose acks may have been sent (``acking``); roll back the others: with no
+    ack ever sent, none can have taken effect.
+    """
+    committed = aborted = 0
+    for prepared in sink.recover(options.stream, options.group, options.member):
+        if prepared.acking:
+            res = sink.commit(prepared)
+            committed += 1
+            summary.committed += res.rows_written
+            summary.duplicates_skipped += res.duplicates_skipped
+        else:
+            sink.abort(prepared)
+            aborted += 1
+    summary.recovered_committed += committed
+    summary.recovered_aborted += aborted
+    if committed or aborted:
+        log.info("cg recovery member=%s committed=%d rolled_back=%d", options.member, committed, aborted)
+
+
+async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None = None,
+                           *, js_prefix: str = "$JS.API") -> Summary:
+    """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary."""
+    options.validate()
+    return await _Run(nc, sink, options, decode, js_prefix).run()
+
+
+def _pinned_id(info: dict) -> str | None:
+    for g in info.get("priority_groups") or []:
+        if g.get("pinned_client_id"):
+            return g["pinned_client_id"]
+    return None
+
+
+def _key_rules(config) -> list[tuple[str, tuple[int, ...]]]:
+    """Per filter: the filter and the 1-based wildcard indexes that make the key."""
+    if isinstance(config, ElasticGroupConfig):
+        return [(pf.filter, tuple(pf.partitioning_wildcards or ())) for pf in config.partitioning_filters]
+    return []
+
+
+def refs_by_partition(table) -> list[tuple[int, int, int, int]]:
+    """(partition, first origin seq, last origin seq, rows) for each partition of a batch."""
+    if table.num_rows == 0:
+        return []
+    grouped = table.group_by("partition").aggregate(
+        [("origin_seq", "min"), ("origin_seq", "max"), ("origin_seq", "count")])
+    return sorted((int(r["partition"]), int(r["origin_seq_min"]), int(r["origin_seq_max"]), int(r["origin_seq_count"]))
+                  for r in grouped.to_pylist())

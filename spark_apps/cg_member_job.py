@@ -1,0 +1,128 @@
+"""spark-submit entry point: land one member's backlog of a consumer group into a sink.
+
+    spark-submit --py-files cg_core.zip spark_apps/cg_member_job.py \
+        --stream ORDERS --group g1 --member m1 --sink parquet --sink-path /lake/orders
+
+NATS settings and credentials come from ``CG_NATS_*`` environment variables or the JSON
+file named by ``CG_NATS_CONFIG_FILE``; the PostgreSQL DSN from ``CG_PG_DSN`` or the file
+named by ``CG_PG_DSN_FILE``. Nothing secret is ever an argument. The last line on stdout is
+``CG_SUMMARY {json}``; the exit status is 0 for committed / empty / not-pinned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+SUMMARY_PREFIX = "CG_SUMMARY "
+EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="cg_member_job", description=__doc__.split("\n")[0])
+    p.add_argument("--stream", required=True, help="origin stream of the group")
+    p.add_argument("--group", required=True)
+    p.add_argument("--member", required=True)
+    p.add_argument("--sink", choices=["parquet", "postgres"], default="parquet")
+    p.add_argument("--sink-path", help="dataset directory of the Parquet lake sink")
+    p.add_argument("--pg-table", default="cg_events", help="target table of the PostgreSQL sink")
+    p.add_argument("--payload-format", choices=["raw", "text", "json"], default="raw")
+    p.add_argument("--json-schema", help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
+    p.add_argument("--batch-size", type=int, default=100_000, help="messages per two-phase batch")
+    p.add_argument("--max-messages", type=int)
+    p.add_argument("--max-bytes", type=int)
+    p.add_argument("--max-seconds", type=float)
+    p.add_argument("--standby-timeout", type=float, default=30.0, help="seconds to wait for the pin")
+    p.add_argument("--ack-wait", type=float, default=60.0)
+    p.add_argument("--max-deliver", type=int, default=5)
+    p.add_argument("--idle-timeout", type=float, default=2.0, help="a pull this long with nothing ends the run")
+    p.add_argument("--progress-interval", type=float, default=5.0)
+    p.add_argument("--no-spark", action="store_true", help="run without a SparkSession (raw/text payloads only)")
+    return p.parse_args(argv)
+
+
+def _build_sink(args):
+    if args.sink == "parquet":
+        from airflow_provider_cg.core.sinks.parquet import ParquetLakeSink
+
+        if not args.sink_path:
+            raise ValueError("--sink-path: required for the parquet sink")
+        return ParquetLakeSink(args.sink_path)
+    from airflow_provider_cg.core.sinks.postgres import PostgresSink
+
+    dsn = os.environ.get("CG_PG_DSN")
+    if not dsn and os.environ.get("CG_PG_DSN_FILE"):
+        with open(os.environ["CG_PG_DSN_FILE"], encoding="utf-8") as f:
+            dsn = f.read().strip()
+    if not dsn:
+        raise ValueError("CG_PG_DSN: the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
+    return PostgresSink(dsn, table=args.pg_table)
+
+
+def _build_decoder(args, spark):
+    if args.payload_format == "raw":
+        return None
+    from airflow_provider_cg.core.decode import json_decoder, text_decoder
+
+    if args.payload_format == "text":
+        return text_decoder()
+    if not args.json_schema:
+        raise ValueError("--json-schema: required when --payload-format is json")
+    if spark is None:
+        raise ValueError("--payload-format: json needs Spark (drop --no-spark)")
+    return json_decoder(spark, args.json_schema)
+
+
+async def _run(args, sink, decoder):
+    from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
+    from airflow_provider_cg.core.connection import NatsConnectionSettings
+
+    settings = NatsConnectionSettings.from_env()
+    settings.name = settings.name or f"cg-job-{args.stream}-{args.group}-{args.member}"
+    options = BatchOptions(
+        stream=args.stream, group=args.group, member=args.member, batch_size=args.batch_size,
+        max_messages=args.max_messages, max_bytes=args.max_bytes, max_seconds=args.max_seconds,
+        standby_timeout=args.standby_timeout, ack_wait=args.ack_wait, max_deliver=args.max_deliver,
+        idle_timeout=args.idle_timeout, progress_interval=args.progress_interval,
+    )
+    nc = await settings.connect()
+    try:
+        return await run_member_batch(nc, sink, options, decoder)
+    finally:
+        await nc.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    args = parse_args(argv)
+    from airflow_provider_cg.core.errors import ConfigError, ServerUnavailable
+
+    spark = None
+    try:
+        if not args.no_spark:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.builder.appName(f"cg-{args.stream}-{args.group}-{args.member}").getOrCreate()
+            spark.sparkContext.setLogLevel("WARN")
+        sink = _build_sink(args)
+        decoder = _build_decoder(args, spark)
+        summary = asyncio.run(_run(args, sink, decoder))
+    except (ConfigError, ValueError) as e:
+        print(f"cg_member_job: error: {e}", file=sys.stderr)
+        return EXIT_INVALID
+    except (ServerUnavailable, ConnectionError) as e:
+        print(f"cg_member_job: error: {e}", file=sys.stderr)
+        return EXIT_SERVER
+    finally:
+        if spark is not None:
+            spark.stop()
+    print(SUMMARY_PREFIX + summary.to_json(), flush=True)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
