@@ -3,6 +3,10 @@
     spark-submit --py-files cg_core.zip spark_apps/cg_member_job.py \
         --stream ORDERS --group g1 --member m1 --sink parquet --sink-path /lake/orders
 
+Backfill mode (``--backfill-start ISO --backfill-end ISO``, no ``--member``): re-read the
+origin stream's messages of ``[start, end)`` into the sink (``core/backfill.py``); pinning
+and ``--member`` do not apply, the result is "committed" or "empty".
+
 NATS settings and credentials come from ``CG_NATS_*`` environment variables or the JSON
 file named by ``CG_NATS_CONFIG_FILE``; the PostgreSQL DSN from ``CG_PG_DSN`` or the file
 named by ``CG_PG_DSN_FILE``. Nothing secret is ever an argument. The last line on stdout is
@@ -25,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="cg_member_job", description=__doc__.split("\n")[0])
     p.add_argument("--stream", required=True, help="origin stream of the group")
     p.add_argument("--group", required=True)
-    p.add_argument("--member", required=True)
+    p.add_argument("--member", help="the member to consume as (required unless backfilling)")
     p.add_argument("--sink", choices=["parquet", "postgres"], default="parquet")
     p.add_argument("--sink-path", help="dataset directory of the Parquet lake sink")
     p.add_argument("--pg-table", default="cg_events", help="target table of the PostgreSQL sink")
@@ -41,7 +45,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--idle-timeout", type=float, default=2.0, help="a pull this long with nothing ends the run")
     p.add_argument("--progress-interval", type=float, default=5.0)
     p.add_argument("--no-spark", action="store_true", help="run without a SparkSession (raw/text payloads only)")
-    return p.parse_args(argv)
+    p.add_argument("--backfill-start", help="backfill mode: window start (ISO 8601, inclusive; naive = UTC)")
+    p.add_argument("--backfill-end", help="backfill mode: window end (ISO 8601, exclusive)")
+    args = p.parse_args(argv)
+    args.backfill = bool(args.backfill_start or args.backfill_end)
+    if args.backfill and not (args.backfill_start and args.backfill_end):
+        p.error("--backfill-start and --backfill-end go together")
+    if not args.backfill and not args.member:
+        p.error("--member is required (unless --backfill-start/--backfill-end are given)")
+    return args
 
 
 def _build_sink(args):
@@ -81,6 +93,16 @@ async def _run(args, sink, decoder):
     from airflow_provider_cg.core.connection import NatsConnectionSettings
 
     settings = NatsConnectionSettings.from_env()
+    if args.backfill:
+        from airflow_provider_cg.core.backfill import run_backfill
+
+        settings.name = settings.name or f"cg-backfill-{args.stream}-{args.group}"
+        nc = await settings.connect()
+        try:
+            return await run_backfill(nc, sink, args.stream, args.group, args.backfill_start, args.backfill_end,
+                                      batch_size=args.batch_size, decode=decoder)
+        finally:
+            await nc.close()
     settings.name = settings.name or f"cg-job-{args.stream}-{args.group}-{args.member}"
     options = BatchOptions(
         stream=args.stream, group=args.group, member=args.member, batch_size=args.batch_size,
@@ -106,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_spark:
             from pyspark.sql import SparkSession
 
-            spark = SparkSession.builder.appName(f"cg-{args.stream}-{args.group}-{args.member}").getOrCreate()
+            spark = SparkSession.builder.appName(f"cg-{args.stream}-{args.group}-{args.member or 'backfill'}").getOrCreate()
             spark.sparkContext.setLogLevel("WARN")
         sink = _build_sink(args)
         decoder = _build_decoder(args, spark)

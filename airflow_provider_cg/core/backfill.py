@@ -1,0 +1,296 @@
+"""Re-read a time window of a group's ORIGIN stream into a two-phase sink, idempotently.
+
+``run_backfill`` lands exactly the origin messages whose stream timestamp lies in
+``[start, end)`` and that the group covers, with the rows live consumption lands for them.
+It reads through an ephemeral consumer on the origin stream (``deliver_policy:
+by_start_time``, ``ack_policy: none``, filtered by the group's partitioning filters for an
+elastic group, ``*.<filter>`` for a static one) and stops at the first message with a
+timestamp ``>= end``, at the origin's last sequence when the run started, or when nothing
+is left. Nothing is acknowledged and no member consumer is touched, so a backfill never
+changes what live members consume.
+
+Rows, compared with live consumption of the same message:
+
+- ``origin_stream``, ``origin_seq`` (the dedupe key), ``subject``, ``partition``, ``key``,
+  ``payload``, ``headers``: identical. An elastic work-queue subject is
+  ``<partition>.<origin subject>``, so the origin subject *is* the live ``subject``; the
+  partition is computed with :func:`partitioning.partition_of` from the matching
+  partitioning filter exactly as the server's transform does. A static origin subject
+  carries the partition as its first token.
+- ``timestamp``: the ORIGIN stream's timestamp (what the window is defined on). Live rows of
+  a static group carry the same value; live rows of an elastic group carry the work-queue
+  stream's timestamp (when the message was sourced, normally milliseconds later). It is not
+  part of the key: whichever row commits first stays.
+- ``member``: the member owning the partition under the current assignment (``"backfill"``
+  when no member owns it), so backfilled rows look like live ones. The sink batches are
+  written under a separate member id, ``bf-<start ms>-<end ms>``, so a live member's
+  recovery never finishes a backfill's prepared write, and concurrent backfills of other
+  windows never finish each other's.
+- ``delivery_count``: 1.
+
+Each batch is ``prepare`` -> ``mark_acking`` -> ``commit``. There are no acks; the marker is
+still written so recovery reads the same way as for live batches (marked: commit,
+unmarked: roll back), and either outcome is safe because the messages are read again. The
+sink drops rows whose ``(origin_stream, origin_seq)`` it already has, so re-running a window
+or overlapping live consumption adds nothing. Poison rows (a decoder error) are skipped and
+counted: live consumption dead-letters them, a backfill cannot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from airflow_provider_cg.core import partitioning
+from airflow_provider_cg.core.batch import (
+    RESULT_COMMITTED,
+    RESULT_EMPTY,
+    Decoder,
+    Summary,
+    _key_rules,
+    refs_by_partition,
+)
+from airflow_provider_cg.core.config import ElasticGroupConfig, GroupConfig
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.priority import PriorityClient
+from airflow_provider_cg.core.rows import ROW_SCHEMA, BatchId, KeySelector, _user_headers
+from airflow_provider_cg.core.sinks.base import TwoPhaseSink
+
+log = logging.getLogger("airflow_provider_cg.backfill")
+
+BACKFILL_MEMBER = "backfill"
+_GROUP = "PCG"  # the ephemeral consumer's priority group (overflow policy: plain pulls)
+
+
+@dataclass
+class BackfillSummary(Summary):
+    """A member job summary plus the window (ISO 8601, UTC) and what was skipped."""
+
+    window_start: str = ""
+    window_end: str = ""
+    skipped: int = 0  # outside the group (static subject without a partition token) or poison
+
+
+def to_utc(value: dt.datetime | str) -> dt.datetime:
+    """A timezone-aware UTC datetime from a datetime or an ISO 8601 string (naive = UTC)."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    if not isinstance(value, dt.datetime):
+        raise ConfigError("backfill", f"not a datetime: {value!r}")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _ns(t: dt.datetime) -> int:
+    return (t - _EPOCH) // dt.timedelta(microseconds=1) * 1000
+
+
+def window_member(start: dt.datetime, end: dt.datetime) -> str:
+    """The sink member id of one window's batches: ``bf-<start ms>-<end ms>``."""
+    return f"bf-{_ns(start) // 1_000_000}-{_ns(end) // 1_000_000}"
+
+
+class _Rows:
+    """Origin messages -> ``ROW_SCHEMA`` rows as live consumption lands them."""
+
+    def __init__(self, config: GroupConfig, group: str) -> None:
+        self.group = group
+        self.elastic = isinstance(config, ElasticGroupConfig)
+        self.partitions = config.max_members
+        self.keys = KeySelector(_key_rules(config))
+        self.owner = {p: m for m, ps in partitioning.assign_partitions(config).items() for p in ps}
+        self.filters = [(pf.filter, tuple(pf.partitioning_wildcards or ())) for pf in config.partitioning_filters] \
+            if self.elastic else []
+        self._cache: dict[str, tuple[int, str] | None] = {}
+
+    def consumer_filters(self, config: GroupConfig) -> list[str]:
+        if self.elastic:
+            return [f for f, _ in self.filters]
+        return [f"*.{f}" for f in config.filters]
+
+    def locate(self, stored: str) -> tuple[int, str] | None:
+        """(partition, user subject) of a stored origin subject, or None if the group skips it."""
+        hit = self._cache.get(stored, False)
+        if hit is not False:
+            return hit
+        out: tuple[int, str] | None = None
+        if not self.elastic:
+            head, _, rest = stored.partition(".")
+            if head.isascii() and head.isdigit() and rest and int(head) < self.partitions:
+                out = int(head), rest
+        elif not self.filters:
+            out = partitioning.partition_of(stored, self.partitions), stored
+        else:
+            tokens = stored.split(".")
+            for f, wildcards in self.filters:
+                if partitioning._matches(tokens, f.split(".")):
+                    out = partitioning.partition_of(stored, self.partitions, wildcards, f), stored
+                    break
+        if len(self._cache) < 100_000:
+            self._cache[stored] = out
+        return out
+
+    def build(self, msgs: list) -> tuple[pa.Table, list, int]:
+        """The rows, the messages they came from, and how many messages were skipped."""
+        kept, parts, subjects = [], [], []
+        for m in msgs:
+            loc = self.locate(m.subject)
+            if loc is None:
+                continue
+            kept.append(m)
+            parts.append(loc[0])
+            subjects.append(loc[1])
+        n = len(kept)
+        table = pa.Table.from_arrays(
+            [
+                pa.array([m.stream for m in kept], pa.string()),
+                pa.array([m.stream_seq for m in kept], pa.int64()),
+                pa.array(subjects, pa.string()),
+                pa.array(parts, pa.int32()),
+                pa.array([self.keys.key(s) for s in subjects], pa.string()),
+                pa.array([m.data for m in kept], pa.binary()),
+                pa.nulls(n, pa.string()),
+                pa.array([_user_headers(m._hdr) if m._hdr else None for m in kept], pa.string()),
+                pa.array([m.timestamp_ns for m in kept], pa.timestamp("ns", tz="UTC")),
+                pa.array([1] * n, pa.int32()),
+                pa.array([self.group] * n, pa.string()),
+                pa.array([self.owner.get(p, BACKFILL_MEMBER) for p in parts], pa.string()),
+            ],
+            schema=ROW_SCHEMA,
+        )
+        return table, kept, len(msgs) - n
+
+
+def _recover(sink: TwoPhaseSink, stream: str, group: str, member: str, summary: Summary) -> None:
+    """Finish writes an earlier run of this window left prepared (marked: commit, else abort)."""
+    for prepared in sink.recover(stream, group, member):
+        if prepared.acking:
+            res = sink.commit(prepared)
+            summary.recovered_committed += 1
+            summary.committed += res.rows_written
+            summary.duplicates_skipped += res.duplicates_skipped
+        else:
+            sink.abort(prepared)
+            summary.recovered_aborted += 1
+
+
+async def run_backfill(
+    nc,
+    sink: TwoPhaseSink,
+    stream: str,
+    group: str,
+    start: dt.datetime | str,
+    end: dt.datetime | str,
+    *,
+    batch_size: int = 100_000,
+    decode: Decoder | None = None,
+    pull_timeout: float = 5.0,
+    js_prefix: str = DEFAULT_PREFIX,
+) -> BackfillSummary:
+    """Land the origin messages of ``[start, end)`` that ``group`` covers into ``sink``."""
+    start, end = to_utc(start), to_utc(end)
+    if end <= start:
+        raise ConfigError("backfill_end", "must be after backfill_start")
+    if batch_size < 1:
+        raise ConfigError("batch_size", "must be >= 1")
+    started = time.monotonic()
+    member = window_member(start, end)
+    s = BackfillSummary(stream, group, BACKFILL_MEMBER, window_start=start.isoformat(), window_end=end.isoformat())
+    api = JsApi(nc, prefix=js_prefix)
+    info = await ConsumerGroups(nc, js_prefix=js_prefix).get(stream, group)
+    rows = _Rows(info.config, group)
+    await asyncio.to_thread(_recover, sink, stream, group, member, s)
+    last_seq = int((await api.stream_info(stream)).get("state", {}).get("last_seq", 0))
+    start_ns, end_ns = _ns(start), _ns(end)
+    if last_seq == 0:
+        s.stop_reason = "origin stream empty"
+        s.duration_s = round(time.monotonic() - started, 3)
+        return s
+    name = f"cg-backfill-{secrets.token_hex(6)}"
+    config = {
+        "name": name,
+        "deliver_policy": "by_start_time",
+        "opt_start_time": start.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "ack_policy": "none",
+        "inactive_threshold": 60 * 10**9,
+        "mem_storage": True,
+        "num_replicas": 1,
+        "priority_groups": [_GROUP],
+        "priority_policy": "overflow",
+    }
+    filters = rows.consumer_filters(info.config)
+    if len(filters) == 1:
+        config["filter_subject"] = filters[0]
+    elif filters:
+        config["filter_subjects"] = filters
+    await api.create_consumer(stream, config)
+    client = PriorityClient(nc, stream, name, _GROUP, js_prefix=js_prefix)
+    batch_seq = int(time.time() * 1000)
+    try:
+        while not s.stop_reason:
+            msgs = await client.pull(batch_size, expires=pull_timeout, no_wait=True)
+            if not msgs:
+                s.stop_reason = "no more messages"
+                break
+            cut = len(msgs)
+            for i, m in enumerate(msgs):
+                if m.timestamp_ns >= end_ns:
+                    cut, s.stop_reason = i, "window end"
+                    break
+                if m.stream_seq > last_seq:
+                    cut, s.stop_reason = i, "last sequence at start"
+                    break
+            if not s.stop_reason and msgs[-1].num_pending == 0:
+                s.stop_reason = "no more messages"
+            msgs = [m for m in msgs[:cut] if m.timestamp_ns >= start_ns]
+            if not msgs:
+                continue
+            s.consumed += len(msgs)
+            s.bytes += sum(len(m.data) for m in msgs)
+            table, kept, skipped = rows.build(msgs)
+            s.skipped += skipped
+            if decode is not None and table.num_rows:
+                table, bad = await asyncio.to_thread(decode, table)
+                if bad:
+                    s.poison_deliveries += len(bad)
+                    s.skipped += len(bad)
+                    good = [i for i in range(table.num_rows) if i not in bad]
+                    table, kept = table.take(good), [kept[i] for i in good]
+            if not kept:
+                continue
+            batch_seq += 1
+            refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
+            prepared = await asyncio.to_thread(sink.prepare, BatchId(stream, group, member, batch_seq), table,
+                                               message_refs=refs)
+            prepared = await asyncio.to_thread(sink.mark_acking, prepared)
+            result = await asyncio.to_thread(sink.commit, prepared)
+            s.batches += 1
+            s.committed += result.rows_written
+            s.duplicates_skipped += result.duplicates_skipped
+            for p, first, last, n in refs_by_partition(table):
+                s.count_partition(p, first, last, n)
+            log.info("cg backfill %s.%s [%s, %s): batch of %d, committed %d so far",
+                     stream, group, s.window_start, s.window_end, len(kept), s.committed)
+    finally:
+        await client.close()
+        try:
+            await api.delete_consumer(stream, name)
+        except Exception as e:  # the inactive threshold removes it anyway
+            log.warning("could not delete backfill consumer %s: %s", name, e)
+        s.duration_s = round(time.monotonic() - started, 3)
+    s.target = s.consumed
+    s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
+    return s
