@@ -212,6 +212,7 @@ class _Run:
         self.started = time.monotonic()
         self.progress = _Progress(self.summary, options.progress_interval)
         self.taken = 0  # messages pulled and not handed back (nak) so far
+        self.idle_checks = 0  # empty pulls answered by "still pending" (bounded)
         self.batch_seq = int(time.time() * 1000)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
 
@@ -322,7 +323,7 @@ class _Run:
                 try:
                     msgs = await self.client.pull(want, expires=o.idle_timeout)
                     transient_deadline = None
-                    if not msgs:
+                    if not msgs and not await self._backlog_left():
                         end = "idle"
                 except PinLost as e:
                     msgs, end = e.messages, "pin"
@@ -338,6 +339,18 @@ class _Run:
         finally:
             if landing is not None:
                 await landing
+
+    async def _backlog_left(self) -> bool:
+        """After a pull came back empty: is anything still pending for us? A slow server can
+        let one short pull expire while messages remain; the consumer's own count decides."""
+        if self.idle_checks >= 3:
+            return False
+        self.idle_checks += 1
+        try:
+            info = await self.client.consumer_info()
+        except Exception:
+            return False
+        return int(info.get("num_pending", 0)) > 0
 
     # --- one batch -------------------------------------------------------------------------
 
