@@ -1,0 +1,441 @@
+"""Spark batch consumption of a consumer group: one mapped spark-submit per member.
+
+``ConsumerGroupMembersOperator`` returns one dict per member (``member``, ``partitions``,
+``backlog``) for ``ConsumerGroupSparkSubmitOperator.partial(...).expand_kwargs(...)``; each
+mapped task runs ``spark_apps/cg_member_job.py`` for its member, unless the member has no
+backlog (then it is skipped without starting Spark)::
+
+    members = ConsumerGroupMembersOperator(task_id="members", stream="ORDERS", group="lake")
+    ConsumerGroupSparkSubmitOperator.partial(
+        task_id="consume", stream="ORDERS", group="lake", sink_path="/data/lake/orders",
+    ).expand_kwargs(members.output)
+
+Secrets (the NATS connection's password/token/keys, the PostgreSQL DSN) never appear in the
+spark-submit command line, the rendered template fields or XCom: in local and client mode
+they reach the driver as process environment (``CG_NATS_*``, ``CG_PG_DSN``); for YARN and
+Kubernetes masters they go into a 0600 properties file (``spark.yarn.appMasterEnv.*`` /
+``spark.kubernetes.driverEnv.*``) that is deleted after the submit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from airflow_provider_cg.core import config as cgconfig
+from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
+from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
+
+SUMMARY_PREFIX = "CG_SUMMARY "
+SKIP_RESULTS = frozenset({"empty", "not-pinned"})
+SINKS = ("parquet", "postgres")
+PAYLOAD_FORMATS = ("raw", "text", "json")
+UI_COLOR = "#fce5cd"
+CACHE_ENV = "CG_SPARK_CACHE_DIR"
+
+
+def _templated(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("AIRFLOW_HOME") or tempfile.gettempdir(), "cg_spark_cache"
+    )
+    return Path(base)
+
+
+def _member_states(nats_conn_id: str, stream: str, group: str) -> Any:
+    """``ConsumerGroups.status`` of the group (one connection)."""
+    from airflow_provider_cg.core.groups import ConsumerGroups
+    from airflow_provider_cg.hooks.nats import NatsHook
+
+    async def go(nc):
+        return await ConsumerGroups(nc).status(stream, group)
+
+    return NatsHook(nats_conn_id=nats_conn_id).run(go)
+
+
+def member_backlog(status: Any, member: Any) -> int:
+    """Messages waiting for ``member``: its partitions' stored messages for an elastic group
+    (the work queue holds only unacked ones), its consumer's pending + ack pending for a
+    static group (the whole partition count while the consumer does not exist yet)."""
+    if status.kind == "static" and member.consumer_exists:
+        return int(member.num_pending + member.num_ack_pending)
+    return int(member.backlog)
+
+
+def member_fanout(
+    stream: str, group: str, nats_conn_id: str = "nats_default", settle_timeout: float = 0.0
+) -> list[dict[str, Any]]:
+    """``[{"member", "partitions", "backlog"}, ...]`` for the group's current members (sync).
+
+    ``settle_timeout`` > 0: first wait (at most that long) until an elastic group's work
+    queue has caught up with the origin stream (source lag 0, size unchanged for 0.5 s), so
+    the backlogs are complete right after the group was created or messages published.
+    """
+    status = _member_states(nats_conn_id, stream, group)
+    deadline = time.monotonic() + settle_timeout
+    while status.kind == "elastic" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        again = _member_states(nats_conn_id, stream, group)
+        settled = again.source_lag in (0, None) and again.backlog == status.backlog
+        status = again
+        if settled:
+            break
+    return [
+        {"member": m.member, "partitions": list(m.partitions), "backlog": member_backlog(status, m)}
+        for m in status.members
+        if m.in_membership and m.partitions
+    ]
+
+
+class ConsumerGroupMembersOperator(BaseOperator):
+    """Return one dict per member (``member``, ``partitions``, ``backlog``) to map over.
+
+    Members without partitions (more members than partitions) are left out; so is any
+    consumer not in the membership. ``only_with_backlog=True`` also drops idle members.
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id")
+    ui_color = UI_COLOR
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        nats_conn_id: str = "nats_default",
+        only_with_backlog: bool = False,
+        settle_timeout: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stream, self.group, self.nats_conn_id = stream, group, nats_conn_id
+        self.only_with_backlog = only_with_backlog
+        self.settle_timeout = settle_timeout
+        for field in ("stream", "group"):
+            if not _templated(getattr(self, field)):
+                cgconfig.validate_name(field, getattr(self, field), field)
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        try:
+            cgconfig.validate_name("stream", self.stream, "stream")
+            cgconfig.validate_name("group", self.group, "group")
+            members = member_fanout(self.stream, self.group, self.nats_conn_id, self.settle_timeout)
+        except (ConfigError, GroupNotFound) as e:
+            raise AirflowFailException(str(e)) from e
+        if self.only_with_backlog:
+            members = [m for m in members if m["backlog"] > 0]
+        for m in members:
+            self.log.info("member %s: partitions %s, backlog %d", m["member"], m["partitions"], m["backlog"])
+        return members
+
+
+class _SummaryCapturingHook(SparkSubmitHook):
+    """A SparkSubmitHook that keeps the driver's ``CG_SUMMARY`` line (client/local mode)."""
+
+    summary_line: str | None = None
+
+    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
+        def tee(lines: Iterator[Any]) -> Iterator[Any]:
+            for raw in lines:
+                line = raw.strip()
+                if line.startswith(SUMMARY_PREFIX):
+                    self.summary_line = line[len(SUMMARY_PREFIX) :]
+                yield raw
+
+        super()._process_spark_submit_log(tee(itr))
+
+
+class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
+    """Land one member's backlog into a sink with ``spark-submit cg_member_job.py``.
+
+    :param stream: origin stream of the group.
+    :param group: consumer group.
+    :param member: the member this task consumes as (it must hold or win the pin).
+    :param sink: ``"parquet"`` (``sink_path``) or ``"postgres"`` (``pg_conn_id``, ``pg_table``).
+    :param sink_path: Parquet lake directory (visible to the driver).
+    :param pg_table: target table of the PostgreSQL sink.
+    :param pg_conn_id: Airflow ``postgres`` connection; its DSN reaches the driver as
+        ``CG_PG_DSN`` (never an argument).
+    :param payload_format: ``raw`` | ``text`` | ``json`` (``json_schema``: Spark DDL).
+    :param batch_size: messages per two-phase batch.
+    :param max_messages: stop after this many messages (also ``max_bytes``, ``max_seconds``).
+    :param standby_timeout: seconds to wait for the pin before ending ``not-pinned``.
+    :param ack_wait: consumer ack wait (s); ``max_deliver``, ``idle_timeout`` as the job's.
+    :param partitions: informational (from the fan-out); ``backlog`` likewise.
+    :param check_backlog: skip without starting Spark when the member has nothing to read.
+    :param nats_conn_id: Airflow ``nats`` connection.
+    :param conn_id: Spark connection (its host is the master, e.g. ``local[*]``); other
+        ``SparkSubmitOperator`` arguments pass through.
+
+    Returns the job's summary (result, committed, partitions, ...). The task is skipped when
+    the result is ``empty`` or ``not-pinned``; the summary is also pushed under key
+    ``summary`` in every case. In YARN/Kubernetes cluster mode the driver's stdout is not
+    visible: the result is ``submitted``.
+    """
+
+    template_fields: Sequence[str] = (
+        *SparkSubmitOperator.template_fields,
+        "stream",
+        "group",
+        "member",
+        "sink",
+        "sink_path",
+        "pg_table",
+        "pg_conn_id",
+        "payload_format",
+        "json_schema",
+        "nats_conn_id",
+        "conn_id",
+    )
+    ui_color = UI_COLOR
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        member: str,
+        sink: str = "parquet",
+        sink_path: str | None = None,
+        pg_table: str = "cg_events",
+        pg_conn_id: str | None = None,
+        payload_format: str = "raw",
+        json_schema: str | None = None,
+        batch_size: int = 100_000,
+        max_messages: int | None = None,
+        max_bytes: int | None = None,
+        max_seconds: float | None = None,
+        standby_timeout: float = 30.0,
+        ack_wait: float = 60.0,
+        max_deliver: int = 5,
+        idle_timeout: float = 2.0,
+        partitions: Sequence[int] | None = None,
+        backlog: int | None = None,
+        check_backlog: bool = True,
+        nats_conn_id: str = "nats_default",
+        conn_id: str = "spark_default",
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if "application" in kwargs or "application_args" in kwargs:
+            field = "application" if "application" in kwargs else "application_args"
+            raise ConfigError(field, "is set by the operator (use the member job's options instead)")
+        super().__init__(
+            application=str(member_job_path()),
+            conn_id=conn_id,
+            name=name or "cg-member",
+            **kwargs,
+        )
+        self.stream, self.group, self.member = stream, group, member
+        self.sink, self.sink_path, self.pg_table, self.pg_conn_id = sink, sink_path, pg_table, pg_conn_id
+        self.payload_format, self.json_schema = payload_format, json_schema
+        self.batch_size, self.max_messages, self.max_bytes, self.max_seconds = (
+            batch_size, max_messages, max_bytes, max_seconds,
+        )
+        self.standby_timeout, self.ack_wait, self.max_deliver = standby_timeout, ack_wait, max_deliver
+        self.idle_timeout = idle_timeout
+        self.partitions = list(partitions) if partitions is not None else None
+        self.backlog = backlog
+        self.check_backlog = check_backlog
+        self.nats_conn_id = nats_conn_id
+        self.conn_id = conn_id
+        self._secret_env: dict[str, str] = {}
+        self._props_path: str | None = None
+        self.validate(rendered=False)
+
+    # --- arguments ---------------------------------------------------------------------
+
+    def validate(self, rendered: bool = True) -> None:
+        """Check every option (templated strings only once rendered); ``ConfigError(field, ...)``."""
+
+        def ready(v: Any) -> bool:
+            return rendered or not _templated(v)
+
+        for field, kind in (("stream", "stream"), ("group", "group"), ("member", "member")):
+            if ready(getattr(self, field)):
+                cgconfig.validate_name(field, getattr(self, field), kind)
+        if ready(self.sink) and self.sink not in SINKS:
+            raise ConfigError("sink", f"must be one of {', '.join(SINKS)}")
+        if ready(self.payload_format) and self.payload_format not in PAYLOAD_FORMATS:
+            raise ConfigError("payload_format", f"must be one of {', '.join(PAYLOAD_FORMATS)}")
+        if ready(self.sink) and self.sink == "parquet" and not self.sink_path:
+            raise ConfigError("sink_path", "required for the parquet sink")
+        if ready(self.sink) and self.sink == "postgres" and not self.pg_conn_id:
+            raise ConfigError("pg_conn_id", "required for the postgres sink")
+        if ready(self.payload_format) and self.payload_format == "json" and not self.json_schema:
+            raise ConfigError("json_schema", "required when payload_format is json")
+        for field in ("batch_size", "max_messages", "max_bytes", "max_deliver"):
+            v = getattr(self, field)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise ConfigError(field, "must be a positive integer")
+        for field in ("max_seconds", "standby_timeout", "ack_wait", "idle_timeout"):
+            v = getattr(self, field)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+                raise ConfigError(field, "must be a positive number of seconds")
+
+    def job_args(self) -> list[str]:
+        """The member job's command-line options (nothing secret)."""
+        args = ["--stream", self.stream, "--group", self.group, "--member", self.member, "--sink", self.sink]
+        if self.sink == "parquet":
+            args += ["--sink-path", str(self.sink_path)]
+        else:
+            args += ["--pg-table", self.pg_table]
+        args += ["--payload-format", self.payload_format]
+        if self.json_schema:
+            args += ["--json-schema", self.json_schema]
+        for field in ("batch_size", "max_messages", "max_bytes", "max_seconds", "standby_timeout",
+                      "ack_wait", "max_deliver", "idle_timeout"):
+            v = getattr(self, field)
+            if v is not None:
+                args += ["--" + field.replace("_", "-"), str(v)]
+        return args
+
+    # --- secrets -------------------------------------------------------------------------
+
+    def _secrets(self) -> dict[str, str]:
+        from airflow_provider_cg.hooks.nats import NatsHook
+
+        env = NatsHook(nats_conn_id=self.nats_conn_id).get_settings().to_env()  # registers masks
+        if self.sink == "postgres":
+            env["CG_PG_DSN"] = _pg_dsn(self.pg_conn_id)
+        return env
+
+    def _get_hook(self) -> SparkSubmitHook:
+        """The provider's hook, capturing the summary line and carrying the secrets as process
+        environment (local/client mode) or in a private properties file (YARN/Kubernetes)."""
+        hook = super()._get_hook()
+        hook.__class__ = _SummaryCapturingHook
+        if hook._is_yarn or hook._is_kubernetes:
+            prefix = "spark.yarn.appMasterEnv." if hook._is_yarn else "spark.kubernetes.driverEnv."
+            self._props_path = _write_properties(
+                self.properties_file, {prefix + k: v for k, v in self._secret_env.items()}
+            )
+            hook._properties_file = self._props_path
+        elif hook._connection["deploy_mode"] == "cluster":
+            raise AirflowFailException(
+                "deploy_mode: Spark standalone cluster mode cannot pass the NATS credentials privately; "
+                "use client mode"
+            )
+        else:  # Popen environment of spark-submit, inherited by the local driver
+            hook._env_vars = {**(self.env_vars or {}), **self._secret_env}
+        return hook
+
+    # --- run -----------------------------------------------------------------------------
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        try:
+            self.validate()
+            if self.check_backlog:
+                self._check_backlog(context)
+        except (ConfigError, GroupNotFound) as e:
+            raise AirflowFailException(str(e)) from e
+        zip_path = build_core_zip(_cache_dir() / "cg_core.zip")
+        self.py_files = ",".join(p for p in (str(zip_path), self.py_files) if p)
+        self.application = str(member_job_path())
+        self.application_args = self.job_args()
+        if self.name == "cg-member":
+            self.name = f"cg-{self.stream}-{self.group}-{self.member}"
+        self._secret_env = self._secrets()
+        self._conn_id = self.conn_id
+        self._hook = None
+        try:
+            super().execute(context)
+        finally:
+            self._secret_env = {}
+            if self._props_path:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._props_path)
+                self._props_path = None
+        hook = self._hook
+        line = getattr(hook, "summary_line", None)
+        if line is None:
+            summary: dict[str, Any] = {"stream": self.stream, "group": self.group, "member": self.member,
+                                       "result": "submitted"}
+            self.log.warning("No CG_SUMMARY line from the driver (cluster mode?): result 'submitted'")
+        else:
+            summary = json.loads(line)
+        _push_summary(context, summary)
+        self.log.info(
+            "member %s: %s, %s rows committed in %s batches (%s)", self.member, summary.get("result"),
+            summary.get("committed"), summary.get("batches"), summary.get("stop_reason", ""),
+        )
+        if summary.get("result") in SKIP_RESULTS:
+            raise AirflowSkipException(
+                f"member {self.member}: {summary['result']} ({summary.get('stop_reason') or 'nothing consumed'})"
+            )
+        return summary
+
+    def _check_backlog(self, context: Any) -> None:
+        status = _member_states(self.nats_conn_id, self.stream, self.group)
+        states = {m.member: m for m in status.members}
+        m = states.get(self.member)
+        if m is None or not m.in_membership:
+            raise ConfigError("member", f"{self.member!r} is not a member of group {self.group!r}")
+        backlog = member_backlog(status, m)
+        if backlog == 0:
+            summary = {"stream": self.stream, "group": self.group, "member": self.member, "result": "empty",
+                       "committed": 0, "partitions": {}, "stop_reason": "no backlog: Spark not started"}
+            _push_summary(context, summary)
+            raise AirflowSkipException(
+                f"member {self.member} (partitions {m.partitions}) has no backlog: Spark not started"
+            )
+        self.log.info("member %s: partitions %s, backlog %d: starting Spark", self.member, m.partitions, backlog)
+
+
+def _push_summary(context: Any, summary: dict[str, Any]) -> None:
+    ti = context.get("ti") if context else None
+    if ti is not None:
+        ti.xcom_push(key="summary", value=summary)
+
+
+def _pg_dsn(pg_conn_id: str) -> str:
+    """A libpq DSN from an Airflow postgres connection (masked in logs)."""
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError:  # pragma: no cover
+        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+    from urllib.parse import quote
+
+    conn = BaseHook.get_connection(pg_conn_id)
+    auth = quote(conn.login or "", safe="")
+    if conn.password:
+        auth += ":" + quote(conn.password, safe="")
+    host = conn.host or "localhost"
+    dsn = f"postgresql://{auth + '@' if auth else ''}{host}:{conn.port or 5432}/{quote(conn.schema or '', safe='')}"
+    if conn.password:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(conn.password)
+        mask_secret(dsn)
+    return dsn
+
+
+def _write_properties(base: str | None, extra: dict[str, str]) -> str:
+    """A 0600 properties file: ``base``'s content (if any) plus ``extra``. Returns its path."""
+    fd, path = tempfile.mkstemp(prefix="cg-spark-", suffix=".conf")
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        if base:
+            f.write(Path(base).read_text(encoding="utf-8").rstrip("\n") + "\n")
+        for k, v in extra.items():
+            f.write(f"{k} {_escape_property(v)}\n")
+    return path
+
+
+def _escape_property(value: str) -> str:
+    """Escape a value for a Java properties file (backslashes, newlines)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
