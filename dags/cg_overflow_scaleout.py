@@ -1,0 +1,151 @@
+"""Example DAG 2: overflow scale-out of a NATS JetStream consumer group.
+
+When the group's backlog crosses a threshold: add temporary overflow members (``ox1``,
+``ox2``), drain the larger group with one spark-submit per member, then restore the original
+membership by dropping the overflow members (``trigger_rule="all_done"``: membership is
+restored even when a drain task fails). Membership changes move partitions with the group's
+safe transition and an elastic group's work-queue stream deletes a message only once it is
+acked, so no message is lost or landed twice across the change; the sink's dedupe on
+``(origin_stream, origin_seq)`` covers redeliveries.
+
+Two DAGs, same tasks:
+
+- ``cg_overflow_scaleout``: scheduled on an Asset whose ``AssetWatcher`` runs
+  ``MessageQueueTrigger(scheme="nats-cg", ..., min_pending=threshold)`` in the triggerer; one
+  DAG run per crossing of the threshold.
+- ``cg_overflow_scaleout_sensor``: no schedule (trigger it, or give it one); its first task is
+  a deferrable ``GroupOverflowSensor`` waiting for the same threshold.
+
+The watcher's arguments are fixed when the file is parsed, so stream, group, threshold and
+connections come from environment variables (``CG_OVERFLOW_STREAM``, ``CG_OVERFLOW_GROUP``,
+``CG_OVERFLOW_THRESHOLD``, ``CG_OVERFLOW_MEMBERS``, ``CG_OVERFLOW_NATS_CONN_ID``,
+``CG_OVERFLOW_SPARK_CONN_ID``, ``CG_OVERFLOW_SINK_PATH``, ``CG_OVERFLOW_POKE_INTERVAL``), which are also the params' defaults.
+The overflow members must not be regular members of the group: restoring drops them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
+
+from airflow_provider_cg.operators.groups import AddMembersOperator, DropMembersOperator
+from airflow_provider_cg.operators.spark import ConsumerGroupMembersOperator, ConsumerGroupSparkSubmitOperator
+from airflow_provider_cg.sensors.overflow import GroupOverflowSensor
+
+DAG_ID = "cg_overflow_scaleout"
+SENSOR_DAG_ID = "cg_overflow_scaleout_sensor"
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"CG_OVERFLOW_{name}") or default
+
+
+def _default_sink_path() -> str:
+    base = os.environ.get("CG_DEMO_DIR") or os.path.join(
+        os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow")), "cg_demo"
+    )
+    return os.path.join(base, "lake", "orders")
+
+
+STREAM = _env("STREAM", "ORDERS")
+GROUP = _env("GROUP", "orders-lake")
+THRESHOLD = int(_env("THRESHOLD", "10000"))
+OVERFLOW_MEMBERS = [m.strip() for m in _env("MEMBERS", "ox1,ox2").split(",") if m.strip()]
+NATS_CONN_ID = _env("NATS_CONN_ID", "nats_default")
+SPARK_CONN_ID = _env("SPARK_CONN_ID", "spark_default")
+SINK_PATH = _env("SINK_PATH", _default_sink_path())
+
+PARAMS = {
+    "stream": Param(STREAM, type="string"),
+    "group": Param(GROUP, type="string"),
+    "overflow_members": Param(OVERFLOW_MEMBERS, type="array", description="added for the drain, then dropped"),
+    "sink_path": Param(SINK_PATH, type="string"),
+    "nats_conn_id": Param(NATS_CONN_ID, type="string"),
+    "spark_conn_id": Param(SPARK_CONN_ID, type="string"),
+}
+
+backlog_asset = Asset(
+    f"cg_backlog_{STREAM}_{GROUP}",
+    watchers=[
+        AssetWatcher(
+            name=f"{STREAM}-{GROUP}-overflow",
+            trigger=MessageQueueTrigger(
+                scheme="nats-cg", stream=STREAM, group=GROUP, min_pending=THRESHOLD,
+                poke_interval=float(_env("POKE_INTERVAL", "10")), nats_conn_id=NATS_CONN_ID,
+            ),
+        )
+    ],
+)
+
+
+def scale_out_and_drain() -> Any:
+    """scale_out >> members >> drain (per member) >> restore (all_done) >> report; returns the head."""
+    common = {"stream": "{{ params.stream }}", "group": "{{ params.group }}", "nats_conn_id": "{{ params.nats_conn_id }}"}
+    scale_out = AddMembersOperator(task_id="scale_out", members=OVERFLOW_MEMBERS, **common)
+    scale_out.members = "{{ params.overflow_members | join(',') }}"
+    members = ConsumerGroupMembersOperator(task_id="members", **common)
+    drain = ConsumerGroupSparkSubmitOperator.partial(
+        task_id="drain",
+        sink="parquet",
+        sink_path="{{ params.sink_path }}",
+        conn_id="{{ params.spark_conn_id }}",
+        map_index_template="{{ task.member }}",
+        max_active_tis_per_dagrun=8,
+        **common,
+    ).expand_kwargs(members.output)
+    restore = DropMembersOperator(task_id="restore", members=OVERFLOW_MEMBERS, trigger_rule="all_done",
+                                  **common)
+    restore.members = "{{ params.overflow_members | join(',') }}"
+
+    @task(task_id="report", trigger_rule="none_failed")
+    def report(ti: Any = None) -> dict[str, Any]:
+        """Rows landed per member and the membership after the restore."""
+        summaries = [s for s in (ti.xcom_pull(task_ids="drain", key="summary") or []) if s]
+        landed = {s["member"]: int(s.get("committed") or 0) for s in summaries}
+        restored = ti.xcom_pull(task_ids="restore") or {}
+        out = {"landed": landed, "total": sum(landed.values()), "assignment": restored.get("assignment")}
+        print(out)
+        return out
+
+    # report also waits for the drain, so a failed drain fails the run after the restore.
+    scale_out >> members >> drain >> restore
+    [drain, restore] >> report()
+    return scale_out
+
+
+with DAG(
+    dag_id=DAG_ID,
+    description="Overflow scale-out: add members when the backlog crosses a threshold, drain, restore",
+    schedule=[backlog_asset],
+    catchup=False,
+    max_active_runs=1,
+    tags=["nats", "consumer-groups", "spark", "example"],
+    params=PARAMS,
+    doc_md=__doc__,
+) as dag:
+    scale_out_and_drain()
+
+
+with DAG(
+    dag_id=SENSOR_DAG_ID,
+    description="Overflow scale-out, waiting for the threshold with GroupOverflowSensor",
+    schedule=None,
+    catchup=False,
+    max_active_runs=1,
+    tags=["nats", "consumer-groups", "spark", "example"],
+    params=PARAMS,
+    doc_md=__doc__,
+) as sensor_dag:
+    wait = GroupOverflowSensor(
+        task_id="wait_overflow",
+        stream="{{ params.stream }}",
+        group="{{ params.group }}",
+        min_pending=THRESHOLD,
+        nats_conn_id="{{ params.nats_conn_id }}",
+        poke_interval=float(_env("POKE_INTERVAL", "10")),
+        timeout=6 * 3600,
+    )
+    wait >> scale_out_and_drain()
