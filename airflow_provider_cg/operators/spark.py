@@ -177,6 +177,10 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
     :param ack_wait: consumer ack wait (s); ``max_deliver``, ``idle_timeout`` as the job's.
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
     :param check_backlog: skip without starting Spark when the member has nothing to read.
+    :param backfill_start: with ``backfill_end`` (ISO 8601, templated, e.g.
+        ``"{{ data_interval_start }}"``): backfill mode. The job re-reads the origin stream's
+        messages of ``[backfill_start, backfill_end)`` into the sink (``core/backfill.py``);
+        ``member``, pinning and the backlog check do not apply.
     :param nats_conn_id: Airflow ``nats`` connection.
     :param conn_id: Spark connection (its host is the master, e.g. ``local[*]``); other
         ``SparkSubmitOperator`` arguments pass through.
@@ -192,6 +196,8 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         "stream",
         "group",
         "member",
+        "backfill_start",
+        "backfill_end",
         "sink",
         "sink_path",
         "pg_table",
@@ -208,7 +214,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         *,
         stream: str,
         group: str,
-        member: str,
+        member: str | None = None,
         sink: str = "parquet",
         sink_path: str | None = None,
         pg_table: str = "cg_events",
@@ -229,6 +235,8 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         nats_conn_id: str = "nats_default",
         conn_id: str = "spark_default",
         name: str | None = None,
+        backfill_start: str | None = None,
+        backfill_end: str | None = None,
         **kwargs: Any,
     ) -> None:
         if "application" in kwargs or "application_args" in kwargs:
@@ -241,6 +249,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
             **kwargs,
         )
         self.stream, self.group, self.member = stream, group, member
+        self.backfill_start, self.backfill_end = backfill_start, backfill_end
         self.sink, self.sink_path, self.pg_table, self.pg_conn_id = sink, sink_path, pg_table, pg_conn_id
         self.payload_format, self.json_schema = payload_format, json_schema
         self.batch_size, self.max_messages, self.max_bytes, self.max_seconds = (
@@ -265,7 +274,14 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         def ready(v: Any) -> bool:
             return rendered or not _templated(v)
 
+        if bool(self.backfill_start) != bool(self.backfill_end):
+            raise ConfigError("backfill_end" if self.backfill_start else "backfill_start",
+                              "backfill_start and backfill_end go together")
+        if not self.backfill and not self.member:
+            raise ConfigError("member", "required (unless backfill_start/backfill_end are given)")
         for field, kind in (("stream", "stream"), ("group", "group"), ("member", "member")):
+            if field == "member" and self.backfill:
+                continue
             if ready(getattr(self, field)):
                 cgconfig.validate_name(field, getattr(self, field), kind)
         if ready(self.sink) and self.sink not in SINKS:
@@ -287,9 +303,17 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
                 raise ConfigError(field, "must be a positive number of seconds")
 
+    @property
+    def backfill(self) -> bool:
+        return bool(self.backfill_start or self.backfill_end)
+
     def job_args(self) -> list[str]:
         """The member job's command-line options (nothing secret)."""
-        args = ["--stream", self.stream, "--group", self.group, "--member", self.member, "--sink", self.sink]
+        if self.backfill:
+            who = ["--backfill-start", str(self.backfill_start), "--backfill-end", str(self.backfill_end)]
+        else:
+            who = ["--member", self.member]
+        args = ["--stream", self.stream, "--group", self.group, *who, "--sink", self.sink]
         if self.sink == "parquet":
             args += ["--sink-path", str(self.sink_path)]
         else:
@@ -339,7 +363,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         try:
             self.validate()
-            if self.check_backlog:
+            if self.check_backlog and not self.backfill:
                 self._check_backlog(context)
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
@@ -348,7 +372,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         self.application = str(member_job_path())
         self.application_args = self.job_args()
         if self.name == "cg-member":
-            self.name = f"cg-{self.stream}-{self.group}-{self.member}"
+            self.name = f"cg-{self.stream}-{self.group}-{self.member or 'backfill'}"
         self._secret_env = self._secrets()
         self._conn_id = self.conn_id
         self._hook = None
