@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from airflow_provider_cg.core import partitioning
 from airflow_provider_cg.core.config import ElasticGroupConfig, in_membership
@@ -316,6 +317,13 @@ class _Run:
                     s.stop_reason = {"pin": "pin lost", "gone": "consumer deleted", "idle": "backlog drained"}[end]
                     break
                 reason = self._limit_reached()
+                if reason == "target reached" and landing is not None:
+                    # The batch still landing may nak poison messages back (``taken`` drops):
+                    # they are part of the target and must come back here, to be dead-lettered
+                    # once out of deliveries, not be left behind in the stream.
+                    await landing
+                    landing = None
+                    reason = self._limit_reached()
                 if reason:
                     s.stop_reason = reason
                     break
@@ -418,7 +426,9 @@ class _Run:
                 await self.client.nak(m)
                 self.taken -= 1  # it comes back and is counted again
         # Dead-lettered messages are acked with the batch but have no row.
-        good = table.take(keep_rows)
+        # typed indices: an empty Python list would be a null-typed array, which take() rejects
+        # (a batch of only poison messages, e.g. one redelivered alone)
+        good = table.take(pa.array(keep_rows, pa.int64()))
         return good, ack_msgs
 
 

@@ -1,3 +1,4 @@
-"""PostgreSQL fixtures for the integration tests (see tests/support/pg_fixture.py)."""
+"""PostgreSQL fixtures (see tests/support/pg_fixture.py) and the member job's --py-files zip."""
 
+from tests.support.member_job import member_job_zip  # noqa: F401
 from tests.support.pg_fixture import postgres_db, postgres_server  # noqa: F401

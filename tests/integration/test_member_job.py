@@ -1,0 +1,171 @@
+"""The member job through a real ``spark-submit --master local[2]``: elastic groups landed into
+the Parquet lake and PostgreSQL exactly once and in per-key order, exclusive pinning, poison
+messages in the dead-letter stream, and invalid input (exit status, field names, no secrets)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+
+import pytest
+
+from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.server import EmbeddedNatsServer, free_port
+from tests.support.member_job import (
+    assert_exactly_once,
+    create_group,
+    parquet_landed,
+    postgres_landed,
+    publish_orders,
+    start_member_job,
+    wq_messages,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+STREAM, GROUP = "ORDERS", "g1"
+
+
+def _wait_all(*jobs, timeout: float = 240.0):
+    return [job.wait(timeout) for job in jobs]
+
+
+async def _wait_jobs(*jobs, timeout: float = 240.0):
+    return await asyncio.to_thread(_wait_all, *jobs, timeout=timeout)
+
+
+def _assert_ok(result, expect: str = "committed") -> dict:
+    assert result.returncode == 0, result.describe()
+    summary = result.summary
+    assert summary is not None, result.describe()
+    assert summary["result"] == expect, result.describe()
+    return summary
+
+
+async def test_two_members_land_50k_messages_in_parquet_exactly_once(nc, nats_server, member_job_zip, tmp_path):
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
+    expected = await publish_orders(nc, STREAM, GROUP, 50_000, 500)
+    lake = tmp_path / "lake"
+    jobs = [start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                             member=m, sink_path=lake, args=["--batch-size", "10000"]) for m in ("m1", "m2")]
+    results = await _wait_jobs(*jobs)
+    summaries = [_assert_ok(r) for r in results]
+
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert sum(s["committed"] for s in summaries) == 50_000
+    assert all(s["consumed"] > 0 and s["duplicates_skipped"] == 0 for s in summaries)
+    # m1 and m2 share the four partitions: each landed its own two
+    parts = [set(s["partitions"]) for s in summaries]
+    assert parts[0].isdisjoint(parts[1]) and parts[0] | parts[1] == {"0", "1", "2", "3"}
+    assert await wq_messages(nc, STREAM, GROUP) == 0
+
+
+@pytest.mark.postgres
+async def test_two_members_land_in_postgres_exactly_once(nc, nats_server, member_job_zip, tmp_path, postgres_db):
+    n = 20_000
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
+    expected = await publish_orders(nc, STREAM, GROUP, n, 500)
+    env = {"CG_PG_DSN": postgres_db.dsn}
+    jobs = [start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                             member=m, sink="postgres", args=["--batch-size", "2500", "--pg-table", "orders"],
+                             env=env) for m in ("m1", "m2")]
+    summaries = [_assert_ok(r) for r in await _wait_jobs(*jobs)]
+
+    assert_exactly_once(postgres_landed(postgres_db.conn_params(), "orders"), expected)
+    assert sum(s["committed"] for s in summaries) == n
+    assert all(s["batches"] >= 2 for s in summaries)
+    assert await wq_messages(nc, STREAM, GROUP) == 0
+    for r in (*summaries,):
+        assert r["recovered_committed"] == r["recovered_aborted"] == 0
+
+
+async def test_two_instances_of_one_member_only_one_consumes(nc, nats_server, member_job_zip, tmp_path):
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    expected = await publish_orders(nc, STREAM, GROUP, 5_000, 50)
+    lake = tmp_path / "lake"
+    jobs = [start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                             member="m1", sink_path=lake, args=["--standby-timeout", "4", "--batch-size", "1000"])
+            for _ in range(2)]
+    results = await _wait_jobs(*jobs)
+    for r in results:
+        assert r.returncode == 0, r.describe()
+    outcomes = sorted(r.summary["result"] for r in results)
+    assert outcomes == ["committed", "not-pinned"], [r.summary for r in results]
+    winner, loser = sorted((r.summary for r in results), key=lambda s: s["result"])
+    assert winner["committed"] == 5_000 and winner["pin_id"]
+    assert loser["consumed"] == loser["committed"] == 0
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert await wq_messages(nc, STREAM, GROUP) == 0
+
+
+async def test_poison_message_is_dead_lettered_and_the_rest_commits(nc, nats_server, member_job_zip, tmp_path):
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    n, poison_at = 300, 137
+    expected = await publish_orders(
+        nc, STREAM, GROUP, n, 10, payload=lambda i: b"{not json" if i == poison_at else b'{"id":%d}' % i)
+    poison_key = (STREAM, min(seq for _, seq in expected) + poison_at)
+    del expected[poison_key]
+    lake = tmp_path / "lake"
+    job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                           member="m1", sink_path=lake,
+                           args=["--payload-format", "json", "--json-schema", "id BIGINT NOT NULL",
+                                 "--max-deliver", "3", "--batch-size", "100"])
+    (result,) = await _wait_jobs(job)
+    summary = _assert_ok(result)
+    assert summary["dead_lettered"] == 1 and summary["poison_deliveries"] == 3, summary
+    assert summary["committed"] == n - 1
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert await wq_messages(nc, STREAM, GROUP) == 0
+
+    api = JsApi(nc)
+    dlq = await api.stream_info(f"{STREAM}-{GROUP}-dlq")
+    assert dlq["state"]["messages"] == 1
+    msg = await api.get_msg(f"{STREAM}-{GROUP}-dlq", dlq["state"]["first_seq"])
+    assert base64.b64decode(msg["data"]) == b"{not json"
+    headers = base64.b64decode(msg["hdrs"]).decode()
+    assert f"Cg-Origin-Seq: {poison_key[1]}" in headers
+    assert f"Cg-Origin-Stream: {STREAM}" in headers
+    assert "Cg-Deliveries: 3" in headers
+    error = next(line for line in headers.splitlines() if line.startswith("Cg-Error:"))
+    assert len(error) > len("Cg-Error: "), headers
+
+
+async def test_invalid_input_exit_codes_and_no_secret_in_output(member_job_zip, tmp_path):
+    marker = "pw-" + secrets.token_hex(12)
+    wrong = "wrong-" + secrets.token_hex(12)
+    with EmbeddedNatsServer(tmp_path / "auth-nats",
+                            config_extra=f'authorization {{ user: "u", password: "{marker}" }}') as server:
+        from airflow_provider_cg.core.connection import NatsConnectionSettings
+
+        nc = await NatsConnectionSettings(servers=[server.url], user="u", password=marker).connect()
+        try:
+            await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+            expected = await publish_orders(nc, STREAM, GROUP, 500, 20)
+        finally:
+            await nc.close()
+        auth = {"CG_NATS_USER": "u", "CG_NATS_PASSWORD": marker}
+        common = dict(stream=STREAM, group=GROUP, member="m1")
+        no_path = start_member_job(member_job_zip, tmp_path / "nopath", nats_servers=server.url, env=auth, **common)
+        down = start_member_job(member_job_zip, tmp_path / "down", nats_servers=f"nats://127.0.0.1:{free_port()}",
+                                sink_path=tmp_path / "lake-down", env=auth, **common)
+        bad_pw = start_member_job(member_job_zip, tmp_path / "badpw", nats_servers=server.url,
+                                  sink_path=tmp_path / "lake-bad", env={"CG_NATS_USER": "u", "CG_NATS_PASSWORD": wrong},
+                                  **common)
+        good = start_member_job(member_job_zip, tmp_path / "good", nats_servers=server.url,
+                                sink_path=tmp_path / "lake", env=auth, **common)
+        r_no_path, r_down, r_bad, r_good = await _wait_jobs(no_path, down, bad_pw, good)
+
+    assert r_no_path.returncode == 1, r_no_path.describe()
+    assert "--sink-path" in r_no_path.output and r_no_path.summary is None
+    assert r_down.returncode == 2, r_down.describe()
+    assert "cannot connect to NATS" in r_down.output
+    assert r_bad.returncode == 2, r_bad.describe()
+    _assert_ok(r_good)
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)
+    for r, secret in ((r_no_path, marker), (r_down, marker), (r_bad, wrong), (r_good, marker)):
+        assert secret not in r.stdout and secret not in r.stderr, r.describe()
+        assert not any(secret in arg for arg in r.cmd)
+    assert json.dumps(r_good.summary).find(marker) == -1
+

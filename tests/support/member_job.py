@@ -1,0 +1,297 @@
+"""Run ``spark_apps/cg_member_job.py`` through a real ``spark-submit`` for integration tests.
+
+``member_job_zip`` (session fixture) builds the ``--py-files`` zip once. ``start_member_job``
+starts the job in its own process group (so a test can SIGKILL / SIGSTOP / SIGCONT the whole
+JVM + Python driver tree by the id it started) and returns a ``MemberJob``; ``.wait()`` gives
+a ``JobResult`` with the exit status, the output and the parsed ``CG_SUMMARY``. Output goes to
+files, never to pipes, so a chatty or suspended job cannot block on a full pipe.
+
+Secrets go to the job only through its environment (``CG_NATS_*``, ``CG_PG_DSN``), never as
+arguments; ``JobResult.cmd`` is the exact command line for tests to check that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
+
+SUMMARY_PREFIX = "CG_SUMMARY "
+DEFAULT_TIMEOUT = 240.0
+
+
+@pytest.fixture(scope="session")
+def member_job_zip(tmp_path_factory) -> Path:
+    """The core zip for ``--py-files``, built once per test session."""
+    return build_core_zip(tmp_path_factory.mktemp("cg-zip") / "cg_core.zip")
+
+
+@dataclass
+class JobResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    cmd: list[str]
+    duration_s: float
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr: spark-submit merges the Python driver's stderr into its stdout."""
+        return self.stdout + self.stderr
+
+    @property
+    def summary(self) -> dict | None:
+        """The ``CG_SUMMARY`` JSON; it must be the last line on stdout."""
+        lines = [line for line in self.stdout.splitlines() if line.strip()]
+        if not lines or not lines[-1].startswith(SUMMARY_PREFIX):
+            return None
+        return json.loads(lines[-1][len(SUMMARY_PREFIX):])
+
+    def describe(self) -> str:
+        """A failure message: status, command, summary and the job's log tail."""
+        out = "\n".join(line for line in self.stdout.splitlines() if " INFO " not in line)
+        err = "\n".join([line for line in self.stderr.splitlines() if " INFO " not in line][-40:])
+        return (f"member job exited {self.returncode} after {self.duration_s:.1f}s\n"
+                f"cmd: {' '.join(self.cmd)}\nstdout (no INFO):\n{out[-5000:]}\nstderr tail (no INFO):\n{err}")
+
+
+class MemberJob:
+    """One running ``spark-submit`` of the member job (a process group led by ``pid``)."""
+
+    def __init__(self, proc: subprocess.Popen, cmd: list[str], out: Path, err: Path) -> None:
+        self.proc, self.cmd, self.out, self.err = proc, cmd, out, err
+        self.started = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the job's whole process group (JVM and Python driver)."""
+        if self.running():
+            os.killpg(self.proc.pid, sig)
+
+    def suspend(self) -> None:
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.running():
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stderr_so_far(self) -> str:
+        return self.err.read_text(errors="replace") if self.err.exists() else ""
+
+    def output_so_far(self) -> str:
+        """stdout and stderr: spark-submit merges the Python driver's stderr into its stdout."""
+        out = self.out.read_text(errors="replace") if self.out.exists() else ""
+        return out + self.stderr_so_far()
+
+    def wait_for_log(self, text: str, timeout: float = 120.0) -> bool:
+        """Wait until ``text`` shows up in the job's output (or the job ends)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output_so_far():
+                return True
+            if not self.running():
+                return text in self.output_so_far()
+            time.sleep(0.05)
+        return False
+
+    def wait(self, timeout: float = DEFAULT_TIMEOUT) -> JobResult:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"member job did not finish within {timeout}s:\n"
+                                 + self.result().describe()) from None
+        return self.result()
+
+    def result(self) -> JobResult:
+        return JobResult(
+            returncode=self.proc.returncode if self.proc.returncode is not None else -1,
+            stdout=self.out.read_text(errors="replace") if self.out.exists() else "",
+            stderr=self.stderr_so_far(),
+            cmd=list(self.cmd),
+            duration_s=time.monotonic() - self.started,
+        )
+
+
+def job_env(nats_servers: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a job: this interpreter for PySpark, NATS servers, extras."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CG_NATS_", "CG_PG_")) and k != "CG_FAILPOINT"}
+    bindir = os.path.dirname(sys.executable)
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               PATH=bindir + os.pathsep + env.get("PATH", ""), SPARK_LOCAL_IP="127.0.0.1")
+    if nats_servers:
+        env["CG_NATS_SERVERS"] = nats_servers
+    env.update(extra or {})
+    return env
+
+
+def start_member_job(
+    zip_path: str | os.PathLike,
+    workdir: str | os.PathLike,
+    *,
+    nats_servers: str | None,
+    stream: str,
+    group: str,
+    member: str,
+    sink: str = "parquet",
+    sink_path: str | os.PathLike | None = None,
+    args: list[str] | tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    name: str | None = None,
+) -> MemberJob:
+    """Start ``spark-submit --master local[2]`` of the member job; returns at once."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = name or f"{group}-{member}-{time.monotonic_ns()}"
+    bindir = os.path.dirname(sys.executable)
+    cmd = [
+        os.path.join(bindir, "spark-submit"), "--master", "local[2]",
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+        "--py-files", str(zip_path), str(member_job_path()),
+        "--stream", stream, "--group", group, "--member", member, "--sink", sink,
+    ]
+    if sink_path is not None:
+        cmd += ["--sink-path", str(sink_path)]
+    cmd += list(args)
+    out, err = workdir / f"{name}.out", workdir / f"{name}.err"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen(cmd, env=job_env(nats_servers, env), cwd=workdir, stdout=fo, stderr=fe,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    return MemberJob(proc, cmd, out, err)
+
+
+def run_member_job(zip_path, workdir, *, timeout: float = DEFAULT_TIMEOUT, **kwargs) -> JobResult:
+    """``start_member_job`` and wait for it."""
+    return start_member_job(zip_path, workdir, **kwargs).wait(timeout)
+
+
+# --- what landed -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Landed:
+    """One landed row, in the sink's commit order."""
+
+    origin_stream: str
+    origin_seq: int
+    key: str
+    partition: int
+
+
+def parquet_landed(path: str | os.PathLike) -> list[Landed]:
+    """The committed rows of a Parquet lake, file by file in commit-log order."""
+    import pyarrow.parquet as pq
+
+    from airflow_provider_cg.core.sinks.parquet import committed_files
+
+    out: list[Landed] = []
+    for f in committed_files(path):
+        t = pq.read_table(f, columns=["origin_stream", "origin_seq", "key", "partition"])
+        out += [Landed(*r) for r in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True)]
+    return out
+
+
+def postgres_landed(conn_params: dict, table: str = "cg_events") -> list[Landed]:
+    """The committed rows of a PostgreSQL sink table, in commit order.
+
+    Each batch is one (prepared, then committed) transaction and a member prepares batch k+1
+    only after batch k committed, so the inserting transaction id orders one member's
+    batches; within a batch rows are ordered by origin_seq."""
+    import psycopg2
+
+    with psycopg2.connect(**conn_params) as conn, conn.cursor() as cur:
+        cur.execute(f'SELECT origin_stream, origin_seq, key, partition FROM "{table}" '
+                    "ORDER BY xmin::text::bigint, origin_seq")
+        rows = [Landed(*r) for r in cur.fetchall()]
+    conn.close()
+    return rows
+
+
+def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], str]) -> None:
+    """Every expected ``(origin_stream, origin_seq) -> key`` landed once, nothing else landed,
+    and within every key the rows appear in the sink's commit order by increasing origin_seq."""
+    seen: dict[tuple[str, int], int] = {}
+    for r in landed:
+        seen[(r.origin_stream, r.origin_seq)] = seen.get((r.origin_stream, r.origin_seq), 0) + 1
+    dups = sorted(k for k, n in seen.items() if n > 1)
+    lost = sorted(set(expected) - set(seen))
+    extra = sorted(set(seen) - set(expected))
+    assert not dups, f"{len(dups)} duplicated rows, e.g. {dups[:5]}"
+    assert not lost, f"{len(lost)} lost messages, e.g. {lost[:5]}"
+    assert not extra, f"{len(extra)} unexpected rows, e.g. {extra[:5]}"
+    wrong_key = [(r.origin_seq, r.key) for r in landed if expected[(r.origin_stream, r.origin_seq)] != r.key]
+    assert not wrong_key, f"rows with the wrong key: {wrong_key[:5]}"
+    partition_of_key: dict[str, int] = {}
+    for r in landed:
+        assert partition_of_key.setdefault(r.key, r.partition) == r.partition, f"key {r.key!r} in two partitions"
+    last: dict[str, int] = {}
+    for r in landed:
+        prev = last.get(r.key)
+        assert prev is None or r.origin_seq > prev, (
+            f"key {r.key!r}: origin_seq {r.origin_seq} committed after {prev} (per-key order broken)")
+        last[r.key] = r.origin_seq
+
+
+# --- test data ---------------------------------------------------------------------------------
+
+async def create_group(nc, stream: str, group: str, *, partitions: int, members: tuple[str, ...],
+                       subjects_prefix: str = "orders") -> None:
+    """An origin stream ``<prefix>.*`` and an elastic group partitioned by the key token."""
+    from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
+    from airflow_provider_cg.core.groups import ConsumerGroups
+
+    await nc.jetstream().add_stream(name=stream, subjects=[f"{subjects_prefix}.*"])
+    await ConsumerGroups(nc).create(stream, group, ElasticGroupConfig(
+        partitions, (PartitioningFilter(f"{subjects_prefix}.*", (1,)),), members=members))
+
+
+async def publish_orders(nc, stream: str, group: str, n: int, keys: int, *, subjects_prefix: str = "orders",
+                         payload=None) -> dict[tuple[str, int], str]:
+    """Publish ``n`` JSON messages round-robin over ``keys`` keys (acked by JetStream), wait until
+    the group's work-queue stream sourced all of them; return ``{(stream, seq): key}``."""
+    import asyncio
+
+    from airflow_provider_cg.core.jsapi import JsApi
+    from airflow_provider_cg.core.publish import publish_many
+
+    payload = payload or (lambda i: b'{"id":%d}' % i)
+    api = JsApi(nc)
+    first = int((await api.stream_info(stream))["state"]["last_seq"]) + 1
+    res = await publish_many(nc, ((f"{subjects_prefix}.k{i % keys}", payload(i)) for i in range(n)))
+    assert res.published == n and res.first_seq == first, res
+    expected = {(stream, first + i): f"k{i % keys}" for i in range(n)}
+    wq = f"{stream}-{group}"
+    want = len(expected) + first - 1
+    deadline = asyncio.get_running_loop().time() + 60
+    while True:
+        info = await api.stream_info(wq)
+        if int(info["state"]["last_seq"]) >= want:
+            return expected
+        assert asyncio.get_running_loop().time() < deadline, f"{wq} sourced only {info['state']}"
+        await asyncio.sleep(0.1)
+
+
+async def wq_messages(nc, stream: str, group: str) -> int:
+    from airflow_provider_cg.core.jsapi import JsApi
+
+    return int((await JsApi(nc).stream_info(f"{stream}-{group}"))["state"]["messages"])
