@@ -1,0 +1,159 @@
+"""ConsumerGroupSparkSubmitOperator against a real nats-server (with user/password auth) and
+real spark-submit (local mode). A PATH shim in front of the venv's spark-submit records
+every invocation's argv, so the tests see whether Spark started and what its command line
+held."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.connection import NatsConnectionSettings
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.server import EmbeddedNatsServer
+from tests.integration.test_groups import Puller
+from tests.integration.test_operators_groups import NatsThread
+
+pytest_plugins = ["tests.airflow_conftest"]
+pytestmark = [pytest.mark.airflow, pytest.mark.integration]
+
+USER = "cg-user"
+PASSWORD = "pw-MARKER-7f3a9c1e55"  # must never show up in a command line, log or XCom
+STREAM, GROUP = "ORDERS", "lake"
+
+
+@pytest.fixture
+def auth_server(tmp_path):
+    server = EmbeddedNatsServer(
+        tmp_path / "nats", config_extra=f'authorization {{ user: "{USER}", password: "{PASSWORD}" }}'
+    ).start()
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def nats(auth_server):
+    t = NatsThread(NatsConnectionSettings(servers=[auth_server.url], user=USER, password=PASSWORD))
+    t.run(t.api.add_stream({"name": STREAM, "subjects": ["orders.>"], "storage": "file"}))
+    cfg = ElasticGroupConfig(2, (PartitioningFilter("orders.*", (1,)),), 0, 0, ("m1",), ())
+    t.run(t.cg.create(STREAM, GROUP, cfg.validate()))
+    yield t
+    t.run(t.nc.close())
+    t.loop.call_soon_threadsafe(t.loop.stop)
+
+
+@pytest.fixture
+def shim(airflow_env, auth_server, tmp_path, monkeypatch):
+    """spark-submit shim (records argv, then runs the venv's), spark_test = local[2], nats_auth."""
+    bindir = tmp_path / "shim"
+    bindir.mkdir()
+    calls = tmp_path / "spark-submit.calls"
+    real = Path(sys.executable).parent / "spark-submit"
+    script = bindir / "spark-submit"
+    script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "{calls}"\nexec "{real}" "$@"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+    airflow_env.add_connection("spark_test", "spark", host="local[2]")
+    airflow_env.add_connection("nats_auth", "nats", host="127.0.0.1", port=auth_server.port,
+                               login=USER, password=PASSWORD)
+    return calls
+
+
+def _dag(dag_id: str, **op_kwargs):
+    from airflow.sdk import DAG
+
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+
+    with DAG(dag_id, schedule=None) as dag:
+        ConsumerGroupSparkSubmitOperator(
+            task_id="consume", stream=STREAM, group=GROUP, member="m1", nats_conn_id="nats_auth",
+            conn_id="spark_test", idle_timeout=1.0, **op_kwargs,
+        )
+    return dag
+
+
+def _all_xcoms_and_rendered(dag_id: str) -> str:
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields as RTIF
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        xcoms = [XComModel.deserialize_value(r) for r in s.scalars(select(XComModel).where(XComModel.dag_id == dag_id))]
+        rendered = [r.rendered_fields for r in s.scalars(select(RTIF).where(RTIF.dag_id == dag_id))]
+    return json.dumps([xcoms, rendered], default=str)
+
+
+def _logs(home: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*") if p.is_file())
+
+
+@pytest.mark.spark
+def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_path, capfd, caplog):
+    nats.publish([f"orders.c{i % 13}" for i in range(500)])
+    lake = tmp_path / "lake"
+    result = airflow_env.run_dag(_dag("cg_spark_summary", sink_path=str(lake)))
+
+    assert result.state_of("consume") == "success"
+    summary = result.xcom("consume")
+    assert summary["result"] == "committed" and summary["committed"] == 500
+    assert sum(p["count"] for p in summary["partitions"].values()) == 500
+    from airflow_provider_cg.core.sinks import read_committed
+
+    assert read_committed(lake).num_rows == 500
+
+    argv = shim.read_text()
+    assert "--stream ORDERS --group lake --member m1" in argv  # the shim saw the real submit
+    out = capfd.readouterr()
+    logged = out.out + out.err + caplog.text + _logs(airflow_env.home)
+    assert "Spark-Submit cmd" in logged and "CG_SUMMARY" in logged  # the hook's log was captured
+    for where, text in (("command line", argv), ("task log", logged),
+                        ("XCom / rendered fields", _all_xcoms_and_rendered("cg_spark_summary"))):
+        assert PASSWORD not in text, f"the NATS password leaked into the {where}"
+    assert "CG_NATS" not in argv and "appMasterEnv" not in argv  # settings travel as env only
+
+
+def test_zero_backlog_skips_without_starting_spark(airflow_env, nats, shim, tmp_path):
+    result = airflow_env.run_dag(_dag("cg_spark_empty", sink_path=str(tmp_path / "lake")))
+    assert result.state_of("consume") == "skipped"
+    assert not shim.exists(), "spark-submit was invoked for a member without backlog"
+
+
+@pytest.mark.spark
+def test_not_pinned_is_skipped(airflow_env, nats, shim, tmp_path):
+    nats.publish([f"orders.c{i}" for i in range(20)])
+    cstream, consumer = nats.run(nats.cg.ensure_member_consumer(STREAM, GROUP, "m1", ack_wait=60.0))
+    holder = Puller(nats.nc, cstream, consumer)
+    assert nats.run(holder.pull(batch=1)) and holder.pin  # another instance holds the pin
+    result = airflow_env.run_dag(_dag("cg_spark_not_pinned", sink_path=str(tmp_path / "lake"), standby_timeout=2.0))
+    assert result.state_of("consume") == "skipped"
+    assert shim.exists()  # Spark did start: the job itself found the pin taken
+
+
+def test_invalid_arguments_name_the_field(airflow_env):
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+
+    base = {"task_id": "t", "stream": STREAM, "group": GROUP, "member": "m1", "sink_path": "/tmp/x"}
+    for kwargs, field in (
+        ({"sink": "csv"}, "sink"),
+        ({"payload_format": "xml"}, "payload_format"),
+        ({"payload_format": "json"}, "json_schema"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"member": "bad name"}, "member"),
+        ({"sink_path": None}, "sink_path"),
+        ({"sink": "postgres"}, "pg_conn_id"),
+        ({"application_args": ["--x"]}, "application_args"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            ConsumerGroupSparkSubmitOperator(**{**base, **kwargs})
+        assert e.value.field == field, (kwargs, e.value)
+    with pytest.raises(TypeError, match="no_such_option"):
+        ConsumerGroupSparkSubmitOperator(**base, no_such_option=1)
