@@ -150,3 +150,52 @@ async def test_empty_window_and_bad_bounds(nc, tmp_path):
         await run_backfill(nc, sink, stream, "g", t0, t0)
     # No consumer is left behind on the origin.
     assert await JsApi(nc).list_consumers(stream) == []
+
+
+def _job():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "spark_apps" / "cg_member_job.py"
+    spec = importlib.util.spec_from_file_location("cg_member_job_backfill_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_job_backfill_mode_arguments():
+    job = _job()
+    args = job.parse_args(["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z",
+                           "--backfill-end", "2026-01-01T01:00:00Z"])
+    assert args.backfill and args.member is None
+    assert not job.parse_args(["--stream", "O", "--group", "g", "--member", "m1"]).backfill
+    for argv in (["--stream", "O", "--group", "g"],
+                 ["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z"]):
+        with pytest.raises(SystemExit):
+            job.parse_args(argv)
+
+
+async def test_job_backfill_mode_lands_the_window(nc, nats_settings, tmp_path, monkeypatch, capsys):
+    import json
+
+    stream, prefix = await make_group(nc, "elastic")
+    await publish_phases(nc, prefix, per_phase=5)
+    times = await stored_times(nc, stream)
+    seqs = sorted(times)
+    start, end = from_ns(times[seqs[5]]), from_ns(times[seqs[10]])
+    for k, v in nats_settings.to_env().items():
+        monkeypatch.setenv(k, v)
+    lake = tmp_path / "lake"
+    argv = ["--stream", stream, "--group", "g", "--backfill-start", start.isoformat(),
+            "--backfill-end", end.isoformat(), "--sink-path", str(lake), "--no-spark"]
+    job = _job()
+    rc = await asyncio.to_thread(job.main, argv)
+    assert rc == job.EXIT_OK
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    summary = json.loads(line.removeprefix(job.SUMMARY_PREFIX))
+    assert (summary["result"], summary["committed"], summary["member"]) == ("committed", 5, "backfill")
+    assert summary["window_start"] == start.isoformat() and summary["window_end"] == end.isoformat()
+    assert set(rows_by_seq(lake)) == set(seqs[5:10])
+    # Bad bounds are invalid input (exit 1), not a crash.
+    bad = [*argv[:4], "--backfill-start", end.isoformat(), "--backfill-end", start.isoformat(), *argv[8:]]
+    assert await asyncio.to_thread(job.main, bad) == job.EXIT_INVALID
