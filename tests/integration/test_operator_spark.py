@@ -157,3 +157,36 @@ def test_invalid_arguments_name_the_field(airflow_env):
         assert e.value.field == field, (kwargs, e.value)
     with pytest.raises(TypeError, match="no_such_option"):
         ConsumerGroupSparkSubmitOperator(**base, no_such_option=1)
+
+
+def test_cluster_master_gets_secrets_in_a_private_properties_file(airflow_env, auth_server, tmp_path):
+    """YARN: no CG_NATS_* on the command line (no --conf), a 0600 properties file carries them
+    as spark.yarn.appMasterEnv.* next to the user's own properties. Spark is not started."""
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+
+    airflow_env.add_connection("spark_yarn", "spark", host="yarn")
+    airflow_env.add_connection("nats_auth", "nats", host="127.0.0.1", port=auth_server.port,
+                               login=USER, password=PASSWORD)
+    own = tmp_path / "own.conf"
+    own.write_text("spark.executor.memory 2g\n")
+    op = ConsumerGroupSparkSubmitOperator(
+        task_id="t", stream=STREAM, group=GROUP, member="m1", sink_path="/lake", nats_conn_id="nats_auth",
+        conn_id="spark_yarn", properties_file=str(own), env_vars={"PLAIN": "1"},
+    )
+    op.application_args = op.job_args()
+    op._secret_env = op._secrets()
+    op._conn_id = op.conn_id
+    hook = op._get_hook()
+    try:
+        cmd = " ".join(hook._build_spark_submit_command(op.application))
+        assert PASSWORD not in cmd and "CG_NATS" not in cmd
+        assert "spark.yarn.appMasterEnv.PLAIN=1" in cmd  # the user's own env_vars as before
+        props = Path(op._props_path)
+        assert cmd.count("--properties-file") == 1 and str(props) in cmd
+        assert stat.S_IMODE(props.stat().st_mode) == 0o600
+        text = props.read_text()
+        assert "spark.executor.memory 2g" in text
+        assert f"spark.yarn.appMasterEnv.CG_NATS_PASSWORD {PASSWORD}" in text
+        assert PASSWORD not in json.dumps(op.env_vars)  # the template field is untouched
+    finally:
+        os.unlink(op._props_path)
