@@ -39,8 +39,8 @@ def spark_env(airflow_env, monkeypatch):
     return "spark_test"
 
 
-def _load(monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path):
-    for k, v in {"STREAM": "O", "GROUP": "g", "THRESHOLD": str(THRESHOLD), "MEMBERS": "ox1,ox2",
+def _load(monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path, members: str = "ox1,ox2"):
+    for k, v in {"STREAM": "O", "GROUP": "g", "THRESHOLD": str(THRESHOLD), "MEMBERS": members,
                  "NATS_CONN_ID": nats_conn_id, "SPARK_CONN_ID": spark_conn_id, "SINK_PATH": str(lake),
                  "POKE_INTERVAL": "0.2"}.items():
         monkeypatch.setenv(f"CG_OVERFLOW_{k}", v)
@@ -130,3 +130,21 @@ def test_overflow_scaleout_drains_once_and_restores_membership(
     table = read_committed(lake)
     seqs = sorted(table.column("origin_seq").to_pylist())
     assert seqs == list(range(1, N + LATE + 1))  # every message, exactly once
+
+
+def test_sensor_variant_waits_scales_out_and_restores(
+        airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path, monkeypatch):
+    from airflow_provider_cg.core.sinks import read_committed
+
+    _run(nats_settings, _setup)
+    lake = tmp_path / "lake"
+    mod = _load(monkeypatch, nats_conn_id, spark_env, lake, members="ox1")  # one spark-submit less
+    result = airflow_env.run_dag(mod.sensor_dag)
+    assert result.state == "success", result.ti_states
+    assert result.xcom("wait_overflow")["pending"] >= THRESHOLD
+    assert sorted(result.xcom("scale_out")["assignment"]) == ["m1", "ox1"]
+    assert result.xcom("report")["total"] == N
+    assert result.xcom("report")["assignment"] == {"m1": [0, 1, 2, 3, 4, 5]}
+    assert sorted(read_committed(lake).column("origin_seq").to_pylist()) == list(range(1, N + 1))
+    members = _run(nats_settings, lambda nc: ConsumerGroups(nc).get("O", "g"))
+    assert members.config.members == ("m1",)
