@@ -14,7 +14,9 @@ Secrets (the NATS connection's password/token/keys, the PostgreSQL DSN) never ap
 spark-submit command line, the rendered template fields or XCom: in local and client mode
 they reach the driver as process environment (``CG_NATS_*``, ``CG_PG_DSN``); for YARN and
 Kubernetes masters they go into a 0600 properties file (``spark.yarn.appMasterEnv.*`` /
-``spark.kubernetes.driverEnv.*``) that is deleted after the submit.
+``spark.kubernetes.driverEnv.*``) that is deleted after the submit; a ``properties_file``
+you pass is copied into it (Spark then skips ``spark-defaults.conf``, as with any
+``--properties-file``). Standalone cluster deploy mode is refused (no private channel).
 """
 
 from __future__ import annotations
@@ -368,7 +370,8 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
         zip_path = build_core_zip(_cache_dir() / "cg_core.zip")
-        self.py_files = ",".join(p for p in (str(zip_path), self.py_files) if p)
+        others = [p for p in (self.py_files or "").split(",") if p and p != str(zip_path)]
+        self.py_files = ",".join([str(zip_path), *others])
         self.application = str(member_job_path())
         self.application_args = self.job_args()
         if self.name == "cg-member":
