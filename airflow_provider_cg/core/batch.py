@@ -39,7 +39,7 @@ from airflow_provider_cg.core.priority import (
     PullTransient,
 )
 from airflow_provider_cg.core.rows import BatchId, KeySelector, build_rows
-from airflow_provider_cg.core.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.sinks.base import PreparedWriteLost, TwoPhaseSink
 
 log = logging.getLogger("airflow_provider_cg.batch")
 
@@ -175,15 +175,15 @@ async def _resolve_acks(client: PriorityClient, api: JsApi, consumer_stream: str
     """
     unknown = [m for m, o in zip(msgs, outcomes, strict=True) if not o.acked]
     while unknown and time.monotonic() < deadline:
-        if is_work_queue:
-            still = []
-            for m in unknown:
-                if await api.get_msg(consumer_stream, m.stream_seq) is not None:
-                    still.append(m)
-            unknown = still
-            if not unknown:
-                break
-        try:
+        try:  # the stream check too: a server restart makes it time out like the re-ack
+            if is_work_queue:
+                still = []
+                for m in unknown:
+                    if await api.get_msg(consumer_stream, m.stream_seq) is not None:
+                        still.append(m)
+                unknown = still
+                if not unknown:
+                    break
             again = await client.ack_sync_many(unknown, timeout=max(1.0, min(5.0, deadline - time.monotonic())))
             unknown = [m for m, o in zip(unknown, again, strict=True) if not o.acked]
         except Exception as e:  # server away: wait for the reconnect
@@ -213,6 +213,7 @@ class _Run:
         self.started = time.monotonic()
         self.progress = _Progress(self.summary, options.progress_interval)
         self.taken = 0  # messages pulled and not handed back (nak) so far
+        self.taken_over = False  # another instance rolled back one of our prepared writes
         self.idle_checks = 0  # empty pulls answered by "still pending" (bounded)
         self.batch_seq = int(time.time() * 1000)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
@@ -232,6 +233,10 @@ class _Run:
         self.sourced = isinstance(self.config, ElasticGroupConfig)
         self.keys = KeySelector(_key_rules(self.config))
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer)
+        # The server resets the pin timer (priority_timeout = ack_wait) only on a new pull that
+        # carries the pin id, so a pull open longer than that loses the pin mid-pull: e.g. the
+        # standby pull that gets pinned while waiting for a batch the backlog cannot fill.
+        self.pull_expires_max = max(0.5, o.ack_wait / 2)
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -240,6 +245,7 @@ class _Run:
         try:
             await self.setup()
             info = await self.client.consumer_info()
+            self._fit_batch_to(info)
             backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
             s.target = min(backlog, o.max_messages or backlog)
             if backlog == 0 and not _pinned_id(info):
@@ -267,6 +273,17 @@ class _Run:
             if client is not None:
                 await client.close()
 
+    def _fit_batch_to(self, info: dict) -> None:
+        """Keep a batch (and the next one pulled while it lands) within the consumer's
+        max_ack_pending: an existing consumer keeps the limit it was created with (by an
+        earlier run with a smaller batch size), and a pull for more than it may deliver waits
+        until its expiry for messages that cannot come."""
+        limit = int((info.get("config") or {}).get("max_ack_pending") or 0)
+        if limit > 0 and self.options.batch_size > max(1, limit // 2):
+            log.warning("cg batch size %d > half the consumer's max_ack_pending %d; using %d",
+                        self.options.batch_size, limit, max(1, limit // 2))
+            self.options.batch_size = max(1, limit // 2)
+
     async def recover(self) -> None:
         await asyncio.to_thread(_recover_sync, self.sink, self.options, self.summary)
 
@@ -275,7 +292,7 @@ class _Run:
         o = self.options
         deadline = self.started + o.standby_timeout
         while time.monotonic() < deadline:
-            expires = max(0.5, min(5.0, deadline - time.monotonic()))
+            expires = max(0.5, min(5.0, self.pull_expires_max, deadline - time.monotonic()))
             try:
                 msgs = await self.client.pull(min(o.batch_size, max(self.summary.target, 1)), expires=expires)
             except PinLost as e:
@@ -311,8 +328,12 @@ class _Run:
                     self.taken += len(msgs)
                     if landing is not None:
                         await landing
-                    landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
+                    if not self.taken_over:  # else leave them unacked to the new pin holder
+                        landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
                     self.progress.tick()
+                if self.taken_over:
+                    s.stop_reason = "taken over by another instance"
+                    break
                 if end is not None:
                     s.stop_reason = {"pin": "pin lost", "gone": "consumer deleted", "idle": "backlog drained"}[end]
                     break
@@ -329,7 +350,7 @@ class _Run:
                     break
                 want = min(o.batch_size, s.target - self.taken)
                 try:
-                    msgs = await self.client.pull(want, expires=o.idle_timeout)
+                    msgs = await self.client.pull(want, expires=min(o.idle_timeout, self.pull_expires_max))
                     transient_deadline = None
                     if not msgs and not await self._backlog_left():
                         end = "idle"
@@ -382,7 +403,15 @@ class _Run:
             # messages stay in the stream for the re-created consumer.
             await asyncio.to_thread(self.sink.abort, prepared)
             return
-        prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
+        try:
+            prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
+        except PreparedWriteLost:
+            # This instance stalled (e.g. suspended past ack_wait) and another instance of the
+            # member took the pin and rolled this write back in its recovery. No ack was sent:
+            # the messages go to the new pin holder. Stop without acking anything.
+            log.warning("cg batch %s was rolled back by another instance; stopping", batch_id.gid)
+            self.taken_over = True
+            return
         if os.environ.get(FAILPOINT_ENV) == "mid_ack":
             await self.client.ack_sync_many(msgs[: len(msgs) // 2], timeout=o.ack_timeout)
             _failpoint("mid_ack")

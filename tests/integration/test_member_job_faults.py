@@ -1,0 +1,165 @@
+"""Faults around the member job's two-phase batches, through a real ``spark-submit``: SIGKILL at
+each step of a batch (failpoints), an unpin mid-run, a job suspended past ack wait while another
+instance takes over, and a nats-server restart mid-batch. Afterwards nothing is lost and
+nothing is duplicated in the sink, and the work-queue stream is empty."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from airflow_provider_cg.core.groups import ConsumerGroups
+from tests.support.member_job import (
+    assert_exactly_once,
+    create_group,
+    parquet_landed,
+    publish_orders,
+    start_member_job,
+    wq_messages,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+GROUP = "g1"
+
+
+async def _wait(*jobs, timeout: float = 240.0):
+    return await asyncio.to_thread(lambda: [job.wait(timeout) for job in jobs])
+
+
+def _ok(result) -> dict:
+    assert result.returncode == 0, result.describe()
+    assert result.summary is not None, result.describe()
+    return result.summary
+
+
+async def _wait_for_progress(nc, job, stream: str, below: int, timeout: float = 90.0) -> int:
+    """Wait until the job acked something (the WQ stream holds fewer than ``below``) while it
+    still runs and messages are left; return the WQ count then."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = await wq_messages(nc, stream, GROUP)
+        if 0 < left < below:
+            assert job.running(), job.result().describe()
+            return left
+        assert job.running(), "the job ended before the fault could be injected:\n" + job.result().describe()
+        await asyncio.sleep(0.02)
+    raise AssertionError("the job made no progress:\n" + job.result().describe())
+
+
+async def test_sigkill_at_each_step_of_a_batch_then_rerun(nc, nats_server, member_job_zip, tmp_path):
+    """(a) after prepare -> rolled back; (b) mid-ack and (c) after acks, before commit -> committed."""
+    n, batch = 3_000, 1_000
+    cases = {"after_prepare": "A", "mid_ack": "B", "before_commit": "C"}
+    expected = {}
+    for point, stream in cases.items():
+        await create_group(nc, stream, GROUP, partitions=2, members=("m1",), subjects_prefix=stream.lower())
+        expected[point] = await publish_orders(nc, stream, GROUP, n, 30, subjects_prefix=stream.lower())
+    args = ["--batch-size", str(batch), "--ack-wait", "3", "--standby-timeout", "20"]
+
+    def job(point, failpoint):
+        stream = cases[point]
+        return start_member_job(member_job_zip, tmp_path / point, nats_servers=nats_server.url, stream=stream,
+                                group=GROUP, member="m1", sink_path=tmp_path / point / "lake", args=args,
+                                env={"CG_FAILPOINT": failpoint} if failpoint else None)
+
+    crashed = await _wait(*(job(p, p) for p in cases))
+    for point, r in zip(cases, crashed, strict=True):
+        assert r.returncode != 0 and r.summary is None, r.describe()
+        assert f"cg failpoint {point}" in r.output, r.describe()
+        assert parquet_landed(tmp_path / point / "lake") == [], f"{point}: rows visible before commit"
+    left = {p: await wq_messages(nc, cases[p], GROUP) for p in cases}
+    assert left["after_prepare"] == n  # no ack sent
+    assert n - batch < left["mid_ack"] < n  # half of the first batch acked
+    assert left["before_commit"] == n - batch  # the whole first batch acked
+
+    reruns = await _wait(*(job(p, None) for p in cases))
+    summaries = {p: _ok(r) for p, r in zip(cases, reruns, strict=True)}
+    for point, s in summaries.items():
+        assert s["result"] == "committed", (point, s)
+        assert_exactly_once(parquet_landed(tmp_path / point / "lake"), expected[point])
+        assert await wq_messages(nc, cases[point], GROUP) == 0, point
+    a, b, c = summaries["after_prepare"], summaries["mid_ack"], summaries["before_commit"]
+    assert (a["recovered_aborted"], a["recovered_committed"]) == (1, 0), a
+    assert a["committed"] == n and a["duplicates_skipped"] == 0, a
+    assert (b["recovered_aborted"], b["recovered_committed"]) == (0, 1), b
+    # the recovered batch landed all 1000 rows; its unacked half came back and was dropped
+    assert b["committed"] == n and b["duplicates_skipped"] == batch - (n - left["mid_ack"]), b
+    assert (c["recovered_aborted"], c["recovered_committed"]) == (0, 1), c
+    assert c["committed"] == n and c["consumed"] == n - batch and c["duplicates_skipped"] == 0, c
+
+
+async def test_step_down_mid_run_then_second_run_finishes(nc, nats_server, member_job_zip, tmp_path):
+    n = 20_000
+    await create_group(nc, "O", GROUP, partitions=2, members=("m1",), subjects_prefix="o")
+    expected = await publish_orders(nc, "O", GROUP, n, 100, subjects_prefix="o")
+    lake = tmp_path / "lake"
+    args = ["--batch-size", "200"]
+    first = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+                             member="m1", sink_path=lake, args=args)
+    await _wait_for_progress(nc, first, "O", n - 500)
+    await ConsumerGroups(nc).step_down("O", GROUP, "m1")
+    (r1,) = await _wait(first)
+    s1 = _ok(r1)
+    assert s1["stop_reason"] == "pin lost", s1
+    assert 0 < s1["consumed"] < n and s1["batches"] >= 2, s1
+
+    second = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+                              member="m1", sink_path=lake, args=[*args, "--batch-size", "5000"])
+    (r2,) = await _wait(second)
+    s2 = _ok(r2)
+    assert s2["result"] == "committed" and s2["pin_id"] != s1["pin_id"], s2
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert s1["committed"] + s2["committed"] == n
+    assert await wq_messages(nc, "O", GROUP) == 0
+
+
+async def test_suspended_past_ack_wait_while_another_instance_takes_over(nc, nats_server, member_job_zip, tmp_path):
+    n = 20_000
+    await create_group(nc, "O", GROUP, partitions=2, members=("m1",), subjects_prefix="o")
+    expected = await publish_orders(nc, "O", GROUP, n, 100, subjects_prefix="o")
+    lake = tmp_path / "lake"
+    args = ["--batch-size", "200", "--ack-wait", "3", "--standby-timeout", "60"]
+    first = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+                             member="m1", sink_path=lake, args=args)
+    try:
+        await _wait_for_progress(nc, first, "O", n - 500)
+        first.suspend()
+        left_at_stop = await wq_messages(nc, "O", GROUP)
+        second = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+                                  member="m1", sink_path=lake, args=[*args, "--batch-size", "5000"])
+        (r2,) = await _wait(second)
+        assert first.running(), "the suspended instance must still be there"
+    finally:
+        first.resume()
+    (r1,) = await _wait(first)
+    s1, s2 = _ok(r1), _ok(r2)
+    assert s2["result"] == "committed" and s2["pin_id"] != s1["pin_id"], s2
+    assert s2["consumed"] >= left_at_stop - 1_000, (left_at_stop, s2)  # it took over the rest
+    assert s1["stop_reason"] in ("pin lost", "taken over by another instance"), s1
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert await wq_messages(nc, "O", GROUP) == 0
+
+
+async def test_nats_server_restart_mid_batch(nc, nats_server, member_job_zip, tmp_path):
+    n = 20_000
+    await create_group(nc, "O", GROUP, partitions=2, members=("m1",), subjects_prefix="o")
+    expected = await publish_orders(nc, "O", GROUP, n, 100, subjects_prefix="o")
+    lake = tmp_path / "lake"
+    args = ["--batch-size", "200", "--ack-wait", "10", "--standby-timeout", "30"]
+    job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+                           member="m1", sink_path=lake, args=args)
+    await _wait_for_progress(nc, job, "O", n - 500)
+    await asyncio.to_thread(nats_server.restart)
+    (r1,) = await _wait(job)
+    results = [r1]
+    if r1.returncode != 0 or await wq_messages(nc, "O", GROUP) > 0:
+        rerun = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+                                 member="m1", sink_path=lake, args=args)
+        results += await _wait(rerun)
+        _ok(results[-1])
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert await wq_messages(nc, "O", GROUP) == 0
+    print("restart: first run", r1.returncode, r1.summary, "reruns:", len(results) - 1)
