@@ -1,4 +1,5 @@
-"""The member job through a real ``spark-submit --master local[2]``: elastic groups landed into
+"""The member job through a real ``spark-submit --master local[2]``: elastic groups (50,000
+messages over 500 keys, 4 partitions, 2 members, per sink) landed into
 the Parquet lake and PostgreSQL exactly once and in per-key order, exclusive pinning, poison
 messages in the dead-letter stream, and invalid input (exit status, field names, no secrets)."""
 
@@ -64,12 +65,12 @@ async def test_two_members_land_50k_messages_in_parquet_exactly_once(nc, nats_se
 
 @pytest.mark.postgres
 async def test_two_members_land_in_postgres_exactly_once(nc, nats_server, member_job_zip, tmp_path, postgres_db):
-    n = 20_000
+    n = 50_000
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
     expected = await publish_orders(nc, STREAM, GROUP, n, 500)
     env = {"CG_PG_DSN": postgres_db.dsn}
     jobs = [start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
-                             member=m, sink="postgres", args=["--batch-size", "2500", "--pg-table", "orders"],
+                             member=m, sink="postgres", args=["--batch-size", "10000", "--pg-table", "orders"],
                              env=env) for m in ("m1", "m2")]
     summaries = [_assert_ok(r) for r in await _wait_jobs(*jobs)]
 
@@ -77,7 +78,7 @@ async def test_two_members_land_in_postgres_exactly_once(nc, nats_server, member
     assert sum(s["committed"] for s in summaries) == n
     assert all(s["batches"] >= 2 for s in summaries)
     assert await wq_messages(nc, STREAM, GROUP) == 0
-    for r in (*summaries,):
+    for r in summaries:
         assert r["recovered_committed"] == r["recovered_aborted"] == 0
 
 
