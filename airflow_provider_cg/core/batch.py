@@ -196,10 +196,17 @@ FAILPOINT_ENV = "CG_FAILPOINT"
 
 
 def _failpoint(name: str) -> None:
-    """Crash here with SIGKILL when ``$CG_FAILPOINT`` names this point (fault-injection tests)."""
-    if os.environ.get(FAILPOINT_ENV) == name:
+    """Crash here with SIGKILL when ``$CG_FAILPOINT`` names this point, or suspend this process
+    with SIGSTOP when it is ``stop:<point>`` (fault-injection tests; SIGCONT resumes it)."""
+    value = os.environ.get(FAILPOINT_ENV)
+    if value == name:
         log.warning("cg failpoint %s: killing this process", name)
         os.kill(os.getpid(), signal.SIGKILL)
+    elif value == f"stop:{name}":
+        log.warning("cg failpoint %s: suspending this process", value)
+        for h in logging.getLogger().handlers:
+            h.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class _Run:
