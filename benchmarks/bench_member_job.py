@@ -58,7 +58,7 @@ async def prepare(url: str, n: int, partitions: int) -> float:
     await publish_many(nc, ((f"bench.k{i % KEYS}", payload) for i in range(n)))
     rate = n / (time.perf_counter() - t)
     for g in ("naive", "job"):  # wait for the sourcing into both work-queue streams
-        while (await js.stream_info(f"{STREAM}-{g}")).state.messages < n:
+        while (await js.stream_info(f"{STREAM}-{g}")).state.messages < n:  # noqa: ASYNC110 - polling server state
             await asyncio.sleep(0.5)
     await nc.close()
     return rate
@@ -94,14 +94,20 @@ async def naive(url: str, n: int, partitions: int) -> float:
 
 
 def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
+    """PIDs below ``pid``, from the parent field of every /proc/<pid>/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+            stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        for c in map(int, children):
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
             out.append(c)
             todo.append(c)
     return out
