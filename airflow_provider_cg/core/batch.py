@@ -39,7 +39,7 @@ from airflow_provider_cg.core.priority import (
     PullTransient,
 )
 from airflow_provider_cg.core.rows import BatchId, KeySelector, build_rows
-from airflow_provider_cg.core.sinks.base import PreparedWriteLost, TwoPhaseSink
+from airflow_provider_cg.core.sinks.base import PreparedWriteLost, TwoPhaseSink, WriteState
 
 log = logging.getLogger("airflow_provider_cg.batch")
 
@@ -481,8 +481,15 @@ def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary) -
             committed += 1
             summary.committed += res.rows_written
             summary.duplicates_skipped += res.duplicates_skipped
+            continue
+        # Atomic against a zombie instance's mark_acking: if its acking mark came first, it
+        # may have acked, so commit instead of rolling back.
+        if sink.abort_unless_acking(prepared) is WriteState.PREPARED:
+            res = sink.commit(prepared)
+            committed += 1
+            summary.committed += res.rows_written
+            summary.duplicates_skipped += res.duplicates_skipped
         else:
-            sink.abort(prepared)
             aborted += 1
     summary.recovered_committed += committed
     summary.recovered_aborted += aborted

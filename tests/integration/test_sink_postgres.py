@@ -397,3 +397,62 @@ def test_headers_are_jsonb(sink, postgres_db):
     assert json.loads(json.dumps(query(postgres_db, "SELECT headers FROM cg_events")[0][0])) == {
         "Nats-Msg-Id": "7"
     }
+
+
+# -- recovery's abort vs a zombie's mark_acking: exactly one wins --------------------------------
+
+
+def test_mark_acking_first_then_abort_unless_acking_commits(postgres_db):
+    with (
+        PostgresSink(postgres_db.conn_params()) as zombie,
+        PostgresSink(postgres_db.conn_params()) as recoverer,
+    ):
+        p = zombie.prepare(
+            BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6))
+        )
+        (found,) = recoverer.recover("ORDERS", "g", "m1")
+        assert found.acking is False  # recovery read acking=False ...
+        assert zombie.mark_acking(p).acking is True  # ... then the zombie marked (and would ack)
+        assert recoverer.abort_unless_acking(found) is WriteState.PREPARED  # not rolled back
+        assert recoverer.state(found) is WriteState.PREPARED
+        assert recoverer.commit(found) == CommitResult(5, 0)
+        assert zombie.commit(p) == CommitResult(5, 0)
+        assert recoverer.recover("ORDERS", "g", "m1") == []
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 6)]
+
+
+def test_abort_unless_acking_first_then_mark_acking_is_lost(postgres_db):
+    with (
+        PostgresSink(postgres_db.conn_params()) as zombie,
+        PostgresSink(postgres_db.conn_params()) as recoverer,
+    ):
+        p = zombie.prepare(
+            BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6))
+        )
+        (found,) = recoverer.recover("ORDERS", "g", "m1")
+        assert recoverer.abort_unless_acking(found) is WriteState.ABORTED
+        with pytest.raises(PreparedWriteLost):
+            zombie.mark_acking(p)
+        with pytest.raises(PreparedWriteLost):
+            zombie.commit(p)
+        assert recoverer.abort_unless_acking(found) is WriteState.ABORTED  # idempotent
+    assert landed(postgres_db) == []
+    assert prepared_gids(postgres_db) == []
+
+
+def test_race_mark_acking_vs_abort_unless_acking(postgres_db):
+    from tests.unit.test_sink_parquet import race_mark_acking_vs_abort_unless_acking
+
+    sinks = []
+
+    def make():
+        sinks.append(PostgresSink(postgres_db.conn_params(), lock_timeout_s=10))
+        return sinks[-1]
+
+    try:
+        wins = race_mark_acking_vs_abort_unless_acking(make, lambda: landed(postgres_db))
+    finally:
+        for s in sinks:
+            s.close()
+    assert wins["acking"] + wins["abort"] == 50
+    assert prepared_gids(postgres_db) == []

@@ -110,6 +110,15 @@ class TwoPhaseSink(abc.ABC):
         """Discard the prepared rows (``ABORTED``), or report ``COMMITTED`` if commit won. Idempotent."""
 
     @abc.abstractmethod
+    def abort_unless_acking(self, prepared: PreparedWrite) -> WriteState:
+        """Recovery's abort, decided atomically against ``mark_acking``: exactly one wins.
+
+        ``ABORTED`` (or ``COMMITTED`` if commit won) as ``abort``; ``PREPARED`` when a
+        ``mark_acking`` was recorded first: the write was not touched and the caller must commit
+        it (acks may have been sent). Once this returned ``ABORTED``, ``mark_acking`` raises
+        ``PreparedWriteLost``; once ``mark_acking`` returned, this never aborts."""
+
+    @abc.abstractmethod
     def recover(self, stream: str, group: str, member: str) -> list[PreparedWrite]:
         """Writes of this member that are prepared and neither committed nor aborted, by batch_seq."""
 

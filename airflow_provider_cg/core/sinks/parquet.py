@@ -11,7 +11,9 @@ Layout of a dataset directory ``root``::
 
 Protocol. ``prepare`` writes the rows (minus in-batch duplicates and keys already
 committed), the sorted keys and a ``prepared.json`` manifest with the message refs into
-``_cg_staging/<gid>/`` and fsyncs them; ``mark_acking`` adds an ``acking`` file.
+``_cg_staging/<gid>/`` and fsyncs them; ``mark_acking`` claims an ``acking`` log record
+(older versions wrote an ``acking`` file, still honoured by ``recover``), and recovery's
+``abort_unless_acking`` aborts only if no ``acking`` record precedes its ``abort`` record.
 ``commit`` re-reads the log, drops rows whose key is in an earlier commit (only commits whose
 per-stream seq range overlaps are looked at; the staged file is rewritten if any row goes),
 then claims the next log position by hard-linking a complete record file to
@@ -167,6 +169,7 @@ class _CommitLog:
         self.records: list[dict] = []
         self.commits: dict[str, dict] = {}
         self.aborts: set[str] = set()
+        self.acking: set[str] = set()  # gids with an "acking" record before any abort record
         self.index: dict[str, _StreamIndex] = {}
         self._loaded = False
 
@@ -183,6 +186,8 @@ class _CommitLog:
                 self.index.setdefault(stream, _StreamIndex()).add(info["min"], info["max"], pos, info["keys"])
         elif record["op"] == "abort":
             self.aborts.add(gid)
+        elif record["op"] == "acking":
+            self.acking.add(gid)
 
     def _load_checkpoint(self) -> None:
         try:
@@ -515,27 +520,36 @@ class ParquetLakeSink(TwoPhaseSink):
         shutil.rmtree(self.root / STAGING_DIR / _fs_name(record["gid"]), ignore_errors=True)
 
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
-        staging = self.root / STAGING_DIR / _fs_name(prepared.gid)
-        try:
-            fd = os.open(staging / ACKING, os.O_WRONLY | os.O_CREAT, 0o644)
-        except FileNotFoundError:
-            if self.state(prepared) is not WriteState.COMMITTED:
-                raise PreparedWriteLost(f"prepared write {prepared.gid} was aborted") from None
-            return dataclasses.replace(prepared, acking=True)
-        try:
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        if self.fsync:
-            _fsync_dir(staging)
-        if self.state(prepared) is WriteState.ABORTED:  # an abort raced us: its staging is gone
-            raise PreparedWriteLost(f"prepared write {prepared.gid} was aborted")
-        return dataclasses.replace(prepared, acking=True)
+        """Claim an ``acking`` log record. The log orders it against an ``abort`` record of
+        ``abort_unless_acking``: a claim only succeeds at the position after the last record
+        the claimer has read, so whichever of the two is claimed first wins."""
+        gid = prepared.gid
+        with self._lock:
+            while True:
+                self._log.refresh()
+                if gid in self._log.aborts:
+                    raise PreparedWriteLost(f"prepared write {gid} was aborted")
+                if gid in self._log.commits or gid in self._log.acking:
+                    return dataclasses.replace(prepared, acking=True)
+                if not (self.root / STAGING_DIR / _fs_name(gid) / MANIFEST).exists():
+                    raise PreparedWriteLost(f"prepared write {gid} is gone")
+                try:
+                    pos = self._log.claim({"v": 1, "op": "acking", "gid": gid}, self.root / TMP_DIR)
+                except FileExistsError:
+                    continue  # another writer took the position: re-read (maybe an abort)
+                if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
+                    self._log.write_checkpoint(self.root / TMP_DIR)
+                return dataclasses.replace(prepared, acking=True)
 
     # -- abort / state / recover ----------------------------------------------------------------
 
     def abort(self, prepared: PreparedWrite) -> WriteState:
+        return self._abort(prepared, unless_acking=False)
+
+    def abort_unless_acking(self, prepared: PreparedWrite) -> WriteState:
+        return self._abort(prepared, unless_acking=True)
+
+    def _abort(self, prepared: PreparedWrite, *, unless_acking: bool) -> WriteState:
         gid = prepared.gid
         with self._lock:
             while True:
@@ -544,10 +558,14 @@ class ParquetLakeSink(TwoPhaseSink):
                     self._publish(self._log.commits[gid])
                     return WriteState.COMMITTED
                 if gid not in self._log.aborts:
+                    if unless_acking and gid in self._log.acking:
+                        return WriteState.PREPARED  # mark_acking won: the caller commits
                     try:
-                        self._log.claim({"v": 1, "op": "abort", "gid": gid}, self.root / TMP_DIR)
+                        pos = self._log.claim({"v": 1, "op": "abort", "gid": gid}, self.root / TMP_DIR)
                     except FileExistsError:
                         continue
+                    if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
+                        self._log.write_checkpoint(self.root / TMP_DIR)
                 shutil.rmtree(self.root / STAGING_DIR / _fs_name(gid), ignore_errors=True)
                 shutil.rmtree(self.root / KEYS_DIR / _fs_name(gid), ignore_errors=True)
                 return WriteState.ABORTED
@@ -591,7 +609,7 @@ class ParquetLakeSink(TwoPhaseSink):
                             manifest["rows"],
                             decode_refs(manifest["refs"]),
                             token=str(path),
-                            acking=(path / ACKING).exists(),
+                            acking=gid in self._log.acking or (path / ACKING).exists(),
                         )
                     )
             self._clean_tmp()

@@ -7,7 +7,9 @@ staging table, insert the commit marker into ``cg_committed_writes`` and
 ``PREPARE TRANSACTION '<gid>'``. ``COMMIT PREPARED`` makes rows and marker visible at once;
 after ``ROLLBACK PREPARED`` there is no marker, so a gid missing from ``pg_prepared_xacts``
 is committed iff its marker exists. ``mark_acking`` sets ``acking`` on the refs row (an
-upsert, outside the prepared transaction); commit/abort delete the refs row afterwards.
+UPDATE, outside the prepared transaction); commit/abort delete the refs row afterwards.
+Recovery's ``abort_unless_acking`` first deletes the refs row ``WHERE NOT acking`` and rolls
+back only if it did, so of it and ``mark_acking`` exactly one wins.
 ``recover`` lists ``pg_prepared_xacts`` by the member's gid prefix, joins the refs rows
 (a prepared write without one is reported ``acking=True``: commit is the safe choice) and
 deletes refs rows whose write is no longer prepared. Markers are kept (one small row per
@@ -521,27 +523,54 @@ class PostgresSink(TwoPhaseSink):
         )
 
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
+        """Set ``acking`` on the refs row in one autocommitted UPDATE. ``abort_unless_acking``
+        deletes that row only ``WHERE NOT acking`` before rolling back, so the row lock orders
+        the two: no row to update means an abort claimed the write (or it finished)."""
         self.ensure_tables()
-        b = prepared.batch_id
 
         def fn(cur):
             cur.execute(
-                f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs, "
-                "acking) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, true) ON CONFLICT (gid) DO UPDATE SET acking = true",
-                (prepared.gid, f"{self.schema}.{self.table}", b.stream, b.group, b.member, b.batch_seq,
-                 prepared.rows, json.dumps(encode_refs(prepared.refs))),
-            )  # fmt: skip
-            cur.execute(
-                "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
+                f"UPDATE {self._side(REFS_TABLE)} SET acking = true WHERE gid = %s RETURNING 1",
                 (prepared.gid,),
             )
-            return cur.fetchone() is not None or self._marker(cur, prepared.gid) is not None
+            marked = cur.fetchone() is not None
+            if marked:
+                cur.execute(
+                    "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
+                    (prepared.gid,),
+                )
+                if cur.fetchone() is not None:
+                    return True
+            return self._marker(cur, prepared.gid) is not None  # committed already: acking is moot
 
         with self._lock:
             if not self._run(f"mark acking {prepared.gid}", fn):
-                self._drop_refs(prepared.gid)
                 raise PreparedWriteLost(f"prepared write {prepared.gid} was rolled back")
         return dataclasses.replace(prepared, acking=True)
+
+    def abort_unless_acking(self, prepared: PreparedWrite) -> WriteState:
+        """Claim the write for abort by deleting its refs row ``WHERE NOT acking`` (autocommitted,
+        atomic against ``mark_acking``'s UPDATE), then roll it back. If the row is marked acking,
+        leave the write prepared and return ``PREPARED``: the caller commits it."""
+        with self._lock:
+            self.ensure_tables()
+
+            def claim(cur):
+                cur.execute(
+                    f"DELETE FROM {self._side(REFS_TABLE)} WHERE gid = %s AND NOT acking RETURNING 1",
+                    (prepared.gid,),
+                )
+                if cur.fetchone() is not None:
+                    return False
+                cur.execute(f"SELECT acking FROM {self._side(REFS_TABLE)} WHERE gid = %s", (prepared.gid,))
+                row = cur.fetchone()
+                return bool(row and row[0])
+
+            if self._run(f"claim abort {prepared.gid}", claim):
+                return WriteState.PREPARED
+            # no refs row is left, so no mark_acking can succeed from now on
+            _, marker = self._finish("ROLLBACK", prepared.gid)
+            return WriteState.COMMITTED if marker is not None else WriteState.ABORTED
 
     def commit(self, prepared: PreparedWrite) -> CommitResult:
         with self._lock:
