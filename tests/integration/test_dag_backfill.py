@@ -22,6 +22,7 @@ from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.publish import publish_many
 from tests.integration.test_backfill import COMPARED, ts_ns
+from tests.support.nats import run_with_nats
 
 pytest_plugins = ["tests.airflow_conftest"]
 pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.spark]
@@ -38,17 +39,6 @@ def spark_env(airflow_env, monkeypatch):
     monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
     airflow_env.add_connection("spark_test", "spark", host="local[2]")
     return "spark_test"
-
-
-def _run(settings, coro_fn):
-    async def go():
-        nc = await settings.connect()
-        try:
-            return await coro_fn(nc)
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
 
 
 def _publish_through(settings, t0: dt.datetime, until: dt.datetime) -> dict[int, int]:
@@ -69,7 +59,7 @@ def _publish_through(settings, t0: dt.datetime, until: dt.datetime) -> dict[int,
         last = (await api.stream_info("O"))["state"]["last_seq"]
         return {q: ts_ns((await api.get_msg("O", q))["time"]) for q in range(1, last + 1)}
 
-    return _run(settings, go)
+    return run_with_nats(settings, go)
 
 
 def _interval(dag_id: str, run_id: str) -> tuple[dt.datetime, dt.datetime]:
@@ -138,7 +128,7 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
             opts = BatchOptions(stream="O", group="g", member=m, standby_timeout=10, idle_timeout=1)
             await run_member_batch(nc, ParquetLakeSink(live_lake, fsync=False), opts)
 
-    _run(nats_settings, live)
+    run_with_nats(nats_settings, live)
     live_rows = _rows(live_lake)
     assert set(live_rows) == set(times)
     assert {q: live_rows[q] for q in expected} == before

@@ -20,6 +20,7 @@ from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilt
 from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.publish import publish_many
+from tests.support.nats import run_with_nats
 
 pytest_plugins = ["tests.airflow_conftest"]
 pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.spark]
@@ -51,17 +52,6 @@ def _load(monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path, member
     return mod
 
 
-def _run(settings, coro_fn):
-    async def go():
-        nc = await settings.connect()
-        try:
-            return await coro_fn(nc)
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
-
-
 async def _setup(nc) -> None:
     await JsApi(nc).add_stream({"name": "O", "subjects": ["orders.>"], "storage": "file"})
     cfg = ElasticGroupConfig(6, (PartitioningFilter("orders.*", (1,)),), members=("m1",))
@@ -77,7 +67,7 @@ def _late_publisher(settings) -> threading.Thread:
             await publish_many(nc, [(f"orders.late{i % 7}", f"late-{i}".encode())])
             await asyncio.sleep(0.25)
 
-    t = threading.Thread(target=_run, args=(settings, go), daemon=True)
+    t = threading.Thread(target=run_with_nats, args=(settings, go), daemon=True)
     t.start()
     return t
 
@@ -86,7 +76,7 @@ def test_overflow_scaleout_drains_once_and_restores_membership(
         airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path, monkeypatch):
     from airflow_provider_cg.core.sinks import ParquetLakeSink, read_committed
 
-    _run(nats_settings, _setup)
+    run_with_nats(nats_settings, _setup)
     lake = tmp_path / "lake"
     mod = _load(monkeypatch, nats_conn_id, spark_env, lake)
     dag = mod.dag
@@ -121,7 +111,7 @@ def test_overflow_scaleout_drains_once_and_restores_membership(
         left = (await JsApi(nc).stream_info("O-g"))["state"]["messages"]
         return info.config.members, consumers, rest, left
 
-    members, consumers, rest, left = _run(nats_settings, after)
+    members, consumers, rest, left = run_with_nats(nats_settings, after)
     assert members == ("m1",)
     assert consumers == ["m1"]
     assert left == 0
@@ -136,7 +126,7 @@ def test_sensor_variant_waits_scales_out_and_restores(
         airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path, monkeypatch):
     from airflow_provider_cg.core.sinks import read_committed
 
-    _run(nats_settings, _setup)
+    run_with_nats(nats_settings, _setup)
     lake = tmp_path / "lake"
     mod = _load(monkeypatch, nats_conn_id, spark_env, lake, members="ox1")  # one spark-submit less
     result = airflow_env.run_dag(mod.sensor_dag)
@@ -146,5 +136,5 @@ def test_sensor_variant_waits_scales_out_and_restores(
     assert result.xcom("report")["total"] == N
     assert result.xcom("report")["assignment"] == {"m1": [0, 1, 2, 3, 4, 5]}
     assert sorted(read_committed(lake).column("origin_seq").to_pylist()) == list(range(1, N + 1))
-    members = _run(nats_settings, lambda nc: ConsumerGroups(nc).get("O", "g"))
+    members = run_with_nats(nats_settings, lambda nc: ConsumerGroups(nc).get("O", "g"))
     assert members.config.members == ("m1",)
