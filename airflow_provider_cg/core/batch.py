@@ -17,7 +17,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ import pyarrow as pa
 from airflow_provider_cg.core import partitioning
 from airflow_provider_cg.core.config import ElasticGroupConfig, in_membership
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.failpoints import FAILPOINT_ENV, failpoint
 from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.priority import (
@@ -190,23 +190,6 @@ async def _resolve_acks(client: PriorityClient, api: JsApi, consumer_stream: str
             log.warning("re-ack failed (%s); retrying", type(e).__name__)
             await asyncio.sleep(0.5)
     return len(unknown)
-
-
-FAILPOINT_ENV = "CG_FAILPOINT"
-
-
-def _failpoint(name: str) -> None:
-    """Crash here with SIGKILL when ``$CG_FAILPOINT`` names this point, or suspend this process
-    with SIGSTOP when it is ``stop:<point>`` (fault-injection tests; SIGCONT resumes it)."""
-    value = os.environ.get(FAILPOINT_ENV)
-    if value == name:
-        log.warning("cg failpoint %s: killing this process", name)
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif value == f"stop:{name}":
-        log.warning("cg failpoint %s: suspending this process", value)
-        for h in logging.getLogger().handlers:
-            h.flush()
-        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class _Run:
@@ -403,8 +386,15 @@ class _Run:
         self.batch_seq += 1
         batch_id = BatchId(o.stream, o.group, o.member, self.batch_seq)
         refs = {self.consumer_stream: np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))}
-        prepared = await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs)
-        _failpoint("after_prepare")
+        try:
+            prepared = await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs)
+        except PreparedWriteLost:
+            # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
+            # was sent: the messages go to the new pin holder.
+            log.warning("cg batch %s was removed by another instance while preparing; stopping", batch_id.gid)
+            self.taken_over = True
+            return
+        failpoint("after_prepare")
         if consumer_gone:
             # The consumer is gone before any ack was sent: none can take effect, and the
             # messages stay in the stream for the re-created consumer.
@@ -415,17 +405,20 @@ class _Run:
         except PreparedWriteLost:
             # This instance stalled (e.g. suspended past ack_wait) and another instance of the
             # member took the pin and rolled this write back in its recovery. No ack was sent:
-            # the messages go to the new pin holder. Stop without acking anything.
+            # the messages go to the new pin holder. Stop without acking anything, and roll
+            # back what this instance may have prepared after that recovery ran (a write that
+            # was still half-prepared then), so it does not hold row locks in the sink.
             log.warning("cg batch %s was rolled back by another instance; stopping", batch_id.gid)
             self.taken_over = True
+            await asyncio.to_thread(self.sink.abort, prepared)
             return
         if os.environ.get(FAILPOINT_ENV) == "mid_ack":
             await self.client.ack_sync_many(msgs[: len(msgs) // 2], timeout=o.ack_timeout)
-            _failpoint("mid_ack")
+            failpoint("mid_ack")
         outcomes = await self.client.ack_sync_many(msgs, timeout=min(o.ack_timeout, 10.0))
         unknown = await _resolve_acks(self.client, self.api, self.consumer_stream, self.sourced, msgs, outcomes,
                                       time.monotonic() + o.ack_timeout)
-        _failpoint("before_commit")
+        failpoint("before_commit")
         s.unconfirmed_acks += unknown
         result = await asyncio.to_thread(self.sink.commit, prepared)
         s.batches += 1

@@ -414,6 +414,41 @@ def test_abort_unless_acking_first_then_mark_acking_is_lost(postgres_db):
     assert prepared_gids(postgres_db) == []
 
 
+def test_write_prepared_after_recovery_ran_is_lost_and_rolled_back_by_its_writer(postgres_db):
+    """A writer stalls between storing its refs and PREPARE; another instance's recovery runs
+    then (the write is not prepared yet: its refs row is an orphan and goes). The writer's
+    mark_acking must fail, and its abort must release the prepared write and its row locks."""
+
+    class Stalling(PostgresSink):
+        during = None
+
+        def _run(self, action, fn):
+            out = super()._run(action, fn)
+            if action == "store message refs" and self.during is not None:
+                self.during()
+            return out
+
+    with (
+        Stalling(postgres_db.conn_params()) as zombie,
+        PostgresSink(postgres_db.conn_params()) as recoverer,
+    ):
+        zombie.during = lambda: recoverer.recover("ORDERS", "g", "m1")
+        p = zombie.prepare(
+            BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6))
+        )
+        assert prepared_gids(postgres_db) == [p.gid]
+        with pytest.raises(PreparedWriteLost):
+            zombie.mark_acking(p)
+        assert zombie.abort(p) is WriteState.ABORTED
+        assert prepared_gids(postgres_db) == []
+        # the keys are free: the new pin holder's write of the same messages goes through
+        q = recoverer.prepare(
+            BatchId("ORDERS", "g", "m1", 2), rows(range(1, 6)), message_refs=refs_for(range(1, 6))
+        )
+        recoverer.commit(recoverer.mark_acking(q))
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 6)]
+
+
 def test_race_mark_acking_vs_abort_unless_acking(postgres_db):
     from tests.unit.test_sink_parquet import race_mark_acking_vs_abort_unless_acking
 

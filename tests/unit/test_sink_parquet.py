@@ -340,6 +340,69 @@ def test_crash_during_prepare_leaves_nothing_to_recover(lake):
     assert not half.exists()
 
 
+class _StallingSink(ParquetLakeSink):
+    """Runs ``during`` (another instance's recovery) after the data file, before the manifest:
+    this instance stalled mid-prepare (e.g. SIGSTOP) while another took over the member."""
+
+    during = None
+
+    def _write_parquet(self, table, path):
+        super()._write_parquet(table, path)
+        if self.during is not None:
+            self.during()
+
+
+def test_recovery_during_a_stalled_prepare_stops_the_stalled_writer(lake):
+    zombie, recoverer = _StallingSink(lake), ParquetLakeSink(lake)
+    zombie.during = lambda: recoverer.recover("ORDERS", "g", "m1")  # finds it half-prepared
+    with pytest.raises(PreparedWriteLost, match="removed while preparing"):
+        zombie.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6)))
+    assert not list((lake / STAGING_DIR).iterdir())
+    assert_exactly(lake, set())
+
+
+def test_half_prepared_write_finished_after_recovery_cannot_be_acked(lake):
+    """Recovery's removal of the staging loses a race with the stalled writer, which goes on to
+    write its manifest: the logged abort still refuses ``acking``, so nothing is acked."""
+    zombie, recoverer = _StallingSink(lake, fsync=False), ParquetLakeSink(lake)
+    batch = BatchId("ORDERS", "g", "m1", 1)
+    staging = lake / STAGING_DIR / batch.gid.replace(":", "%3A")
+
+    def recover_then_writer_recreates_dir():
+        assert recoverer.recover("ORDERS", "g", "m1") == []
+        staging.mkdir()  # as if rmtree lost a race with the writer's next file
+
+    zombie.during = recover_then_writer_recreates_dir
+    p = zombie.prepare(batch, rows(range(1, 6)), message_refs=refs_for(range(1, 6)))
+    with pytest.raises(PreparedWriteLost, match="aborted"):
+        zombie.mark_acking(p)
+    assert recoverer.recover("ORDERS", "g", "m1") == []
+    assert not staging.exists()
+    assert_exactly(lake, set())
+
+
+def test_recovery_keeps_a_half_prepared_write_that_is_acking_by_now(lake):
+    """The writer finished its manifest and claimed ``acking`` after recovery listed it as
+    half-prepared: the abort loses and recovery reports it (acking) to be committed."""
+    zombie, recoverer = ParquetLakeSink(lake), ParquetLakeSink(lake)
+    p = zombie.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6)))
+    manifest = Path(p.token) / "prepared.json"
+    saved = manifest.read_bytes()
+    manifest.unlink()  # what recovery sees: no manifest yet
+    real_claim = recoverer._abort_unless_acking_locked
+
+    def writer_wins_first(gid):
+        manifest.write_bytes(saved)
+        zombie.mark_acking(p)
+        return real_claim(gid)
+
+    recoverer._abort_unless_acking_locked = writer_wins_first
+    (found,) = recoverer.recover("ORDERS", "g", "m1")
+    assert found.acking is True
+    assert recoverer.commit(found) == CommitResult(5, 0)
+    assert_exactly(lake, {("ORDERS", s) for s in range(1, 6)})
+
+
 # -- concurrency --------------------------------------------------------------------------------
 
 

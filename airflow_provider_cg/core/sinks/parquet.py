@@ -60,6 +60,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from ..failpoints import failpoint
 from ..rows import ROW_SCHEMA, BatchId
 from .base import (
     CommitResult,
@@ -315,11 +316,21 @@ class ParquetLakeSink(TwoPhaseSink):
             "refs": encode_refs(refs),
             "prepared_at": datetime.now(UTC).isoformat(),
         }
+        try:
+            self._write_staging(staging, table, keys, manifest)
+        except FileNotFoundError:
+            # A recovering instance of the member removed this half-prepared staging: this
+            # instance stalled mid-prepare and is no longer the pin holder.
+            raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing") from None
+        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=str(staging))
+
+    def _write_staging(self, staging: Path, table: pa.Table, keys: dict, manifest: dict) -> None:
         written: list[Path] = []
         if table.num_rows:
             data_file = staging / "part-0.parquet"
             self._write_parquet(table, data_file)
             written.append(data_file)
+            failpoint("mid_prepare")
             manifest["file"] = data_file.name
             for i, (stream, sorted_keys) in enumerate(keys.items()):
                 key_file = staging / f"keys-{i}.npy"
@@ -340,7 +351,6 @@ class ParquetLakeSink(TwoPhaseSink):
         if self.fsync:
             _fsync_dir(staging)
             _fsync_dir(staging.parent)
-        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=str(staging))
 
     def _write_parquet(self, table: pa.Table, path: Path) -> None:
         names = set(table.column_names)
@@ -560,15 +570,34 @@ class ParquetLakeSink(TwoPhaseSink):
                 if gid not in self._log.aborts:
                     if unless_acking and gid in self._log.acking:
                         return WriteState.PREPARED  # mark_acking won: the caller commits
-                    try:
-                        pos = self._log.claim({"v": 1, "op": "abort", "gid": gid}, self.root / TMP_DIR)
-                    except FileExistsError:
+                    if not self._claim_abort(gid):
                         continue
-                    if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
-                        self._log.write_checkpoint(self.root / TMP_DIR)
-                shutil.rmtree(self.root / STAGING_DIR / _fs_name(gid), ignore_errors=True)
-                shutil.rmtree(self.root / KEYS_DIR / _fs_name(gid), ignore_errors=True)
+                self._drop_staging(gid)
                 return WriteState.ABORTED
+
+    def _abort_unless_acking_locked(self, gid: str) -> bool:
+        """Abort ``gid`` unless it is acking or committed (caller holds the lock): True if aborted."""
+        while True:
+            self._log.refresh()
+            if gid in self._log.commits or gid in self._log.acking:
+                return False
+            if gid in self._log.aborts or self._claim_abort(gid):
+                self._drop_staging(gid)
+                return True
+
+    def _claim_abort(self, gid: str) -> bool:
+        """Claim an ``abort`` log record; False if another writer took the position (re-read)."""
+        try:
+            pos = self._log.claim({"v": 1, "op": "abort", "gid": gid}, self.root / TMP_DIR)
+        except FileExistsError:
+            return False
+        if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
+            self._log.write_checkpoint(self.root / TMP_DIR)
+        return True
+
+    def _drop_staging(self, gid: str) -> None:
+        shutil.rmtree(self.root / STAGING_DIR / _fs_name(gid), ignore_errors=True)
+        shutil.rmtree(self.root / KEYS_DIR / _fs_name(gid), ignore_errors=True)
 
     def state(self, prepared: PreparedWrite) -> WriteState:
         gid = prepared.gid
@@ -600,8 +629,15 @@ class ParquetLakeSink(TwoPhaseSink):
                     try:
                         manifest = json.loads((path / MANIFEST).read_bytes())
                     except FileNotFoundError:
-                        shutil.rmtree(path, ignore_errors=True)  # died before prepare finished
-                        continue
+                        # Half-prepared: its writer died or stalled before the manifest. Log
+                        # an abort first, so a stalled writer that finishes its manifest later
+                        # cannot claim ``acking`` (and the abort loses if it already has).
+                        if self._abort_unless_acking_locked(gid):
+                            continue
+                        if gid in self._log.commits:
+                            self._publish(self._log.commits[gid])
+                            continue
+                        manifest = json.loads((path / MANIFEST).read_bytes())
                     batch = BatchId(**manifest["batch"])
                     found.append(
                         PreparedWrite(
