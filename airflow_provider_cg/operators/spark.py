@@ -78,15 +78,10 @@ def member_backlog(status: Any, member: Any) -> int:
     return int(member.backlog)
 
 
-def member_fanout(
-    stream: str, group: str, nats_conn_id: str = "nats_default", settle_timeout: float = 0.0
-) -> list[dict[str, Any]]:
-    """``[{"member", "partitions", "backlog"}, ...]`` for the group's current members (sync).
-
-    ``settle_timeout`` > 0: first wait (at most that long) until an elastic group's work
-    queue has caught up with the origin stream (source lag 0, size unchanged for 0.5 s), so
-    the backlogs are complete right after the group was created or messages published.
-    """
+def _settled_states(nats_conn_id: str, stream: str, group: str, settle_timeout: float) -> Any:
+    """``_member_states``; for an elastic group, first wait (at most ``settle_timeout``) until
+    its work queue has caught up with the origin stream: source lag 0 and the size unchanged
+    for 0.5 s. (Sourcing is asynchronous: right after a publish the lag can still read 0.)"""
     status = _member_states(nats_conn_id, stream, group)
     deadline = time.monotonic() + settle_timeout
     while status.kind == "elastic" and time.monotonic() < deadline:
@@ -96,6 +91,19 @@ def member_fanout(
         status = again
         if settled:
             break
+    return status
+
+
+def member_fanout(
+    stream: str, group: str, nats_conn_id: str = "nats_default", settle_timeout: float = 0.0
+) -> list[dict[str, Any]]:
+    """``[{"member", "partitions", "backlog"}, ...]`` for the group's current members (sync).
+
+    ``settle_timeout`` > 0: first wait (at most that long) until an elastic group's work
+    queue has caught up with the origin stream (source lag 0, size unchanged for 0.5 s), so
+    the backlogs are complete right after the group was created or messages published.
+    """
+    status = _settled_states(nats_conn_id, stream, group, settle_timeout)
     return [
         {"member": m.member, "partitions": list(m.partitions), "backlog": member_backlog(status, m)}
         for m in status.members
@@ -179,6 +187,8 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
     :param ack_wait: consumer ack wait (s); ``max_deliver``, ``idle_timeout`` as the job's.
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
     :param check_backlog: skip without starting Spark when the member has nothing to read.
+    :param settle_timeout: before skipping an elastic group's member for an empty backlog,
+        wait up to this long for the work queue to catch up with the origin stream.
     :param backfill_start: with ``backfill_end`` (ISO 8601, templated, e.g.
         ``"{{ data_interval_start }}"``): backfill mode. The job re-reads the origin stream's
         messages of ``[backfill_start, backfill_end)`` into the sink (``core/backfill.py``);
@@ -234,6 +244,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         partitions: Sequence[int] | None = None,
         backlog: int | None = None,
         check_backlog: bool = True,
+        settle_timeout: float = 5.0,
         nats_conn_id: str = "nats_default",
         conn_id: str = "spark_default",
         name: str | None = None,
@@ -261,7 +272,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         self.idle_timeout = idle_timeout
         self.partitions = list(partitions) if partitions is not None else None
         self.backlog = backlog
-        self.check_backlog = check_backlog
+        self.check_backlog, self.settle_timeout = check_backlog, settle_timeout
         self.nats_conn_id = nats_conn_id
         self.conn_id = conn_id
         self._secret_env: dict[str, str] = {}
@@ -408,11 +419,12 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
 
     def _check_backlog(self, context: Any) -> None:
         status = _member_states(self.nats_conn_id, self.stream, self.group)
-        states = {m.member: m for m in status.members}
-        m = states.get(self.member)
-        if m is None or not m.in_membership:
-            raise ConfigError("member", f"{self.member!r} is not a member of group {self.group!r}")
-        backlog = member_backlog(status, m)
+        m, backlog = self._own_backlog(status)
+        if backlog == 0 and self.settle_timeout > 0:
+            # Nothing yet: the work queue may still be catching up with a fresh publish.
+            m, backlog = self._own_backlog(
+                _settled_states(self.nats_conn_id, self.stream, self.group, self.settle_timeout)
+            )
         if backlog == 0:
             summary = {"stream": self.stream, "group": self.group, "member": self.member, "result": "empty",
                        "committed": 0, "partitions": {}, "stop_reason": "no backlog: Spark not started"}
@@ -421,6 +433,13 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
                 f"member {self.member} (partitions {m.partitions}) has no backlog: Spark not started"
             )
         self.log.info("member %s: partitions %s, backlog %d: starting Spark", self.member, m.partitions, backlog)
+
+
+    def _own_backlog(self, status: Any) -> tuple[Any, int]:
+        m = {m.member: m for m in status.members}.get(self.member)
+        if m is None or not m.in_membership:
+            raise ConfigError("member", f"{self.member!r} is not a member of group {self.group!r}")
+        return m, member_backlog(status, m)
 
 
 def _push_summary(context: Any, summary: dict[str, Any]) -> None:
