@@ -130,8 +130,10 @@ def test_members_status_step_down_reconcile(url):
         await cg.ensure_member_consumer("O", "g", "m1")
         for k in range(20):
             await nc.jetstream().publish(f"foo.{k}", b"x")
-        for _ in range(50):
-            if (await JsApi(nc).stream_info("O-g"))["state"]["messages"] == 20:
+        api = JsApi(nc)
+        for _ in range(100):  # sourced into the work queue, and counted by m1's consumer
+            if (await api.stream_info("O-g"))["state"]["messages"] == 20 and \
+                    (await api.consumer_info("O-g", "m1"))["num_pending"] == 10:
                 return
             await asyncio.sleep(0.05)
 

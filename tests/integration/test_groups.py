@@ -683,8 +683,11 @@ async def test_member_info_and_status_match_what_was_published(nc, cg):
     await publish_keys(nc, keys)
 
     async def counted():
+        # the stream's count and each consumer's num_pending are updated apart (the server
+        # signals consumers of new messages asynchronously): wait until both are complete
         st = await cg.status("O", "g")
-        return st if st.backlog == 300 else None
+        pending = sum(m.num_pending for m in st.members if m.consumer_exists)
+        return st if st.backlog == 300 and pending == 300 - expected[2] else None
 
     st = await wait_for(counted)
     assert st.partitions == expected
