@@ -315,6 +315,9 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
             v = getattr(self, field)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
                 raise ConfigError(field, "must be a positive number of seconds")
+        v = self.settle_timeout
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
+            raise ConfigError("settle_timeout", "must be a number of seconds >= 0")
 
     @property
     def backfill(self) -> bool:

@@ -147,6 +147,7 @@ def test_invalid_arguments_name_the_field(airflow_env):
         ({"payload_format": "xml"}, "payload_format"),
         ({"payload_format": "json"}, "json_schema"),
         ({"batch_size": 0}, "batch_size"),
+        ({"settle_timeout": -1}, "settle_timeout"),
         ({"member": "bad name"}, "member"),
         ({"sink_path": None}, "sink_path"),
         ({"sink": "postgres"}, "pg_conn_id"),
