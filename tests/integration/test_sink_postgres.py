@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg2
@@ -25,6 +26,7 @@ from airflow_provider_cg.core.sinks import (
     SinkLockTimeout,
     WriteState,
 )
+from tests.support import two_phase
 from tests.support.sink_rows import refs_for, rows
 
 pytestmark = [pytest.mark.postgres, pytest.mark.integration]
@@ -376,40 +378,22 @@ def test_headers_are_jsonb(sink, postgres_db):
 # -- recovery's abort vs a zombie's mark_acking: exactly one wins --------------------------------
 
 
+@contextmanager
+def sink_pair(params, zombie_cls=None):
+    """A stalled instance's sink and a recovering instance's sink on the same database."""
+    with (zombie_cls or PostgresSink)(params.conn_params()) as zombie, PostgresSink(params.conn_params()) as recoverer:
+        yield zombie, recoverer
+
+
 def test_mark_acking_first_then_abort_unless_acking_commits(postgres_db):
-    with (
-        PostgresSink(postgres_db.conn_params()) as zombie,
-        PostgresSink(postgres_db.conn_params()) as recoverer,
-    ):
-        p = zombie.prepare(
-            BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6))
-        )
-        (found,) = recoverer.recover("ORDERS", "g", "m1")
-        assert found.acking is False  # recovery read acking=False ...
-        assert zombie.mark_acking(p).acking is True  # ... then the zombie marked (and would ack)
-        assert recoverer.abort_unless_acking(found) is WriteState.PREPARED  # not rolled back
-        assert recoverer.state(found) is WriteState.PREPARED
-        assert recoverer.commit(found) == CommitResult(5, 0)
-        assert zombie.commit(p) == CommitResult(5, 0)
-        assert recoverer.recover("ORDERS", "g", "m1") == []
+    with sink_pair(postgres_db) as (zombie, recoverer):
+        two_phase.mark_acking_first_then_abort_unless_acking(zombie, recoverer)
     assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 6)]
 
 
 def test_abort_unless_acking_first_then_mark_acking_is_lost(postgres_db):
-    with (
-        PostgresSink(postgres_db.conn_params()) as zombie,
-        PostgresSink(postgres_db.conn_params()) as recoverer,
-    ):
-        p = zombie.prepare(
-            BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6))
-        )
-        (found,) = recoverer.recover("ORDERS", "g", "m1")
-        assert recoverer.abort_unless_acking(found) is WriteState.ABORTED
-        with pytest.raises(PreparedWriteLost):
-            zombie.mark_acking(p)
-        with pytest.raises(PreparedWriteLost):
-            zombie.commit(p)
-        assert recoverer.abort_unless_acking(found) is WriteState.ABORTED  # idempotent
+    with sink_pair(postgres_db) as (zombie, recoverer):
+        two_phase.abort_unless_acking_first_then_mark_acking(zombie, recoverer)
     assert landed(postgres_db) == []
     assert prepared_gids(postgres_db) == []
 
@@ -428,10 +412,7 @@ def test_write_prepared_after_recovery_ran_is_lost_and_rolled_back_by_its_writer
                 self.during()
             return out
 
-    with (
-        Stalling(postgres_db.conn_params()) as zombie,
-        PostgresSink(postgres_db.conn_params()) as recoverer,
-    ):
+    with sink_pair(postgres_db, Stalling) as (zombie, recoverer):
         zombie.during = lambda: recoverer.recover("ORDERS", "g", "m1")
         p = zombie.prepare(
             BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6))
@@ -450,8 +431,6 @@ def test_write_prepared_after_recovery_ran_is_lost_and_rolled_back_by_its_writer
 
 
 def test_race_mark_acking_vs_abort_unless_acking(postgres_db):
-    from tests.unit.test_sink_parquet import race_mark_acking_vs_abort_unless_acking
-
     sinks = []
 
     def make():
@@ -459,7 +438,7 @@ def test_race_mark_acking_vs_abort_unless_acking(postgres_db):
         return sinks[-1]
 
     try:
-        wins = race_mark_acking_vs_abort_unless_acking(make, lambda: landed(postgres_db))
+        wins = two_phase.race_mark_acking_vs_abort_unless_acking(make, lambda: landed(postgres_db))
     finally:
         for s in sinks:
             s.close()

@@ -25,6 +25,7 @@ from airflow_provider_cg.core.sinks import (
     read_committed,
 )
 from airflow_provider_cg.core.sinks.parquet import STAGING_DIR
+from tests.support import two_phase
 from tests.support.sink_rows import refs_for, rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -389,14 +390,14 @@ def test_recovery_keeps_a_half_prepared_write_that_is_acking_by_now(lake):
     manifest = Path(p.token) / "prepared.json"
     saved = manifest.read_bytes()
     manifest.unlink()  # what recovery sees: no manifest yet
-    real_claim = recoverer._abort_unless_acking_locked
+    real_abort = recoverer._abort_gid
 
-    def writer_wins_first(gid):
+    def writer_wins_first(gid, **kw):
         manifest.write_bytes(saved)
         zombie.mark_acking(p)
-        return real_claim(gid)
+        return real_abort(gid, **kw)
 
-    recoverer._abort_unless_acking_locked = writer_wins_first
+    recoverer._abort_gid = writer_wins_first
     (found,) = recoverer.recover("ORDERS", "g", "m1")
     assert found.acking is True
     assert recoverer.commit(found) == CommitResult(5, 0)
@@ -519,29 +520,12 @@ def test_core_sinks_import_neither_airflow_nor_psycopg2():
 
 
 def test_mark_acking_first_then_abort_unless_acking_commits(lake):
-    zombie, recoverer = ParquetLakeSink(lake), ParquetLakeSink(lake)
-    p = zombie.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6)))
-    (found,) = recoverer.recover("ORDERS", "g", "m1")
-    assert found.acking is False  # recovery read acking=False ...
-    assert zombie.mark_acking(p).acking is True  # ... then the zombie marked (and would ack)
-    assert recoverer.abort_unless_acking(found) is WriteState.PREPARED  # not aborted
-    assert recoverer.state(found) is WriteState.PREPARED
-    assert recoverer.commit(found) == CommitResult(5, 0)
-    assert zombie.commit(p) == CommitResult(5, 0)
-    assert recoverer.recover("ORDERS", "g", "m1") == []
+    two_phase.mark_acking_first_then_abort_unless_acking(ParquetLakeSink(lake), ParquetLakeSink(lake))
     assert_exactly(lake, {("ORDERS", s) for s in range(1, 6)})
 
 
 def test_abort_unless_acking_first_then_mark_acking_is_lost(lake):
-    zombie, recoverer = ParquetLakeSink(lake), ParquetLakeSink(lake)
-    p = zombie.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 6)), message_refs=refs_for(range(1, 6)))
-    (found,) = recoverer.recover("ORDERS", "g", "m1")
-    assert recoverer.abort_unless_acking(found) is WriteState.ABORTED
-    with pytest.raises(PreparedWriteLost):
-        zombie.mark_acking(p)
-    with pytest.raises(PreparedWriteLost):
-        zombie.commit(p)
-    assert recoverer.abort_unless_acking(found) is WriteState.ABORTED  # idempotent
+    two_phase.abort_unless_acking_first_then_mark_acking(ParquetLakeSink(lake), ParquetLakeSink(lake))
     assert_exactly(lake, set())
 
 
@@ -553,58 +537,8 @@ def test_recover_reports_acking_from_the_log(lake):
     assert found.acking is True
 
 
-def race_mark_acking_vs_abort_unless_acking(make_sink, landed, rounds=50):
-    """Each round: a zombie marks acking while recovery aborts-unless-acking (and commits if
-    acking won). Exactly one wins; an acked write always ends committed, an aborted one empty."""
-    zombie, recoverer = make_sink(), make_sink()
-    expected: set[tuple[str, int]] = set()
-    wins = {"acking": 0, "abort": 0}
-    for i in range(1, rounds + 1):
-        seqs = range(i * 10, i * 10 + 3)
-        p = zombie.prepare(BatchId("ORDERS", "g", "m1", i), rows(seqs), message_refs=refs_for(seqs))
-        (found,) = recoverer.recover("ORDERS", "g", "m1")
-        assert found.acking is False
-        barrier = threading.Barrier(2)
-        out: dict = {}
-
-        def mark(p=p, out=out, barrier=barrier):
-            barrier.wait()
-            try:
-                out["mark"] = zombie.mark_acking(p)
-            except PreparedWriteLost as exc:
-                out["mark"] = exc
-
-        def recover(found=found, out=out, barrier=barrier):
-            barrier.wait()
-            out["abort"] = recoverer.abort_unless_acking(found)
-            if out["abort"] is WriteState.PREPARED:
-                recoverer.commit(found)
-
-        threads = [threading.Thread(target=mark), threading.Thread(target=recover)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        acked = not isinstance(out["mark"], Exception)
-        assert acked == (out["abort"] is WriteState.PREPARED), f"round {i}: {out}"
-        assert (not acked) == (out["abort"] is WriteState.ABORTED), f"round {i}: {out}"
-        if acked:
-            wins["acking"] += 1
-            expected |= {("ORDERS", s) for s in seqs}
-            assert recoverer.state(found) is WriteState.COMMITTED
-            zombie.commit(out["mark"])  # the zombie's own commit is idempotent
-        else:
-            wins["abort"] += 1
-            assert recoverer.state(found) is WriteState.ABORTED
-            with pytest.raises(PreparedWriteLost):
-                zombie.commit(p)
-        assert recoverer.recover("ORDERS", "g", "m1") == []
-        assert set(landed()) == expected, f"round {i}"
-    return wins
-
-
 def test_race_mark_acking_vs_abort_unless_acking(lake):
-    wins = race_mark_acking_vs_abort_unless_acking(
+    wins = two_phase.race_mark_acking_vs_abort_unless_acking(
         lambda: ParquetLakeSink(lake),
         lambda: keys(read_committed(lake, columns=["origin_stream", "origin_seq"])),
     )

@@ -554,13 +554,12 @@ class ParquetLakeSink(TwoPhaseSink):
     # -- abort / state / recover ----------------------------------------------------------------
 
     def abort(self, prepared: PreparedWrite) -> WriteState:
-        return self._abort(prepared, unless_acking=False)
+        return self._abort_gid(prepared.gid, unless_acking=False)
 
     def abort_unless_acking(self, prepared: PreparedWrite) -> WriteState:
-        return self._abort(prepared, unless_acking=True)
+        return self._abort_gid(prepared.gid, unless_acking=True)
 
-    def _abort(self, prepared: PreparedWrite, *, unless_acking: bool) -> WriteState:
-        gid = prepared.gid
+    def _abort_gid(self, gid: str, *, unless_acking: bool) -> WriteState:
         with self._lock:
             while True:
                 self._log.refresh()
@@ -574,16 +573,6 @@ class ParquetLakeSink(TwoPhaseSink):
                         continue
                 self._drop_staging(gid)
                 return WriteState.ABORTED
-
-    def _abort_unless_acking_locked(self, gid: str) -> bool:
-        """Abort ``gid`` unless it is acking or committed (caller holds the lock): True if aborted."""
-        while True:
-            self._log.refresh()
-            if gid in self._log.commits or gid in self._log.acking:
-                return False
-            if gid in self._log.aborts or self._claim_abort(gid):
-                self._drop_staging(gid)
-                return True
 
     def _claim_abort(self, gid: str) -> bool:
         """Claim an ``abort`` log record; False if another writer took the position (re-read)."""
@@ -632,10 +621,7 @@ class ParquetLakeSink(TwoPhaseSink):
                         # Half-prepared: its writer died or stalled before the manifest. Log
                         # an abort first, so a stalled writer that finishes its manifest later
                         # cannot claim ``acking`` (and the abort loses if it already has).
-                        if self._abort_unless_acking_locked(gid):
-                            continue
-                        if gid in self._log.commits:
-                            self._publish(self._log.commits[gid])
+                        if self._abort_gid(gid, unless_acking=True) is not WriteState.PREPARED:
                             continue
                         manifest = json.loads((path / MANIFEST).read_bytes())
                     batch = BatchId(**manifest["batch"])
