@@ -9,6 +9,14 @@ Spark's ``Trigger.AvailableNow``), and lands messages batch by batch:
 The rule for ending a batch is in docs/architecture.md: roll back only when certain that no
 ack took effect, otherwise commit; the sink's dedupe on ``(origin_stream, origin_seq)`` makes
 a commit of a message that comes back again a no-op.
+
+Per-key order across a takeover: the server moves the pin without waiting for the previous
+holder's unacked messages, and a previous holder may be a zombie (stopped, not dead). So a new
+holder, before it lands anything, (1) fences the member's partitions in the sink, so no
+earlier instance can start acking any more; (2) finishes every prepared write that touches
+them (any member's: orphans of dropped members too); (3) waits until every message of the
+consumer that is still unacknowledged is in its own hands (earlier holders' in-flight ones
+come back to it after their ack wait), and lands them in stream order.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -39,13 +48,21 @@ from airflow_provider_cg.core.priority import (
     PullTransient,
 )
 from airflow_provider_cg.core.rows import BatchId, KeySelector, build_rows
-from airflow_provider_cg.core.sinks.base import PreparedWriteLost, TwoPhaseSink, WriteState
+from airflow_provider_cg.core.sinks.base import (
+    Fence,
+    FencedOut,
+    PreparedWriteLost,
+    SinkLockTimeout,
+    TwoPhaseSink,
+    WriteState,
+)
 
 log = logging.getLogger("airflow_provider_cg.batch")
 
 RESULT_COMMITTED = "committed"
 RESULT_EMPTY = "empty"
 RESULT_NOT_PINNED = "not-pinned"
+RESULT_REVOKED = "revoked"  # the member's consumer was deleted (membership change) before anything landed
 
 # decode(table) -> (table, {row_index: error}) ; rows named in the dict are poison.
 Decoder = Callable[[Any], tuple[Any, dict[int, str]]]
@@ -207,6 +224,9 @@ class _Run:
         self.idle_checks = 0  # empty pulls answered by "still pending" (bounded)
         self.batch_seq = int(time.time() * 1000)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
+        self.owner = f"{options.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
+        self.fence: Fence | None = None  # set once pinned; every prepared write carries it
+        self.consumer_ack_wait = options.ack_wait  # the consumer's own (it may predate this run)
 
     async def setup(self) -> None:
         o = self.options
@@ -221,6 +241,7 @@ class _Run:
             inactive_threshold=max(o.ack_wait * 2, o.standby_timeout + o.idle_timeout + 30),
         )
         self.sourced = isinstance(self.config, ElasticGroupConfig)
+        self.partitions = tuple(partitioning.member_partitions(self.config, o.member))
         self.keys = KeySelector(_key_rules(self.config))
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer)
         # The server resets the pin timer (priority_timeout = ack_wait) only on a new pull that
@@ -236,10 +257,11 @@ class _Run:
             await self.setup()
             info = await self.client.consumer_info()
             self._fit_batch_to(info)
+            self.consumer_ack_wait = int((info.get("config") or {}).get("ack_wait") or 0) / 1e9 or o.ack_wait
             backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
             s.target = min(backlog, o.max_messages or backlog)
             if backlog == 0 and not _pinned_id(info):
-                await self.recover()
+                await self.recover(self.partitions)
                 s.result, s.stop_reason = RESULT_EMPTY, "empty backlog"
                 return s
             first = await self._acquire_pin()
@@ -247,14 +269,24 @@ class _Run:
                 if _pinned_id(await self.client.consumer_info()):
                     s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
                 else:
-                    await self.recover()
+                    await self.recover(self.partitions)
                     s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
                 return s
             s.pin_id = self.client.pin_id
-            log.info("cg pinned member=%s pin_id=%s target=%d", o.member, s.pin_id, s.target)
-            await self.recover()
-            await self._consume(first)
+            log.info("cg pinned member=%s pin_id=%s owner=%s target=%d", o.member, s.pin_id, self.owner, s.target)
+            held = await self._take_over(first)
+            if held is None:
+                return s
+            await self._consume(held)
             s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
+            return s
+        except ConsumerGone as e:
+            if s.consumed or s.committed:
+                raise
+            # A membership change deleted the member's consumer before this instance landed
+            # anything (typically while it waited as a standby): nothing of ours is in flight.
+            s.result, s.stop_reason = RESULT_REVOKED, f"member consumer deleted ({e.description})"
+            log.info("cg member=%s: %s", o.member, s.stop_reason)
             return s
         finally:
             s.duration_s = round(time.monotonic() - self.started, 3)
@@ -274,8 +306,80 @@ class _Run:
                         self.options.batch_size, limit, max(1, limit // 2))
             self.options.batch_size = max(1, limit // 2)
 
-    async def recover(self) -> None:
-        await asyncio.to_thread(_recover_sync, self.sink, self.options, self.summary)
+    async def recover(self, partitions: tuple[int, ...] = ()) -> set[int]:
+        """Finish prepared writes left behind (see ``_recover_sync``); returns the sequences
+        (in the consumed stream) of the messages whose rows it committed."""
+        return await asyncio.to_thread(_recover_sync, self.sink, self.options, self.summary, partitions,
+                                       self.consumer_stream)
+
+    async def _take_over(self, held: list) -> list | None:
+        """As the new pin holder, before landing anything: fence the member's partitions in the
+        sink, finish what earlier holders left prepared there, then settle their in-flight
+        messages. Returns every unacknowledged message of the consumer, in stream order (None:
+        the pin moved on meanwhile, or the predecessors' messages never came back)."""
+        self.fence = Fence(self.owner, self.partitions)
+        await asyncio.to_thread(self.sink.fence, self.options.stream, self.options.group, self.fence)
+        landed = await self.recover(self.fence.partitions)
+        return await self._settle_predecessors(held, landed)
+
+    async def _settle_predecessors(self, held: list, landed: set[int]) -> list | None:
+        """Wait until every unacknowledged message of the consumer is in ``held``.
+
+        The server moves the pin without waiting for the old holder's unacked messages; they
+        come back to the pin holder only when their ack wait expires. Landing the newer
+        messages first would break per-key order, so this pulls (which also keeps the pin)
+        until the consumer's ack-pending count is all ours, keeping ours alive with +WPI.
+        Messages whose rows recovery just committed are acked at once: they are landed, and
+        an earlier holder's late ack of them must not be mistaken for progress."""
+        o, s = self.options, self.summary
+        held = _latest_deliveries(held)
+        done = [m for m in held if m.stream_seq in landed]
+        if done:
+            await self.client.ack_sync_many(done, timeout=min(o.ack_timeout, 10.0))
+            self.taken += len(done)
+            held = [m for m in held if m.stream_seq not in landed]
+        ack_wait = self.consumer_ack_wait
+        deadline = time.monotonic() + 3 * ack_wait + 30
+        refreshed = time.monotonic()
+        waited = False
+        while True:
+            foreign = int((await self.client.consumer_info()).get("num_ack_pending", 0)) - len(held)
+            if foreign <= 0:
+                break
+            if not waited:
+                log.info("cg member=%s: %d messages still in flight at an earlier instance; waiting for them "
+                         "(up to the consumer's ack wait, %.1fs) before landing", o.member, foreign, ack_wait)
+                waited = True
+            if time.monotonic() > deadline:
+                s.stop_reason = f"{foreign} messages of an earlier instance did not come back"
+                return None
+            if time.monotonic() - refreshed > ack_wait / 3:
+                for m in held:
+                    await self.client.in_progress(m)
+                refreshed = time.monotonic()
+            try:
+                more = await self.client.pull(max(1, foreign), expires=min(1.0, self.pull_expires_max))
+            except PinLost:
+                s.stop_reason = "pin lost while waiting for an earlier instance's messages"
+                return None
+            except PullTransient:
+                await asyncio.sleep(0.5)
+                continue
+            held = _latest_deliveries(held + more)
+        if waited:
+            log.info("cg member=%s: earlier instances' messages are back; %d held", o.member, len(held))
+        return held
+
+    async def _await_landing(self, landing: asyncio.Task) -> None:
+        """Wait for a batch to land, keeping the pin alive meanwhile (a sink write can take
+        longer than the consumer's priority timeout, e.g. behind row locks)."""
+        interval = max(0.25, self.consumer_ack_wait / 3)
+        while True:
+            done, _ = await asyncio.wait({landing}, timeout=interval)
+            if done:
+                return landing.result()
+            if not await self.client.keep_pin():
+                log.warning("cg member=%s: pin moved while a batch was landing", self.options.member)
 
     async def _acquire_pin(self) -> list | None:
         """Pull as a standby until the server pins us (messages arrive) or the timeout passes."""
@@ -317,10 +421,15 @@ class _Run:
                 if msgs:
                     self.taken += len(msgs)
                     if landing is not None:
-                        await landing
-                    if not self.taken_over:  # else leave them unacked to the new pin holder
+                        await self._await_landing(landing)
+                    if not self.client.is_pinned and end is None:
+                        end = "pin"  # lost while the last batch landed: leave these to the new holder
+                    elif not self.taken_over:  # else leave them unacked to the new pin holder
                         landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
                     self.progress.tick()
+                if end is not None and landing is not None:
+                    await self._await_landing(landing)  # its outcome may say why we stop
+                    landing = None
                 if self.taken_over:
                     s.stop_reason = "taken over by another instance"
                     break
@@ -332,7 +441,7 @@ class _Run:
                     # The batch still landing may nak poison messages back (``taken`` drops):
                     # they are part of the target and must come back here, to be dead-lettered
                     # once out of deliveries, not be left behind in the stream.
-                    await landing
+                    await self._await_landing(landing)
                     landing = None
                     reason = self._limit_reached()
                 if reason:
@@ -357,7 +466,7 @@ class _Run:
                     await asyncio.sleep(0.5)
         finally:
             if landing is not None:
-                await landing
+                await self._await_landing(landing)
 
     async def _backlog_left(self) -> bool:
         """After a pull came back empty: is anything still pending for us? A slow server can
@@ -375,6 +484,7 @@ class _Run:
 
     async def _land(self, msgs: list, consumer_gone: bool = False) -> None:
         o, s = self.options, self.summary
+        msgs = _in_stream_order(msgs)
         table = build_rows(msgs, group=o.group, member=o.member, keys=self.keys, sourced=self.sourced)
         bad: dict[int, str] = {}
         if self.decode is not None:
@@ -387,7 +497,7 @@ class _Run:
         batch_id = BatchId(o.stream, o.group, o.member, self.batch_seq)
         refs = {self.consumer_stream: np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))}
         try:
-            prepared = await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs)
+            prepared = await self._prepare(batch_id, table, refs)
         except PreparedWriteLost:
             # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
             # was sent: the messages go to the new pin holder.
@@ -402,6 +512,13 @@ class _Run:
             return
         try:
             prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
+        except FencedOut:
+            # A newer pin holder fenced our partitions: it owns them now and will get these
+            # messages. No ack was sent; stop, and drop this write.
+            log.warning("cg batch %s: fenced out by a newer instance of the member; stopping", batch_id.gid)
+            self.taken_over = True
+            await asyncio.to_thread(self.sink.abort, prepared)
+            return
         except PreparedWriteLost:
             # This instance stalled (e.g. suspended past ack_wait) and another instance of the
             # member took the pin and rolled this write back in its recovery. No ack was sent:
@@ -428,6 +545,20 @@ class _Run:
         s.bytes += sum(len(m.data) for m in msgs)
         for p, first, last, n in refs_by_partition(table):
             s.count_partition(p, first, last, n)
+
+    async def _prepare(self, batch_id: BatchId, table, refs):
+        """``sink.prepare`` under this run's fence. A lock timeout means rows are held by another
+        prepared write; if an instance we fenced out prepared it after our recovery, it can never
+        be acked: finish such writes (recovery rolls them back) and try again."""
+        for attempt in range(3):
+            try:
+                return await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs, fence=self.fence)
+            except SinkLockTimeout:
+                if attempt == 2 or self.fence is None:
+                    raise
+                log.warning("cg batch %s waited on rows locked by another prepared write; finishing writes of "
+                            "fenced-out instances and retrying", batch_id.gid)
+                await self.recover(self.fence.partitions)
 
     async def _handle_poison(self, table, msgs: list, bad: dict[int, str]):
         """Nak poison messages that have deliveries left; dead-letter the others (then ack them
@@ -461,33 +592,37 @@ class _Run:
         return good, ack_msgs
 
 
-def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary) -> None:
-    """Finish prepared writes a previous instance of this member left behind.
+def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary, partitions: tuple[int, ...],
+                  consumer_stream: str) -> set[int]:
+    """Finish prepared writes that earlier instances left behind: this member's, and (with
+    ``partitions``, after fencing them) any member's that touch them, e.g. a dropped member's.
 
     Commit those whose acks may have been sent (``acking``); roll back the others: with no
-    ack ever sent, none can have taken effect.
+    ack ever sent, none can have taken effect. Returns the ``consumer_stream`` sequences of
+    the messages whose rows were committed here.
     """
     committed = aborted = 0
-    for prepared in sink.recover(options.stream, options.group, options.member):
-        if prepared.acking:
-            res = sink.commit(prepared)
-            committed += 1
-            summary.committed += res.rows_written
-            summary.duplicates_skipped += res.duplicates_skipped
-            continue
+    landed: set[int] = set()
+    for prepared in sink.recover(options.stream, options.group, options.member, partitions):
         # Atomic against a zombie instance's mark_acking: if its acking mark came first, it
         # may have acked, so commit instead of rolling back.
-        if sink.abort_unless_acking(prepared) is WriteState.PREPARED:
-            res = sink.commit(prepared)
+        if prepared.acking or sink.abort_unless_acking(prepared) is WriteState.PREPARED:
+            try:
+                res = sink.commit(prepared)
+            except PreparedWriteLost:  # its own instance rolled it back meanwhile (never acked)
+                aborted += 1
+                continue
             committed += 1
             summary.committed += res.rows_written
             summary.duplicates_skipped += res.duplicates_skipped
+            landed.update(int(q) for q in prepared.refs.get(consumer_stream, ()))
         else:
             aborted += 1
     summary.recovered_committed += committed
     summary.recovered_aborted += aborted
     if committed or aborted:
         log.info("cg recovery member=%s committed=%d rolled_back=%d", options.member, committed, aborted)
+    return landed
 
 
 async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None = None,
@@ -495,6 +630,25 @@ async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, decode
     """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary."""
     options.validate()
     return await _Run(nc, sink, options, decode, js_prefix).run()
+
+
+def _latest_deliveries(msgs: list) -> list:
+    """One message per stream sequence (the latest delivery: its ack subject is current)."""
+    latest: dict[int, Any] = {}
+    for m in msgs:
+        old = latest.get(m.stream_seq)
+        if old is None or m.num_delivered >= old.num_delivered:
+            latest[m.stream_seq] = m
+    return list(latest.values()) if len(latest) != len(msgs) else msgs
+
+
+def _in_stream_order(msgs: list) -> list:
+    """The batch in stream-sequence order (per partition, that is per-key order), one message
+    per sequence. Already so, except right after a takeover or a redelivery."""
+    seqs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
+    if len(seqs) < 2 or bool(np.all(seqs[1:] > seqs[:-1])):
+        return msgs
+    return sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
 
 
 def _pinned_id(info: dict) -> str | None:

@@ -1034,6 +1034,27 @@ class PriorityClient:
         await self._api.unpin(self.stream, self.consumer, self.group)
         self._unpinned("unpin")
 
+    async def keep_pin(self, timeout: float = 2.0) -> bool:
+        """Reset the pin's ``priority_timeout`` without taking a message, for a pinned client
+        that is busy elsewhere (e.g. a long sink write): the server resets the timer on every
+        pull that carries the current pin id, and a pull with ``max_bytes`` 1 is answered with
+        a status (409 max bytes, 404, 408), never a message. Returns False when the server says
+        the pin moved (423); True otherwise, also when it did not answer in time (unknown)."""
+        pin = self._pin_id
+        if pin is None:
+            return False
+        req = {"batch": 1, "max_bytes": 1, "no_wait": True, "group": self.group, "id": pin}
+        try:
+            msg = await self.nc.request(self._next_subject, json.dumps(req).encode(), timeout=timeout)
+        except Exception as e:  # timeout, reconnecting, no responders: cannot tell
+            log.debug("pin keep-alive got no answer: %s", type(e).__name__)
+            return True
+        status = (msg.headers or {}).get("Status", "")
+        if status == "423" and self._pin_id == pin:
+            self._unpinned(f"423 {(msg.headers or {}).get('Description', 'pin moved')}")
+            return False
+        return status != "423"
+
     async def consumer_info(self) -> dict:
         """Raw consumer info. Its ``priority_groups`` is
         ``[{"group": ..., "pinned_client_id": ..., "pinned_ts": ...}]`` (id absent and ts

@@ -97,9 +97,14 @@ class BatchId:
         return f"{self.member_prefix(self.stream, self.group, self.member)}{self.batch_seq}:{self.uid}"
 
     @staticmethod
+    def group_prefix(stream: str, group: str) -> str:
+        """The gid prefix shared by every batch of every member of one group (ends with ``:``)."""
+        return f"{GID_PREFIX}:{_esc(stream)}:{_esc(group)}:"
+
+    @staticmethod
     def member_prefix(stream: str, group: str, member: str) -> str:
         """The gid prefix shared by every batch of one member (ends with ``:``)."""
-        return f"{GID_PREFIX}:{_esc(stream)}:{_esc(group)}:{_esc(member)}:"
+        return f"{BatchId.group_prefix(stream, group)}{_esc(member)}:"
 
     @classmethod
     def parse(cls, gid: str) -> BatchId:

@@ -40,7 +40,7 @@ from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
 
 SUMMARY_PREFIX = "CG_SUMMARY "
-SKIP_RESULTS = frozenset({"empty", "not-pinned"})
+SKIP_RESULTS = frozenset({"empty", "not-pinned", "revoked"})
 SINKS = ("parquet", "postgres")
 PAYLOAD_FORMATS = ("raw", "text", "json")
 UI_COLOR = "#fce5cd"
@@ -198,7 +198,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         ``SparkSubmitOperator`` arguments pass through.
 
     Returns the job's summary (result, committed, partitions, ...). The task is skipped when
-    the result is ``empty`` or ``not-pinned``; the summary is also pushed under key
+    the result is ``empty``, ``not-pinned`` or ``revoked``; the summary is also pushed under key
     ``summary`` in every case. In YARN/Kubernetes cluster mode the driver's stdout is not
     visible: the result is ``submitted``.
     """

@@ -444,3 +444,33 @@ def test_race_mark_acking_vs_abort_unless_acking(postgres_db):
             s.close()
     assert wins["acking"] + wins["abort"] == 50
     assert prepared_gids(postgres_db) == []
+
+
+def test_fence_stops_a_zombie_and_recovery_finishes_its_writes(postgres_db):
+    with sink_pair(postgres_db) as (zombie, successor):
+        two_phase.fence_stops_a_zombie_and_recovery_finishes_its_writes(zombie, successor)
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 10)]
+    assert prepared_gids(postgres_db) == []
+
+
+def test_new_owner_of_a_partition_finishes_a_dropped_members_orphan(postgres_db):
+    with sink_pair(postgres_db) as (dropped, owner):
+        two_phase.new_owner_of_a_partition_finishes_a_dropped_members_orphan(dropped, owner)
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 6)]
+    assert prepared_gids(postgres_db) == []
+
+
+def test_race_mark_acking_vs_fence(postgres_db):
+    sinks = []
+
+    def make():
+        sinks.append(PostgresSink(postgres_db.conn_params(), lock_timeout_s=10))
+        return sinks[-1]
+
+    try:
+        wins = two_phase.race_mark_acking_vs_fence(make, lambda: landed(postgres_db))
+    finally:
+        for s in sinks:
+            s.close()
+    assert wins["acking"] + wins["fence"] == 30
+    assert prepared_gids(postgres_db) == []

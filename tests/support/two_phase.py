@@ -1,6 +1,8 @@
 """Two-phase sink scenarios shared by the Parquet and PostgreSQL sink tests: a recovering
 instance's ``abort_unless_acking`` against a stalled instance's ``mark_acking``, in either
-order and racing. Each returns after checking the protocol; the caller checks its sink's rows."""
+order and racing; and fencing: a new owner of partitions stops the old owner's acking and
+finishes its writes (a dropped member's orphans included). Each returns after checking the
+protocol; the caller checks its sink's rows."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import threading
 import pytest
 
 from airflow_provider_cg.core.rows import BatchId
-from airflow_provider_cg.core.sinks import CommitResult, PreparedWriteLost, WriteState
+from airflow_provider_cg.core.sinks import CommitResult, Fence, FencedOut, PreparedWriteLost, WriteState
 from tests.support.sink_rows import refs_for, rows
 
 
@@ -87,5 +89,106 @@ def race_mark_acking_vs_abort_unless_acking(make_sink, landed, rounds=50):
             with pytest.raises(PreparedWriteLost):
                 zombie.commit(p)
         assert recoverer.recover("ORDERS", "g", "m1") == []
+        assert set(landed()) == expected, f"round {i}"
+    return wins
+
+
+# --- fencing -----------------------------------------------------------------------------------
+
+def fence_stops_a_zombie_and_recovery_finishes_its_writes(zombie, successor) -> None:
+    """A zombie instance of m1 holds two prepared writes of partitions {0, 1}: one already
+    marked acking (its acks may have taken effect), one not. A successor fences {0, 1}: the
+    zombie can no longer mark acking, and the successor's recovery commits the acking write
+    and rolls back the other, before the successor lands newer rows."""
+    old = Fence("m1/zombie", (0, 1))
+    zombie.fence("ORDERS", "g", old)
+    acked = zombie.mark_acking(zombie.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 4)),
+                                              message_refs=refs_for(range(1, 4)), fence=old))
+    unacked = zombie.prepare(BatchId("ORDERS", "g", "m1", 2), rows(range(4, 7)),
+                             message_refs=refs_for(range(4, 7)), fence=old)
+    new = Fence("m1/successor", (0, 1))
+    successor.fence("ORDERS", "g", new)
+    with pytest.raises(FencedOut):
+        zombie.mark_acking(unacked)
+    found = successor.recover("ORDERS", "g", "m1", new.partitions)
+    assert [(w.gid, w.acking, w.fence) for w in found] == [(acked.gid, True, old), (unacked.gid, False, old)]
+    assert successor.commit(found[0]) == CommitResult(3, 0)
+    assert successor.abort_unless_acking(found[1]) is WriteState.ABORTED
+    mine = successor.prepare(BatchId("ORDERS", "g", "m1", 3), rows(range(4, 10)),
+                             message_refs=refs_for(range(4, 10)), fence=new)
+    assert successor.commit(successor.mark_acking(mine)) == CommitResult(6, 0)
+    assert zombie.commit(acked) == CommitResult(3, 0)  # the zombie's own late commit: a no-op
+    assert zombie.abort(unacked) is WriteState.ABORTED
+    assert successor.recover("ORDERS", "g", "m1", new.partitions) == []
+
+
+def new_owner_of_a_partition_finishes_a_dropped_members_orphan(dropped, owner) -> None:
+    """m2 held partitions {2, 3}, was killed after marking acking (acks taken effect), then
+    dropped from the group. m1 gets partition 3: fencing it finds m2's orphan through the
+    shared partition and commits it; a write of m2 on partitions m1 did not fence stays m2's."""
+    m2 = Fence("m2/dead", (2, 3))
+    dropped.fence("ORDERS", "g", m2)
+    orphan = dropped.mark_acking(dropped.prepare(BatchId("ORDERS", "g", "m2", 1), rows(range(1, 6)),
+                                                 message_refs=refs_for(range(1, 6)), fence=m2))
+    other = Fence("m2/other", (5,))
+    dropped.fence("ORDERS", "g", other)
+    unrelated = dropped.prepare(BatchId("ORDERS", "g", "m2", 2), rows(range(20, 22)),
+                                message_refs=refs_for(range(20, 22)), fence=other)
+    assert owner.recover("ORDERS", "g", "m1") == []  # without fenced partitions: m1's own only
+    m1 = Fence("m1/new", (0, 1, 3))
+    owner.fence("ORDERS", "g", m1)
+    (found,) = owner.recover("ORDERS", "g", "m1", m1.partitions)
+    assert found.gid == orphan.gid and found.acking
+    assert owner.commit(found) == CommitResult(5, 0)
+    assert owner.recover("ORDERS", "g", "m1", m1.partitions) == []
+    assert [w.gid for w in owner.recover("ORDERS", "g", "m2")] == [unrelated.gid]
+    assert owner.recover("OTHER", "g", "m1", m1.partitions) == []  # another stream's group: untouched
+    dropped.abort(unrelated)
+
+
+def race_mark_acking_vs_fence(make_sink, landed, rounds=30):
+    """Each round: the old owner marks acking while a new owner fences and recovers. Either
+    the mark wins (and recovery commits the write) or the fence does (mark_acking raises
+    FencedOut, or PreparedWriteLost once recovery rolled the write back); never both."""
+    zombie, successor = make_sink(), make_sink()
+    expected: set[tuple[str, int]] = set()
+    wins = {"acking": 0, "fence": 0}
+    for i in range(1, rounds + 1):
+        seqs = range(i * 10, i * 10 + 3)
+        old, new = Fence(f"old-{i}", (0, 1)), Fence(f"new-{i}", (1, 2))
+        zombie.fence("ORDERS", "g", old)
+        p = zombie.prepare(BatchId("ORDERS", "g", "m1", i), rows(seqs), message_refs=refs_for(seqs), fence=old)
+        barrier = threading.Barrier(2)
+        out: dict = {}
+
+        def mark(p=p, out=out, barrier=barrier):
+            barrier.wait()
+            try:
+                out["mark"] = zombie.mark_acking(p)
+            except PreparedWriteLost as exc:  # FencedOut, or already rolled back by the recovery
+                out["mark"] = exc
+
+        def take_over(new=new, out=out, barrier=barrier):
+            barrier.wait()
+            successor.fence("ORDERS", "g", new)
+            (found,) = successor.recover("ORDERS", "g", "m9", new.partitions)
+            out["acking"] = found.acking
+            if found.acking or successor.abort_unless_acking(found) is WriteState.PREPARED:
+                successor.commit(found)
+                out["committed"] = True
+
+        threads = [threading.Thread(target=mark), threading.Thread(target=take_over)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        acked = not isinstance(out["mark"], Exception)
+        assert acked == bool(out.get("committed")), f"round {i}: {out}"
+        if acked:
+            wins["acking"] += 1
+            expected |= {("ORDERS", s) for s in seqs}
+        else:
+            wins["fence"] += 1
+            assert successor.state(p) is WriteState.ABORTED
         assert set(landed()) == expected, f"round {i}"
     return wins

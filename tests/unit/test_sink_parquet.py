@@ -18,6 +18,8 @@ from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.rows import ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.sinks import (
     CommitResult,
+    Fence,
+    FencedOut,
     ParquetLakeSink,
     PreparedWriteLost,
     SinkError,
@@ -544,3 +546,33 @@ def test_race_mark_acking_vs_abort_unless_acking(lake):
     )
     assert wins["acking"] + wins["abort"] == 50
     assert_exactly(lake, set(keys(read_committed(lake, columns=["origin_stream", "origin_seq"]))))
+
+
+def test_fence_stops_a_zombie_and_recovery_finishes_its_writes(lake):
+    two_phase.fence_stops_a_zombie_and_recovery_finishes_its_writes(ParquetLakeSink(lake), ParquetLakeSink(lake))
+    assert_exactly(lake, {("ORDERS", s) for s in range(1, 10)})
+
+
+def test_new_owner_of_a_partition_finishes_a_dropped_members_orphan(lake):
+    two_phase.new_owner_of_a_partition_finishes_a_dropped_members_orphan(ParquetLakeSink(lake), ParquetLakeSink(lake))
+    assert_exactly(lake, {("ORDERS", s) for s in range(1, 6)})
+
+
+def test_race_mark_acking_vs_fence(lake):
+    wins = two_phase.race_mark_acking_vs_fence(
+        lambda: ParquetLakeSink(lake),
+        lambda: keys(read_committed(lake, columns=["origin_stream", "origin_seq"])),
+    )
+    assert wins["acking"] + wins["fence"] == 30
+
+
+def test_fence_records_survive_a_checkpoint(lake):
+    """A sink opened after a checkpoint still knows the latest owner of each partition."""
+    first = ParquetLakeSink(lake, checkpoint_interval=2)
+    first.fence("ORDERS", "g", Fence("a", (0, 1)))
+    first.fence("ORDERS", "g", Fence("b", (1,)))  # position 2: checkpoint
+    p = first.prepare(BatchId("ORDERS", "g", "m1", 1), rows([1]), message_refs=refs_for([1]), fence=Fence("a", (0, 1)))
+    with pytest.raises(FencedOut):
+        ParquetLakeSink(lake).mark_acking(p)
+    q = first.prepare(BatchId("ORDERS", "g", "m1", 2), rows([2]), message_refs=refs_for([2]), fence=Fence("b", (1,)))
+    assert ParquetLakeSink(lake).mark_acking(q).acking

@@ -5,6 +5,8 @@
 
 from .base import (
     CommitResult,
+    Fence,
+    FencedOut,
     PreparedWrite,
     PreparedWriteLost,
     SinkError,
@@ -18,6 +20,8 @@ from .postgres import PostgresSink
 __all__ = [
     "CommitResult",
     "DatasetCorrupt",
+    "Fence",
+    "FencedOut",
     "ParquetLakeSink",
     "PostgresSink",
     "PreparedWrite",

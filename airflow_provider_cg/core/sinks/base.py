@@ -13,6 +13,17 @@ duplicates later); aborting only avoids landing rows that will come again anyway
 ``commit`` and ``abort`` are idempotent and race-safe against each other: the first one to
 take effect wins; ``commit`` after an abort raises ``PreparedWriteLost``, ``abort`` after a
 commit returns ``WriteState.COMMITTED``.
+
+Fencing. Per-key order across a takeover needs more than the pin: an instance that lost the
+pin (stalled, stepped down, revoked) may wake up and ack and commit an old batch after its
+successor landed newer rows of the same keys. So a new pin holder first calls ``fence``: it
+records itself as the owner of its partitions (per stream and group) in the sink. A write
+prepared with a ``Fence`` can be marked ``acking`` only while its owner still owns every one
+of its partitions, decided atomically against later ``fence`` calls. After its ``fence``, the
+successor's ``recover(..., partitions=...)`` finishes every write that touches its partitions,
+whichever member wrote it (a dropped or remapped member's orphans included): writes already
+marked acking are committed, the others rolled back. From then on no fenced-out instance can
+start acking, so nothing it still holds can land after the successor's rows.
 """
 
 from __future__ import annotations
@@ -44,6 +55,10 @@ class PreparedWriteLost(SinkError):
     """``commit`` found the prepared write rolled back or gone: its rows are not in the sink."""
 
 
+class FencedOut(PreparedWriteLost):
+    """``mark_acking`` refused: another instance fenced one of the write's partitions since."""
+
+
 class SinkLockTimeout(SinkError, TimeoutError):
     """A write waited longer than the lock timeout for rows held by another (prepared) write."""
 
@@ -62,6 +77,27 @@ class CommitResult:
     duplicates_skipped: int
 
 
+@dataclass(frozen=True)
+class Fence:
+    """Who may ack writes of some partitions of a group: ``owner`` is one job instance's id
+    (unique per run), ``partitions`` the member's partitions it fenced."""
+
+    owner: str
+    partitions: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not self.owner:
+            raise SinkError("fence: owner must be a non-empty string")
+        object.__setattr__(self, "partitions", tuple(sorted({int(p) for p in self.partitions})))
+
+    def to_dict(self) -> dict:
+        return {"owner": self.owner, "partitions": list(self.partitions)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Fence | None:
+        return cls(data["owner"], tuple(data["partitions"])) if data else None
+
+
 @dataclass(frozen=True, eq=False)
 class PreparedWrite:
     """A durable, uncommitted write. ``refs`` maps consumed stream -> sorted unique sequences."""
@@ -71,6 +107,7 @@ class PreparedWrite:
     refs: Mapping[str, np.ndarray] = field(repr=False)
     token: str = ""  # sink-specific handle (staging directory, gid)
     acking: bool = False  # mark_acking() was (or may have been) recorded: acks may have been sent
+    fence: Fence | None = None  # the fence it was prepared under (None: not fenced, e.g. a backfill)
 
     @property
     def gid(self) -> str:
@@ -92,14 +129,22 @@ class TwoPhaseSink(abc.ABC):
     """Prepare / commit / abort / recover, deduplicating by ``(origin_stream, origin_seq)``."""
 
     @abc.abstractmethod
-    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs) -> PreparedWrite:
-        """Make the batch durable but invisible; store ``message_refs`` with it for recovery."""
+    def fence(self, stream: str, group: str, fence: Fence) -> None:
+        """Make ``fence.owner`` the only instance that may mark writes of ``fence.partitions``
+        of this group ``acking`` from now on (ordered against every ``mark_acking``)."""
+
+    @abc.abstractmethod
+    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
+                fence: Fence | None = None) -> PreparedWrite:
+        """Make the batch durable but invisible; store ``message_refs`` (and ``fence``) with it
+        for recovery."""
 
     @abc.abstractmethod
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
         """Durably record that acks are about to be sent (call before the first ack).
 
-        Returns the write with ``acking=True``; raises ``PreparedWriteLost`` if it was aborted."""
+        Returns the write with ``acking=True``; raises ``PreparedWriteLost`` if it was aborted,
+        ``FencedOut`` if the write has a fence whose owner no longer owns all its partitions."""
 
     @abc.abstractmethod
     def commit(self, prepared: PreparedWrite) -> CommitResult:
@@ -119,8 +164,9 @@ class TwoPhaseSink(abc.ABC):
         ``PreparedWriteLost``; once ``mark_acking`` returned, this never aborts."""
 
     @abc.abstractmethod
-    def recover(self, stream: str, group: str, member: str) -> list[PreparedWrite]:
-        """Writes of this member that are prepared and neither committed nor aborted, by batch_seq."""
+    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = ()) -> list[PreparedWrite]:
+        """Writes that are prepared and neither committed nor aborted, oldest first: this
+        member's, and any member's of the group whose fence shares one of ``partitions``."""
 
     @abc.abstractmethod
     def state(self, prepared: PreparedWrite) -> WriteState:
@@ -295,3 +341,16 @@ def isin_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     idx = np.searchsorted(sorted_keys, values)
     idx[idx >= len(sorted_keys)] = len(sorted_keys) - 1
     return sorted_keys[idx] == values
+
+
+def recovered_by(batch_id: BatchId, fence: Fence | None, stream: str, group: str, member: str,
+                 partitions: frozenset[int]) -> bool:
+    """Whether ``recover(stream, group, member, partitions)`` must finish this write: it is
+    the member's own, or its fence shares a partition the caller fenced (e.g. a dropped
+    member's orphan, or a write of the partition's previous owner)."""
+    if batch_id.stream != stream or batch_id.group != group:
+        return False
+    if batch_id.member == member:
+        return True
+    return fence is not None and not partitions.isdisjoint(fence.partitions)
+

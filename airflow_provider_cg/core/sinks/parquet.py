@@ -14,6 +14,9 @@ committed), the sorted keys and a ``prepared.json`` manifest with the message re
 ``_cg_staging/<gid>/`` and fsyncs them; ``mark_acking`` claims an ``acking`` log record
 (older versions wrote an ``acking`` file, still honoured by ``recover``), and recovery's
 ``abort_unless_acking`` aborts only if no ``acking`` record precedes its ``abort`` record.
+``fence`` claims a ``fence`` record (owner of some partitions of a group); ``mark_acking`` of
+a fenced write claims its ``acking`` record only if the latest fence of each of its
+partitions, in the log before that position, names the write's owner.
 ``commit`` re-reads the log, drops rows whose key is in an earlier commit (only commits whose
 per-stream seq range overlaps are looked at; the staged file is rewritten if any row goes),
 then claims the next log position by hard-linking a complete record file to
@@ -64,6 +67,8 @@ from ..failpoints import failpoint
 from ..rows import ROW_SCHEMA, BatchId
 from .base import (
     CommitResult,
+    Fence,
+    FencedOut,
     MessageRefs,
     PreparedWrite,
     PreparedWriteLost,
@@ -77,6 +82,7 @@ from .base import (
     isin_sorted,
     keys_by_stream,
     normalize_refs,
+    recovered_by,
     sorted_unique,
 )
 
@@ -171,6 +177,7 @@ class _CommitLog:
         self.commits: dict[str, dict] = {}
         self.aborts: set[str] = set()
         self.acking: set[str] = set()  # gids with an "acking" record before any abort record
+        self.fences: dict[tuple[str, str, int], str] = {}  # (stream, group, partition) -> owner
         self.index: dict[str, _StreamIndex] = {}
         self._loaded = False
 
@@ -178,6 +185,10 @@ class _CommitLog:
         record["pos"] = pos
         self.pos = pos
         self.records.append(record)
+        if record["op"] == "fence":
+            for p in record["partitions"]:
+                self.fences[(record["stream"], record["group"], p)] = record["owner"]
+            return
         gid = record["gid"]
         if gid in self.commits or gid in self.aborts:
             return  # cannot happen with the claim protocol; first record wins
@@ -286,7 +297,34 @@ class ParquetLakeSink(TwoPhaseSink):
 
     # -- prepare --------------------------------------------------------------------------------
 
-    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs) -> PreparedWrite:
+    def fence(self, stream: str, group: str, fence: Fence) -> None:
+        record = {"v": 1, "op": "fence", "stream": stream, "group": group, **fence.to_dict()}
+        with self._lock:
+            while True:
+                self._log.refresh()
+                try:
+                    self._claim(record)
+                    return
+                except FileExistsError:
+                    continue  # another writer took the position: try the next one
+
+    def _claim(self, record: dict) -> int:
+        """Claim the next log position for ``record`` (FileExistsError: re-read and retry)."""
+        pos = self._log.claim(record, self.root / TMP_DIR)
+        if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
+            self._log.write_checkpoint(self.root / TMP_DIR)
+        return pos
+
+    def _fenced_out(self, prepared: PreparedWrite) -> list[int]:
+        """Partitions of the write's fence that the log says another owner fenced since."""
+        f = prepared.fence
+        if f is None:
+            return []
+        b = prepared.batch_id
+        return [p for p in f.partitions if self._log.fences.get((b.stream, b.group, p)) != f.owner]
+
+    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
+                fence: Fence | None = None) -> PreparedWrite:
         refs = normalize_refs(message_refs)
         table = conform_table(table)
         rows_in = table.num_rows
@@ -314,6 +352,7 @@ class ParquetLakeSink(TwoPhaseSink):
             "file": None,
             "keys": {},
             "refs": encode_refs(refs),
+            "fence": fence.to_dict() if fence else None,
             "prepared_at": datetime.now(UTC).isoformat(),
         }
         try:
@@ -322,7 +361,7 @@ class ParquetLakeSink(TwoPhaseSink):
             # A recovering instance of the member removed this half-prepared staging: this
             # instance stalled mid-prepare and is no longer the pin holder.
             raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing") from None
-        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=str(staging))
+        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=str(staging), fence=fence)
 
     def _write_staging(self, staging: Path, table: pa.Table, keys: dict, manifest: dict) -> None:
         written: list[Path] = []
@@ -531,8 +570,9 @@ class ParquetLakeSink(TwoPhaseSink):
 
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
         """Claim an ``acking`` log record. The log orders it against an ``abort`` record of
-        ``abort_unless_acking``: a claim only succeeds at the position after the last record
-        the claimer has read, so whichever of the two is claimed first wins."""
+        ``abort_unless_acking`` and against ``fence`` records: a claim only succeeds at the
+        position after the last record the claimer has read, so whichever is claimed first
+        wins."""
         gid = prepared.gid
         with self._lock:
             while True:
@@ -543,12 +583,13 @@ class ParquetLakeSink(TwoPhaseSink):
                     return dataclasses.replace(prepared, acking=True)
                 if not (self.root / STAGING_DIR / _fs_name(gid) / MANIFEST).exists():
                     raise PreparedWriteLost(f"prepared write {gid} is gone")
+                lost = self._fenced_out(prepared)
+                if lost:
+                    raise FencedOut(f"prepared write {gid}: partitions {lost} were fenced by another instance")
                 try:
-                    pos = self._log.claim({"v": 1, "op": "acking", "gid": gid}, self.root / TMP_DIR)
+                    self._claim({"v": 1, "op": "acking", "gid": gid})
                 except FileExistsError:
-                    continue  # another writer took the position: re-read (maybe an abort)
-                if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
-                    self._log.write_checkpoint(self.root / TMP_DIR)
+                    continue  # another writer took the position: re-read (maybe an abort or a fence)
                 return dataclasses.replace(prepared, acking=True)
 
     # -- abort / state / recover ----------------------------------------------------------------
@@ -577,11 +618,9 @@ class ParquetLakeSink(TwoPhaseSink):
     def _claim_abort(self, gid: str) -> bool:
         """Claim an ``abort`` log record; False if another writer took the position (re-read)."""
         try:
-            pos = self._log.claim({"v": 1, "op": "abort", "gid": gid}, self.root / TMP_DIR)
+            self._claim({"v": 1, "op": "abort", "gid": gid})
         except FileExistsError:
             return False
-        if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
-            self._log.write_checkpoint(self.root / TMP_DIR)
         return True
 
     def _drop_staging(self, gid: str) -> None:
@@ -600,11 +639,14 @@ class ParquetLakeSink(TwoPhaseSink):
             return WriteState.PREPARED
         return WriteState.ABORTED
 
-    def recover(self, stream: str, group: str, member: str) -> list[PreparedWrite]:
-        """Prepared writes of this member. Also rolls forward every committed-but-unpublished
-        write (of any member), deletes aborted staging and this member's half-prepared staging."""
-        prefix = _fs_name(BatchId.member_prefix(stream, group, member))
-        found: list[PreparedWrite] = []
+    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = ()) -> list[PreparedWrite]:
+        """Prepared writes this caller must finish (see ``recovered_by``). Also rolls forward
+        every committed-but-unpublished write (of any member), deletes aborted staging and this
+        member's half-prepared staging (another member's finishes its manifest, or is fenced)."""
+        own = _fs_name(BatchId.member_prefix(stream, group, member))
+        same_group = _fs_name(BatchId.group_prefix(stream, group))
+        fenced = frozenset(int(p) for p in partitions)
+        found: list[tuple[str, PreparedWrite]] = []
         with self._lock:
             self._log.refresh()
             for name in sorted(os.listdir(self.root / STAGING_DIR)):
@@ -614,10 +656,12 @@ class ParquetLakeSink(TwoPhaseSink):
                     self._publish(self._log.commits[gid])
                 elif gid in self._log.aborts:
                     shutil.rmtree(path, ignore_errors=True)
-                elif name.startswith(prefix):
+                elif name.startswith(same_group):
                     try:
                         manifest = json.loads((path / MANIFEST).read_bytes())
                     except FileNotFoundError:
+                        if not name.startswith(own):
+                            continue
                         # Half-prepared: its writer died or stalled before the manifest. Log
                         # an abort first, so a stalled writer that finishes its manifest later
                         # cannot claim ``acking`` (and the abort loses if it already has).
@@ -625,17 +669,20 @@ class ParquetLakeSink(TwoPhaseSink):
                             continue
                         manifest = json.loads((path / MANIFEST).read_bytes())
                     batch = BatchId(**manifest["batch"])
-                    found.append(
-                        PreparedWrite(
-                            batch,
-                            manifest["rows"],
-                            decode_refs(manifest["refs"]),
-                            token=str(path),
-                            acking=gid in self._log.acking or (path / ACKING).exists(),
-                        )
-                    )
+                    fence = Fence.from_dict(manifest.get("fence"))
+                    if not recovered_by(batch, fence, stream, group, member, fenced):
+                        continue
+                    found.append((manifest.get("prepared_at", ""), PreparedWrite(
+                        batch,
+                        manifest["rows"],
+                        decode_refs(manifest["refs"]),
+                        token=str(path),
+                        acking=gid in self._log.acking or (path / ACKING).exists(),
+                        fence=fence,
+                    )))
             self._clean_tmp()
-        return sorted(found, key=lambda p: p.batch_id.batch_seq)
+        # oldest first: a partition's earlier writes land before its later ones
+        return [w for _, w in sorted(found, key=lambda t: (t[0], t[1].batch_id.batch_seq))]
 
     def _clean_tmp(self, max_age_s: float = 3600.0) -> None:
         cutoff = time.time() - max_age_s

@@ -9,8 +9,12 @@ after ``ROLLBACK PREPARED`` there is no marker, so a gid missing from ``pg_prepa
 is committed iff its marker exists. ``mark_acking`` sets ``acking`` on the refs row (an
 UPDATE, outside the prepared transaction); commit/abort delete the refs row afterwards.
 Recovery's ``abort_unless_acking`` first deletes the refs row ``WHERE NOT acking`` and rolls
-back only if it did, so of it and ``mark_acking`` exactly one wins.
-``recover`` lists ``pg_prepared_xacts`` by the member's gid prefix, joins the refs rows
+back only if it did, so of it and ``mark_acking`` exactly one wins. ``fence`` upserts the
+owner of each partition into ``cg_partition_fences``; ``mark_acking`` of a fenced write reads
+those rows ``FOR SHARE`` in the transaction that sets ``acking``, so it either finishes before
+a newer fence (whose owner's recovery then sees ``acking``) or sees that fence and refuses.
+``recover`` lists ``pg_prepared_xacts`` by the group's gid prefix, keeps the member's own
+writes and those whose fence shares a fenced partition, joins the refs rows
 (a prepared write without one is reported ``acking=True``: commit is the safe choice) and
 deletes refs rows whose write is no longer prepared. Markers are kept (one small row per
 batch); delete old ones with ``prune_markers``.
@@ -50,6 +54,8 @@ import pyarrow.csv as pcsv
 from ..rows import ROW_SCHEMA, BatchId
 from .base import (
     CommitResult,
+    Fence,
+    FencedOut,
     MessageRefs,
     PreparedWrite,
     PreparedWriteLost,
@@ -61,10 +67,12 @@ from .base import (
     decode_refs,
     encode_refs,
     normalize_refs,
+    recovered_by,
 )
 
 REFS_TABLE = "cg_prepared_writes"
 MARKERS_TABLE = "cg_committed_writes"
+FENCES_TABLE = "cg_partition_fences"
 _JSON_COLUMNS = {"headers"}
 _NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}
 _SECRET_PATTERNS = [
@@ -341,6 +349,12 @@ class PostgresSink(TwoPhaseSink):
                     "batch_seq bigint NOT NULL, rows bigint NOT NULL, refs jsonb NOT NULL, "
                     "acking boolean NOT NULL DEFAULT false, prepared_at timestamptz NOT NULL DEFAULT now())"
                 )
+                cur.execute(f"ALTER TABLE {self._side(REFS_TABLE)} ADD COLUMN IF NOT EXISTS fence jsonb")
+                cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._side(FENCES_TABLE)} (target text NOT NULL, "
+                    "stream text NOT NULL, grp text NOT NULL, partition integer NOT NULL, owner text NOT NULL, "
+                    "fenced_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, stream, grp, partition))"
+                )
                 cur.execute(
                     f"CREATE TABLE IF NOT EXISTS {self._side(MARKERS_TABLE)} (gid text PRIMARY KEY, "
                     "target text NOT NULL, rows_written bigint NOT NULL, duplicates_skipped bigint NOT NULL, "
@@ -396,7 +410,23 @@ class PostgresSink(TwoPhaseSink):
 
     # -- prepare ---------------------------------------------------------------------------------
 
-    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs) -> PreparedWrite:
+    def fence(self, stream: str, group: str, fence: Fence) -> None:
+        self.ensure_tables()
+        if not fence.partitions:
+            return
+        target = f"{self.schema}.{self.table}"
+        values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(fence.partitions))
+        params = [v for p in fence.partitions for v in (target, stream, group, p, fence.owner)]
+        try:
+            self._run(f"fence {stream}/{group}", lambda cur: cur.execute(
+                f"INSERT INTO {self._side(FENCES_TABLE)} (target, stream, grp, partition, owner) VALUES {values} "
+                "ON CONFLICT (target, stream, grp, partition) DO UPDATE SET owner = EXCLUDED.owner, fenced_at = now()",
+                params))
+        except SinkError as exc:
+            raise self._lock_error(exc, f"fence of {stream}/{group}") from None
+
+    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
+                fence: Fence | None = None) -> PreparedWrite:
         refs = normalize_refs(message_refs)
         table = conform_table(table)
         for i, f in enumerate(table.schema):
@@ -409,8 +439,8 @@ class PostgresSink(TwoPhaseSink):
         self._run(
             "store message refs",
             lambda cur: cur.execute(
-                f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs, "
+                "fence) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (
                     gid,
                     f"{self.schema}.{self.table}",
@@ -420,6 +450,7 @@ class PostgresSink(TwoPhaseSink):
                     batch_id.batch_seq,
                     rows_in,
                     json.dumps(encode_refs(refs)),
+                    json.dumps(fence.to_dict()) if fence else None,
                 ),
             ),
         )
@@ -483,7 +514,7 @@ class PostgresSink(TwoPhaseSink):
             if isinstance(exc, SinkError):
                 raise self._lock_error(exc, f"prepare of {gid}") from None
             raise
-        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=gid)
+        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=gid, fence=fence)
 
     # -- commit / abort / state ------------------------------------------------------------------
 
@@ -523,17 +554,36 @@ class PostgresSink(TwoPhaseSink):
         )
 
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
-        """Set ``acking`` on the refs row in one autocommitted UPDATE. ``abort_unless_acking``
-        deletes that row only ``WHERE NOT acking`` before rolling back, so the row lock orders
-        the two: no row to update means an abort claimed the write (or it finished)."""
+        """Set ``acking`` on the refs row, in one transaction with a ``FOR SHARE`` read of the
+        write's fence rows (fenced by someone else: refuse). ``abort_unless_acking`` deletes the
+        refs row only ``WHERE NOT acking`` before rolling back, so the row lock orders the two:
+        no row to update means an abort claimed the write (or it finished)."""
         self.ensure_tables()
+        fence, b = prepared.fence, prepared.batch_id
 
         def fn(cur):
-            cur.execute(
-                f"UPDATE {self._side(REFS_TABLE)} SET acking = true WHERE gid = %s RETURNING 1",
-                (prepared.gid,),
-            )
-            marked = cur.fetchone() is not None
+            cur.execute("BEGIN")
+            try:
+                if fence is not None and fence.partitions:
+                    cur.execute(
+                        f"SELECT partition, owner FROM {self._side(FENCES_TABLE)} WHERE target = %s AND stream = %s "
+                        "AND grp = %s AND partition = ANY(%s) ORDER BY partition FOR SHARE",
+                        (f"{self.schema}.{self.table}", b.stream, b.group, list(fence.partitions)),
+                    )
+                    owners = dict(cur.fetchall())
+                    lost = [p for p in fence.partitions if owners.get(p) != fence.owner]
+                    if lost:
+                        cur.execute("ROLLBACK")
+                        return lost
+                cur.execute(
+                    f"UPDATE {self._side(REFS_TABLE)} SET acking = true WHERE gid = %s RETURNING 1",
+                    (prepared.gid,),
+                )
+                marked = cur.fetchone() is not None
+                cur.execute("COMMIT")
+            except BaseException:
+                _rollback_quietly(cur)
+                raise
             if marked:
                 cur.execute(
                     "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
@@ -544,8 +594,14 @@ class PostgresSink(TwoPhaseSink):
             return self._marker(cur, prepared.gid) is not None  # committed already: acking is moot
 
         with self._lock:
-            if not self._run(f"mark acking {prepared.gid}", fn):
-                raise PreparedWriteLost(f"prepared write {prepared.gid} was rolled back")
+            try:
+                outcome = self._run(f"mark acking {prepared.gid}", fn)
+            except SinkError as exc:
+                raise self._lock_error(exc, f"mark acking of {prepared.gid}") from None
+        if isinstance(outcome, list):
+            raise FencedOut(f"prepared write {prepared.gid}: partitions {outcome} were fenced by another instance")
+        if not outcome:
+            raise PreparedWriteLost(f"prepared write {prepared.gid} was rolled back")
         return dataclasses.replace(prepared, acking=True)
 
     def abort_unless_acking(self, prepared: PreparedWrite) -> WriteState:
@@ -604,42 +660,50 @@ class PostgresSink(TwoPhaseSink):
 
     # -- recovery --------------------------------------------------------------------------------
 
-    def recover(self, stream: str, group: str, member: str) -> list[PreparedWrite]:
-        """Prepared writes of this member (from ``pg_prepared_xacts``) with their refs; also
-        deletes refs rows of this member whose write is not prepared (never was, or finished)."""
+    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = ()) -> list[PreparedWrite]:
+        """Prepared writes this caller must finish (see ``recovered_by``; from
+        ``pg_prepared_xacts``, oldest first) with their refs; also deletes such writes' refs
+        rows whose write is not prepared (never was, or finished)."""
         self.ensure_tables()
-        prefix = BatchId.member_prefix(stream, group, member)
+        prefix = BatchId.group_prefix(stream, group)
         target = f"{self.schema}.{self.table}"
+        fenced = frozenset(int(p) for p in partitions)
 
         def fn(cur):
             cur.execute(
                 "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
-                "AND left(gid, length(%s)) = %s",
+                "AND left(gid, length(%s)) = %s ORDER BY prepared, gid",
                 (prefix, prefix),
             )
-            gids = [r[0] for r in cur.fetchall()]
+            gids = [r[0] for r in cur.fetchall() if BatchId.is_gid(r[0])]
             cur.execute(
-                f"SELECT gid, target, rows, refs, acking FROM {self._side(REFS_TABLE)} "
+                f"SELECT gid, target, rows, refs, acking, fence FROM {self._side(REFS_TABLE)} "
                 "WHERE left(gid, length(%s)) = %s",
                 (prefix, prefix),
             )
-            refs = {r[0]: r[1:] for r in cur.fetchall()}
-            orphans = [g for g in refs if g not in gids]
+            refs = {r[0]: r[1:] for r in cur.fetchall() if BatchId.is_gid(r[0])}
+
+            def mine(gid: str) -> bool:
+                info = refs.get(gid)
+                return recovered_by(BatchId.parse(gid), Fence.from_dict(info[4]) if info else None,
+                                    stream, group, member, fenced)
+
+            prepared = set(gids)
+            orphans = [g for g in refs if g not in prepared and mine(g)]
             if orphans:
                 cur.execute(f"DELETE FROM {self._side(REFS_TABLE)} WHERE gid = ANY(%s)", (orphans,))
             out = []
             for gid in gids:
-                if not BatchId.is_gid(gid):
-                    continue
                 info = refs.get(gid)
                 if info is not None and info[0] != target:
-                    continue  # a write of the same member into another table
+                    continue  # a write of the same group into another table
+                if not mine(gid):
+                    continue
                 # no refs row: acking unknown, so report it as acking (commit is always safe)
                 rows, encoded, acking = (int(info[1]), info[2], bool(info[3])) if info else (0, {}, True)
-                out.append(
-                    PreparedWrite(BatchId.parse(gid), rows, decode_refs(encoded), token=gid, acking=acking)
-                )
-            return sorted(out, key=lambda p: p.batch_id.batch_seq)
+                out.append(PreparedWrite(BatchId.parse(gid), rows, decode_refs(encoded), token=gid, acking=acking,
+                                         fence=Fence.from_dict(info[4]) if info else None))
+            return out
 
         return self._run("recover", fn)
 
