@@ -39,3 +39,14 @@ def nats_cluster(tmp_path):
     cluster = EmbeddedNatsCluster(3, tmp_path / "cluster").start()
     yield cluster
     cluster.cleanup()
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("chaos", "randomized fault tests (tests/integration/test_member_job_chaos.py)")
+    group.addoption("--chaos-seed", type=int, default=None,
+                    help="replay a randomized fault run (default: $CG_CHAOS_SEED, else a new seed)")
+    group.addoption("--chaos-seconds", type=float, default=None,
+                    help="how long faults go on (default 40; a long run e.g. 600)")
+    group.addoption("--chaos-messages", type=int, default=None, help="messages published (default 100000)")
+    group.addoption("--chaos-spark", action="store_true",
+                    help="run every member job through spark-submit instead of the plain Python driver")

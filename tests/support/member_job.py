@@ -159,16 +159,25 @@ def start_member_job(
     args: list[str] | tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     name: str | None = None,
+    spark: bool = True,
 ) -> MemberJob:
-    """Start ``spark-submit --master local[2]`` of the member job; returns at once."""
+    """Start ``spark-submit --master local[2]`` of the member job; returns at once.
+
+    ``spark=False`` runs the same entry point as a plain Python driver with ``--no-spark``
+    (raw payloads; the protocol code is the same): for tests that start and kill many jobs
+    on a small machine, where a JVM per job would dominate."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     name = name or f"{group}-{member}-{time.monotonic_ns()}"
     bindir = os.path.dirname(sys.executable)
+    if spark:
+        launch = [os.path.join(bindir, "spark-submit"), "--master", "local[2]",
+                  "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+                  "--py-files", str(zip_path), str(member_job_path())]
+    else:
+        launch = [sys.executable, str(member_job_path()), "--no-spark"]
     cmd = [
-        os.path.join(bindir, "spark-submit"), "--master", "local[2]",
-        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-        "--py-files", str(zip_path), str(member_job_path()),
+        *launch,
         "--stream", stream, "--group", group, "--member", member, "--sink", sink,
     ]
     if sink_path is not None:
@@ -255,12 +264,13 @@ def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], st
 # --- test data ---------------------------------------------------------------------------------
 
 async def create_group(nc, stream: str, group: str, *, partitions: int, members: tuple[str, ...],
-                       subjects_prefix: str = "orders") -> None:
-    """An origin stream ``<prefix>.*`` and an elastic group partitioned by the key token."""
+                       subjects_prefix: str = "orders", replicas: int = 1) -> None:
+    """An origin stream ``<prefix>.*`` and an elastic group partitioned by the key token (the
+    group's work-queue stream gets the origin's ``replicas``)."""
     from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
     from airflow_provider_cg.core.groups import ConsumerGroups
 
-    await nc.jetstream().add_stream(name=stream, subjects=[f"{subjects_prefix}.*"])
+    await nc.jetstream().add_stream(name=stream, subjects=[f"{subjects_prefix}.*"], num_replicas=replicas)
     await ConsumerGroups(nc).create(stream, group, ElasticGroupConfig(
         partitions, (PartitioningFilter(f"{subjects_prefix}.*", (1,)),), members=members))
 

@@ -1,0 +1,300 @@
+"""Randomized outside faults against running member jobs, then a clean drain.
+
+``ChaosRun`` publishes an order stream in chunks while member jobs (two instances per member:
+a pinned one and a standby) consume it, and injects faults from outside only, at random
+moments drawn from one seed: SIGKILL of a job, SIGSTOP past the ack wait then SIGCONT, a
+step-down, a membership change (a member added; a member dropped, sometimes right after its
+job was killed mid-batch; a dropped member re-added) and nats-server restarts (on a cluster:
+the node leading the work-queue stream). Afterwards every member is drained by fresh jobs and
+``check`` asserts no loss, no duplicate, per-key order, an empty work queue, no prepared write
+left behind, and no traceback in any job's output. The seed and every fault are in
+``events``: ``CG_CHAOS_SEED=<seed>`` replays the same schedule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.server import EmbeddedNatsServer
+from tests.support.member_job import (
+    MemberJob,
+    assert_exactly_once,
+    create_group,
+    parquet_landed,
+    postgres_landed,
+    publish_orders,
+    start_member_job,
+    wq_messages,
+)
+
+ACK_WAIT = 3.0
+JOB_ARGS = ["--batch-size", "400", "--ack-wait", str(ACK_WAIT), "--standby-timeout", "6",
+            "--idle-timeout", "1.5", "--max-seconds", "45", "--progress-interval", "30"]
+
+
+@dataclass
+class ChaosConfig:
+    seed: int
+    seconds: float = 40.0
+    messages: int = 100_000
+    keys: int = 3_000
+    partitions: int = 6
+    members: tuple[str, ...] = ("m1", "m2", "m3")
+    sink: str = "parquet"  # or "postgres"
+    spark: bool = False  # True: every job through spark-submit (slower to start)
+    server_restarts: int = 2
+    replicas: int = 1
+    chunks: int = 8
+
+
+@dataclass
+class ChaosRun:
+    config: ChaosConfig
+    nc: object
+    servers: list[EmbeddedNatsServer]
+    workdir: Path
+    zip_path: Path
+    sink_env: dict[str, str] = field(default_factory=dict)
+    stream: str = "ORD"
+    group: str = "g"
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.config.seed)
+        self.current = list(self.config.members)
+        self.ever = set(self.config.members)
+        self.jobs: list[tuple[str, MemberJob]] = []
+        self.suspended: dict[int, tuple[MemberJob, float]] = {}
+        self.expected: dict[tuple[str, int], str] = {}
+        self.events: list[str] = [f"seed={self.config.seed}"]
+        self.restarts_left = self.config.server_restarts
+        self.groups = ConsumerGroups(self.nc)
+        self.lake = self.workdir / "lake"
+        self.t0 = time.monotonic()
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def log(self, what: str) -> None:
+        self.events.append(f"{time.monotonic() - self.t0:7.2f}s {what}")
+
+    @property
+    def urls(self) -> str:
+        return ",".join(s.url for s in self.servers)
+
+    def start_job(self, member: str) -> MemberJob:
+        job = start_member_job(
+            self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream, group=self.group,
+            member=member, sink=self.config.sink, sink_path=self.lake if self.config.sink == "parquet" else None,
+            args=[*JOB_ARGS] + (["--pg-table", "orders"] if self.config.sink == "postgres" else []),
+            env=self.sink_env, spark=self.config.spark)
+        self.jobs.append((member, job))
+        return job
+
+    def running(self, member: str | None = None) -> list[MemberJob]:
+        return [j for m, j in self.jobs if j.running() and (member is None or m == member)]
+
+    async def setup(self) -> None:
+        deadline = time.monotonic() + 30
+        while True:  # a fresh cluster needs a moment to elect its JetStream meta leader
+            try:
+                await create_group(self.nc, self.stream, self.group, partitions=self.config.partitions,
+                                   members=self.config.members, subjects_prefix="ord",
+                                   replicas=self.config.replicas)
+                return
+            except Exception:  # creating the same stream and group again is a no-op
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
+
+    async def publish_chunk(self, n: int) -> None:
+        self.expected |= await publish_orders(self.nc, self.stream, self.group, n, self.config.keys,
+                                              subjects_prefix="ord")
+        self.log(f"published {n} (total {len(self.expected)})")
+
+    # --- faults ----------------------------------------------------------------------------
+
+    async def resume_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for pid, (job, at) in list(self.suspended.items()):
+            if everything or now >= at:
+                job.resume()
+                del self.suspended[pid]
+                self.log(f"SIGCONT job {pid}")
+
+    def supervise(self) -> None:
+        """Keep two instances per member (a pinned one and a standby) while faults go on."""
+        for m in self.current:
+            if len(self.running(m)) < 2 and self.rng.random() < 0.6:
+                job = self.start_job(m)
+                self.log(f"start job {job.pid} for {m}")
+
+    async def fault(self) -> None:
+        kind = self.rng.choices(["kill", "stop", "step-down", "membership", "restart", "none"],
+                                weights=[30, 20, 18, 12, 6 if self.restarts_left else 0, 14])[0]
+        running = [j for j in self.running() if j.pid not in self.suspended]
+        if kind == "kill" and running:
+            job = self.rng.choice(running)
+            job.kill()
+            self.log(f"SIGKILL job {job.pid}")
+        elif kind == "stop" and running:
+            job = self.rng.choice(running)
+            job.suspend()
+            self.suspended[job.pid] = (job, time.monotonic() + self.rng.uniform(ACK_WAIT + 1, ACK_WAIT + 5))
+            self.log(f"SIGSTOP job {job.pid}")
+        elif kind == "step-down" and self.current:
+            m = self.rng.choice(self.current)
+            try:
+                await self.groups.step_down(self.stream, self.group, m)
+                self.log(f"step-down {m}")
+            except ConfigError:
+                self.log(f"step-down {m}: no consumer")
+        elif kind == "membership":
+            await self.change_membership()
+        elif kind == "restart":
+            await self.restart_server()
+
+    async def change_membership(self) -> None:
+        base = [m for m in self.config.members if m in self.current]
+        if "m4" not in self.current and self.rng.random() < 0.5:
+            await self.groups.add_members(self.stream, self.group, ["m4"])
+            self.current.append("m4")
+            self.ever.add("m4")
+            self.log("add m4")
+            self.start_job("m4")
+            return
+        if len(self.current) > 2:
+            victim = "m4" if "m4" in self.current and self.rng.random() < 0.6 else self.rng.choice(base)
+            if self.rng.random() < 0.5:
+                for job in self.running(victim):  # killed mid-batch, then dropped: its orphan
+                    job.kill()
+                    self.log(f"SIGKILL job {job.pid} of {victim} before dropping it")
+            await self.groups.drop_members(self.stream, self.group, [victim])
+            self.current.remove(victim)
+            self.log(f"drop {victim}")
+            return
+        missing = [m for m in self.config.members if m not in self.current]
+        if missing:
+            m = self.rng.choice(missing)
+            await self.groups.add_members(self.stream, self.group, [m])
+            self.current.append(m)
+            self.log(f"re-add {m}")
+
+    async def restart_server(self) -> None:
+        self.restarts_left -= 1
+        if len(self.servers) == 1:
+            server = self.servers[0]
+        else:  # the node leading the work-queue stream
+            info = await JsApi(self.nc).stream_info(f"{self.stream}-{self.group}")
+            leader = (info.get("cluster") or {}).get("leader")
+            server = next((s for s in self.servers if s.name == leader), self.rng.choice(self.servers))
+        crash = self.rng.random() < 0.5
+        self.log(f"{'SIGKILL' if crash else 'restart'} nats-server {server.name}")
+        await asyncio.to_thread(server.kill if crash else server.stop)
+        await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+        await asyncio.to_thread(server.start)
+        await self.wait_for_streams()
+        self.log(f"nats-server {server.name} back")
+
+    async def wait_for_streams(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        api = JsApi(self.nc)
+        while True:
+            try:
+                await api.stream_info(f"{self.stream}-{self.group}")
+                await api.stream_info(self.stream)
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+
+    # --- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        cfg = self.config
+        await self.setup()
+        chunk = cfg.messages // cfg.chunks
+        publish_every = cfg.seconds / (cfg.chunks + 1)
+        next_publish = time.monotonic()
+        deadline = time.monotonic() + cfg.seconds
+        published = 0
+        while time.monotonic() < deadline or published < cfg.messages:
+            await self.resume_due()
+            self.supervise()
+            if published < cfg.messages and time.monotonic() >= next_publish:
+                n = min(chunk, cfg.messages - published) if published + 2 * chunk <= cfg.messages else cfg.messages - published
+                await self.publish_chunk(n)
+                published += n
+                next_publish += publish_every
+            elif time.monotonic() < deadline:
+                await self.fault()
+            await asyncio.sleep(self.rng.uniform(0.2, 1.0))
+        self.log("faults over")
+        await self.resume_due(everything=True)
+        await self.wait_for_streams()
+        await asyncio.to_thread(self._wait_jobs, 120.0)
+        await self.drain()
+
+    def _wait_jobs(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for _, job in self.jobs:
+            try:
+                job.proc.wait(max(1.0, deadline - time.monotonic()))
+            except Exception:
+                job.kill()
+                self.log(f"job {job.pid} did not end by itself: killed")
+
+    async def drain(self, rounds: int = 6) -> None:
+        for i in range(rounds):
+            left = await wq_messages(self.nc, self.stream, self.group)
+            if left == 0 and i > 0:
+                return
+            self.log(f"drain round {i + 1}: {left} messages left")
+            jobs = [self.start_job(m) for m in self.current]
+            await asyncio.to_thread(lambda: [j.wait(240) for j in jobs])
+        left = await wq_messages(self.nc, self.stream, self.group)
+        assert left == 0, f"{left} messages left after {rounds} drain rounds\n" + self.report()
+
+    # --- the verdict ---------------------------------------------------------------------------
+
+    def report(self) -> str:
+        codes = Counter(j.proc.returncode for _, j in self.jobs)
+        return "\n".join(self.events) + f"\njobs: {len(self.jobs)}, exit codes {dict(codes)}"
+
+    def landed(self, pg_params=None):
+        return parquet_landed(self.lake) if self.config.sink == "parquet" else postgres_landed(pg_params, "orders")
+
+    async def check(self, pg_params=None) -> dict:
+        try:
+            assert_exactly_once(self.landed(pg_params), self.expected)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.report()}") from None
+        assert await wq_messages(self.nc, self.stream, self.group) == 0, self.report()
+        tracebacks = [j for _, j in self.jobs if "Traceback" in j.output_so_far()]
+        assert not tracebacks, (f"{len(tracebacks)} jobs crashed with a traceback, e.g.:\n"
+                                + tracebacks[0].result().describe() + "\n" + self.report())
+        left = self.prepared_left(pg_params)
+        assert not left, f"prepared writes left behind: {left}\n{self.report()}"
+        return {"jobs": len(self.jobs), "events": len(self.events), "landed": len(self.expected)}
+
+    def prepared_left(self, pg_params=None) -> list[str]:
+        if self.config.sink == "parquet":
+            from airflow_provider_cg.core.sinks.parquet import ParquetLakeSink
+
+            sink = ParquetLakeSink(self.lake)
+            parts = range(self.config.partitions)
+            return sorted({w.gid for m in self.ever for w in sink.recover(self.stream, self.group, m, parts)})
+        import psycopg2
+
+        with psycopg2.connect(**pg_params) as conn, conn.cursor() as cur:
+            cur.execute("SELECT gid FROM pg_prepared_xacts WHERE gid LIKE 'cg:%'")
+            gids = [r[0] for r in cur.fetchall()]
+        conn.close()
+        return gids
