@@ -257,8 +257,8 @@ class ChaosRun:
             if left == 0 and i > 0:
                 return
             self.log(f"drain round {i + 1}: {left} messages left")
-            jobs = [self.start_job(m) for m in self.current]
-            await asyncio.to_thread(lambda: [j.wait(240) for j in jobs])
+            for job in [self.start_job(m) for m in self.current]:
+                await asyncio.to_thread(job.wait, 240)
         left = await wq_messages(self.nc, self.stream, self.group)
         assert left == 0, f"{left} messages left after {rounds} drain rounds\n" + self.report()
 
