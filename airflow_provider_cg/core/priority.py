@@ -37,17 +37,14 @@ Server facts (nats-server 2.15, ``server/consumer.go``) this relies on:
   an ack for a sequence the consumer never delivered gets no answer; an ack to a deleted
   consumer gets ``503`` (no responders).
 
-Fast path. nats-py builds a ``Msg``, parses headers into a dict and queues every message to a
-task before a subscription callback sees it. With ``fast_path`` (default: on when the
-installed nats-py has the expected private ``Client._process_msg(sid, subject, reply, data,
-headers)``) the client routes the messages of its own two subscriptions straight to a
-synchronous handler on raw bytes, via one hook per connection (removed with the last client);
-every other subscription is untouched. ``ack_sync_many`` then also queues its ``PUB`` lines in
-chunks through ``Client._send_command`` while connected (public ``publish`` otherwise).
-Measured by ``benchmarks/bench_pull.py`` (2 cores, local server, pinned consumer, 200-byte
-messages, batch 10,000, quiet machine): pull only 207-222k msg/s vs 127-139k on the callback
-path; pull + ``ack_sync_many`` 92-111k vs 56-61k msg/s; nats-py's ``fetch`` + ``msg.ack()`` 30-32k.
-``fast_path=False`` uses ordinary callbacks and public API only.
+Fast path. The client's two subscriptions (pull replies, ack replies) take raw bytes through
+``nats_fastpath.subscribe_raw`` and ``ack_sync_many`` queues its ``PUB`` lines through
+``nats_fastpath.publish_raw``: that module is the only one that touches nats-py's private
+internals, checks the version, and falls back to the public API. ``fast_path=False`` forces
+the public API. Measured by ``benchmarks/bench_pull.py`` (2 cores, local server, pinned
+consumer, 200-byte messages, batch 10,000, quiet machine): pull only 207-222k msg/s vs 127-139k
+on the public path; pull + ``ack_sync_many`` 92-111k vs 56-61k msg/s; nats-py's ``fetch`` +
+``msg.ack()`` 30-32k.
 """
 
 from __future__ import annotations
@@ -62,6 +59,7 @@ from typing import Any, NamedTuple
 
 from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.nats_fastpath import RawSubscription, publish_raw, subscribe_raw
 
 log = logging.getLogger(__name__)
 
@@ -132,12 +130,6 @@ def parse_status(raw: bytes) -> tuple[int, str] | None:
         return int(code), desc.strip().decode("utf-8", "replace")
     except ValueError:
         return None
-
-
-def _description(hdr: dict[str, str]) -> str:
-    # nats-py 2.16 leaks the following header lines into the description of a bare status
-    # ("NATS/1.0 503\r\nNats-Subject: ..."): keep the first line only.
-    return hdr.get("Description", "").split("\n", 1)[0].strip()
 
 
 def _status_text(code: int, desc: str) -> str:
@@ -323,94 +315,6 @@ def classify_status(code: int, description: str) -> PullEnd | type[PullError] | 
     return PullTransient
 
 
-# --- the per-connection fast dispatch -----------------------------------------------------
-
-RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
-
-
-class _Dispatch:
-    """Routes the MSGs of registered sids to synchronous raw handlers, ahead of nats-py's
-    Msg/header-dict/queue/task path. Installed once per connection; other sids pass through."""
-
-    ATTR = "_cg_priority_dispatch"
-
-    def __init__(self, nc) -> None:
-        self.nc = nc
-        self.handlers: dict[int, RawHandler] = {}
-        self.orig = nc._process_msg
-        nc._process_msg = self.process_msg
-        self.raw_publish = self._raw_publish_supported(nc)
-
-    @staticmethod
-    def _raw_publish_supported(nc) -> bool:
-        fn = getattr(nc, "_send_command", None)
-        if fn is None or not inspect.iscoroutinefunction(fn):
-            return False
-        if not inspect.iscoroutinefunction(getattr(nc, "_flush_pending", None)):
-            return False
-        if not hasattr(nc, "_flush_queue") or not isinstance(getattr(nc, "stats", None), dict):
-            return False
-        return list(inspect.signature(fn).parameters)[:1] == ["cmd"]
-
-    async def publish_acks(self, msgs: Sequence[PulledMsg], reply_prefix: bytes, chunk: int = 4096) -> None:
-        """Queue ``PUB <ack subject> <reply_prefix><i> 4 +ACK`` for every message, in chunks,
-        into nats-py's outbound buffer (what ``publish`` does per message, minus its per-call
-        validation and formatting: ack subjects come from the server, the prefix is ours)."""
-        nc = self.nc
-        for start in range(0, len(msgs), chunk):
-            part = msgs[start : start + chunk]
-            blob = b"".join(
-                [
-                    b"PUB %b %b%d 4\r\n+ACK\r\n" % (m.reply.encode(), reply_prefix, start + k)
-                    for k, m in enumerate(part)
-                ]
-            )
-            nc.stats["out_msgs"] += len(part)
-            nc.stats["out_bytes"] += 4 * len(part)
-            await nc._send_command(blob)
-            if nc._flush_queue is not None and nc._flush_queue.empty():
-                await nc._flush_pending()
-
-    @staticmethod
-    def supported(nc) -> bool:
-        fn = getattr(nc, "_process_msg", None)
-        if fn is None or not inspect.iscoroutinefunction(fn) or not hasattr(nc, "__dict__"):
-            return False
-        if not isinstance(getattr(nc, "stats", None), dict):
-            return False
-        try:
-            names = list(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            return False
-        return names == ["sid", "subject", "reply", "data", "headers"]
-
-    @classmethod
-    def of(cls, nc) -> _Dispatch | None:
-        d = getattr(nc, "__dict__", {}).get(cls.ATTR)
-        if d is None and cls.supported(nc):
-            d = cls(nc)
-            setattr(nc, cls.ATTR, d)
-        return d
-
-    async def process_msg(self, sid, subject, reply, data, headers) -> None:
-        handler = self.handlers.get(sid)
-        if handler is None:
-            return await self.orig(sid, subject, reply, data, headers)
-        stats = self.nc.stats
-        stats["in_msgs"] += 1
-        stats["in_bytes"] += len(data)
-        try:
-            handler(subject, reply, data, headers)
-        except Exception:  # never break nats-py's read loop
-            log.exception("priority client: message handler failed")
-
-    def remove(self, sid: int) -> None:
-        self.handlers.pop(sid, None)
-        if not self.handlers and self.nc.__dict__.get("_process_msg") == self.process_msg:
-            del self.nc._process_msg
-            self.nc.__dict__.pop(self.ATTR, None)
-
-
 # --- the client ----------------------------------------------------------------------------
 
 
@@ -497,8 +401,7 @@ class PriorityClient:
         self._api = JsApi(nc, prefix=js_prefix)
         self._next_subject = f"{js_prefix}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._want_fast = fast_path
-        self._dispatch: _Dispatch | None = None
-        self._subs: list = []
+        self._subs: list[RawSubscription] = []
         self._started = False
         self._start_lock = asyncio.Lock()
         self._closed = False
@@ -530,7 +433,7 @@ class PriorityClient:
 
     @property
     def fast_path(self) -> bool:
-        return self._dispatch is not None
+        return bool(self._subs) and self._subs[0].fast
 
     @property
     def buffered(self) -> int:
@@ -554,22 +457,14 @@ class PriorityClient:
                 return
             if self._closed:
                 raise RuntimeError("priority client is closed")
-            if self._want_fast is not False:
-                self._dispatch = _Dispatch.of(self.nc)
-                if self._dispatch is None and self._want_fast:
-                    raise RuntimeError("fast_path: this nats-py has no compatible Client._process_msg")
             base = self.nc.new_inbox()
             self._pull_prefix = f"{base}.P."
             self._pull_plen = len(self._pull_prefix)
             self._ack_prefix = f"{base}.A."
             self._ack_plen = len(self._ack_prefix)
-            limits = {"pending_msgs_limit": 1 << 24, "pending_bytes_limit": -1}
-            psub = await self.nc.subscribe(self._pull_prefix + "*", cb=self._pull_cb, **limits)
-            asub = await self.nc.subscribe(self._ack_prefix + "*.*", cb=self._ack_cb, **limits)
+            psub = await subscribe_raw(self.nc, self._pull_prefix + "*", self._on_pull_raw, fast=self._want_fast)
+            asub = await subscribe_raw(self.nc, self._ack_prefix + "*.*", self._on_ack_raw, fast=self._want_fast)
             self._subs = [psub, asub]
-            if self._dispatch is not None:
-                self._dispatch.handlers[psub._id] = self._on_pull_raw
-                self._dispatch.handlers[asub._id] = self._on_ack_raw
             self._started = True
 
     async def close(self) -> None:
@@ -596,12 +491,7 @@ class PriorityClient:
         if self._pin_id:
             self._unpinned("closed")
         for sub in self._subs:
-            if self._dispatch is not None:
-                self._dispatch.remove(sub._id)
-            try:
-                await sub.unsubscribe()
-            except Exception:  # connection already closed
-                pass
+            await sub.unsubscribe()
         self._subs = []
 
     # --- pin tracking ---------------------------------------------------------------------
@@ -662,21 +552,6 @@ class PriorityClient:
             token = subject[self._pull_plen :]
             self._on_status(int(token) if token.isdigit() else -1, st[0], st[1])
 
-    async def _pull_cb(self, msg) -> None:  # used when the fast path is off
-        hdr = msg.headers
-        if msg.reply:
-            pin = hdr.get(PIN_HEADER) if hdr else None
-            if pin:
-                self._pinned(pin)
-            p = self._cur
-            if p is not None and p.bytes_left is not None:
-                hlen = 12 + sum(len(k) + len(v) + 4 for k, v in hdr.items()) if hdr else 0
-                self._count_bytes(p, len(msg.subject) + len(msg.reply) + len(msg.data), hlen, pin)
-            self._deliver(PulledMsg(msg.subject, msg.reply, msg.data, None, hdr, pin))
-        elif hdr and hdr.get("Status", "").isdigit():
-            token = msg.subject[self._pull_plen :]
-            self._on_status(int(token) if token.isdigit() else -1, int(hdr["Status"]), _description(hdr))
-
     @staticmethod
     def _count_bytes(p: _Pull, size: int, hdr_len: int, pin: str | None) -> None:
         """Track max_bytes like the server: subject + ack reply + headers + data, where the
@@ -733,19 +608,6 @@ class PriorityClient:
         st = parse_status(hdr) if hdr is not None else None
         detail = _status_text(*st) if st else (bytes(data[:200]).decode("utf-8", "replace") or "error")
         b.set(int(rest[dot + 1 :]), AckOutcome.ERROR, detail)
-
-    async def _ack_cb(self, msg) -> None:  # used when the fast path is off
-        gen, _, idx = msg.subject[self._ack_plen :].partition(".")
-        b = self._ack_batches.get(int(gen)) if gen.isdigit() and idx.isdigit() else None
-        if b is None:
-            return
-        hdr = msg.headers
-        if not hdr and not msg.data:
-            b.set(int(idx), AckOutcome.ACKED, None)
-        elif hdr and hdr.get("Status", "").isdigit():
-            b.set(int(idx), AckOutcome.ERROR, _status_text(int(hdr["Status"]), _description(hdr)))
-        else:
-            b.set(int(idx), AckOutcome.ERROR, msg.data[:200].decode("utf-8", "replace") or "error")
 
     # --- pulls ------------------------------------------------------------------------------
 
@@ -976,18 +838,16 @@ class PriorityClient:
         self._ack_batches[gen] = batch
         prefix = f"{self._ack_prefix}{gen}."
         try:
-            if self._dispatch is not None and self._dispatch.raw_publish and self.nc.is_connected:
-                await self._dispatch.publish_acks(msgs, prefix.encode())
-            else:  # also while reconnecting: nats-py's publish applies its buffer limit
-                publish = self.nc.publish
-                for i, m in enumerate(msgs):
-                    try:
-                        await publish(m.reply, b"+ACK", reply=f"{prefix}{i}")
-                    except Exception as e:  # not sent: certainly not applied
-                        why = f"not sent: {type(e).__name__}"
-                        for j in range(i, len(msgs)):
-                            batch.set(j, AckOutcome.ERROR, why)
-                        break
+            sent = await self._publish_acks_raw(msgs, prefix.encode()) if self.fast_path else 0
+            publish = self.nc.publish  # the rest, also while reconnecting: it applies its buffer limit
+            for i in range(sent, len(msgs)):
+                try:
+                    await publish(msgs[i].reply, b"+ACK", reply=f"{prefix}{i}")
+                except Exception as e:  # not sent: certainly not applied
+                    why = f"not sent: {type(e).__name__}"
+                    for j in range(i, len(msgs)):
+                        batch.set(j, AckOutcome.ERROR, why)
+                    break
             if batch.remaining > 0:
                 try:
                     async with asyncio.timeout(timeout):
@@ -997,6 +857,18 @@ class PriorityClient:
         finally:
             self._ack_batches.pop(gen, None)
         return results
+
+    async def _publish_acks_raw(self, msgs: Sequence[PulledMsg], reply_prefix: bytes, chunk: int = 4096) -> int:
+        """Queue ``PUB <ack subject> <reply_prefix><i> 4 +ACK`` per message, a chunk at a time
+        (what ``publish`` does, minus its per-call checks: ack subjects come from the server,
+        the prefix is ours). Returns how many were queued; the caller publishes the rest."""
+        for start in range(0, len(msgs), chunk):
+            part = msgs[start : start + chunk]
+            blob = b"".join([b"PUB %b %b%d 4\r\n+ACK\r\n" % (m.reply.encode(), reply_prefix, start + k)
+                             for k, m in enumerate(part)])
+            if not await publish_raw(self.nc, blob, len(part), 4 * len(part)):
+                return start
+        return len(msgs)
 
     async def ack(self, msg: PulledMsg) -> None:
         """Plain ack (no confirmation)."""

@@ -551,3 +551,19 @@ async def test_fast_path_hook_is_shared_per_connection_and_removed_with_the_last
     assert "_process_msg" not in nc.__dict__  # the last fast client restored nats-py's method
     await b.close()
     await other.unsubscribe()
+
+
+async def test_untested_nats_py_version_falls_back_to_the_public_api(nc, monkeypatch):
+    """The fast path touches nats-py internals only for the versions it was built against."""
+    from airflow_provider_cg.core import nats_fastpath
+
+    monkeypatch.setattr(nats_fastpath, "_nats_py_version", lambda: (3, 1))
+    api = await _stream(nc)
+    await _consumer(api)
+    await _publish(nc, api, 3)
+    async with PriorityClient(nc, "S", "C") as c:
+        msgs = await c.pull(3, expires=1)
+        assert not c.fast_path and "_process_msg" not in nc.__dict__
+        assert len(msgs) == 3 and c.is_pinned
+        assert (await c.ack_sync_many(msgs)).all_acked
+        assert await c.pull(1, expires=0.3) == []  # a 408/404 status still ends the pull
