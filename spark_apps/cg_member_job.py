@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-deliver", type=int, default=5)
     p.add_argument("--idle-timeout", type=float, default=2.0, help="a pull this long with nothing ends the run")
     p.add_argument("--progress-interval", type=float, default=5.0)
+    p.add_argument("--read", choices=["auto", "consumer"], default="auto",
+                   help="auto: an elastic group's partitions by direct gets (one purge per partition acks a "
+                        "batch); consumer: pulls and a double ack per message (static groups always)")
     p.add_argument("--no-spark", action="store_true", help="run without a SparkSession (raw/text payloads only)")
     p.add_argument("--backfill-start", help="backfill mode: window start (ISO 8601, inclusive; naive = UTC)")
     p.add_argument("--backfill-end", help="backfill mode: window end (ISO 8601, exclusive)")
@@ -108,7 +111,7 @@ async def _run(args, sink, decoder):
         stream=args.stream, group=args.group, member=args.member, batch_size=args.batch_size,
         max_messages=args.max_messages, max_bytes=args.max_bytes, max_seconds=args.max_seconds,
         standby_timeout=args.standby_timeout, ack_wait=args.ack_wait, max_deliver=args.max_deliver,
-        idle_timeout=args.idle_timeout, progress_interval=args.progress_interval,
+        idle_timeout=args.idle_timeout, progress_interval=args.progress_interval, read=args.read,
     )
     nc = await settings.connect()
     try:

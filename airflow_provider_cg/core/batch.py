@@ -24,10 +24,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,8 +35,15 @@ import pyarrow as pa
 
 from airflow_provider_cg.core import partitioning
 from airflow_provider_cg.core.config import ElasticGroupConfig, in_membership
+from airflow_provider_cg.core.direct import (
+    DirectReadError,
+    PartitionBatch,
+    PartitionReader,
+    rows_from_batches,
+    seq_array,
+)
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
-from airflow_provider_cg.core.failpoints import FAILPOINT_ENV, failpoint
+from airflow_provider_cg.core.failpoints import failpoint
 from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.priority import (
@@ -85,6 +91,9 @@ class BatchOptions:
     idle_timeout: float = 2.0
     ack_timeout: float = 30.0
     progress_interval: float = 5.0
+    read: str = "auto"  # "auto": direct gets on a work-queue stream that allows them; "consumer": pulls
+
+    READ_MODES = ("auto", "consumer")
 
     def validate(self) -> None:
         if self.batch_size < 1:
@@ -99,6 +108,8 @@ class BatchOptions:
                 raise ConfigError(name, "must be > 0 seconds")
         if self.max_deliver < 2:
             raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
+        if self.read not in self.READ_MODES:
+            raise ConfigError("read", f"must be one of {', '.join(self.READ_MODES)}")
 
 
 @dataclass
@@ -242,6 +253,11 @@ class _Run:
         )
         self.sourced = isinstance(self.config, ElasticGroupConfig)
         self.partitions = tuple(partitioning.member_partitions(self.config, o.member))
+        self.reader: PartitionReader | None = None
+        if self.sourced and o.read == "auto":
+            wq = await self.api.stream_info(self.consumer_stream)
+            if (wq.get("config") or {}).get("allow_direct"):  # orbit's own streams may lack it
+                self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
         self.keys = KeySelector(_key_rules(self.config))
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer)
         # The server resets the pin timer (priority_timeout = ack_wait) only on a new pull that
@@ -257,7 +273,9 @@ class _Run:
             await self.setup()
             info = await self.client.consumer_info()
             self._fit_batch_to(info)
-            self.consumer_ack_wait = int((info.get("config") or {}).get("ack_wait") or 0) / 1e9 or o.ack_wait
+            cfg = info.get("config") or {}
+            self.consumer_ack_wait = int(cfg.get("ack_wait") or 0) / 1e9 or o.ack_wait
+            self.priority_timeout = int(cfg.get("priority_timeout") or 0) / 1e9 or self.consumer_ack_wait
             backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
             s.target = min(backlog, o.max_messages or backlog)
             if backlog == 0 and not _pinned_id(info):
@@ -274,10 +292,17 @@ class _Run:
                 return s
             s.pin_id = self.client.pin_id
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d", o.member, s.pin_id, self.owner, s.target)
-            held = await self._take_over(first)
-            if held is None:
-                return s
-            await self._consume(held)
+            if self.reader is not None:
+                # the stream, not the consumer, holds what earlier holders left unacknowledged
+                self.fence = Fence(self.owner, self.partitions)
+                await asyncio.to_thread(self.sink.fence, o.stream, o.group, self.fence)
+                await self.recover(self.fence.partitions)
+                await self._consume_direct()
+            else:
+                held = await self._take_over(first)
+                if held is None:
+                    return s
+                await self._consume(held)
             s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
             return s
         except ConsumerGone as e:
@@ -294,6 +319,8 @@ class _Run:
             client = getattr(self, "client", None)
             if client is not None:
                 await client.close()
+            if getattr(self, "reader", None) is not None:
+                await self.reader.close()
 
     def _fit_batch_to(self, info: dict) -> None:
         """Keep a batch (and the next one pulled while it lands) within the consumer's
@@ -387,8 +414,10 @@ class _Run:
         deadline = self.started + o.standby_timeout
         while time.monotonic() < deadline:
             expires = max(0.5, min(5.0, self.pull_expires_max, deadline - time.monotonic()))
+            # reading by direct gets, the pin is all this pull is for
+            want = 1 if self.reader is not None else min(o.batch_size, max(self.summary.target, 1))
             try:
-                msgs = await self.client.pull(min(o.batch_size, max(self.summary.target, 1)), expires=expires)
+                msgs = await self.client.pull(want, expires=expires)
             except PinLost as e:
                 if e.messages:
                     return e.messages
@@ -468,6 +497,62 @@ class _Run:
             if landing is not None:
                 await self._await_landing(landing)
 
+    async def _consume_direct(self) -> None:
+        """Read the member's partitions by direct gets, batch k+1 while batch k lands; the
+        pin is kept by pulls that take no message."""
+        o, s = self.options, self.summary
+        starts = {p: 0 for p in self.partitions}  # next sequence to read per partition
+        keeper = asyncio.create_task(self._keep_pin())
+        landing: asyncio.Task | None = None
+        transient_deadline = None
+        try:
+            while True:
+                if self.taken_over:
+                    s.stop_reason = "taken over by another instance"
+                    break
+                if keeper.done() or not await self.client.keep_pin():  # also notices a step-down at once
+                    s.stop_reason = "pin lost"
+                    break
+                reason = self._limit_reached()
+                if reason:
+                    s.stop_reason = reason
+                    break
+                try:
+                    batches = await self.reader.read_partitions(starts, min(o.batch_size, s.target - self.taken))
+                    transient_deadline = None
+                except DirectReadError as e:
+                    transient_deadline = transient_deadline or time.monotonic() + max(o.ack_wait, 30.0)
+                    if not e.retryable or time.monotonic() > transient_deadline:
+                        raise
+                    log.warning("cg read interrupted (%s); retrying", e)
+                    await asyncio.sleep(0.5)
+                    continue
+                if landing is not None:
+                    await self._await_landing(landing)
+                    landing = None
+                if not batches:
+                    s.stop_reason = "backlog drained"
+                    break
+                for b in batches:
+                    starts[b.partition] = b.last_seq + 1
+                    self.taken += len(b)
+                if not self.taken_over and not keeper.done():
+                    landing = asyncio.create_task(self._land_direct(batches))
+                self.progress.tick()
+        finally:
+            if landing is not None:
+                await self._await_landing(landing)
+            keeper.cancel()
+
+    async def _keep_pin(self) -> None:
+        """Keep the member consumer's pin while reading around it; returns when it is lost."""
+        interval = max(0.25, min(self.consumer_ack_wait, self.priority_timeout) / 3)
+        while True:
+            await asyncio.sleep(interval)
+            if not await self.client.keep_pin():
+                log.warning("cg member=%s: the pin moved to another instance", self.options.member)
+                return
+
     async def _backlog_left(self) -> bool:
         """After a pull came back empty: is anything still pending for us? A slow server can
         let one short pull expire while messages remain; the consumer's own count decides."""
@@ -483,7 +568,9 @@ class _Run:
     # --- one batch -------------------------------------------------------------------------
 
     async def _land(self, msgs: list, consumer_gone: bool = False) -> None:
-        o, s = self.options, self.summary
+        """One batch read through the consumer: its rows, then the two-phase steps with a
+        double ack per message (partition by partition)."""
+        o = self.options
         msgs = _in_stream_order(msgs)
         table = build_rows(msgs, group=o.group, member=o.member, keys=self.keys, sourced=self.sourced)
         bad: dict[int, str] = {}
@@ -493,11 +580,55 @@ class _Run:
             table, msgs = await self._handle_poison(table, msgs, bad)
         if not msgs:
             return
+
+        async def ack() -> int:
+            acked, outcomes = [], []
+            for part in _by_partition(msgs):
+                outcomes += await self.client.ack_sync_many(part, timeout=min(o.ack_timeout, 10.0))
+                acked += part
+                failpoint("mid_ack")
+            return await _resolve_acks(self.client, self.api, self.consumer_stream, self.sourced, acked, outcomes,
+                                       time.monotonic() + o.ack_timeout)
+
+        refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
+        await self._two_phase(table, refs, ack, len(msgs), sum(len(m.data) for m in msgs), abort=consumer_gone)
+
+    async def _land_direct(self, batches: list[PartitionBatch]) -> None:
+        """One batch read by direct gets: its rows, then the two-phase steps with one purge per
+        partition as the ack of the range read."""
+        o = self.options
+        table = rows_from_batches(batches, group=o.group, member=o.member, keys=self.keys)
+        if self.decode is not None:
+            table, bad = await asyncio.to_thread(self.decode, table)
+            if bad:
+                table = await self._dead_letter(table, bad)
+
+        async def ack() -> int:
+            unknown = 0
+            for b in batches:
+                try:
+                    await self.reader.purge_through(b.partition, b.last_seq, timeout=min(o.ack_timeout, 10.0))
+                except Exception as e:  # the purge may or may not have taken effect
+                    log.warning("cg purge of partition %d through %d: %s; checking", b.partition, b.last_seq, e)
+                    deadline = asyncio.get_running_loop().time() + o.ack_timeout
+                    if not await self.reader.acked_through(b.partition, b.last_seq, deadline):
+                        unknown += len(b)
+                failpoint("mid_ack")
+            return unknown
+
+        refs = np.concatenate([seq_array(b) for b in batches])
+        await self._two_phase(table, refs, ack, len(refs), sum(len(d) for b in batches for d in b.data))
+
+    async def _two_phase(self, table, refs: np.ndarray, ack: Callable[[], Awaitable[int]], n_msgs: int,
+                         n_bytes: int, abort: bool = False) -> None:
+        """prepare -> mark acking -> ``ack()`` (returns how many acks stay unconfirmed) -> commit.
+        ``abort``: the consumer is gone before any ack was sent, so none can take effect: roll
+        the write back and leave the messages in the stream for the re-created consumer."""
+        o, s = self.options, self.summary
         self.batch_seq += 1
         batch_id = BatchId(o.stream, o.group, o.member, self.batch_seq)
-        refs = {self.consumer_stream: np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))}
         try:
-            prepared = await self._prepare(batch_id, table, refs)
+            prepared = await self._prepare(batch_id, table, {self.consumer_stream: refs})
         except PreparedWriteLost:
             # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
             # was sent: the messages go to the new pin holder.
@@ -505,9 +636,7 @@ class _Run:
             self.taken_over = True
             return
         failpoint("after_prepare")
-        if consumer_gone:
-            # The consumer is gone before any ack was sent: none can take effect, and the
-            # messages stay in the stream for the re-created consumer.
+        if abort:
             await asyncio.to_thread(self.sink.abort, prepared)
             return
         try:
@@ -529,20 +658,14 @@ class _Run:
             self.taken_over = True
             await asyncio.to_thread(self.sink.abort, prepared)
             return
-        if os.environ.get(FAILPOINT_ENV) == "mid_ack":
-            await self.client.ack_sync_many(msgs[: len(msgs) // 2], timeout=o.ack_timeout)
-            failpoint("mid_ack")
-        outcomes = await self.client.ack_sync_many(msgs, timeout=min(o.ack_timeout, 10.0))
-        unknown = await _resolve_acks(self.client, self.api, self.consumer_stream, self.sourced, msgs, outcomes,
-                                      time.monotonic() + o.ack_timeout)
+        s.unconfirmed_acks += await ack()
         failpoint("before_commit")
-        s.unconfirmed_acks += unknown
         result = await asyncio.to_thread(self.sink.commit, prepared)
         s.batches += 1
         s.committed += result.rows_written
         s.duplicates_skipped += result.duplicates_skipped
-        s.consumed += len(msgs)
-        s.bytes += sum(len(m.data) for m in msgs)
+        s.consumed += n_msgs
+        s.bytes += n_bytes
         for p, first, last, n in refs_by_partition(table):
             s.count_partition(p, first, last, n)
 
@@ -559,6 +682,26 @@ class _Run:
                 log.warning("cg batch %s waited on rows locked by another prepared write; finishing writes of "
                             "fenced-out instances and retrying", batch_id.gid)
                 await self.recover(self.fence.partitions)
+
+    async def _dead_letter(self, table, bad: dict[int, str]):
+        """Direct reads: a decode failure goes to the dead-letter stream at once (a direct get
+        is no delivery; decoding again would fail again), with the message's own headers, and
+        is acknowledged with its range. Returns the good rows."""
+        o, s = self.options, self.summary
+        s.poison_deliveries += len(bad)
+        cols = table.select(["origin_stream", "origin_seq", "subject", "payload", "headers"]).to_pylist()
+        for i, err in bad.items():
+            row = cols[i]
+            own = json.loads(row["headers"]) if row["headers"] else {}
+            hdrs = {k: (v if isinstance(v, str) else ",".join(v)) for k, v in own.items()}
+            origin, seq = row["origin_stream"], row["origin_seq"]
+            hdrs.update({"Cg-Error": err[:1024], "Cg-Origin-Stream": origin, "Cg-Origin-Seq": str(seq),
+                         "Cg-Member": o.member, "Nats-Msg-Id": f"{origin}:{seq}"})
+            await self.dlq.publish(row["subject"], row["payload"], hdrs)
+            s.dead_lettered += 1
+        keep = np.ones(table.num_rows, dtype=bool)
+        keep[list(bad)] = False
+        return table.filter(pa.array(keep))
 
     async def _handle_poison(self, table, msgs: list, bad: dict[int, str]):
         """Nak poison messages that have deliveries left; dead-letter the others (then ack them
@@ -630,6 +773,14 @@ async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, decode
     """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary."""
     options.validate()
     return await _Run(nc, sink, options, decode, js_prefix).run()
+
+
+def _by_partition(msgs: list) -> list[list]:
+    """The batch split by partition (the subject's first token), each part in batch order."""
+    parts: dict[str, list] = {}
+    for m in msgs:
+        parts.setdefault(m.subject[: m.subject.find(".")], []).append(m)
+    return list(parts.values())
 
 
 def _latest_deliveries(msgs: list) -> list:

@@ -57,6 +57,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, NamedTuple
 
+from nats.errors import NoRespondersError
+
 from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.nats_fastpath import RawSubscription, publish_raw, subscribe_raw
@@ -918,7 +920,15 @@ class PriorityClient:
         req = {"batch": 1, "max_bytes": 1, "no_wait": True, "group": self.group, "id": pin}
         try:
             msg = await self.nc.request(self._next_subject, json.dumps(req).encode(), timeout=timeout)
-        except Exception as e:  # timeout, reconnecting, no responders: cannot tell
+        except NoRespondersError:  # the consumer is gone, or its stream is moving: ask
+            try:
+                gone = await self._api.consumer_info(self.stream, self.consumer) is None
+            except ConsumerGroupError:
+                gone = False
+            if gone:
+                self._unpinned("consumer deleted")
+            return not gone
+        except Exception as e:  # timeout, reconnecting: cannot tell
             log.debug("pin keep-alive got no answer: %s", type(e).__name__)
             return True
         status = (msg.headers or {}).get("Status", "")

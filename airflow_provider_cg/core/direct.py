@@ -1,0 +1,315 @@
+"""Reading an elastic group's work-queue stream partition by partition, and acking by range.
+
+Why not through the member consumer: a pull consumer with several filter subjects (a member
+holding several partitions) is served 20-70x slower by nats-server than one with a single
+filter, and a double ack per message costs a round trip each. The pinned member job therefore
+keeps the consumer only as its exclusivity token (it holds the pin with pulls that take no
+message) and reads each of its partitions ``<p>.>`` in stream order with batched direct gets
+(``$JS.API.DIRECT.GET.<wq>``, ``next_by_subj``; work-queue streams of groups have
+``allow_direct``). A partition is read contiguously from its first message, so a landed batch
+is acknowledged with one filtered purge per partition (``$JS.API.STREAM.PURGE.<wq>`` with
+``filter`` and ``seq``: every message of the partition below ``seq`` goes, which on a
+work-queue stream is exactly an ack of that range, and the member consumer's counts follow).
+Reading from the partition's first message also gives a new pin holder an earlier holder's
+unacknowledged messages before any newer one: per-key order needs no wait for ack timeouts.
+
+Only work-queue streams: nothing is ever purged from an origin stream (static groups read
+through their durable consumer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_cg.core.errors import ConsumerGroupError
+from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.nats_fastpath import RawSubscription, subscribe_raw
+from airflow_provider_cg.core.rows import ROW_SCHEMA, KeySelector, headers_to_json
+
+log = logging.getLogger(__name__)
+
+_STATUS_AT = 8  # b"NATS/1.0 204 EOB": a status block has a space where a header block has CRLF
+REQUEST_BYTES = 4 << 20  # per direct-get request: bounds what the server queues for us at once
+READ_TIMEOUT = 10.0
+
+
+class DirectReadError(ConsumerGroupError):
+    """A direct get failed or timed out (``retryable``: a restart or leader change)."""
+
+    def __init__(self, message: str, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass
+class PartitionBatch:
+    """Messages of one partition in stream order, as the server sent them."""
+
+    partition: int
+    hdrs: list[bytes] = field(default_factory=list)
+    data: list[bytes] = field(default_factory=list)
+    last_seq: int = 0  # stream sequence of the last message (0: none)
+    pending: int = 0  # messages of the partition after ``last_seq`` when the read ended
+
+    def __len__(self) -> int:
+        return len(self.hdrs)
+
+
+class _Request:
+    __slots__ = ("batch", "fut", "status")
+
+    def __init__(self, batch: PartitionBatch, fut: asyncio.Future) -> None:
+        self.batch, self.fut, self.status = batch, fut, None
+
+
+def _header_int(hdr: bytes, name: bytes) -> int:
+    i = hdr.find(name)
+    if i < 0:
+        return 0
+    i += len(name)
+    return int(hdr[i : hdr.find(b"\r\n", i)].strip() or 0)
+
+
+class PartitionReader:
+    """Batched direct gets and filtered purges on one work-queue stream."""
+
+    def __init__(self, nc, stream: str, *, js_prefix: str = DEFAULT_PREFIX, fast_path: bool | None = None) -> None:
+        self.nc, self.stream = nc, stream
+        self.api = JsApi(nc, prefix=js_prefix)
+        self._get_subject = f"{js_prefix}.DIRECT.GET.{stream}"
+        self._fast = fast_path
+        self._sub: RawSubscription | None = None
+        self._prefix = b""
+        self._reqs: dict[bytes, _Request] = {}
+        self._token = 0
+
+    async def start(self) -> None:
+        if self._sub is None:
+            inbox = self.nc.new_inbox()
+            self._prefix = f"{inbox}.".encode()
+            self._sub = await subscribe_raw(self.nc, f"{inbox}.*", self._on_raw, fast=self._fast)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        for r in self._reqs.values():
+            if not r.fut.done():
+                r.fut.set_exception(DirectReadError("reader closed"))
+        self._reqs.clear()
+
+    def _on_raw(self, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None) -> None:
+        req = self._reqs.get(subject[len(self._prefix) :])
+        if req is None:
+            return
+        if hdr is not None and hdr[_STATUS_AT : _STATUS_AT + 1] == b" " and not data:
+            code = int(hdr[9:12])
+            if code == 204:  # end of batch
+                req.batch.pending = _header_int(hdr, b"Nats-Num-Pending:")
+                req.batch.last_seq = _header_int(hdr, b"Nats-Last-Sequence:") or req.batch.last_seq
+            elif code != 404:  # 404: nothing (more) in the partition
+                req.status = hdr.split(b"\r\n", 1)[0][9:].decode("utf-8", "replace")
+            if not req.fut.done():
+                req.fut.set_result(None)
+            return
+        req.batch.hdrs.append(hdr)
+        req.batch.data.append(data)
+
+    async def _get(self, batch: PartitionBatch, from_seq: int, count: int, timeout: float) -> None:
+        """One batched direct get of up to ``count`` messages of ``batch.partition`` from
+        ``from_seq``, appended to ``batch`` (its ``last_seq`` / ``pending`` updated)."""
+        await self.start()
+        self._token += 1
+        token = b"%d" % self._token
+        req = _Request(batch, asyncio.get_running_loop().create_future())
+        self._reqs[token] = req
+        before = len(batch)
+        body = {"seq": from_seq, "next_by_subj": f"{batch.partition}.>", "batch": count, "max_bytes": REQUEST_BYTES}
+        try:
+            await self.nc.publish(self._get_subject, json.dumps(body).encode(), reply=(self._prefix + token).decode())
+            async with asyncio.timeout(timeout):
+                await req.fut
+        except TimeoutError:
+            del batch.hdrs[before:], batch.data[before:]  # a partial answer is read again
+            raise DirectReadError(f"direct get on {self.stream} partition {batch.partition}: no answer "
+                                  f"in {timeout:g}s") from None
+        except ConsumerGroupError:
+            raise
+        except Exception as e:  # not sent (reconnecting, closed)
+            del batch.hdrs[before:], batch.data[before:]
+            raise DirectReadError(f"direct get on {self.stream} not sent: {type(e).__name__}") from None
+        finally:
+            self._reqs.pop(token, None)
+        if req.status is not None:
+            del batch.hdrs[before:], batch.data[before:]
+            raise DirectReadError(f"direct get on {self.stream} partition {batch.partition}: {req.status}",
+                                  retryable=not req.status.startswith("400"))
+        if len(batch) > before and batch.last_seq < from_seq:  # an answer without its end-of-batch
+            batch.last_seq = _header_int(batch.hdrs[-1], b"Nats-Sequence:")
+
+    async def read(self, partition: int, from_seq: int, count: int, timeout: float = READ_TIMEOUT) -> PartitionBatch:
+        """Up to ``count`` messages of ``partition`` with sequence >= ``from_seq``, in order."""
+        batch = PartitionBatch(partition)
+        seq = from_seq
+        while len(batch) < count:
+            before = len(batch)
+            await self._get(batch, seq, count - len(batch), timeout)
+            if len(batch) == before or batch.pending == 0:
+                break
+            seq = batch.last_seq + 1  # the request's byte budget ended it: go on
+        return batch
+
+    async def read_partitions(self, starts: dict[int, int], count: int,
+                              timeout: float = READ_TIMEOUT) -> list[PartitionBatch]:
+        """Up to ``count`` messages in all from the partitions in ``starts`` (partition ->
+        first sequence to read), shared evenly and read concurrently; then whatever share a
+        drained partition left is taken from the others."""
+        if not starts:
+            return []
+        share = max(1, -(-count // len(starts)))
+        batches = list(await asyncio.gather(*(self.read(p, s, share, timeout) for p, s in starts.items())))
+        left = count - sum(len(b) for b in batches)
+        for b in batches:
+            if left <= 0:
+                break
+            if b.pending and len(b) == share:  # more there: top it up from where it stopped
+                more = await self.read(b.partition, b.last_seq + 1, left, timeout)
+                b.hdrs += more.hdrs
+                b.data += more.data
+                b.last_seq, b.pending = (more.last_seq or b.last_seq), more.pending
+                left -= len(more)
+        return [b for b in batches if len(b)]
+
+    async def purge_through(self, partition: int, last_seq: int, timeout: float = 10.0) -> int:
+        """Remove every message of ``partition`` up to and including ``last_seq`` (the range
+        this reader read, contiguously, from the partition's first message): their ack."""
+        resp = await self.api.request(f"STREAM.PURGE.{self.stream}",
+                                      {"filter": f"{partition}.>", "seq": last_seq + 1}, timeout=timeout)
+        return int(resp.get("purged", 0))
+
+    async def first_seq(self, partition: int, timeout: float = 5.0) -> int | None:
+        """Sequence of the partition's first message still in the stream (None: empty)."""
+        batch = PartitionBatch(partition)
+        await self._get(batch, 0, 1, timeout)
+        return _header_int(batch.hdrs[0], b"Nats-Sequence:") if len(batch) else None
+
+    async def acked_through(self, partition: int, last_seq: int, deadline: float) -> bool:
+        """Make sure the range up to ``last_seq`` is gone: re-purge (idempotent) until the
+        partition's first message is past it, or ``deadline`` (loop time). False: unknown."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < deadline:
+            try:
+                first = await self.first_seq(partition)
+                if first is None or first > last_seq:
+                    return True
+                await self.purge_through(partition, last_seq, timeout=max(1.0, min(5.0, deadline - loop.time())))
+            except Exception as e:  # server away (restart, leader change): wait for the reconnect
+                log.warning("purge check of partition %d failed (%s); retrying", partition, e)
+                await asyncio.sleep(0.5)
+        return False
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+_TAIL = (r"Nats-Subject: (?P<subject>[^\r]*)\r\nNats-Sequence: (?P<seq>\d+)\r\n"
+         r"Nats-Time-Stamp: (?P<ts>[^\r]*)\r\n")
+_SOURCE = r"Nats-Stream-Source: (?P<stream>[^ \r:]+)[^ \r]* (?P<seq>\d+)"
+# headers the server adds on sourcing and on a direct get: their content is in other columns
+_SERVER_HEADERS = frozenset({"Nats-Stream-Source", "Nats-Stream", "Nats-Subject", "Nats-Sequence",
+                             "Nats-Time-Stamp", "Nats-Num-Pending", "Nats-Last-Sequence"})
+_SERVER_LINES = 9  # CRLFs of a sourced message's block with server-added headers only
+
+
+def _binary(chunks: list[bytes]) -> pa.Array:
+    blob = b"".join(chunks)
+    offsets = np.zeros(len(chunks) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
+
+
+def _user_headers(block: bytes) -> str | None:
+    out: dict[str, str | list[str]] = {}
+    for line in block.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not name:
+            continue
+        k = name.strip().decode("ascii", "replace")
+        if k in _SERVER_HEADERS:
+            continue
+        v = value.strip().decode("utf-8", "replace")
+        prev = out.get(k)
+        out[k] = v if prev is None else ([*prev, v] if isinstance(prev, list) else [prev, v])
+    return headers_to_json(out)
+
+
+def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str, keys: KeySelector) -> pa.Table:
+    """Rows (``ROW_SCHEMA``) of direct-get reads of a sourced work-queue stream, partition
+    after partition, each in stream order. Parsed column-wise in Arrow: the job's hot path does
+    no per-message Python work here except for messages that carry headers of their own."""
+    hdrs = [h for b in batches for h in b.hdrs]
+    n = len(hdrs)
+    if n == 0:
+        return ROW_SCHEMA.empty_table()
+    blocks = _binary(hdrs)
+    tail = pc.extract_regex(blocks, _TAIL)
+    source = pc.extract_regex(blocks, _SOURCE)
+    if tail.null_count or source.null_count:
+        raise DirectReadError("direct get answer without the expected headers (not a sourced work-queue stream?)",
+                              retryable=False)
+    subject = tail.field("subject").cast(pa.string())
+    head_rest = pc.split_pattern(subject, ".", max_splits=1)
+    partition = pc.list_element(head_rest, 0).cast(pa.int32())
+    rest = pc.list_element(head_rest, 1)
+    key = _keys(rest, keys)
+    headers: pa.Array = pa.nulls(n, pa.string())
+    own = np.flatnonzero(pc.count_substring(blocks, "\r\n").to_numpy() > _SERVER_LINES)
+    if len(own):
+        values: list[str | None] = [None] * n
+        for i in own:
+            values[i] = _user_headers(hdrs[i])
+        headers = pa.array(values, pa.string())
+    return pa.Table.from_arrays(
+        [
+            source.field("stream").cast(pa.string()),
+            source.field("seq").cast(pa.string()).cast(pa.int64()),
+            rest,
+            partition,
+            key,
+            _binary([d for b in batches for d in b.data]).cast(pa.binary()),
+            pa.nulls(n, pa.string()),
+            headers,
+            tail.field("ts").cast(pa.string()).cast(pa.timestamp("ns", tz="UTC")),
+            pa.nulls(n, pa.int32()),  # a direct get is no delivery: the consumer's count does not apply
+            pa.array(np.broadcast_to(np.array(group, dtype=object), n), pa.string()),
+            pa.array(np.broadcast_to(np.array(member, dtype=object), n), pa.string()),
+        ],
+        schema=ROW_SCHEMA,
+    )
+
+
+def _keys(rest: pa.Array, keys: KeySelector) -> pa.Array:
+    """The partitioning key of each subject (partition token already stripped)."""
+    rules = keys.rules
+    if not rules:
+        return rest
+    if len(rules) == 1 and len(rules[0][1]) == 1:  # one filter, key = one token: column-wise
+        try:
+            return pc.list_element(pc.split_pattern(rest, "."), rules[0][1][0])
+        except pa.ArrowInvalid:  # a subject with fewer tokens: per row below
+            pass
+    return pa.array([keys.key(s) for s in rest.to_pylist()], pa.string())
+
+
+def seq_array(batch: PartitionBatch) -> np.ndarray:
+    """Stream sequences of a partition batch (the refs a sink keeps for recovery)."""
+    if not batch.hdrs:
+        return np.zeros(0, np.int64)
+    ex = pc.extract_regex(_binary(batch.hdrs), r"Nats-Sequence: (?P<seq>\d+)")
+    return ex.field("seq").cast(pa.string()).cast(pa.int64()).to_numpy()
