@@ -19,6 +19,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python benchmarks/bench_member_job.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 

@@ -1,21 +1,26 @@
-"""Benchmark: the member job vs. the naive nats-py loop, in one run, on one machine.
+"""Benchmark: the member job in the layouts users run, against the naive nats-py loop, in one run.
 
-For each message count (default 1,000,000 and 3,000,000) it starts a fresh embedded
-nats-server, publishes N messages of 200 bytes over 2,000 keys into an origin stream that two
-elastic groups source (each its own work-queue stream), then times
+For each message count (default 1,000,000 and 10,000,000) it starts a fresh embedded
+nats-server and publishes N messages of 200 bytes over 2,000 keys into an origin stream that
+several elastic groups source (each its own work-queue stream), then times, one after another:
 
-  (a) the naive loop: a plain pull consumer on group A's member partitions,
-      ``fetch(1000)`` then ``await msg.ack()`` per message (nothing written anywhere);
-  (b) the member job under real ``spark-submit --master local[2]`` on group B into the
-      Parquet lake sink, end to end, JVM start-up excluded (the job's own ``duration_s``,
-      from NATS connect to its last commit);
+  naive     a plain pull consumer on a 1-partition group: ``fetch(1000)`` then
+            ``await msg.ack()`` per message (nothing written anywhere);
+  job-1p    the member job holding 1 partition (direct gets + one purge per partition a batch);
+  job-2p    the member job holding 2 partitions;
+  job-6p    the member job holding 6 partitions;
+  pull-1p   the member job reading through its consumer (``--read consumer``: pulls and a double
+            ack per message, the path of earlier versions), 1 partition;
 
-and prints both rates, their ratio, and the peak RSS of the job's Python driver (sampled from
-/proc while it runs). ``--partitions`` sets how many partitions the measured member holds: 1
-gives its consumer one filter subject; more gives it several, which nats-server 2.15 serves
-far more slowly (see the README's performance notes).
+each member job under real ``spark-submit --master local[2]`` into the Parquet lake sink, timed
+by its own ``duration_s`` (NATS connect to last commit; JVM start-up excluded), with the peak
+RSS of its Python driver sampled from /proc. Static groups (origin streams with the partition
+token at ingest; they always read through the consumer) are measured on ``--static-messages``
+with 1 and 6 partitions. The large count runs only naive-free ``job-1p`` and ``job-6p`` (driver
+memory against N). It prints a table, writes ``benchmarks/results/member_job.json`` and a plot
+``benchmarks/results/member_job.png``. Rates are only comparable within one run: use the ratios.
 
-    .venv/bin/python benchmarks/bench_member_job.py [--messages 1000000,3000000] [--partitions 1]
+    make bench        # or: .venv/bin/python benchmarks/bench_member_job.py [--messages 1000000,10000000]
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ import threading
 import time
 from pathlib import Path
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
 from airflow_provider_cg.core.connection import NatsConnectionSettings
 from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
 from airflow_provider_cg.core.publish import publish_many
 from airflow_provider_cg.core.server import EmbeddedNatsServer
@@ -42,41 +48,48 @@ from airflow_provider_cg.core.sinks.parquet import read_committed
 STREAM = "BENCH"
 KEYS = 2000
 SIZE = 200
+RESULTS = Path(__file__).parent / "results"
+ELASTIC = {"naive": 1, "job-1p": 1, "job-2p": 2, "job-6p": 6, "pull-1p": 1}
+STATIC = {"static-1p": 1, "static-6p": 6}
 
 
-async def prepare(url: str, n: int, partitions: int) -> float:
+async def _wait_messages(api: JsApi, stream: str, n: int) -> None:
+    while int((await api.stream_info(stream))["state"]["messages"]) < n:
+        await asyncio.sleep(0.5)
+
+
+async def prepare(url: str, n: int, groups: dict[str, int], static: dict[str, int], static_n: int) -> float:
+    """Origin stream + one elastic group per variant (member m1 holds every partition), and a
+    static origin per static variant; returns the publish rate."""
     nc = await NatsConnectionSettings(servers=[url]).connect()
-    js = nc.jetstream()
-    await js.add_stream(name=STREAM, subjects=["bench.*"])
-    groups = ConsumerGroups(nc)
-    for g in ("naive", "job"):
-        cfg = ElasticGroupConfig(max_members=partitions, partitioning_filters=(PartitioningFilter("bench.*", (1,)),),
-                                 members=("m1",))
-        await groups.create(STREAM, g, cfg)
+    api, cg = JsApi(nc), ConsumerGroups(nc)
+    await api.add_stream({"name": STREAM, "subjects": ["bench.*"], "storage": "file"})
+    for g, parts in groups.items():
+        await cg.create(STREAM, g, ElasticGroupConfig(parts, (PartitioningFilter("bench.*", (1,)),), members=("m1",)))
     payload = os.urandom(SIZE)
     t = time.perf_counter()
     await publish_many(nc, ((f"bench.k{i % KEYS}", payload) for i in range(n)))
     rate = n / (time.perf_counter() - t)
-    for g in ("naive", "job"):  # wait for the sourcing into both work-queue streams
-        while (await js.stream_info(f"{STREAM}-{g}")).state.messages < n:  # noqa: ASYNC110 - polling server state
-            await asyncio.sleep(0.5)
+    for g, parts in static.items():
+        name = f"S-{g}"
+        await api.add_stream({"name": name, "subjects": [f"{g}.*"], "storage": "file", "subject_transform": {
+            "src": f"{g}.*", "dest": f"{{{{Partition({parts},1)}}}}.{g}.{{{{Wildcard(1)}}}}"}})
+        await cg.create(name, "g", StaticGroupConfig(parts, (f"{g}.*",), members=("m1",)))
+        await publish_many(nc, ((f"{g}.k{i % KEYS}", payload) for i in range(static_n)))
+    for g in groups:  # the sourcing into every work-queue stream
+        await _wait_messages(api, f"{STREAM}-{g}", n)
     await nc.close()
     return rate
 
 
-async def naive(url: str, n: int, partitions: int) -> float:
+async def naive(url: str, n: int) -> float:
     """fetch(1000) + ack() per message, nats-py's documented pull loop."""
-    nc = await NatsConnectionSettings(servers=[url]).connect()
-    js = nc.jetstream()
     from nats.js.api import AckPolicy, ConsumerConfig
 
-    filters = [f"{p}.bench.*" for p in range(partitions)]
-    cfg = ConsumerConfig(durable_name="naive", ack_policy=AckPolicy.EXPLICIT, max_ack_pending=-1)
-    if len(filters) == 1:
-        cfg.filter_subject = filters[0]
-    else:
-        cfg.filter_subjects = filters
-    await js.add_consumer(f"{STREAM}-naive", cfg)
+    nc = await NatsConnectionSettings(servers=[url]).connect()
+    js = nc.jetstream()
+    await js.add_consumer(f"{STREAM}-naive", ConsumerConfig(durable_name="naive", ack_policy=AckPolicy.EXPLICIT,
+                                                            max_ack_pending=-1, filter_subject="0.bench.*"))
     sub = await js.pull_subscribe_bind("naive", stream=f"{STREAM}-naive")
     got = 0
     t = time.perf_counter()
@@ -131,13 +144,13 @@ def _driver_peak_rss(proc: subprocess.Popen, result: dict) -> None:
     result["peak_rss_mb"] = round(peak / 1024, 1)
 
 
-def job(url: str, workdir: Path, batch_size: int) -> dict:
-    zip_path = build_core_zip(workdir / "cg_core.zip")
+def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_size: int, extra: list[str]) -> dict:
     env = dict(os.environ, CG_NATS_SERVERS=url, PYSPARK_PYTHON=sys.executable,
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    lake = workdir / f"lake-{stream}-{group}"
     cmd = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g", "--py-files", str(zip_path),
-           str(member_job_path()), "--stream", STREAM, "--group", "job", "--member", "m1",
-           "--sink", "parquet", "--sink-path", str(workdir / "lake"), "--batch-size", str(batch_size)]
+           str(member_job_path()), "--stream", stream, "--group", group, "--member", "m1",
+           "--sink", "parquet", "--sink-path", str(lake), "--batch-size", str(batch_size), *extra]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     mem: dict = {}
@@ -145,41 +158,96 @@ def job(url: str, workdir: Path, batch_size: int) -> dict:
     sampler.start()
     out, _ = proc.communicate()
     sampler.join()
-    wall = time.perf_counter() - started
     lines = [ln for ln in out.splitlines() if ln.startswith("CG_SUMMARY ")]
     if proc.returncode != 0 or not lines:
-        raise SystemExit(f"member job failed (exit {proc.returncode})")
+        raise SystemExit(f"member job {stream}/{group} failed (exit {proc.returncode})")
     summary = json.loads(lines[-1][len("CG_SUMMARY "):])
-    summary.update(mem, wall_s=round(wall, 1))
+    summary.update(mem, wall_s=round(time.perf_counter() - started, 1),
+                   rows=read_committed(str(lake), columns=["origin_seq"]).num_rows)
     return summary
 
 
-def run_one(n: int, partitions: int, batch_size: int) -> dict:
+def run_count(n: int, large: bool, static_n: int, batch_size: int, zip_path: Path) -> list[dict]:
+    groups = {g: p for g, p in ELASTIC.items() if not large or g in ("job-1p", "job-6p")}
+    static = {} if large else STATIC
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="cg-bench-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
-        pub = asyncio.run(prepare(srv.url, n, partitions))
-        naive_rate = asyncio.run(naive(srv.url, n, partitions))
-        s = job(srv.url, Path(d), batch_size)
-        rows = read_committed(str(Path(d) / "lake"), columns=["origin_seq"]).num_rows
-        if s["consumed"] != n or rows != n:
-            raise SystemExit(f"job landed {rows} rows / consumed {s['consumed']}, expected {n}")
-        job_rate = s["consumed"] / s["duration_s"]
-        return {"messages": n, "partitions": partitions, "publish_msg_s": round(pub), "naive_msg_s": round(naive_rate),
-                "job_msg_s": round(job_rate), "ratio": round(job_rate / naive_rate, 2), "job_duration_s": s["duration_s"],
-                "spark_submit_wall_s": s["wall_s"], "driver_peak_rss_mb": s.get("peak_rss_mb")}
+        publish_rate = asyncio.run(prepare(srv.url, n, groups, static, static_n))
+        print(f"{n:,} messages published at {publish_rate:,.0f} msg/s", flush=True)
+        variants = [(g, STREAM, g, n, ["--read", "consumer"] if g.startswith("pull") else []) for g in groups
+                    if g != "naive"]
+        variants += [(g, f"S-{g}", "g", static_n, []) for g in static]
+        if "naive" in groups:
+            rate = asyncio.run(naive(srv.url, n))
+            rows.append({"variant": "naive", "messages": n, "partitions": 1, "msg_s": round(rate)})
+            print(f"  naive: {rate:,.0f} msg/s", flush=True)
+        for name, stream, group, count, extra in variants:
+            s = job(srv.url, Path(d), zip_path, stream, group, batch_size, extra)
+            if s["consumed"] != count or s["rows"] != count:
+                raise SystemExit(f"{name}: landed {s['rows']} rows / consumed {s['consumed']}, expected {count}")
+            rate = count / s["duration_s"]
+            rows.append({"variant": name, "messages": count, "partitions": groups.get(name) or static.get(name),
+                         "msg_s": round(rate), "duration_s": s["duration_s"], "peak_rss_mb": s.get("peak_rss_mb")})
+            print(f"  {name}: {rate:,.0f} msg/s, driver peak RSS {s.get('peak_rss_mb')} MB", flush=True)
+    by = {r["variant"]: r["msg_s"] for r in rows}
+    for r in rows:
+        if "naive" in by:
+            r["x_naive"] = round(r["msg_s"] / by["naive"], 2)
+        if "job-1p" in by and r["variant"].startswith("job"):
+            r["x_1p"] = round(r["msg_s"] / by["job-1p"], 2)
+    return rows
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    small = min(r["messages"] for r in results if r["variant"] == "job-1p")
+    first = [r for r in results if r["messages"] == small or (r["variant"].startswith("static"))]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2.2, 1]})
+    names = [r["variant"] for r in first]
+    colors = ["#999999" if n == "naive" else "#c77" if n.startswith(("pull", "static")) else "#3a7" for n in names]
+    bars = a.bar(names, [r["msg_s"] / 1000 for r in first], color=colors)
+    for bar, r in zip(bars, first, strict=True):
+        label = f"{r['msg_s'] / 1000:.0f}k" + (f"\n{r['x_naive']}x naive" if "x_naive" in r else "")
+        a.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    a.set_ylabel("thousand messages / s")
+    a.set_title(f"member job into the Parquet lake, {small:,} x {SIZE} B (static: their own count)")
+    for variant, marker in (("job-1p", "o"), ("job-6p", "s")):
+        pts = sorted((r["messages"], r["peak_rss_mb"]) for r in results if r["variant"] == variant)
+        if pts:
+            b.plot([p[0] / 1e6 for p in pts], [p[1] for p in pts], marker=marker, label=variant)
+    b.set_xlabel("messages (millions)")
+    b.set_ylabel("driver peak RSS (MB)")
+    b.set_ylim(bottom=0)
+    b.set_title("driver memory against N")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--messages", default="1000000,3000000")
-    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--messages", default="1000000,10000000", help="the first runs every variant, the others "
+                                                                 "job-1p and job-6p only")
+    p.add_argument("--static-messages", type=int, default=200_000)
     p.add_argument("--batch-size", type=int, default=100_000)
     args = p.parse_args()
-    results = [run_one(int(n), args.partitions, args.batch_size) for n in args.messages.split(",")]
-    cols = list(results[0])
-    print("  ".join(f"{c:>20}" for c in cols))
+    counts = [int(n) for n in args.messages.split(",")]
+    RESULTS.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="cg-bench-zip-") as d:
+        zip_path = build_core_zip(Path(d) / "cg_core.zip")
+        results = [r for i, n in enumerate(counts)
+                   for r in run_count(n, i > 0, args.static_messages, args.batch_size, zip_path)]
+    cols = ["variant", "messages", "partitions", "msg_s", "x_naive", "x_1p", "duration_s", "peak_rss_mb"]
+    print("\n" + " ".join(f"{c:>12}" for c in cols))
     for r in results:
-        print("  ".join(f"{r[c]!s:>20}" for c in cols))
-    print(json.dumps(results))
+        print(" ".join(f"{r.get(c, '')!s:>12}" for c in cols))
+    (RESULTS / "member_job.json").write_text(json.dumps(results, indent=1) + "\n")
+    plot(results, RESULTS / "member_job.png")
+    print(f"\nwrote {RESULTS / 'member_job.json'} and {RESULTS / 'member_job.png'}")
 
 
 if __name__ == "__main__":

@@ -36,11 +36,11 @@ import pyarrow as pa
 from airflow_provider_cg.core import partitioning
 from airflow_provider_cg.core.config import ElasticGroupConfig, in_membership
 from airflow_provider_cg.core.direct import (
+    ALL,
     DirectReadError,
     PartitionBatch,
     PartitionReader,
     rows_from_batches,
-    seq_array,
 )
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.failpoints import failpoint
@@ -501,7 +501,9 @@ class _Run:
         """Read the member's partitions by direct gets, batch k+1 while batch k lands; the
         pin is kept by pulls that take no message."""
         o, s = self.options, self.summary
-        starts = {p: 0 for p in self.partitions}  # next sequence to read per partition
+        # next sequence to read per partition; the whole stream if every partition is ours
+        owns_all = set(self.partitions) == set(range(self.config.max_members))
+        starts = {ALL: 0} if owns_all else {p: 0 for p in self.partitions}
         keeper = asyncio.create_task(self._keep_pin())
         landing: asyncio.Task | None = None
         transient_deadline = None
@@ -597,7 +599,8 @@ class _Run:
         """One batch read by direct gets: its rows, then the two-phase steps with one purge per
         partition as the ack of the range read."""
         o = self.options
-        table = rows_from_batches(batches, group=o.group, member=o.member, keys=self.keys)
+        table, refs = await asyncio.to_thread(rows_from_batches, batches, group=o.group, member=o.member,
+                                              keys=self.keys)
         if self.decode is not None:
             table, bad = await asyncio.to_thread(self.decode, table)
             if bad:
@@ -616,7 +619,6 @@ class _Run:
                 failpoint("mid_ack")
             return unknown
 
-        refs = np.concatenate([seq_array(b) for b in batches])
         await self._two_phase(table, refs, ack, len(refs), sum(len(d) for b in batches for d in b.data))
 
     async def _two_phase(self, table, refs: np.ndarray, ack: Callable[[], Awaitable[int]], n_msgs: int,

@@ -13,6 +13,11 @@ work-queue stream is exactly an ack of that range, and the member consumer's cou
 Reading from the partition's first message also gives a new pin holder an earlier holder's
 unacknowledged messages before any newer one: per-key order needs no wait for ack timeouts.
 
+A member that holds every partition of its group owns the whole work-queue stream: it reads it
+unfiltered (``ALL``) and purges by sequence alone. That matters: the server's cost of a filtered
+next-by-subject read grows with the number of subjects (keys) matching the filter in each block
+(measured here: about 20 µs a message for ``0.>`` over 2,000 keys, against 5 µs unfiltered).
+
 Only work-queue streams: nothing is ever purged from an origin stream (static groups read
 through their durable consumer).
 """
@@ -37,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _STATUS_AT = 8  # b"NATS/1.0 204 EOB": a status block has a space where a header block has CRLF
 REQUEST_BYTES = 4 << 20  # per direct-get request: bounds what the server queues for us at once
+ALL = -1  # "partition" of a reader that owns every partition: the whole stream, unfiltered
 READ_TIMEOUT = 10.0
 
 
@@ -50,7 +56,7 @@ class DirectReadError(ConsumerGroupError):
 
 @dataclass
 class PartitionBatch:
-    """Messages of one partition in stream order, as the server sent them."""
+    """Messages of one partition (or of ``ALL``) in stream order, as the server sent them."""
 
     partition: int
     hdrs: list[bytes] = field(default_factory=list)
@@ -67,6 +73,10 @@ class _Request:
 
     def __init__(self, batch: PartitionBatch, fut: asyncio.Future) -> None:
         self.batch, self.fut, self.status = batch, fut, None
+
+
+def subject_filter(partition: int) -> str:
+    return ">" if partition == ALL else f"{partition}.>"
 
 
 def _header_int(hdr: bytes, name: bytes) -> int:
@@ -131,7 +141,8 @@ class PartitionReader:
         req = _Request(batch, asyncio.get_running_loop().create_future())
         self._reqs[token] = req
         before = len(batch)
-        body = {"seq": from_seq, "next_by_subj": f"{batch.partition}.>", "batch": count, "max_bytes": REQUEST_BYTES}
+        body = {"seq": max(from_seq, 1), "next_by_subj": subject_filter(batch.partition), "batch": count,
+                "max_bytes": REQUEST_BYTES}
         try:
             await self.nc.publish(self._get_subject, json.dumps(body).encode(), reply=(self._prefix + token).decode())
             async with asyncio.timeout(timeout):
@@ -190,8 +201,8 @@ class PartitionReader:
     async def purge_through(self, partition: int, last_seq: int, timeout: float = 10.0) -> int:
         """Remove every message of ``partition`` up to and including ``last_seq`` (the range
         this reader read, contiguously, from the partition's first message): their ack."""
-        resp = await self.api.request(f"STREAM.PURGE.{self.stream}",
-                                      {"filter": f"{partition}.>", "seq": last_seq + 1}, timeout=timeout)
+        body = {"seq": last_seq + 1} if partition == ALL else {"filter": subject_filter(partition), "seq": last_seq + 1}
+        resp = await self.api.request(f"STREAM.PURGE.{self.stream}", body, timeout=timeout)
         return int(resp.get("purged", 0))
 
     async def first_seq(self, partition: int, timeout: float = 5.0) -> int | None:
@@ -249,14 +260,16 @@ def _user_headers(block: bytes) -> str | None:
     return headers_to_json(out)
 
 
-def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str, keys: KeySelector) -> pa.Table:
+def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str,
+                      keys: KeySelector) -> tuple[pa.Table, np.ndarray]:
     """Rows (``ROW_SCHEMA``) of direct-get reads of a sourced work-queue stream, partition
-    after partition, each in stream order. Parsed column-wise in Arrow: the job's hot path does
-    no per-message Python work here except for messages that carry headers of their own."""
+    after partition, each in stream order, and the messages' sequences in that stream (the
+    refs a sink keeps for recovery). Parsed column-wise in Arrow, which releases the GIL: no
+    per-message Python work except for messages that carry headers of their own."""
     hdrs = [h for b in batches for h in b.hdrs]
     n = len(hdrs)
     if n == 0:
-        return ROW_SCHEMA.empty_table()
+        return ROW_SCHEMA.empty_table(), np.zeros(0, np.int64)
     blocks = _binary(hdrs)
     tail = pc.extract_regex(blocks, _TAIL)
     source = pc.extract_regex(blocks, _SOURCE)
@@ -275,7 +288,7 @@ def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str,
         for i in own:
             values[i] = _user_headers(hdrs[i])
         headers = pa.array(values, pa.string())
-    return pa.Table.from_arrays(
+    table = pa.Table.from_arrays(
         [
             source.field("stream").cast(pa.string()),
             source.field("seq").cast(pa.string()).cast(pa.int64()),
@@ -292,6 +305,7 @@ def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str,
         ],
         schema=ROW_SCHEMA,
     )
+    return table, tail.field("seq").cast(pa.string()).cast(pa.int64()).to_numpy()
 
 
 def _keys(rest: pa.Array, keys: KeySelector) -> pa.Array:
@@ -305,11 +319,3 @@ def _keys(rest: pa.Array, keys: KeySelector) -> pa.Array:
         except pa.ArrowInvalid:  # a subject with fewer tokens: per row below
             pass
     return pa.array([keys.key(s) for s in rest.to_pylist()], pa.string())
-
-
-def seq_array(batch: PartitionBatch) -> np.ndarray:
-    """Stream sequences of a partition batch (the refs a sink keeps for recovery)."""
-    if not batch.hdrs:
-        return np.zeros(0, np.int64)
-    ex = pc.extract_regex(_binary(batch.hdrs), r"Nats-Sequence: (?P<seq>\d+)")
-    return ex.field("seq").cast(pa.string()).cast(pa.int64()).to_numpy()

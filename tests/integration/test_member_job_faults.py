@@ -61,8 +61,12 @@ async def test_sigkill_at_each_step_of_a_batch_then_rerun(nc, nats_server, membe
 
     def job(point, failpoint):
         stream = cases[point]
+        # mid_ack: through the consumer, whose acks go partition by partition (a member that
+        # owns the whole work-queue stream acks a batch with one purge: no "mid" there; see
+        # test_sigkill_between_two_partition_purges_then_rerun for the direct-read path)
+        read = ["--read", "consumer"] if point == "mid_ack" else []
         return start_member_job(member_job_zip, tmp_path / point, nats_servers=nats_server.url, stream=stream,
-                                group=GROUP, member="m1", sink_path=tmp_path / point / "lake", args=args,
+                                group=GROUP, member="m1", sink_path=tmp_path / point / "lake", args=[*args, *read],
                                 env={"CG_FAILPOINT": failpoint} if failpoint else None)
 
     crashed = await _wait(*(job(p, p) for p in cases))
@@ -72,7 +76,7 @@ async def test_sigkill_at_each_step_of_a_batch_then_rerun(nc, nats_server, membe
         assert parquet_landed(tmp_path / point / "lake") == [], f"{point}: rows visible before commit"
     left = {p: await wq_messages(nc, cases[p], GROUP) for p in cases}
     assert left["after_prepare"] == n  # no ack sent
-    assert n - batch < left["mid_ack"] < n  # the first of the batch's two partitions acked (purged)
+    assert n - batch < left["mid_ack"] < n  # the first of the batch's two partitions acked
     assert left["before_commit"] == n - batch  # the whole first batch acked
 
     reruns = await _wait(*(job(p, None) for p in cases))
@@ -85,12 +89,50 @@ async def test_sigkill_at_each_step_of_a_batch_then_rerun(nc, nats_server, membe
     assert (a["recovered_aborted"], a["recovered_committed"]) == (1, 0), a
     assert a["committed"] == n and a["duplicates_skipped"] == 0, a
     assert (b["recovered_aborted"], b["recovered_committed"]) == (0, 1), b
-    # the recovered batch landed all 1000 rows; the part of it whose partition was not purged
-    # yet is read again and dropped as duplicates
-    assert b["committed"] == n and b["consumed"] == left["mid_ack"], b
-    assert b["duplicates_skipped"] == left["mid_ack"] - (n - batch), b
+    # the recovered batch landed all 1000 rows; its unacked part came back and was acked as
+    # landed at once (no second write of it)
+    assert b["committed"] == n and b["consumed"] == n - batch and b["duplicates_skipped"] == 0, b
     assert (c["recovered_aborted"], c["recovered_committed"]) == (0, 1), c
     assert c["committed"] == n and c["consumed"] == n - batch and c["duplicates_skipped"] == 0, c
+
+
+async def test_sigkill_between_two_partition_purges_then_rerun(nc, nats_server, member_job_zip, tmp_path):
+    """m1 holds 2 of its group's 3 partitions: it reads them by filtered direct gets and acks a
+    batch with one purge per partition. Killed after the first purge of its first batch (before
+    commit), the rerun commits that batch in recovery and re-reads (as duplicates) only what the
+    second purge would have removed; m2's partition is untouched."""
+    from airflow_provider_cg.core.config import ElasticGroupConfig, MemberMapping, PartitioningFilter
+    from airflow_provider_cg.core.partitioning import partition_of
+
+    n, batch = 3_000, 1_000
+    await nc.jetstream().add_stream(name="D", subjects=["d.*"])
+    await ConsumerGroups(nc).create("D", GROUP, ElasticGroupConfig(
+        3, (PartitioningFilter("d.*", (1,)),), member_mappings=(MemberMapping("m1", (0, 1)), MemberMapping("m2", (2,)))))
+    expected = await publish_orders(nc, "D", GROUP, n, 30, subjects_prefix="d")
+    mine = {k: key for k, key in expected.items() if partition_of(f"d.{key}", 3, (1,), "d.*") in (0, 1)}
+    theirs = n - len(mine)
+    assert 0 < theirs < n / 2 < len(mine)
+    args = ["--batch-size", str(batch), "--ack-wait", "3", "--standby-timeout", "20"]
+    lake = tmp_path / "lake"
+
+    def job(failpoint=None):
+        return start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="D", group=GROUP,
+                                member="m1", sink_path=lake, args=args,
+                                env={"CG_FAILPOINT": failpoint} if failpoint else None)
+
+    (crashed,) = await _wait(job("mid_ack"))
+    assert crashed.returncode != 0 and "cg failpoint mid_ack" in crashed.output, crashed.describe()
+    assert parquet_landed(lake) == []
+    left = await wq_messages(nc, "D", GROUP)
+    purged = n - left
+    assert 0 < purged < batch, left  # one partition's share of the batch
+    (rerun,) = await _wait(job())
+    s = _ok(rerun)
+    assert (s["recovered_aborted"], s["recovered_committed"]) == (0, 1), s
+    assert s["committed"] == len(mine) and s["consumed"] == len(mine) - purged, s
+    assert s["duplicates_skipped"] == batch - purged, s  # the unpurged part of the recovered batch
+    assert_exactly_once(parquet_landed(lake), mine)
+    assert await wq_messages(nc, "D", GROUP) == theirs
 
 
 async def test_step_down_mid_run_then_second_run_finishes(nc, nats_server, member_job_zip, tmp_path):
