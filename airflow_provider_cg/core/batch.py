@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from airflow_provider_cg.core import partitioning
 from airflow_provider_cg.core.config import ElasticGroupConfig, in_membership
@@ -359,8 +360,7 @@ class _Run:
         Messages whose rows recovery just committed are acked at once: they are landed, and
         an earlier holder's late ack of them must not be mistaken for progress."""
         o, s = self.options, self.summary
-        held = _latest_deliveries(held)
-        done = [m for m in held if m.stream_seq in landed]
+        done = [m for m in held if m.stream_seq in landed] if landed else []  # one pull: no repeats
         if done:
             await self.client.ack_sync_many(done, timeout=min(o.ack_timeout, 10.0))
             self.taken += len(done)
@@ -573,8 +573,12 @@ class _Run:
         """One batch read through the consumer: its rows, then the two-phase steps with a
         double ack per message (partition by partition)."""
         o = self.options
-        msgs = _in_stream_order(msgs)
         table = build_rows(msgs, group=o.group, member=o.member, keys=self.keys, sourced=self.sourced)
+        if not _in_stream_order(msgs):  # right after a takeover or a redelivery
+            msgs = sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
+            table = build_rows(msgs, group=o.group, member=o.member, keys=self.keys, sourced=self.sourced)
+        lo, hi = pc.min_max(table.column("partition")).values()
+        one_partition = lo == hi
         bad: dict[int, str] = {}
         if self.decode is not None:
             table, bad = await asyncio.to_thread(self.decode, table)
@@ -585,7 +589,7 @@ class _Run:
 
         async def ack() -> int:
             acked, outcomes = [], []
-            for part in _by_partition(msgs):
+            for part in [msgs] if one_partition else _by_partition(msgs):
                 outcomes += await self.client.ack_sync_many(part, timeout=min(o.ack_timeout, 10.0))
                 acked += part
                 failpoint("mid_ack")
@@ -795,13 +799,11 @@ def _latest_deliveries(msgs: list) -> list:
     return list(latest.values()) if len(latest) != len(msgs) else msgs
 
 
-def _in_stream_order(msgs: list) -> list:
-    """The batch in stream-sequence order (per partition, that is per-key order), one message
-    per sequence. Already so, except right after a takeover or a redelivery."""
+def _in_stream_order(msgs: list) -> bool:
+    """Whether the batch is in strictly increasing stream-sequence order (per partition, that is
+    per-key order). Call after ``build_rows``, which caches each message's parsed ack subject."""
     seqs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
-    if len(seqs) < 2 or bool(np.all(seqs[1:] > seqs[:-1])):
-        return msgs
-    return sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
+    return len(seqs) < 2 or bool(np.all(seqs[1:] > seqs[:-1]))
 
 
 def _pinned_id(info: dict) -> str | None:

@@ -274,7 +274,7 @@ class ParquetLakeSink(TwoPhaseSink):
         compression: str = "snappy",
         fsync: bool = True,
         checkpoint_interval: int = 100,
-        key_cache_size: int = 64,
+        key_cache_size: int = 16,
     ) -> None:
         self.root = Path(path)
         self.compression = compression
