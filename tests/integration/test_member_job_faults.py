@@ -242,3 +242,38 @@ async def test_suspended_in_prepare_its_write_is_rolled_back_by_the_new_instance
     assert lost in r1.output, r1.describe()
     assert_exactly_once(parquet_landed(lake), expected)
     assert await wq_messages(nc, "O", GROUP) == 0
+
+
+async def test_standby_whose_consumer_is_deleted_ends_revoked(nc, nats_server, member_job_zip, tmp_path):
+    """Another instance holds m1's pin; our job waits as a standby; a membership change deletes
+    m1's consumer: the job ends with result "revoked", exit 0, no traceback, nothing landed."""
+    from airflow_provider_cg.core.priority import PriorityClient
+
+    await create_group(nc, "R", GROUP, partitions=2, members=("m1", "m2"), subjects_prefix="r")
+    await publish_orders(nc, "R", GROUP, 200, 10, subjects_prefix="r")
+    groups = ConsumerGroups(nc)
+    stream, consumer = await groups.ensure_member_consumer("R", GROUP, "m1", ack_wait=30, max_deliver=5,
+                                                           max_ack_pending=1000, inactive_threshold=120)
+    holder = PriorityClient(nc, stream, consumer)
+    assert await holder.pull(1, expires=2) and holder.is_pinned
+    keep = asyncio.create_task(_keep_pinned(holder))
+    try:
+        job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="R", group=GROUP,
+                               member="m1", sink_path=tmp_path / "lake", args=["--standby-timeout", "60"])
+        assert await asyncio.to_thread(job.wait_for_log, "cg pinned", 8) is False  # still a standby
+        assert job.running(), job.result().describe()
+        await groups.drop_members("R", GROUP, ["m1"])
+        (r,) = await _wait(job)
+    finally:
+        keep.cancel()
+        await holder.close()
+    s = _ok(r)
+    assert s["result"] == "revoked" and "consumer deleted" in s["stop_reason"], s
+    assert "Traceback" not in r.output, r.describe()
+    assert parquet_landed(tmp_path / "lake") == []
+
+
+async def _keep_pinned(client) -> None:
+    while True:
+        await asyncio.sleep(1)
+        await client.keep_pin()
