@@ -62,7 +62,7 @@ from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.priority import PriorityClient
-from airflow_provider_cg.core.rows import ROW_SCHEMA, BatchId, KeySelector, _user_headers
+from airflow_provider_cg.core.rows import ROW_SCHEMA, BatchId, KeySelector, user_headers
 from airflow_provider_cg.core.sinks.base import TwoPhaseSink
 
 log = logging.getLogger("airflow_provider_cg.backfill")
@@ -163,7 +163,7 @@ class _Rows:
                 pa.array([self.keys.key(s) for s in subjects], pa.string()),
                 pa.array([m.data for m in kept], pa.binary()),
                 pa.nulls(n, pa.string()),
-                pa.array([_user_headers(m._hdr) if m._hdr else None for m in kept], pa.string()),
+                pa.array([user_headers(m._hdr) if m._hdr else None for m in kept], pa.string()),
                 pa.array([m.timestamp_ns for m in kept], pa.timestamp("ns", tz="UTC")),
                 pa.array([1] * n, pa.int32()),
                 pa.array([self.group] * n, pa.string()),

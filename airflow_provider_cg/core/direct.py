@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.nats_fastpath import RawSubscription, subscribe_raw
-from airflow_provider_cg.core.rows import ROW_SCHEMA, KeySelector, headers_to_json
+from airflow_provider_cg.core.rows import ROW_SCHEMA, KeySelector, user_headers
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ _TAIL = (r"Nats-Subject: (?P<subject>[^\r]*)\r\nNats-Sequence: (?P<seq>\d+)\r\n"
          r"Nats-Time-Stamp: (?P<ts>[^\r]*)\r\n")
 _SOURCE = r"Nats-Stream-Source: (?P<stream>[^ \r:]+)[^ \r]* (?P<seq>\d+)"
 # headers the server adds on sourcing and on a direct get: their content is in other columns
-_SERVER_HEADERS = frozenset({"Nats-Stream-Source", "Nats-Stream", "Nats-Subject", "Nats-Sequence",
+_SERVER_HEADERS = frozenset({"Nats-Pin-Id", "Nats-Stream-Source", "Nats-Stream", "Nats-Subject", "Nats-Sequence",
                              "Nats-Time-Stamp", "Nats-Num-Pending", "Nats-Last-Sequence"})
 _SERVER_LINES = 9  # CRLFs of a sourced message's block with server-added headers only
 
@@ -243,21 +243,6 @@ def _binary(chunks: list[bytes]) -> pa.Array:
     offsets = np.zeros(len(chunks) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=offsets[1:])
     return pa.Array.from_buffers(pa.large_binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
-
-
-def _user_headers(block: bytes) -> str | None:
-    out: dict[str, str | list[str]] = {}
-    for line in block.split(b"\r\n")[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name:
-            continue
-        k = name.strip().decode("ascii", "replace")
-        if k in _SERVER_HEADERS:
-            continue
-        v = value.strip().decode("utf-8", "replace")
-        prev = out.get(k)
-        out[k] = v if prev is None else ([*prev, v] if isinstance(prev, list) else [prev, v])
-    return headers_to_json(out)
 
 
 def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str,
@@ -286,7 +271,7 @@ def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str,
     if len(own):
         values: list[str | None] = [None] * n
         for i in own:
-            values[i] = _user_headers(hdrs[i])
+            values[i] = user_headers(hdrs[i], _SERVER_HEADERS)
         headers = pa.array(values, pa.string())
     table = pa.Table.from_arrays(
         [

@@ -159,8 +159,8 @@ def _source_of(raw: bytes | None) -> tuple[str, int] | None:
     return name.split(":", 1)[0], int(parts[1])
 
 
-def _user_headers(raw: bytes | None) -> str | None:
-    """JSON of the message's own headers (server-added ones dropped), or None."""
+def user_headers(raw: bytes | None, server_headers: frozenset[str] = _SYSTEM_HEADERS) -> str | None:
+    """JSON of the message's own headers (``server_headers`` dropped), or None."""
     if not raw:
         return None
     lines = raw.split(b"\r\n")[1:]
@@ -170,7 +170,7 @@ def _user_headers(raw: bytes | None) -> str | None:
         if not sep or not name:
             continue
         k = name.strip().decode("ascii", "replace")
-        if k in _SYSTEM_HEADERS:
+        if k in server_headers:
             continue
         v = value.strip().decode("utf-8", "replace")
         prev = out.get(k)
@@ -280,7 +280,7 @@ def _build_rows(msgs, group: str, member: str, keys: KeySelector, sourced: bool)
         else:
             streams[i], seqs[i] = meta.stream, meta.stream_seq
         if raw is not None and raw.count(b"\r\n") > plain_lines:
-            headers[i] = _user_headers(raw)
+            headers[i] = user_headers(raw)
     return pa.Table.from_arrays(
         [
             pa.array(streams, pa.string()),

@@ -15,6 +15,15 @@ from airflow_provider_cg.core.sinks import CommitResult, Fence, FencedOut, Prepa
 from tests.support.sink_rows import refs_for, rows
 
 
+def _together(*fns) -> None:
+    """Run ``fns`` in threads and wait for them (they line up on their own barrier)."""
+    threads = [threading.Thread(target=fn) for fn in fns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 def _prepare_and_recover(zombie, recoverer, seqs=range(1, 6), batch_seq=1):
     p = zombie.prepare(BatchId("ORDERS", "g", "m1", batch_seq), rows(seqs), message_refs=refs_for(seqs))
     (found,) = recoverer.recover("ORDERS", "g", "m1")
@@ -70,11 +79,7 @@ def race_mark_acking_vs_abort_unless_acking(make_sink, landed, rounds=50):
             if out["abort"] is WriteState.PREPARED:
                 recoverer.commit(found)
 
-        threads = [threading.Thread(target=mark), threading.Thread(target=recover)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        _together(mark, recover)
         acked = not isinstance(out["mark"], Exception)
         assert acked == (out["abort"] is WriteState.PREPARED), f"round {i}: {out}"
         assert (not acked) == (out["abort"] is WriteState.ABORTED), f"round {i}: {out}"
@@ -177,11 +182,7 @@ def race_mark_acking_vs_fence(make_sink, landed, rounds=30):
                 successor.commit(found)
                 out["committed"] = True
 
-        threads = [threading.Thread(target=mark), threading.Thread(target=take_over)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
+        _together(mark, take_over)
         acked = not isinstance(out["mark"], Exception)
         assert acked == bool(out.get("committed")), f"round {i}: {out}"
         if acked:
