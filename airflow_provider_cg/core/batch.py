@@ -246,11 +246,12 @@ class _Run:
         self.config = group.config
         if not in_membership(self.config, o.member):
             raise ConfigError("member", f"{o.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
+        elastic = isinstance(self.config, ElasticGroupConfig)  # a static durable must outlive idle spells
         self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
             o.stream, o.group, o.member,
             ack_wait=o.ack_wait, max_deliver=o.max_deliver,
             max_ack_pending=max(3 * o.batch_size, 1000),
-            inactive_threshold=max(o.ack_wait * 2, o.standby_timeout + o.idle_timeout + 30),
+            inactive_threshold=max(o.ack_wait * 2, o.standby_timeout + o.idle_timeout + 30) if elastic else None,
         )
         self.sourced = isinstance(self.config, ElasticGroupConfig)
         self.partitions = tuple(partitioning.member_partitions(self.config, o.member))
@@ -305,6 +306,7 @@ class _Run:
                     return s
                 await self._consume(held)
             s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
+            await self._release_pin()
             return s
         except ConsumerGone as e:
             if s.consumed or s.committed:
@@ -322,6 +324,17 @@ class _Run:
                 await client.close()
             if getattr(self, "reader", None) is not None:
                 await self.reader.close()
+
+    async def _release_pin(self) -> None:
+        """After a run that ended normally, hand the pin back at once (a standby, or the next
+        scheduled run, gets it now instead of after the consumer's priority timeout), unless
+        another instance holds it by now. Best effort: the timeout frees it anyway."""
+        if self.taken_over or not await self.client.keep_pin():
+            return
+        try:
+            await self.client.unpin()
+        except ConsumerGroupError as e:
+            log.info("cg member=%s: pin not released (%s); it expires with the priority timeout", self.options.member, e)
 
     def _fit_batch_to(self, info: dict) -> None:
         """Keep a batch (and the next one pulled while it lands) within the consumer's

@@ -579,7 +579,8 @@ class ConsumerGroups:
         """``(consumer stream, raw consumer config)`` of a member, per orbit's conventions.
 
         ``inactive_threshold`` (seconds) defaults to ``ack_wait * 2`` for elastic members
-        (orbit); static members are durable and get none unless asked.
+        (orbit). A static member's durable never gets one: the server would delete it once idle
+        and a re-created one starts again at the stream's first message.
         """
         kind = kind_of(config)
         cgconfig.validate_name("member", member, "member")
@@ -603,6 +604,8 @@ class ConsumerGroups:
         }
         if kind == STATIC:
             cc["durable_name"] = name
+            if inactive_threshold is not None:
+                raise ConfigError("inactive_threshold", "a static member's durable keeps its position only without one")
         if inactive_threshold is None and kind == ELASTIC:
             inactive_threshold = ack_wait * IDLE_FACTOR
         if inactive_threshold is not None:

@@ -593,6 +593,9 @@ async def test_member_consumer_config(nc, cg):
     cstream, cc = cg.member_consumer_config("S", "st", "m1", s)
     assert cstream == "S" and cc["durable_name"] == cc["name"] == "st-m1" and "inactive_threshold" not in cc
     assert cc["filter_subjects"] == ["0.bar.*"]
+    with pytest.raises(ConfigError) as err:  # an idle durable would be deleted and replay the stream
+        cg.member_consumer_config("S", "st", "m1", s, inactive_threshold=60)
+    assert err.value.field == "inactive_threshold"
     with pytest.raises(ConfigError) as err:
         cg.member_consumer_config("O", "g", "zz", e)
     assert err.value.field == "member"

@@ -12,7 +12,9 @@ import secrets
 
 import pytest
 
+from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.publish import publish_many
 from airflow_provider_cg.core.server import EmbeddedNatsServer, free_port
 from tests.support.member_job import (
     assert_exactly_once,
@@ -93,8 +95,9 @@ async def test_two_instances_of_one_member_only_one_consumes(nc, nats_server, me
     for r in results:
         assert r.returncode == 0, r.describe()
     outcomes = sorted(r.summary["result"] for r in results)
-    assert outcomes == ["committed", "not-pinned"], [r.summary for r in results]
-    winner, loser = sorted((r.summary for r in results), key=lambda s: s["result"])
+    # the loser waits as a standby: not-pinned, or empty once the winner released the pin at its end
+    assert outcomes[0] == "committed" and outcomes[1] in ("empty", "not-pinned"), [r.summary for r in results]
+    winner, loser = sorted((r.summary for r in results), key=lambda s: s["result"] != "committed")
     assert winner["committed"] == 5_000 and winner["pin_id"]
     assert loser["consumed"] == loser["committed"] == 0
     assert_exactly_once(parquet_landed(lake), expected)
@@ -175,3 +178,33 @@ async def test_invalid_input_exit_codes_and_no_secret_in_output(member_job_zip, 
         assert not any(secret in arg for arg in r.cmd)
     assert json.dumps(r_good.summary).find(marker) == -1
 
+
+
+async def test_static_group_keeps_its_position_across_runs(nc, nats_server, member_job_zip, tmp_path):
+    """A static member's durable is created without an inactivity threshold (the server would
+    delete it when idle, and a new one replays the stream): a second run, started right after
+    the first (which released its pin), takes only what came since, exactly once and in order."""
+    from airflow_provider_cg.core.config import StaticGroupConfig
+
+    await JsApi(nc).add_stream({"name": "ST", "subjects": ["st.*"], "subject_transform": {
+        "src": "st.*", "dest": "{{Partition(2,1)}}.st.{{Wildcard(1)}}"}})
+    await ConsumerGroups(nc).create("ST", "g", StaticGroupConfig(2, ("st.*",), members=("m1",)))
+    lake = tmp_path / "lake"
+
+    async def publish(n: int, first: int) -> dict:
+        res = await publish_many(nc, ((f"st.k{i % 20}", b'{"i":%d}' % i) for i in range(n)))
+        assert res.published == n
+        return {("ST", first + i): f"st.k{i % 20}" for i in range(n)}  # static: the key is the subject
+
+    expected = await publish(500, 1)
+    (r1,) = await _wait_jobs(start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="ST",
+                                              group="g", member="m1", sink_path=lake))
+    assert _assert_ok(r1)["consumed"] == 500
+    info = await JsApi(nc).consumer_info("ST", "g-m1")
+    assert info is not None and not info["config"].get("inactive_threshold"), info["config"]
+    expected |= await publish(30, 501)
+    (r2,) = await _wait_jobs(start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="ST",
+                                              group="g", member="m1", sink_path=lake))
+    s2 = _assert_ok(r2)
+    assert s2["consumed"] == 30 and s2["duplicates_skipped"] == 0, s2
+    assert_exactly_once(parquet_landed(lake), expected)
