@@ -294,14 +294,12 @@ class _Run:
                 return s
             s.pin_id = self.client.pin_id
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d", o.member, s.pin_id, self.owner, s.target)
+            landed = await self._take_over()
             if self.reader is not None:
                 # the stream, not the consumer, holds what earlier holders left unacknowledged
-                self.fence = Fence(self.owner, self.partitions)
-                await asyncio.to_thread(self.sink.fence, o.stream, o.group, self.fence)
-                await self.recover(self.fence.partitions)
                 await self._consume_direct()
             else:
-                held = await self._take_over(first)
+                held = await self._settle_predecessors(first, landed)
                 if held is None:
                     return s
                 await self._consume(held)
@@ -329,9 +327,9 @@ class _Run:
         """After a run that ended normally, hand the pin back at once (a standby, or the next
         scheduled run, gets it now instead of after the consumer's priority timeout), unless
         another instance holds it by now. Best effort: the timeout frees it anyway."""
-        if self.taken_over or not await self.client.keep_pin():
-            return
         try:
+            if self.taken_over or not await self.client.holds_pin():
+                return
             await self.client.unpin()
         except ConsumerGroupError as e:
             log.info("cg member=%s: pin not released (%s); it expires with the priority timeout", self.options.member, e)
@@ -353,18 +351,18 @@ class _Run:
         return await asyncio.to_thread(_recover_sync, self.sink, self.options, self.summary, partitions,
                                        self.consumer_stream)
 
-    async def _take_over(self, held: list) -> list | None:
+    async def _take_over(self) -> set[int]:
         """As the new pin holder, before landing anything: fence the member's partitions in the
-        sink, finish what earlier holders left prepared there, then settle their in-flight
-        messages. Returns every unacknowledged message of the consumer, in stream order (None:
-        the pin moved on meanwhile, or the predecessors' messages never came back)."""
+        sink, then finish what earlier holders left prepared there. Returns the sequences whose
+        rows that recovery committed."""
         self.fence = Fence(self.owner, self.partitions)
         await asyncio.to_thread(self.sink.fence, self.options.stream, self.options.group, self.fence)
-        landed = await self.recover(self.fence.partitions)
-        return await self._settle_predecessors(held, landed)
+        return await self.recover(self.fence.partitions)
 
     async def _settle_predecessors(self, held: list, landed: set[int]) -> list | None:
-        """Wait until every unacknowledged message of the consumer is in ``held``.
+        """Reading through the consumer: wait until every unacknowledged message of the
+        consumer is in ``held``; returns them (None: the pin moved on meanwhile, or the
+        predecessors' messages never came back).
 
         The server moves the pin without waiting for the old holder's unacked messages; they
         come back to the pin holder only when their ack wait expires. Landing the newer
@@ -545,8 +543,8 @@ class _Run:
                 if landing is not None:
                     await self._await_landing(landing)
                     landing = None
-                if not batches:
-                    s.stop_reason = "backlog drained"
+                if not batches:  # drained, unless by a successor while this instance stalled
+                    s.stop_reason = "backlog drained" if await self.client.holds_pin() else "pin lost"
                     break
                 for b in batches:
                     starts[b.partition] = b.last_seq + 1

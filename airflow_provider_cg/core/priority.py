@@ -937,6 +937,11 @@ class PriorityClient:
             return False
         return status != "423"
 
+    async def holds_pin(self) -> bool:
+        """Whether the server names this client's pin as the group's current one (a keep-alive
+        pull cannot tell when nobody is pinned and nothing is pending)."""
+        return self._pin_id is not None and (await self.group_state()).get("pinned_client_id") == self._pin_id
+
     async def consumer_info(self) -> dict:
         """Raw consumer info. Its ``priority_groups`` is
         ``[{"group": ..., "pinned_client_id": ..., "pinned_ts": ...}]`` (id absent and ts
