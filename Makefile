@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[all,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m pip install -q -e '.[all,test,bench]'
 	$(BIN)/python benchmarks/bench_member_job.py
 
 lint: $(STAMP)

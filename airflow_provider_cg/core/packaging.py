@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import zipfile
+from importlib import resources
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # airflow_provider_cg/
-SPARK_APPS = PACKAGE_ROOT.parent / "spark_apps"
+SPARK_APPS_PACKAGE = "airflow_provider_cg.spark_apps"
 MEMBER_JOB = "cg_member_job.py"
 
 
@@ -39,12 +40,16 @@ def build_core_zip(dest: str | os.PathLike) -> Path:
 
 
 def member_job_path() -> Path:
-    """The spark-submit application file of the member job.
+    """The spark-submit application file of the member job, as installed.
 
-    In a source checkout it is ``spark_apps/cg_member_job.py``; an installed wheel carries a
-    copy as package data under ``airflow_provider_cg/spark_apps/``.
+    It ships inside the package (``airflow_provider_cg/spark_apps/``), in a checkout and in
+    a wheel alike; spark-submit needs a real file, which a regular install always has.
     """
-    for candidate in (SPARK_APPS / MEMBER_JOB, PACKAGE_ROOT / "spark_apps" / MEMBER_JOB):
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{MEMBER_JOB} not found next to the package")
+    resource = resources.files(SPARK_APPS_PACKAGE) / MEMBER_JOB
+    path = Path(str(resource))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{MEMBER_JOB} is not a file in {SPARK_APPS_PACKAGE} ({resource}); reinstall airflow-provider-cg "
+            "from its wheel (zipped installs are not supported: spark-submit needs a file)"
+        )
+    return path

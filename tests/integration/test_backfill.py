@@ -13,6 +13,7 @@ from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
 from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
 from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.packaging import member_job_path
 from airflow_provider_cg.core.partitioning import assign_partitions
 from airflow_provider_cg.core.publish import publish_many
 from airflow_provider_cg.core.sinks.parquet import ParquetLakeSink, read_committed
@@ -154,9 +155,8 @@ async def test_empty_window_and_bad_bounds(nc, tmp_path):
 
 def _job():
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "spark_apps" / "cg_member_job.py"
+    path = member_job_path()
     spec = importlib.util.spec_from_file_location("cg_member_job_backfill_test", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

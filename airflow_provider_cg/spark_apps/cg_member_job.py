@@ -1,11 +1,13 @@
 """spark-submit entry point: land one member's backlog of a consumer group into a sink.
 
-    spark-submit --py-files cg_core.zip spark_apps/cg_member_job.py \
+    spark-submit --py-files cg_core.zip airflow_provider_cg/spark_apps/cg_member_job.py \
         --stream ORDERS --group g1 --member m1 --sink parquet --sink-path /lake/orders
 
 Backfill mode (``--backfill-start ISO --backfill-end ISO``, no ``--member``): re-read the
 origin stream's messages of ``[start, end)`` into the sink (``core/backfill.py``); pinning
 and ``--member`` do not apply, the result is "committed" or "empty".
+
+The summary is also written to ``--summary-file`` when given.
 
 NATS settings and credentials come from ``CG_NATS_*`` environment variables or the JSON
 file named by ``CG_NATS_CONFIG_FILE``; the PostgreSQL DSN from ``CG_PG_DSN`` or the file
@@ -40,13 +42,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-bytes", type=int)
     p.add_argument("--max-seconds", type=float)
     p.add_argument("--standby-timeout", type=float, default=30.0, help="seconds to wait for the pin")
-    p.add_argument("--ack-wait", type=float, default=60.0)
+    p.add_argument("--ack-wait", type=float, help="ack wait (s) of a member consumer the job creates "
+                   "(default: orbit's 5 s for elastic groups, 60 s for static ones); an existing one is used as it is")
     p.add_argument("--max-deliver", type=int, default=5)
     p.add_argument("--idle-timeout", type=float, default=2.0, help="a pull this long with nothing ends the run")
     p.add_argument("--progress-interval", type=float, default=5.0)
     p.add_argument("--read", choices=["auto", "consumer"], default="auto",
                    help="auto: an elastic group's partitions by direct gets (one purge per partition acks a "
                         "batch); consumer: pulls and a double ack per message (static groups always)")
+    p.add_argument("--summary-file", help="also write the summary JSON to this file (atomically), for a caller "
+                   "that runs the driver on its own machine (the operator in local and client mode)")
     p.add_argument("--no-spark", action="store_true", help="run without a SparkSession (raw/text payloads only)")
     p.add_argument("--backfill-start", help="backfill mode: window start (ISO 8601, inclusive; naive = UTC)")
     p.add_argument("--backfill-end", help="backfill mode: window end (ISO 8601, exclusive)")
@@ -145,8 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if spark is not None:
             spark.stop()
-    print(SUMMARY_PREFIX + summary.to_json(), flush=True)
+    line = summary.to_json()
+    if args.summary_file:
+        _write_atomically(args.summary_file, line)
+    print(SUMMARY_PREFIX + line, flush=True)
     return EXIT_OK
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

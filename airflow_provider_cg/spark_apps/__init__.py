@@ -1,0 +1,1 @@
+"""spark-submit applications shipped inside the package (resolved with ``importlib.resources``)."""
