@@ -103,7 +103,7 @@ def scale_out_and_drain() -> Any:
     @task(task_id="report", trigger_rule="none_failed")
     def report(ti: Any = None) -> dict[str, Any]:
         """Rows landed per member and the membership after the restore."""
-        summaries = [s for s in (ti.xcom_pull(task_ids="drain", key="summary") or []) if s]
+        summaries = [s for s in (ti.xcom_pull(task_ids="drain") or []) if s]
         landed = {s["member"]: int(s.get("committed") or 0) for s in summaries}
         restored = ti.xcom_pull(task_ids="restore") or {}
         out = {"landed": landed, "total": sum(landed.values()), "assignment": restored.get("assignment")}

@@ -42,37 +42,20 @@ def _default_sink_path() -> str:
     return os.path.join(base, "lake", "orders")
 
 
-class _CreateGroupFromParams(CreateConsumerGroupOperator):
-    """CreateConsumerGroupOperator whose membership and partitioning come from DAG params."""
-
-    template_fields = (
-        *CreateConsumerGroupOperator.template_fields,
-        "members",
-        "max_members",
-        "partitioning_filters",
-        "create_stream",
-    )
-
-
 def create_group_task() -> CreateConsumerGroupOperator:
-    op = _CreateGroupFromParams(
+    """The group, from the DAG's params (every argument of the operator is templated)."""
+    return CreateConsumerGroupOperator(
         task_id="ensure_group",
         stream="{{ params.stream }}",
         group="{{ params.group }}",
-        max_members=6,
-        members=["m1"],
-        partitioning_filters=["x.*"],
-        create_stream={"subjects": ["x.>"]},
+        max_members="{{ params.max_members }}",
+        members="{{ params.members }}",
+        partitioning_filters=[
+            {"filter": "{{ params.partitioning_filter }}", "partitioning_wildcards": "{{ params.partitioning_wildcards }}"}
+        ],
+        create_stream={"subjects": "{{ params.stream_subjects }}"},
         nats_conn_id="{{ params.nats_conn_id }}",
     )
-    # Validated again once rendered (before the server is contacted).
-    op.members = "{{ params.members }}"
-    op.max_members = "{{ params.max_members }}"
-    op.partitioning_filters = [
-        {"filter": "{{ params.partitioning_filter }}", "partitioning_wildcards": "{{ params.partitioning_wildcards }}"}
-    ]
-    op.create_stream = {"subjects": "{{ params.stream_subjects }}"}
-    return op
 
 
 with DAG(
@@ -125,7 +108,7 @@ with DAG(
     @task(trigger_rule="none_failed")
     def summarise(ti: Any = None) -> dict[str, Any]:
         """Rows per member and partition from the members' summaries (key ``summary``)."""
-        summaries = [s for s in (ti.xcom_pull(task_ids="consume", key="summary") or []) if s]
+        summaries = [s for s in (ti.xcom_pull(task_ids="consume") or []) if s]
         rows = []
         for s in sorted(summaries, key=lambda s: s["member"]):
             parts = s.get("partitions") or {}

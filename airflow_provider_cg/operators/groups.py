@@ -13,6 +13,8 @@ arguments changes nothing (``created`` / ``changed`` are ``False`` in the result
 
 from __future__ import annotations
 
+import ast
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -77,7 +79,7 @@ def _partitioning_filters(value: Any) -> tuple[PartitioningFilter, ...]:
             unknown = set(item) - {"filter", "partitioning_wildcards"}
             if unknown:
                 raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown key")
-            wcs = item.get("partitioning_wildcards") or ()
+            wcs = _literal(f"{where}.partitioning_wildcards", item.get("partitioning_wildcards")) or ()
             if not isinstance(wcs, list | tuple):
                 raise ConfigError(f"{where}.partitioning_wildcards", "must be a list of wildcard indexes")
             out.append(PartitioningFilter(item["filter"], tuple(wcs)))
@@ -117,6 +119,32 @@ class _ConsumerGroupOperator(BaseOperator):
             raise AirflowFailException(str(e)) from e
 
 
+# a NATS subject-transform function inside a string ({{partition(3,1)}}, {{ wildcard(2) }}, ...)
+_TRANSFORM_FUNCTION = re.compile(
+    r"\{\{\s*(partition|wildcard|split|splitfromleft|splitfromright|slicefromleft|slicefromright|left|right)\s*\(",
+    re.IGNORECASE,
+)
+MAX_LITERAL_CHARS = 1_000_000
+
+
+def _literal(field: str, value: Any) -> Any:
+    """A template rendered as text (no ``render_template_as_native_obj``) that holds a list,
+    dict or number, as that value; anything else unchanged."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text or text[0] not in "[{(-0123456789":
+        return value
+    if len(text) > MAX_LITERAL_CHARS:
+        raise ConfigError(field, f"longer than {MAX_LITERAL_CHARS} characters")
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+        if text[0] in "[{(":
+            raise ConfigError(field, "is not a valid list or dict literal") from None
+        return value
+
+
 class CreateConsumerGroupOperator(_ConsumerGroupOperator):
     """Create a consumer group; succeed without changes when it exists with the same config.
 
@@ -133,9 +161,13 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
     :param member_mappings: ``{member: [partitions]}`` or ``[{"member", "partitions"}]``.
     :param create_stream: create the origin stream first when it does not exist: a raw
         JetStream stream config, e.g. ``{"subjects": ["orders.>"], "storage": "memory"}``
-        (``name`` defaults to ``stream``). An existing stream is left as it is. Not templated
-        (a static origin's ``{{partition(...)}}`` transform would read as Jinja).
+        (``name`` defaults to ``stream``). An existing stream is left as it is.
     :param nats_conn_id: Airflow connection of type ``nats``.
+
+    Every argument is templated. Rendered without ``render_template_as_native_obj``, a list,
+    dict or number arrives as its text and is read back as a Python literal. Strings holding a
+    subject-transform function (``{{partition(3,1)}}``, ``{{wildcard(1)}}``, ...) are not
+    Jinja and are left as they are.
 
     Returns ``GroupInfo.to_dict()`` (kind, stream, group, revision, config, assignment) plus
     ``created`` and ``stream_created``. An existing group with a different immutable field
@@ -143,12 +175,17 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
     with the membership operators).
     """
 
+    CONFIG_FIELDS = ("kind", "max_members", "filters", "partitioning_filters", "max_buffered_msgs",
+                     "max_buffered_bytes", "members", "member_mappings", "create_stream")
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", *CONFIG_FIELDS)
+    template_fields_renderers = {"create_stream": "json", "member_mappings": "json", "partitioning_filters": "json"}
+
     def __init__(
         self,
         *,
         stream: str,
         group: str,
-        max_members: int,
+        max_members: int | str,
         kind: str = ELASTIC,
         filters: Sequence[str] | None = None,
         partitioning_filters: Sequence[str | Mapping[str, Any]] | None = None,
@@ -161,8 +198,6 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(stream=stream, group=group, nats_conn_id=nats_conn_id, **kwargs)
-        if kind not in KINDS:
-            raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
         self.kind = kind
         self.max_members = max_members
         self.filters = filters
@@ -172,13 +207,28 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         self.members = members
         self.member_mappings = member_mappings
         self.create_stream = create_stream
-        self.build_config()
-        if not _templated(stream) and not _templated(group):
+        if not any(_templated(getattr(self, f)) for f in self.CONFIG_FIELDS):
+            self.build_config()
+        if not any(_templated(v) for v in (stream, group, kind)):
             cgconfig.validate_names(stream, group, kind)
-        self._stream_config()
+        if not _templated(create_stream):
+            self._stream_config()
+
+    def render_template(self, content: Any, context: Any, jinja_env: Any = None, seen_oids: Any = None) -> Any:
+        if isinstance(content, str) and _TRANSFORM_FUNCTION.search(content):
+            return content  # a stream subject transform, not Jinja
+        return super().render_template(content, context, jinja_env, seen_oids)
 
     def build_config(self) -> GroupConfig:
-        """The validated group config from the operator's arguments."""
+        """The validated group config from the operator's (rendered) arguments."""
+        for field in self.CONFIG_FIELDS:
+            setattr(self, field, _literal(field, getattr(self, field)))
+        if self.kind not in KINDS:
+            raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
+        for field in ("max_members", "max_buffered_msgs", "max_buffered_bytes"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ConfigError(field, "must be an integer")
         members = tuple(_member_list("members", self.members)) if self.members else ()
         mappings = tuple(parse_mappings(self.member_mappings)) if self.member_mappings else ()
         if self.kind == STATIC:
@@ -186,7 +236,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
                 if getattr(self, field):
                     raise ConfigError(field, "only for elastic groups")
             filters = self.filters or ()
-            if isinstance(filters, str) or not isinstance(filters, list | tuple):
+            if not isinstance(filters, list | tuple):
                 raise ConfigError("filters", "must be a list of subjects")
             cfg: GroupConfig = StaticGroupConfig(self.max_members, tuple(filters), members, mappings)
         else:
@@ -207,7 +257,8 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
             return None
         if not isinstance(self.create_stream, Mapping):
             raise ConfigError("create_stream", "must be a dict (a JetStream stream config)")
-        sc = {"storage": "file", **self.create_stream}
+        sc = {"storage": "file", **{k: v if k == "name" else _literal(f"create_stream.{k}", v)
+                                    for k, v in self.create_stream.items()}}
         sc.setdefault("name", self.stream)
         if sc["name"] != self.stream:
             raise ConfigError("create_stream.name", "must be the group's stream (or left out)")

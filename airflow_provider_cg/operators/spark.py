@@ -2,7 +2,7 @@
 
 ``ConsumerGroupMembersOperator`` returns one dict per member (``member``, ``partitions``,
 ``backlog``) for ``ConsumerGroupSparkSubmitOperator.partial(...).expand_kwargs(...)``; each
-mapped task runs ``spark_apps/cg_member_job.py`` for its member, unless the member has no
+mapped task runs ``airflow_provider_cg/spark_apps/cg_member_job.py`` for its member, unless the member has no
 backlog (then it is skipped without starting Spark)::
 
     members = ConsumerGroupMembersOperator(task_id="members", stream="ORDERS", group="lake")
@@ -26,12 +26,11 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
@@ -39,7 +38,6 @@ from airflow_provider_cg.core import config as cgconfig
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
 
-SUMMARY_PREFIX = "CG_SUMMARY "
 SKIP_RESULTS = frozenset({"empty", "not-pinned", "revoked"})
 SINKS = ("parquet", "postgres")
 PAYLOAD_FORMATS = ("raw", "text", "json")
@@ -153,23 +151,15 @@ class ConsumerGroupMembersOperator(BaseOperator):
         return members
 
 
-class _SummaryCapturingHook(SparkSubmitHook):
-    """A SparkSubmitHook that keeps the driver's ``CG_SUMMARY`` line (client/local mode)."""
-
-    summary_line: str | None = None
-
-    def _process_spark_submit_log(self, itr: Iterator[Any]) -> None:
-        def tee(lines: Iterator[Any]) -> Iterator[Any]:
-            for raw in lines:
-                line = raw.strip()
-                if line.startswith(SUMMARY_PREFIX):
-                    self.summary_line = line[len(SUMMARY_PREFIX) :]
-                yield raw
-
-        super()._process_spark_submit_log(tee(itr))
+SPARK_SUBMIT_OPTIONS = (
+    "conf", "files", "py_files", "archives", "jars", "packages", "exclude_packages", "repositories",
+    "driver_class_path", "driver_memory", "executor_memory", "executor_cores", "total_executor_cores",
+    "num_executors", "keytab", "principal", "proxy_user", "verbose", "spark_binary", "deploy_mode",
+    "yarn_queue", "status_poll_interval",
+)
 
 
-class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
+class ConsumerGroupSparkSubmitOperator(BaseOperator):
     """Land one member's backlog into a sink with ``spark-submit cg_member_job.py``.
 
     :param stream: origin stream of the group.
@@ -184,7 +174,9 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
     :param batch_size: messages per two-phase batch.
     :param max_messages: stop after this many messages (also ``max_bytes``, ``max_seconds``).
     :param standby_timeout: seconds to wait for the pin before ending ``not-pinned``.
-    :param ack_wait: consumer ack wait (s); ``max_deliver``, ``idle_timeout`` as the job's.
+    :param ack_wait: ack wait (s) of a member consumer the job creates; ``None``: orbit's
+        default for elastic groups (5 s), 60 s for static ones. An existing consumer is used
+        as it is. ``max_deliver``, ``idle_timeout`` as the job's.
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
     :param check_backlog: skip without starting Spark when the member has nothing to read.
     :param settle_timeout: before skipping an elastic group's member for an empty backlog,
@@ -194,31 +186,26 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         messages of ``[backfill_start, backfill_end)`` into the sink (``core/backfill.py``);
         ``member``, pinning and the backlog check do not apply.
     :param nats_conn_id: Airflow ``nats`` connection.
-    :param conn_id: Spark connection (its host is the master, e.g. ``local[*]``); other
-        ``SparkSubmitOperator`` arguments pass through.
+    :param conn_id: Spark connection (its host is the master, e.g. ``local[*]``).
+    :param env_vars: extra driver environment (not secrets: use connections for those).
+    :param properties_file: a Spark properties file to start from.
+    :param conf, packages, py_files, files, jars, driver_memory, executor_memory, ...: the
+        ``spark-submit`` options of the Spark provider's ``SparkSubmitHook``, passed through.
 
-    Returns the job's summary (result, committed, partitions, ...). The task is skipped when
-    the result is ``empty``, ``not-pinned`` or ``revoked``; the summary is also pushed under key
-    ``summary`` in every case. In YARN/Kubernetes cluster mode the driver's stdout is not
-    visible: the result is ``submitted``.
+    Submits through the Spark provider's public ``SparkSubmitHook``. Returns the job's
+    summary (result, committed, partitions, ...) as the task's only XCom, also when the task
+    is then skipped (result ``empty``, ``not-pinned`` or ``revoked``). With a YARN/Kubernetes
+    cluster-mode driver the summary stays with the driver: the result is ``submitted``.
     """
 
     template_fields: Sequence[str] = (
-        *SparkSubmitOperator.template_fields,
-        "stream",
-        "group",
-        "member",
-        "backfill_start",
-        "backfill_end",
-        "sink",
-        "sink_path",
-        "pg_table",
-        "pg_conn_id",
-        "payload_format",
-        "json_schema",
-        "nats_conn_id",
-        "conn_id",
+        "stream", "group", "member", "backfill_start", "backfill_end", "sink", "sink_path", "pg_table",
+        "pg_conn_id", "payload_format", "json_schema", "batch_size", "max_messages", "max_bytes",
+        "max_seconds", "standby_timeout", "ack_wait", "max_deliver", "idle_timeout", "nats_conn_id",
+        "conn_id", "name", "conf", "packages", "py_files", "files", "jars", "env_vars", "properties_file",
+        "driver_memory", "executor_memory", "deploy_mode",
     )
+    template_fields_renderers = {"conf": "py", "env_vars": "py"}
     ui_color = UI_COLOR
 
     def __init__(
@@ -233,14 +220,14 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         pg_conn_id: str | None = None,
         payload_format: str = "raw",
         json_schema: str | None = None,
-        batch_size: int = 100_000,
-        max_messages: int | None = None,
-        max_bytes: int | None = None,
-        max_seconds: float | None = None,
-        standby_timeout: float = 30.0,
-        ack_wait: float = 60.0,
-        max_deliver: int = 5,
-        idle_timeout: float = 2.0,
+        batch_size: int | str = 100_000,
+        max_messages: int | str | None = None,
+        max_bytes: int | str | None = None,
+        max_seconds: float | str | None = None,
+        standby_timeout: float | str = 30.0,
+        ack_wait: float | str | None = None,
+        max_deliver: int | str = 5,
+        idle_timeout: float | str = 2.0,
         partitions: Sequence[int] | None = None,
         backlog: int | None = None,
         check_backlog: bool = True,
@@ -250,17 +237,15 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         name: str | None = None,
         backfill_start: str | None = None,
         backfill_end: str | None = None,
+        env_vars: dict[str, str] | None = None,
+        properties_file: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if "application" in kwargs or "application_args" in kwargs:
-            field = "application" if "application" in kwargs else "application_args"
-            raise ConfigError(field, "is set by the operator (use the member job's options instead)")
-        super().__init__(
-            application=str(member_job_path()),
-            conn_id=conn_id,
-            name=name or "cg-member",
-            **kwargs,
-        )
+        for field in ("application", "application_args"):
+            if field in kwargs:
+                raise ConfigError(field, "is set by the operator (use the member job's options instead)")
+        spark_options = {k: kwargs.pop(k) for k in list(kwargs) if k in SPARK_SUBMIT_OPTIONS}
+        super().__init__(**kwargs)
         self.stream, self.group, self.member = stream, group, member
         self.backfill_start, self.backfill_end = backfill_start, backfill_end
         self.sink, self.sink_path, self.pg_table, self.pg_conn_id = sink, sink_path, pg_table, pg_conn_id
@@ -273,16 +258,19 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         self.partitions = list(partitions) if partitions is not None else None
         self.backlog = backlog
         self.check_backlog, self.settle_timeout = check_backlog, settle_timeout
-        self.nats_conn_id = nats_conn_id
-        self.conn_id = conn_id
-        self._secret_env: dict[str, str] = {}
-        self._props_path: str | None = None
+        self.nats_conn_id, self.conn_id = nats_conn_id, conn_id
+        self.name = name or "cg-member"
+        self.env_vars, self.properties_file = env_vars, properties_file
+        for option in SPARK_SUBMIT_OPTIONS:
+            setattr(self, option, spark_options.get(option))
+        self._hook: SparkSubmitHook | None = None
         self.validate(rendered=False)
 
     # --- arguments ---------------------------------------------------------------------
 
     def validate(self, rendered: bool = True) -> None:
-        """Check every option (templated strings only once rendered); ``ConfigError(field, ...)``."""
+        """Check every option (templated strings only once rendered, then also convert
+        rendered numbers); ``ConfigError(field, ...)``."""
 
         def ready(v: Any) -> bool:
             return rendered or not _templated(v)
@@ -308,13 +296,11 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         if ready(self.payload_format) and self.payload_format == "json" and not self.json_schema:
             raise ConfigError("json_schema", "required when payload_format is json")
         for field in ("batch_size", "max_messages", "max_bytes", "max_deliver"):
-            v = getattr(self, field)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                raise ConfigError(field, "must be a positive integer")
+            if ready(getattr(self, field)):
+                setattr(self, field, _number(field, getattr(self, field), int, "a positive integer"))
         for field in ("max_seconds", "standby_timeout", "ack_wait", "idle_timeout"):
-            v = getattr(self, field)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
-                raise ConfigError(field, "must be a positive number of seconds")
+            if ready(getattr(self, field)):
+                setattr(self, field, _number(field, getattr(self, field), float, "a positive number of seconds"))
         v = self.settle_timeout
         if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
             raise ConfigError("settle_timeout", "must be a number of seconds >= 0")
@@ -341,7 +327,7 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
                       "ack_wait", "max_deliver", "idle_timeout"):
             v = getattr(self, field)
             if v is not None:
-                args += ["--" + field.replace("_", "-"), str(v)]
+                args += ["--" + field.replace("_", "-"), _plain(v)]
         return args
 
     # --- secrets -------------------------------------------------------------------------
@@ -354,25 +340,34 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
             env["CG_PG_DSN"] = _pg_dsn(self.pg_conn_id)
         return env
 
-    def _get_hook(self) -> SparkSubmitHook:
-        """The provider's hook, capturing the summary line and carrying the secrets as process
-        environment (local/client mode) or in a private properties file (YARN/Kubernetes)."""
-        hook = super()._get_hook()
-        hook.__class__ = _SummaryCapturingHook
-        if hook._is_yarn or hook._is_kubernetes:
-            prefix = "spark.yarn.appMasterEnv." if hook._is_yarn else "spark.kubernetes.driverEnv."
-            self._props_path = _write_properties(
-                self.properties_file, {prefix + k: v for k, v in self._secret_env.items()}
-            )
-            hook._properties_file = self._props_path
-        elif hook._connection["deploy_mode"] == "cluster":
+    def _submit_hook(self, args: list[str], secrets: dict[str, str]) -> tuple[SparkSubmitHook, str | None]:
+        """A ``SparkSubmitHook`` (public constructor only) that carries the secrets as process
+        environment (local/client mode) or in a private 0600 properties file (YARN and
+        Kubernetes: their drivers get ``spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*``).
+        Returns the hook and the properties file to delete afterwards."""
+        master, deploy_mode = spark_master(self.conn_id, self.deploy_mode)
+        env = dict(self.env_vars or {})
+        props = None
+        if master.startswith(("yarn", "k8s://")):
+            prefix = "spark.yarn.appMasterEnv." if master.startswith("yarn") else "spark.kubernetes.driverEnv."
+            props = _write_properties(self.properties_file, {prefix + k: v for k, v in secrets.items()})
+        elif deploy_mode == "cluster":
             raise AirflowFailException(
                 "deploy_mode: Spark standalone cluster mode cannot pass the NATS credentials privately; "
                 "use client mode"
             )
-        else:  # Popen environment of spark-submit, inherited by the local driver
-            hook._env_vars = {**(self.env_vars or {}), **self._secret_env}
-        return hook
+        else:  # Popen environment of spark-submit, inherited by the driver it starts here
+            env.update(secrets)
+        options = {k: getattr(self, k) for k in SPARK_SUBMIT_OPTIONS if getattr(self, k) is not None}
+        hook = SparkSubmitHook(
+            conn_id=self.conn_id,
+            application_args=args,
+            env_vars=env or None,
+            properties_file=props or self.properties_file,
+            name=self.name,
+            **options,
+        )
+        return hook, props
 
     # --- run -----------------------------------------------------------------------------
 
@@ -386,39 +381,36 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         zip_path = build_core_zip(_cache_dir() / "cg_core.zip")
         others = [p for p in (self.py_files or "").split(",") if p and p != str(zip_path)]
         self.py_files = ",".join([str(zip_path), *others])
-        self.application = str(member_job_path())
-        self.application_args = self.job_args()
         if self.name == "cg-member":
             self.name = f"cg-{self.stream}-{self.group}-{self.member or 'backfill'}"
-        self._secret_env = self._secrets()
-        self._conn_id = self.conn_id
-        self._hook = None
-        try:
-            super().execute(context)
-        finally:
-            self._secret_env = {}
-            if self._props_path:
-                with contextlib.suppress(OSError):
-                    os.unlink(self._props_path)
-                self._props_path = None
-        hook = self._hook
-        line = getattr(hook, "summary_line", None)
-        if line is None:
-            summary: dict[str, Any] = {"stream": self.stream, "group": self.group, "member": self.member,
-                                       "result": "submitted"}
-            self.log.warning("No CG_SUMMARY line from the driver (cluster mode?): result 'submitted'")
-        else:
-            summary = json.loads(line)
-        _push_summary(context, summary)
+        with tempfile.TemporaryDirectory(prefix="cg-summary-") as tmp:
+            summary_file = os.path.join(tmp, "summary.json")
+            hook, props = self._submit_hook([*self.job_args(), "--summary-file", summary_file], self._secrets())
+            self._hook = hook
+            try:
+                hook.submit(str(member_job_path()))
+            finally:
+                if props:
+                    with contextlib.suppress(OSError):
+                        os.unlink(props)
+            summary = _read_summary(summary_file)
+        if summary is None:
+            summary = {"stream": self.stream, "group": self.group, "member": self.member, "result": "submitted"}
+            self.log.warning("No summary from the driver (a cluster-mode driver keeps it): result 'submitted'")
         self.log.info(
             "member %s: %s, %s rows committed in %s batches (%s)", self.member, summary.get("result"),
             summary.get("committed"), summary.get("batches"), summary.get("stop_reason", ""),
         )
         if summary.get("result") in SKIP_RESULTS:
+            _push_summary(context, summary)
             raise AirflowSkipException(
                 f"member {self.member}: {summary['result']} ({summary.get('stop_reason') or 'nothing consumed'})"
             )
         return summary
+
+    def on_kill(self) -> None:
+        if self._hook is not None:
+            self._hook.on_kill()
 
     def _check_backlog(self, context: Any) -> None:
         status = _member_states(self.nats_conn_id, self.stream, self.group)
@@ -437,7 +429,6 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
             )
         self.log.info("member %s: partitions %s, backlog %d: starting Spark", self.member, m.partitions, backlog)
 
-
     def _own_backlog(self, status: Any) -> tuple[Any, int]:
         m = {m.member: m for m in status.members}.get(self.member)
         if m is None or not m.in_membership:
@@ -445,10 +436,54 @@ class ConsumerGroupSparkSubmitOperator(SparkSubmitOperator):
         return m, member_backlog(status, m)
 
 
+def _number(field: str, value: Any, kind: type, rule: str) -> Any:
+    """``value`` (a number, or a rendered template string) as ``kind`` if it is > 0; ``None`` stays."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = kind(value.strip())
+        except ValueError:
+            raise ConfigError(field, f"must be {rule} (got {value!r})") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or value != value:
+        raise ConfigError(field, f"must be {rule}")
+    if kind is int and value != int(value):
+        raise ConfigError(field, f"must be {rule}")
+    return kind(value) if kind is int else value
+
+
+def _plain(v: Any) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+def spark_master(conn_id: str, deploy_mode: str | None = None) -> tuple[str, str]:
+    """``(master, deploy mode)`` of a Spark connection, as the Spark provider reads them: the
+    host (plus ``:port``) is the master, ``deploy-mode`` in the extras unless given here."""
+    try:
+        from airflow.sdk import BaseHook
+    except ImportError:  # pragma: no cover
+        from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+    conn = BaseHook.get_connection(conn_id)
+    master = conn.host or "yarn"
+    if conn.port:
+        master = f"{master}:{conn.port}"
+    mode = deploy_mode or (conn.extra_dejson or {}).get("deploy-mode") or "client"
+    return master, mode
+
+
+def _read_summary(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
 def _push_summary(context: Any, summary: dict[str, Any]) -> None:
+    """The summary of a task that is then skipped, as its ``return_value`` like any other."""
     ti = context.get("ti") if context else None
     if ti is not None:
-        ti.xcom_push(key="summary", value=summary)
+        ti.xcom_push(key="return_value", value=summary)
 
 
 def _pg_dsn(pg_conn_id: str) -> str:

@@ -92,6 +92,16 @@ def _all_xcoms_and_rendered(dag_id: str) -> str:
     return json.dumps([xcoms, rendered], default=str)
 
 
+def _xcom_keys(dag_id: str, task_id: str) -> list[str]:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        return sorted(r.key for r in s.scalars(
+            select(XComModel).where(XComModel.dag_id == dag_id, XComModel.task_id == task_id)))
+
+
 def _logs(home: Path) -> str:
     return "\n".join(p.read_text(errors="replace") for p in (home / "logs").rglob("*") if p.is_file())
 
@@ -109,6 +119,7 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     from airflow_provider_cg.core.sinks import read_committed
 
     assert read_committed(lake).num_rows == 500
+    assert _xcom_keys("cg_spark_summary", "consume") == ["return_value"]  # one XCom: the summary
 
     argv = shim.read_text()
     assert "--stream ORDERS --group lake --member m1" in argv  # the shim saw the real submit
@@ -174,15 +185,13 @@ def test_cluster_master_gets_secrets_in_a_private_properties_file(airflow_env, a
         task_id="t", stream=STREAM, group=GROUP, member="m1", sink_path="/lake", nats_conn_id="nats_auth",
         conn_id="spark_yarn", properties_file=str(own), env_vars={"PLAIN": "1"},
     )
-    op.application_args = op.job_args()
-    op._secret_env = op._secrets()
-    op._conn_id = op.conn_id
-    hook = op._get_hook()
+    hook, props_path = op._submit_hook(op.job_args(), op._secrets())
     try:
-        cmd = " ".join(hook._build_spark_submit_command(op.application))
+        # the command the provider's hook would run (inspected, not run)
+        cmd = " ".join(hook._build_spark_submit_command("cg_member_job.py"))
         assert PASSWORD not in cmd and "CG_NATS" not in cmd
         assert "spark.yarn.appMasterEnv.PLAIN=1" in cmd  # the user's own env_vars as before
-        props = Path(op._props_path)
+        props = Path(props_path)
         assert cmd.count("--properties-file") == 1 and str(props) in cmd
         assert stat.S_IMODE(props.stat().st_mode) == 0o600
         text = props.read_text()
@@ -190,4 +199,4 @@ def test_cluster_master_gets_secrets_in_a_private_properties_file(airflow_env, a
         assert f"spark.yarn.appMasterEnv.CG_NATS_PASSWORD {PASSWORD}" in text
         assert PASSWORD not in json.dumps(op.env_vars)  # the template field is untouched
     finally:
-        os.unlink(op._props_path)
+        os.unlink(props_path)
