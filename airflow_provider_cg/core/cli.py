@@ -213,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-buffered-bytes", type=int, default=0, metavar="N", help="elastic: work-queue limit")
     p.add_argument("--members", action="append", metavar="a,b")
     p.add_argument("--mappings", metavar="JSON", help='[{"member":"m1","partitions":[0,1]},...] or {"m1":[0,1]}')
+    p.add_argument("--orbit-format", choices=("v0.2", "v0.1"), default="v0.2",
+                   help="JSON shape of the stored config: orbit v0.2 (current) or v0.1 (one filter), for "
+                        "groups that orbit v0.1 tools also manage")
 
     sg(cmd("info", "show a group's config, assignment and active members"))
     p = cmd("ls", "list groups")
@@ -347,7 +350,8 @@ def _create_config(args) -> cgconfig.GroupConfig:
         if args.max_buffered_msgs or args.max_buffered_bytes:
             raise ConfigError("max-buffered-msgs" if args.max_buffered_msgs else "max-buffered-bytes",
                               "only for elastic groups")
-        return cgconfig.StaticGroupConfig(args.max_members, tuple(args.filter), tuple(members), mappings or ())
+        return cgconfig.StaticGroupConfig(args.max_members, tuple(args.filter), tuple(members), mappings or (),
+                                          orbit_v01=_v01(args, len(args.filter)))
     if args.wildcards and len(args.wildcards) != len(args.filter):
         raise ConfigError("wildcards", "give one --wildcards per --filter (in the same order)")
     pfs = tuple(
@@ -355,8 +359,17 @@ def _create_config(args) -> cgconfig.GroupConfig:
         for i, f in enumerate(args.filter)
     )
     return cgconfig.ElasticGroupConfig(
-        args.max_members, pfs, args.max_buffered_msgs, args.max_buffered_bytes, tuple(members), mappings or ()
+        args.max_members, pfs, args.max_buffered_msgs, args.max_buffered_bytes, tuple(members), mappings or (),
+        orbit_v01=_v01(args, len(pfs)),
     )
+
+
+def _v01(args, n_filters: int) -> bool:
+    if getattr(args, "orbit_format", "v0.2") != "v0.1":
+        return False
+    if n_filters != 1:
+        raise ConfigError("orbit-format", "v0.1 configs hold exactly one --filter")
+    return True
 
 
 def _describe(info, states=None) -> str:

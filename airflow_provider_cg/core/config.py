@@ -9,15 +9,19 @@ Two kinds, as in Synadia orbit:
 
 The JSON uses orbit's current field names and is written the way Go's ``encoding/json`` writes
 it (compact, struct field order, ``omitempty``, ``<``/``>``/``&`` escaped as ``\\u003c`` ...), so a
-config written here is byte-identical to orbit's. Older names (seed 000: ``filter``,
-``partitioning-wildcards``, ``msg-buffer-size``, ``member-mappings``; orbit's earlier static
-``filter``) are accepted on read and never written.
+config written here is byte-identical to orbit's. A config in orbit v0.1's shape (one
+top-level ``filter`` with ``partitioning_wildcards``; static: one ``filter`` string) is read
+as such and written back in that shape (``orbit_v01``), since v0.1 instances stop when the
+filter fields of a config they watch change. Seed 000's names (``filter``,
+``partitioning-wildcards``, ``msg-buffer-size``, ``member-mappings``) are accepted on read and
+written back in the current shape.
 
 Limits enforced on top of orbit's own rules (see :meth:`ElasticGroupConfig.validate`):
 
-* ``max_members`` (the number of partitions) is 1..:data:`MAX_PARTITIONS` (1024): every member
-  consumer carries one filter subject per partition and filter, so larger values only make
-  consumer configs huge.
+* ``max_members`` (the number of partitions) is 1..:data:`MAX_PARTITIONS` (65,536; orbit sets
+  no bound): a lone member's consumer carries one filter subject per partition, and its
+  config must fit in one message; the bound also keeps what a stored config costs to read
+  (status, assignment) small.
 * stream and group names must be JetStream names *and* usable in the KV key ``<stream>.<group>``
   (``A-Z a-z 0-9 - _ =``); member names must be valid consumer names; all names are at most
   :data:`MAX_NAME_LEN` (255) UTF-8 bytes, including the composed names ``<stream>-<group>``
@@ -70,7 +74,7 @@ KINDS = (STATIC, ELASTIC)
 KV_BUCKETS = {STATIC: "static-consumer-groups", ELASTIC: "elastic-consumer-groups"}
 
 #: Upper bound for ``max_members`` (= the number of partitions).
-MAX_PARTITIONS = 1024
+MAX_PARTITIONS = 65_536
 #: nats-server's JSMaxNameLen: streams and consumers, in bytes.
 MAX_NAME_LEN = 255
 _INT64_MAX = 2**63 - 1
@@ -230,8 +234,9 @@ class PartitioningFilter:
 
     filter: str
     partitioning_wildcards: tuple[int, ...] = ()
-    # Read as JSON null (Go nil): written back as null, since orbit compares with DeepEqual.
-    wildcards_null: bool = field(default=False, compare=False, repr=False, kw_only=True)
+    # Go keeps nil (null) and [] apart and orbit compares configs with DeepEqual: an empty list
+    # is written as null (Go's nil, what orbit writes for none) unless it was read as [].
+    wildcards_null: bool = field(default=True, compare=False, repr=False, kw_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "partitioning_wildcards", _tuple(self.partitioning_wildcards))
@@ -367,7 +372,9 @@ class StaticGroupConfig(_GroupConfigBase):
     filters: tuple[str, ...]
     members: tuple[str, ...] = ()
     member_mappings: tuple[MemberMapping, ...] = ()
-    filters_null: bool = field(default=False, compare=False, repr=False, kw_only=True)
+    #: read in orbit v0.1's shape (one ``filter`` string): written back the same way, and
+    #: members consume ``<p>.>`` as orbit v0.1 does
+    orbit_v01: bool = field(default=False, compare=False, repr=False, kw_only=True)
 
     kind: ClassVar[str] = STATIC
     _filters_attr: ClassVar[str] = "filters"
@@ -385,8 +392,13 @@ class StaticGroupConfig(_GroupConfigBase):
                     )
 
     def to_dict(self) -> dict[str, Any]:
-        filters = None if (self.filters_null and not self.filters) else list(self.filters)
-        return {"max_members": self.max_members, "filters": filters, **self._membership_dict()}
+        if self.orbit_v01 and len(self.filters) <= 1:
+            return {"max_members": self.max_members, "filter": self.filters[0] if self.filters else "",
+                    **self._membership_dict()}
+        d: dict[str, Any] = {"max_members": self.max_members}
+        if self.filters:  # orbit: `json:"filters,omitempty"`
+            d["filters"] = list(self.filters)
+        return {**d, **self._membership_dict()}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StaticGroupConfig:
@@ -411,7 +423,12 @@ class ElasticGroupConfig(_GroupConfigBase):
     max_buffered_bytes: int = 0
     members: tuple[str, ...] = ()
     member_mappings: tuple[MemberMapping, ...] = ()
-    filters_null: bool = field(default=False, compare=False, repr=False, kw_only=True)
+    #: no partitioning filters: written as null (Go's nil, as orbit writes) unless read as []
+    filters_null: bool = field(default=True, compare=False, repr=False, kw_only=True)
+    #: read in orbit v0.1's shape (top-level ``filter`` and ``partitioning_wildcards``):
+    #: written back the same way (orbit v0.1 instances stop on a config whose filter changed),
+    #: and members consume ``<p>.>`` as orbit v0.1 does
+    orbit_v01: bool = field(default=False, compare=False, repr=False, kw_only=True)
 
     kind: ClassVar[str] = ELASTIC
     _filters_attr: ClassVar[str] = "partitioning_filters"
@@ -435,10 +452,12 @@ class ElasticGroupConfig(_GroupConfigBase):
 
     def to_dict(self) -> dict[str, Any]:
         pfs = self.partitioning_filters
-        d: dict[str, Any] = {
-            "max_members": self.max_members,
-            "partitioning_filters": None if (self.filters_null and not pfs) else [pf.to_dict() for pf in pfs],
-        }
+        d: dict[str, Any] = {"max_members": self.max_members}
+        if self.orbit_v01 and len(pfs) <= 1:
+            pf = pfs[0].to_dict() if pfs else {"filter": "", "partitioning_wildcards": None}
+            d.update(pf)
+        else:
+            d["partitioning_filters"] = None if (self.filters_null and not pfs) else [pf.to_dict() for pf in pfs]
         if self.max_buffered_msgs:
             d["max_buffered_msg"] = self.max_buffered_msgs
         if self.max_buffered_bytes:
@@ -585,32 +604,35 @@ def _static_from_dict(d: Mapping[str, Any]) -> StaticGroupConfig:
     raw, name = _pick(d, "filters", "filter")
     if name == "filter":  # orbit's earlier single filter (seed 000, Java, .NET): "" means all
         filters: tuple[str, ...] = (f,) if (f := _read_str(raw, "filter")) else ()
-        null = False
     else:
         filters = tuple(_read_str(f, f"filters[{i}]") for i, f in enumerate(_read_list(raw, "filters")))
-        null = "filters" in d and raw is None
     members, mappings = _read_members(d)
-    return StaticGroupConfig(max_members, filters, members, mappings, filters_null=null)
+    v01 = name == "filter" and "member-mappings" not in d
+    return StaticGroupConfig(max_members, filters, members, mappings, orbit_v01=v01)
 
 
 def _elastic_from_dict(d: Mapping[str, Any]) -> ElasticGroupConfig:
     max_members = _read_int(d.get("max_members"), "max_members")
-    old_filter, old_wcs = d.get("filter"), d.get("partitioning-wildcards")
-    null = False
-    if old_filter is not None or old_wcs is not None:  # seed 000: one filter + its wildcards
+    old_filter = d.get("filter")
+    old_wcs, wcs_name = _pick(d, "partitioning_wildcards", "partitioning-wildcards")
+    null, v01 = True, False
+    if old_filter is not None or old_wcs is not None:  # orbit v0.1 / seed 000: one filter + its wildcards
         if d.get("partitioning_filters") is not None:
             raise ConfigError(
                 "filter", "cannot be given together with 'partitioning_filters' (its newer name)"
             )
         f = _read_str(old_filter, "filter") if old_filter is not None else ""
         wcs = tuple(
-            _read_elem(w, f"partitioning-wildcards[{k}]")
-            for k, w in enumerate(_read_list(old_wcs, "partitioning-wildcards"))
+            _read_elem(w, f"{wcs_name}[{k}]") for k, w in enumerate(_read_list(old_wcs, wcs_name))
         )
-        pfs: tuple[PartitioningFilter, ...] = (PartitioningFilter(f, wcs),) if (f or wcs) else ()
+        pfs: tuple[PartitioningFilter, ...] = (
+            (PartitioningFilter(f, wcs, wildcards_null=old_wcs is None),) if (f or wcs) else ()
+        )
+        # orbit v0.1's names (seed 000 used hyphenated ones, rewritten in the current shape)
+        v01 = not any(k in d for k in ("partitioning-wildcards", "msg-buffer-size", "member-mappings"))
     else:
         raw = d.get("partitioning_filters")
-        null = "partitioning_filters" in d and raw is None
+        null = raw is None
         items = []
         for i, pf in enumerate(_read_list(raw, "partitioning_filters")):
             where = f"partitioning_filters[{i}]"
@@ -628,7 +650,8 @@ def _elastic_from_dict(d: Mapping[str, Any]) -> ElasticGroupConfig:
     max_msgs = _read_int(raw_msgs, msgs_name)
     max_bytes = _read_int(d.get("max_buffered_bytes"), "max_buffered_bytes")
     members, mappings = _read_members(d)
-    return ElasticGroupConfig(max_members, pfs, max_msgs, max_bytes, members, mappings, filters_null=null)
+    return ElasticGroupConfig(max_members, pfs, max_msgs, max_bytes, members, mappings, filters_null=null,
+                              orbit_v01=v01)
 
 
 def load_config(kind: str, data: bytes | str | Mapping[str, Any]) -> GroupConfig:

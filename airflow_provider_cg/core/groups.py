@@ -64,9 +64,9 @@ from airflow_provider_cg.core.jsapi import (
 STATIC, ELASTIC = "static", "elastic"
 KINDS = (STATIC, ELASTIC)
 PRIORITY_GROUP = "PCG"
-DEFAULT_ACK_WAIT = 30.0  # seconds
-IDLE_FACTOR = 2  # orbit: elastic inactive_threshold = ack_wait * 2
-MIN_PRIORITY_TIMEOUT = 1.0  # seconds
+DEFAULT_ACK_WAIT = 5.0  # seconds: orbit's default ack wait for the consumers it creates
+IDLE_FACTOR = 1  # orbit (v0.2): an elastic member's inactive_threshold = ack_wait * 1
+MIN_PRIORITY_TIMEOUT = 1.0  # seconds: orbit's pinned TTL is max(ack_wait, 1 s)
 TRANSITION_PAUSE = 0.5  # seconds, seed 000
 CAS_ATTEMPTS = 50
 NS = 1_000_000_000
@@ -202,13 +202,33 @@ def _filters_of(consumer_config: dict) -> list[str]:
     return list(subjects)
 
 
+def priority_group_of(consumer_config: dict) -> str | None:
+    """The pinned-client priority group of a member consumer: ``PCG`` (orbit v0.2, ours), or
+    the member's own name (orbit v0.1 names the group after the member); ``None`` if the
+    consumer has no pinned-client group."""
+    groups = consumer_config.get("priority_groups") or []
+    if consumer_config.get("priority_policy") != "pinned_client" or len(groups) != 1:
+        return None
+    return groups[0]
+
+
 def _is_member_consumer(consumer_config: dict) -> bool:
-    return PRIORITY_GROUP in (consumer_config.get("priority_groups") or [])
+    return priority_group_of(consumer_config) is not None
+
+
+def _check_pinned(cstream: str, consumer_config: dict) -> None:
+    if priority_group_of(consumer_config) is None:
+        name = consumer_config.get("name") or consumer_config.get("durable_name")
+        raise ConsumerGroupError(
+            f"consumer {name!r} on {cstream!r} has the member's filters but no pinned_client priority "
+            "group, so instances cannot exclude each other; delete it (or let orbit re-create it)"
+        )
 
 
 def _pin_state(info: dict) -> tuple[str | None, str | None]:
+    group = priority_group_of(info.get("config") or {}) or PRIORITY_GROUP
     for pg in info.get("priority_groups") or []:
-        if pg.get("group") == PRIORITY_GROUP:
+        if pg.get("group") == group:
             pid = pg.get("pinned_client_id") or None
             ts = pg.get("pinned_ts")
             return pid, (ts if pid and ts and ts != _ZERO_TS else None)
@@ -493,14 +513,21 @@ class ConsumerGroups:
                 except nats.js.errors.KeyWrongLastSequenceError:
                     await asyncio.sleep(random.uniform(0.005, 0.02 * (attempt + 1)))
                     continue
-            await self.reconcile(stream, group)
+            # A consumer with a pinned instance is left to that instance: it sees the change,
+            # lands its batch in flight and hands the consumer over itself (graceful revoke).
+            await self.reconcile(stream, group, leave_pinned=True)
             return GroupInfo(info.kind, new, revision, stream, group)
         raise ConsumerGroupError(f"could not update {stream}.{group}: {CAS_ATTEMPTS} concurrent changes in a row")
 
-    async def reconcile(self, stream: str, group: str, *, pause: float | None = None) -> dict[str, list[str]]:
+    async def reconcile(
+        self, stream: str, group: str, *, pause: float | None = None, leave_pinned: bool = False
+    ) -> dict[str, list[str]]:
         """Bring the member consumers in line with the stored membership (see module doc).
 
-        Returns the consumers it ``deleted`` and ``recreated``.
+        ``leave_pinned``: skip consumers that have a pinned instance (it follows the config
+        itself and hands its consumer over once its batch in flight has landed; if it died, the
+        consumer idles out after its inactivity threshold). Returns the consumers it
+        ``deleted`` and ``recreated``.
         """
         pause = self.transition_pause if pause is None else pause
         if (await self.get(stream, group)).kind == STATIC:
@@ -518,6 +545,7 @@ class ConsumerGroups:
                 (m, c)
                 for m, c in existing.items()
                 if sorted(_filters_of(c["config"])) != sorted(self._member_filters(info.config, m))
+                and not (leave_pinned and _pin_state(c)[0])
             ]
             for member, c in stale:
                 await self.api.delete_consumer(cstream, c["name"])
@@ -573,14 +601,19 @@ class ConsumerGroups:
         *,
         ack_wait: float = DEFAULT_ACK_WAIT,
         max_ack_pending: int | None = None,
-        max_deliver: int | None = None,
-        inactive_threshold: float | None = None,
     ) -> tuple[str, dict]:
-        """``(consumer stream, raw consumer config)`` of a member, per orbit's conventions.
+        """``(consumer stream, raw consumer config)`` of a member, as orbit (v0.2) creates it.
 
-        ``inactive_threshold`` (seconds) defaults to ``ack_wait * 2`` for elastic members
-        (orbit). A static member's durable never gets one: the server would delete it once idle
-        and a re-created one starts again at the stream's first message.
+        Elastic: what orbit's ``ElasticConsume`` creates for a user config of explicit acks and
+        ``ack_wait`` (its default 5 s): name ``<member>``, the member's filters, priority group
+        ``PCG`` with ``pinned_client``, priority timeout ``max(ack_wait, 1 s)``,
+        ``inactive_threshold = ack_wait``, nothing else. The server compares a create-only
+        request with an existing consumer field by field (after its defaults), so an orbit
+        instance with the same ack wait finds this consumer equal and shares it through the pin.
+        Static: the durable ``<group>-<member>`` with the same fields but no inactivity
+        threshold (the server would delete the durable once idle, and a re-created one starts
+        again at the stream's first message). ``max_ack_pending``, only when given (the job
+        sizes a static durable for its batches; orbit's user config may carry one).
         """
         kind = kind_of(config)
         cgconfig.validate_name("member", member, "member")
@@ -589,7 +622,7 @@ class ConsumerGroups:
         filters = self._member_filters(config, member)
         if not filters:
             raise ConfigError("member", f"{member!r} gets no partitions (more members than max_members)")
-        if ack_wait <= 0:
+        if not ack_wait > 0:
             raise ConfigError("ack_wait", "must be > 0 seconds")
         name = consumer_name_of(kind, group, member)
         cc: dict[str, Any] = {
@@ -604,22 +637,12 @@ class ConsumerGroups:
         }
         if kind == STATIC:
             cc["durable_name"] = name
-            if inactive_threshold is not None:
-                raise ConfigError("inactive_threshold", "a static member's durable keeps its position only without one")
-        if inactive_threshold is None and kind == ELASTIC:
-            inactive_threshold = ack_wait * IDLE_FACTOR
-        if inactive_threshold is not None:
-            if inactive_threshold <= 0:
-                raise ConfigError("inactive_threshold", "must be > 0 seconds")
-            cc["inactive_threshold"] = int(inactive_threshold * NS)
+        else:
+            cc["inactive_threshold"] = int(ack_wait * IDLE_FACTOR * NS)
         if max_ack_pending is not None:
             if max_ack_pending < 1:
                 raise ConfigError("max_ack_pending", "must be >= 1")
             cc["max_ack_pending"] = int(max_ack_pending)
-        if max_deliver is not None:
-            if max_deliver == 0 or max_deliver < -1:
-                raise ConfigError("max_deliver", "must be >= 1 or -1 (unlimited)")
-            cc["max_deliver"] = int(max_deliver)
         return consumer_stream_of(kind, stream, group), cc
 
     async def ensure_member_consumer(
@@ -627,9 +650,12 @@ class ConsumerGroups:
     ) -> tuple[str, str]:
         """Create the member's consumer (create-only) unless it exists with the right filters.
 
-        A consumer with stale filters (membership changed) is deleted and re-created; an
-        overlap with another member's consumer (10100) is retried until ``deadline`` seconds.
-        ``opts`` go to :meth:`member_consumer_config`.
+        An existing consumer with the member's current filters and a ``pinned_client``
+        priority group is used as it is, whoever created it and with whatever ack wait or
+        limits (an orbit instance's, say): replacing it would end the instance pinned on it.
+        One with stale filters (membership changed) is deleted and re-created, as orbit does;
+        an overlap with another member's consumer (10100) is retried until ``deadline``
+        seconds. ``opts`` go to :meth:`member_consumer_config`.
         """
         info = await self.get(stream, group)
         cstream, cc = self.member_consumer_config(stream, group, member, info.config, **opts)
@@ -658,7 +684,8 @@ class ConsumerGroups:
                 if e.err_code == ERR_CONSUMER_EXISTS:
                     have = await self.api.consumer_info(cstream, cc["name"])
                     if have is not None and sorted(_filters_of(have["config"])) == sorted(cc["filter_subjects"]):
-                        return  # someone (the member itself) created it right already
+                        _check_pinned(cstream, have["config"])
+                        return  # created by another instance of the member (ours or orbit's): use it
                     # stale filters: make sure ours are the current ones, then replace it
                     info = await self.get(stream, group)
                     want = self._member_filters(info.config, member)
@@ -666,6 +693,7 @@ class ConsumerGroups:
                         raise ConfigError("member", f"{member!r} is no longer a member of group {group!r}") from None
                     cc = _with_filters(cc, want)
                     if have is not None and sorted(_filters_of(have["config"])) == sorted(want):
+                        _check_pinned(cstream, have["config"])
                         return
                     if kind == STATIC and have is not None:
                         # a re-created durable would start again at the stream's first message
@@ -702,8 +730,11 @@ class ConsumerGroups:
         info = await self.get(stream, group)
         cstream = consumer_stream_of(info.kind, stream, group)
         name = consumer_name_of(info.kind, group, member)
+        have = await self.api.consumer_info(cstream, name)
+        if have is None:
+            raise ConfigError("member", f"{member!r} has no consumer (no running instance) to step down")
         try:
-            await self.api.unpin(cstream, name, PRIORITY_GROUP)
+            await self.api.unpin(cstream, name, priority_group_of(have["config"]) or PRIORITY_GROUP)
         except JetStreamApiError as e:
             if e.code == 404:
                 raise ConfigError("member", f"{member!r} has no consumer (no running instance) to step down") from None

@@ -162,12 +162,22 @@ def _filters(cfg: GroupConfig) -> list[str]:
 
 
 def member_filter_subjects(cfg: GroupConfig, member: str) -> list[str]:
-    """The member consumer's filter subjects: ``<p>.<filter>`` per filter, then per partition.
+    """The member consumer's filter subjects, exactly as orbit writes them (the server compares
+    consumer configs, filter order included, when orbit's create-only call meets ours):
 
-    Without filters (elastic: no partitioning filters; static: no filters) ``<p>.>``. The order
-    is orbit's, so consumer configs compare equal with the ones orbit creates.
+    * members list (orbit v0.2): ``<p>.<filter>`` per filter, then per partition; without
+      filters ``<p>.>``;
+    * member mappings: ``<p>.>`` in the mappings' own partition order (orbit ignores the
+      filters there; where it would repeat them per filter, the server refuses the overlap,
+      so each appears once here);
+    * a config in orbit v0.1's shape: ``<p>.>`` for every member, as v0.1 writes.
     """
+    if cfg.member_mappings:
+        parts = [p for mm in cfg.member_mappings if mm.member == member for p in mm.partitions]
+        return [f"{p}.>" for p in dict.fromkeys(parts)]
     parts = member_partitions(cfg, member)
+    if getattr(cfg, "orbit_v01", False):
+        return [f"{p}.>" for p in parts]
     return [f"{p}.{f}" for f in _filters(cfg) for p in parts]
 
 

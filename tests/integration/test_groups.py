@@ -584,18 +584,19 @@ async def test_member_consumer_config(nc, cg):
     assert cc == {
         "name": "m2", "filter_subjects": ["1.foo.*"], "ack_policy": "explicit", "deliver_policy": "all",
         "ack_wait": 5_000_000_000, "priority_groups": ["PCG"], "priority_policy": "pinned_client",
-        "priority_timeout": 5_000_000_000, "inactive_threshold": 10_000_000_000,
+        "priority_timeout": 5_000_000_000, "inactive_threshold": 5_000_000_000,  # orbit v0.2: ack wait x 1
     }
-    _, cc = cg.member_consumer_config("O", "g", "m1", e, ack_wait=0.2, inactive_threshold=3600, max_deliver=5)
-    assert cc["priority_timeout"] == 1_000_000_000 and cc["inactive_threshold"] == 3600 * 10**9
-    assert cc["max_deliver"] == 5
+    _, cc = cg.member_consumer_config("O", "g", "m1", e)  # orbit's default ack wait, nothing more
+    assert cc["ack_wait"] == cc["priority_timeout"] == cc["inactive_threshold"] == 5_000_000_000
+    assert "max_deliver" not in cc and "max_ack_pending" not in cc
+    _, cc = cg.member_consumer_config("O", "g", "m1", e, ack_wait=0.2)
+    assert cc["priority_timeout"] == 1_000_000_000 and cc["inactive_threshold"] == 200_000_000
     s = StaticGroupConfig(2, ("bar.*",), ("m1", "m2"))
     cstream, cc = cg.member_consumer_config("S", "st", "m1", s)
     assert cstream == "S" and cc["durable_name"] == cc["name"] == "st-m1" and "inactive_threshold" not in cc
     assert cc["filter_subjects"] == ["0.bar.*"]
-    with pytest.raises(ConfigError) as err:  # an idle durable would be deleted and replay the stream
-        cg.member_consumer_config("S", "st", "m1", s, inactive_threshold=60)
-    assert err.value.field == "inactive_threshold"
+    _, cc = cg.member_consumer_config("S", "st", "m1", s, max_ack_pending=3000)
+    assert cc["max_ack_pending"] == 3000 and "inactive_threshold" not in cc
     with pytest.raises(ConfigError) as err:
         cg.member_consumer_config("O", "g", "zz", e)
     assert err.value.field == "member"
@@ -613,7 +614,7 @@ async def test_ensure_member_consumer(nc, cg):
     # same filters, other settings: left alone
     await cg.ensure_member_consumer("O", "g", "m1", ack_wait=9)
     again = await api.consumer_info("O-g", "m1")
-    assert again["created"] == created and again["config"]["ack_wait"] == 30 * 10**9
+    assert again["created"] == created and again["config"]["ack_wait"] == 5 * 10**9  # orbit's default, kept
 
     # stale filters (the membership changed behind its back): replaced
     kv = await nc.jetstream().key_value(ELASTIC_BUCKET)

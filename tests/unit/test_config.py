@@ -83,16 +83,19 @@ def test_orbit_example_round_trips_byte_identical():
 
 
 def test_json_omits_empty_like_go_and_escapes_like_go():
+    # created here with none: Go's nil, as orbit writes it (partitioning_filters has no omitempty)
     cfg = ElasticGroupConfig(2, (PartitioningFilter("a.>", ()),))
     assert (
         cfg.to_json()
-        == b'{"max_members":2,"partitioning_filters":[{"filter":"a.\\u003e","partitioning_wildcards":[]}]}'
+        == b'{"max_members":2,"partitioning_filters":[{"filter":"a.\\u003e","partitioning_wildcards":null}]}'
     )
     assert json.loads(cfg.to_json())["partitioning_filters"][0]["filter"] == "a.>"
     mapped = ElasticGroupConfig(2, member_mappings=(mm("m1", 1, 0),))
     assert mapped.to_json() == (
-        b'{"max_members":2,"partitioning_filters":[],"member_mappings":[{"member":"m1","partitions":[1,0]}]}'
+        b'{"max_members":2,"partitioning_filters":null,"member_mappings":[{"member":"m1","partitions":[1,0]}]}'
     )
+    # static filters are `omitempty` in orbit
+    assert StaticGroupConfig(2, (), ("m",)).to_json() == b'{"max_members":2,"members":["m"]}'
     s = StaticGroupConfig(3, ("ü.*", "b.>"), ("m1",))
     assert s.to_json() == '{"max_members":3,"filters":["ü.*","b.\\u003e"],"members":["m1"]}'.encode()
     assert load_config("static", s.to_json()) == s
@@ -109,8 +112,32 @@ def test_json_nulls_are_written_back_as_null():
     assert (
         with_members(cfg, ["y"]).to_json() == b'{"max_members":2,"partitioning_filters":null,"members":["y"]}'
     )
-    raw = b'{"max_members":2,"filters":null}'
-    assert load_config("static", raw).to_json() == raw
+    # read as [], written back as []
+    raw = b'{"max_members":2,"partitioning_filters":[{"filter":"a.*","partitioning_wildcards":[]}],"members":["x"]}'
+    assert load_config("elastic", raw).to_json() == raw
+    raw = b'{"max_members":2,"partitioning_filters":[],"members":["x"]}'
+    assert load_config("elastic", raw).to_json() == raw
+    # Go reads a static null or [] as nil and omits it on the way out
+    for raw in (b'{"max_members":2,"filters":null}', b'{"max_members":2,"filters":[]}'):
+        assert load_config("static", raw).to_json() == b'{"max_members":2}'
+
+
+def test_orbit_v01_shapes_are_read_and_written_back_in_that_shape():
+    """orbit pcgroups v0.1.0 (ElasticConsumerGroupConfig / StaticConsumerGroupConfig field tags)."""
+    raw = (b'{"max_members":4,"filter":"foo.*.*","partitioning_wildcards":[2],"max_buffered_msg":10,'
+           b'"members":["m1","m2"]}')
+    cfg = load_config("elastic", raw)
+    assert cfg.orbit_v01 and cfg.partitioning_filters == (PartitioningFilter("foo.*.*", (2,)),)
+    assert cfg.max_buffered_msgs == 10
+    cfg.validate()
+    assert cfg.to_json() == raw
+    assert with_members(cfg, ["m3"]).to_json() == raw.replace(b'"m1","m2"', b'"m3"')
+    raw = b'{"max_members":2,"filter":"foo.*","partitioning_wildcards":null,"member_mappings":[{"member":"a","partitions":[1,0]}]}'
+    assert load_config("elastic", raw).to_json() == raw
+    st = b'{"max_members":3,"filter":"","members":["a"]}'
+    cfg = load_config("static", st)
+    assert cfg.orbit_v01 and cfg.filters == ()
+    assert cfg.to_json() == st
 
 
 def test_old_names_are_read_and_current_names_written():

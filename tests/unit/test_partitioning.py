@@ -229,8 +229,24 @@ def test_member_filter_subjects_static():
     st = StaticGroupConfig(
         4, ("orders.*", "pay.>"), member_mappings=(MemberMapping("a", (3, 1)), MemberMapping("b", (0, 2)))
     )
-    assert member_filter_subjects(st, "a") == ["3.orders.*", "1.orders.*", "3.pay.>", "1.pay.>"]
+    # orbit (v0.2.1 GeneratePartitionFilters): mapped members get "<p>.>" in mapping order,
+    # whatever the filters (listed once: orbit's per-filter repetition is refused by the server)
+    assert member_filter_subjects(st, "a") == ["3.>", "1.>"]
+    assert member_filter_subjects(st, "b") == ["0.>", "2.>"]
+    listed = StaticGroupConfig(4, ("orders.*", "pay.>"), ("a", "b"))
+    assert member_filter_subjects(listed, "b") == ["2.orders.*", "3.orders.*", "2.pay.>", "3.pay.>"]
     assert member_filter_subjects(StaticGroupConfig(2, (), ("m",)), "m") == ["0.>", "1.>"]
+
+
+def test_member_filter_subjects_orbit_v01_shape():
+    """orbit v0.1 writes "<p>.>" for every member, whatever its one filter."""
+    from airflow_provider_cg.core.config import load_config
+
+    el = load_config("elastic", b'{"max_members":4,"filter":"foo.*","partitioning_wildcards":[1],"members":["a","b"]}')
+    assert el.orbit_v01 and el.partitioning_filters == (PartitioningFilter("foo.*", (1,)),)
+    assert member_filter_subjects(el, "b") == ["2.>", "3.>"]
+    st = load_config("static", b'{"max_members":2,"filter":"x.*","members":["m"]}')
+    assert st.orbit_v01 and member_filter_subjects(st, "m") == ["0.>", "1.>"]
 
 
 def test_strip_partition():
