@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -43,9 +44,9 @@ from airflow_provider_cg.core.direct import (
     PartitionReader,
     rows_from_batches,
 )
-from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.failpoints import failpoint
-from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.groups import PRIORITY_GROUP, ConsumerGroups, priority_group_of
 from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.priority import (
     AckOutcome,
@@ -69,6 +70,9 @@ log = logging.getLogger("airflow_provider_cg.batch")
 RESULT_COMMITTED = "committed"
 RESULT_EMPTY = "empty"
 RESULT_NOT_PINNED = "not-pinned"
+MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
+ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
+STATIC_ACK_WAIT = 60.0  # a static member reads through the consumer: room to land a batch
 RESULT_REVOKED = "revoked"  # the member's consumer was deleted (membership change) before anything landed
 
 # decode(table) -> (table, {row_index: error}) ; rows named in the dict are poison.
@@ -87,7 +91,7 @@ class BatchOptions:
     max_bytes: int | None = None
     max_seconds: float | None = None
     standby_timeout: float = 30.0
-    ack_wait: float = 60.0
+    ack_wait: float | None = None  # a consumer the job creates; None: orbit's 5 s (elastic), 60 s (static)
     max_deliver: int = 5
     idle_timeout: float = 2.0
     ack_timeout: float = 30.0
@@ -105,8 +109,8 @@ class BatchOptions:
                 raise ConfigError(name, "must be >= 1 when set")
         for name in ("max_seconds", "standby_timeout", "ack_wait", "idle_timeout", "ack_timeout"):
             v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ConfigError(name, "must be > 0 seconds")
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ConfigError(name, "must be a finite number of seconds > 0")
         if self.max_deliver < 2:
             raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
         if self.read not in self.READ_MODES:
@@ -238,7 +242,9 @@ class _Run:
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
         self.owner = f"{options.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
         self.fence: Fence | None = None  # set once pinned; every prepared write carries it
-        self.consumer_ack_wait = options.ack_wait  # the consumer's own (it may predate this run)
+        self.consumer_ack_wait = options.ack_wait or ELASTIC_ACK_WAIT  # the consumer's own (it may predate this run)
+        self.landing_msgs: list = []  # the consumer path's batch being landed (kept in progress)
+        self.revoked: str | None = None  # why a membership change ends the current assignment
 
     async def setup(self) -> None:
         o = self.options
@@ -246,22 +252,29 @@ class _Run:
         self.config = group.config
         if not in_membership(self.config, o.member):
             raise ConfigError("member", f"{o.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
-        elastic = isinstance(self.config, ElasticGroupConfig)  # a static durable must outlive idle spells
+        elastic = isinstance(self.config, ElasticGroupConfig)
+        if o.ack_wait is None:
+            o.ack_wait = ELASTIC_ACK_WAIT if elastic else STATIC_ACK_WAIT
+        # As orbit creates it (an orbit instance of the member then shares it through the pin);
+        # an existing one is used as it is.
         self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
-            o.stream, o.group, o.member,
-            ack_wait=o.ack_wait, max_deliver=o.max_deliver,
-            max_ack_pending=max(3 * o.batch_size, 1000),
-            inactive_threshold=max(o.ack_wait * 2, o.standby_timeout + o.idle_timeout + 30) if elastic else None,
+            o.stream, o.group, o.member, ack_wait=o.ack_wait,
+            **({} if elastic else {"max_ack_pending": max(3 * o.batch_size, 1000)}),
         )
+        existing = await self.api.consumer_info(self.consumer_stream, consumer)
+        if existing is None:
+            raise ConsumerGone(404, "member consumer deleted right after it was ensured")
+        self.priority_group = priority_group_of(existing.get("config") or {}) or PRIORITY_GROUP
         self.sourced = isinstance(self.config, ElasticGroupConfig)
         self.partitions = tuple(partitioning.member_partitions(self.config, o.member))
+        self.filters = partitioning.member_filter_subjects(self.config, o.member)
         self.reader: PartitionReader | None = None
         if self.sourced and o.read == "auto":
             wq = await self.api.stream_info(self.consumer_stream)
             if (wq.get("config") or {}).get("allow_direct"):  # orbit's own streams may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
         self.keys = KeySelector(_key_rules(self.config))
-        self.client = PriorityClient(self.nc, self.consumer_stream, consumer)
+        self.client = PriorityClient(self.nc, self.consumer_stream, consumer, self.priority_group)
         # The server resets the pin timer (priority_timeout = ack_wait) only on a new pull that
         # carries the pin id, so a pull open longer than that loses the pin mid-pull: e.g. the
         # standby pull that gets pinned while waiting for a batch the backlog cannot fill.
@@ -272,40 +285,13 @@ class _Run:
     async def run(self) -> Summary:
         o, s = self.options, self.summary
         try:
-            await self.setup()
-            info = await self.client.consumer_info()
-            self._fit_batch_to(info)
-            cfg = info.get("config") or {}
-            self.consumer_ack_wait = int(cfg.get("ack_wait") or 0) / 1e9 or o.ack_wait
-            self.priority_timeout = int(cfg.get("priority_timeout") or 0) / 1e9 or self.consumer_ack_wait
-            backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
-            s.target = min(backlog, o.max_messages or backlog)
-            if backlog == 0 and not _pinned_id(info):
-                await self.recover(self.partitions)
-                s.result, s.stop_reason = RESULT_EMPTY, "empty backlog"
-                return s
-            first = await self._acquire_pin()
-            if first is None:
-                if _pinned_id(await self.client.consumer_info()):
-                    s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
-                else:
-                    await self.recover(self.partitions)
-                    s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
-                return s
-            s.pin_id = self.client.pin_id
-            log.info("cg pinned member=%s pin_id=%s owner=%s target=%d", o.member, s.pin_id, self.owner, s.target)
-            landed = await self._take_over()
-            if self.reader is not None:
-                # the stream, not the consumer, holds what earlier holders left unacknowledged
-                await self._consume_direct()
-            else:
-                held = await self._settle_predecessors(first, landed)
-                if held is None:
+            while True:
+                await self._run_assignment()
+                if self.revoked is None:
                     return s
-                await self._consume(held)
-            s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
-            await self._release_pin()
-            return s
+                if not await self._hand_over():
+                    return s
+                log.info("cg member=%s: continuing with partitions %s", o.member, self.partitions)
         except ConsumerGone as e:
             if s.consumed or s.committed:
                 raise
@@ -317,11 +303,118 @@ class _Run:
         finally:
             s.duration_s = round(time.monotonic() - self.started, 3)
             self.progress.tick(force=True)
-            client = getattr(self, "client", None)
-            if client is not None:
-                await client.close()
-            if getattr(self, "reader", None) is not None:
-                await self.reader.close()
+            await self._close_assignment()
+
+    async def _run_assignment(self) -> None:
+        """One assignment of partitions: take the pin, take over, land until a limit, the end of
+        the backlog, the loss of the pin, or a membership change (``self.revoked``)."""
+        o, s = self.options, self.summary
+        self.revoked = None
+        self.pin_wait_from = time.monotonic()
+        await self.setup()
+        info = await self.client.consumer_info()
+        if self.reader is None:  # reading by direct gets, nothing is delivered through the consumer
+            self._fit_batch_to(info)
+        cfg = info.get("config") or {}
+        self.consumer_ack_wait = int(cfg.get("ack_wait") or 0) / 1e9 or o.ack_wait
+        self.priority_timeout = int(cfg.get("priority_timeout") or 0) / 1e9 or self.consumer_ack_wait
+        self.pull_expires_max = max(0.5, min(self.consumer_ack_wait, self.priority_timeout) / 2)
+        backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
+        s.target = self.taken + backlog
+        if o.max_messages:
+            s.target = min(s.target, o.max_messages)
+        if backlog == 0 and not _pinned_id(info):
+            await self.recover(self.partitions)
+            s.result, s.stop_reason = (RESULT_COMMITTED if s.consumed else RESULT_EMPTY), "empty backlog"
+            return
+        watcher = asyncio.create_task(self._watch_membership())
+        try:
+            first = await self._acquire_pin()
+            if first is None:
+                if self.revoked is not None:  # a standby: the pinned instance hands the consumer over
+                    s.result, s.stop_reason = (RESULT_COMMITTED if s.consumed else RESULT_REVOKED), self.revoked
+                elif _pinned_id(await self.client.consumer_info()):
+                    s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
+                else:
+                    await self.recover(self.partitions)
+                    s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
+                return
+            s.pin_id = self.client.pin_id
+            log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", o.member, s.pin_id,
+                     self.owner, s.target, list(self.partitions))
+            landed = await self._take_over()
+            if self.reader is not None:
+                # the stream, not the consumer, holds what earlier holders left unacknowledged
+                await self._consume_direct()
+            else:
+                held = await self._settle_predecessors(first, landed)
+                if held is None:
+                    return
+                await self._consume(held)
+        finally:
+            watcher.cancel()
+        s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
+        if self.revoked is None:
+            await self._release_pin()
+
+    async def _watch_membership(self) -> None:
+        """Poll the group's config (whoever changes it: our operators or ``cg``, orbit's ``cg``)
+        and set ``self.revoked`` when this member's filters change; the read loops then stop
+        after the batch in flight has landed."""
+        o = self.options
+        while True:
+            await asyncio.sleep(MEMBERSHIP_POLL)
+            try:
+                cfg = (await self.groups.get(o.stream, o.group)).config
+            except GroupNotFound:
+                self.revoked = "group deleted"
+                return
+            except Exception as e:  # a server restart, a timeout: look again later
+                log.debug("cg member=%s: membership check failed (%s)", o.member, e)
+                continue
+            now = partitioning.member_filter_subjects(cfg, o.member) if in_membership(cfg, o.member) else []
+            if sorted(now) != sorted(self.filters):
+                self.revoked = f"membership changed (partitions {list(self.partitions)} -> " \
+                               f"{partitioning.member_partitions(cfg, o.member) if now else []})"
+                log.info("cg member=%s: %s; finishing the batch in flight", o.member, self.revoked)
+                return
+
+    async def _hand_over(self) -> bool:
+        """After a membership change stopped the read loops (the batch in flight landed): as
+        orbit's pinned instance does, delete the member's consumer so it can be re-created
+        with the new filters (the partitions it lost are then free for their new owners).
+        Returns True to go on with the member's new partitions."""
+        o, s = self.options, self.summary
+        s.stop_reason = self.revoked
+        holds = not self.taken_over and await self.client.holds_pin()
+        consumer = self.client.consumer
+        await self._close_assignment()
+        if not holds:
+            return False  # another instance of the member is in charge of the change
+        try:
+            await self.api.delete_consumer(self.consumer_stream, consumer)
+        except JetStreamApiError as e:
+            if e.code != 404:
+                raise
+        try:
+            cfg = (await self.groups.get(o.stream, o.group)).config
+        except GroupNotFound:
+            cfg = None
+        if cfg is None or not in_membership(cfg, o.member) or not partitioning.member_partitions(cfg, o.member):
+            if not s.consumed:
+                s.result = RESULT_REVOKED
+            return False
+        if self._limit_reached() not in (None, self.revoked):
+            return False
+        return True
+
+    async def _close_assignment(self) -> None:
+        client, reader = getattr(self, "client", None), getattr(self, "reader", None)
+        self.client = self.reader = None
+        if client is not None:
+            await client.close()
+        if reader is not None:
+            await reader.close()
 
     async def _release_pin(self) -> None:
         """After a run that ended normally, hand the pin back at once (a standby, or the next
@@ -408,9 +501,11 @@ class _Run:
             log.info("cg member=%s: earlier instances' messages are back; %d held", o.member, len(held))
         return held
 
-    async def _await_landing(self, landing: asyncio.Task) -> None:
+    async def _await_landing(self, landing: asyncio.Task, held: list = ()) -> None:
         """Wait for a batch to land, keeping the pin alive meanwhile (a sink write can take
-        longer than the consumer's priority timeout, e.g. behind row locks)."""
+        longer than the consumer's priority timeout, e.g. behind row locks), and the landing
+        batch's and the next (``held``) batch's messages in progress (+WPI): an adopted
+        consumer's ack wait may be short (orbit's 5 s), and they must not be redelivered."""
         interval = max(0.25, self.consumer_ack_wait / 3)
         while True:
             done, _ = await asyncio.wait({landing}, timeout=interval)
@@ -418,12 +513,15 @@ class _Run:
                 return landing.result()
             if not await self.client.keep_pin():
                 log.warning("cg member=%s: pin moved while a batch was landing", self.options.member)
+                continue
+            for m in [*self.landing_msgs, *held]:
+                await self.client.in_progress(m)
 
     async def _acquire_pin(self) -> list | None:
         """Pull as a standby until the server pins us (messages arrive) or the timeout passes."""
         o = self.options
-        deadline = self.started + o.standby_timeout
-        while time.monotonic() < deadline:
+        deadline = self.pin_wait_from + o.standby_timeout
+        while time.monotonic() < deadline and self.revoked is None:
             expires = max(0.5, min(5.0, self.pull_expires_max, deadline - time.monotonic()))
             # reading by direct gets, the pin is all this pull is for
             want = 1 if self.reader is not None else min(o.batch_size, max(self.summary.target, 1))
@@ -448,7 +546,7 @@ class _Run:
             return "max_bytes"
         if self.taken >= s.target:
             return "target reached"
-        return None
+        return self.revoked
 
     async def _consume(self, first: list) -> None:
         """Pull batch k+1 while batch k is landed (prepare, ack, commit) in the background."""
@@ -461,7 +559,7 @@ class _Run:
                 if msgs:
                     self.taken += len(msgs)
                     if landing is not None:
-                        await self._await_landing(landing)
+                        await self._await_landing(landing, held=msgs)
                     if not self.client.is_pinned and end is None:
                         end = "pin"  # lost while the last batch landed: leave these to the new holder
                     elif not self.taken_over:  # else leave them unacked to the new pin holder
@@ -584,6 +682,7 @@ class _Run:
         """One batch read through the consumer: its rows, then the two-phase steps with a
         double ack per message (partition by partition)."""
         o = self.options
+        self.landing_msgs = msgs
         table = build_rows(msgs, group=o.group, member=o.member, keys=self.keys, sourced=self.sourced)
         if not _in_stream_order(msgs):  # right after a takeover or a redelivery
             msgs = sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)

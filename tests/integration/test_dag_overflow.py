@@ -113,7 +113,9 @@ def test_overflow_scaleout_drains_once_and_restores_membership(
 
     members, consumers, rest, left = run_with_nats(nats_settings, after)
     assert members == ("m1",)
-    assert consumers == ["m1"]
+    # no consumer of the dropped overflow members is left (m1's own may already have been
+    # removed by the server: an elastic member consumer idles out after its ack wait, as orbit's)
+    assert set(consumers) <= {"m1"}, consumers
     assert left == 0
     assert report["total"] + rest.committed == N + LATE
 

@@ -1,0 +1,215 @@
+"""Membership changes reach running member jobs, and orbit's own ``cg`` CLI (a real Go build
+of Synadia orbit ``pcgroups``, see ``tests/support/orbit.py``) and ours work on the same groups.
+
+Jobs run as the plain Python driver of the member job (``spark=False``): the protocol is the
+same and a JVM per job would dominate these tests on a small machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.jsapi import JsApi
+from tests.support.member_job import (
+    assert_exactly_once,
+    parquet_landed,
+    publish_orders,
+    start_member_job,
+)
+from tests.support.orbit import OrbitCli, build_orbit_cg, stop
+
+pytestmark = [pytest.mark.integration]
+
+KEYS = 40
+
+
+@pytest.fixture(scope="session")
+def orbit_binary():
+    return build_orbit_cg()
+
+
+@pytest.fixture
+def orbit(orbit_binary, nats_server, tmp_path) -> OrbitCli:
+    return OrbitCli.for_server(orbit_binary, nats_server.url, tmp_path)
+
+
+async def _publish_in_chunks(nc, stream, group, total, chunks, pause):
+    expected = {}
+    for _ in range(chunks):
+        expected.update(await publish_orders(nc, stream, group, total // chunks, KEYS))
+        await asyncio.sleep(pause)
+    return expected
+
+
+def _job(member_job_zip, tmp_path, nats_server, member, *args, stream="ORDERS", group="g"):
+    return start_member_job(member_job_zip, tmp_path / member, nats_servers=nats_server.url, stream=stream,
+                            group=group, member=member, sink_path=tmp_path / "lake", spark=False,
+                            args=["--idle-timeout", "3", "--standby-timeout", "20", *args])
+
+
+async def _kv_raw(nc, key="ORDERS.g", bucket="elastic-consumer-groups") -> bytes:
+    return (await (await nc.jetstream().key_value(bucket)).get(key)).value
+
+
+@pytest.mark.parametrize("changed_by", ["ours", "orbit"])
+async def test_partition_moves_between_two_running_jobs(nc, nats_server, member_job_zip, tmp_path, changed_by,
+                                                        request):
+    """m1 alone holds 4 partitions and lands a stream being published; m2 is added (by our API
+    or by orbit's CLI) while m1 runs: m1 finishes its batch in flight, hands its consumer over,
+    goes on with partitions 0-1; m2's job takes 2-3. Nothing lost, nothing twice, per-key order."""
+    await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.*"])
+    if changed_by == "orbit":
+        cli = request.getfixturevalue("orbit")
+        cli.run("elastic", "create", "ORDERS", "g", "4", "orders.*", "1")
+        cli.run("elastic", "add", "ORDERS", "g", "m1")
+    else:
+        await ConsumerGroups(nc).create("ORDERS", "g", ElasticGroupConfig(
+            4, (PartitioningFilter("orders.*", (1,)),), members=("m1",)))
+    expected = await publish_orders(nc, "ORDERS", "g", 30_000, KEYS)
+    publisher = asyncio.create_task(_publish_in_chunks(nc, "ORDERS", "g", 6000, 12, 0.3))
+    m1 = _job(member_job_zip, tmp_path, nats_server, "m1", "--batch-size", "100")
+    try:
+        assert await asyncio.to_thread(m1.wait_for_log, "cg pinned", 60), m1.wait(5).describe()
+        if changed_by == "orbit":
+            await asyncio.to_thread(cli.run, "elastic", "add", "ORDERS", "g", "m2")
+        else:
+            await ConsumerGroups(nc).add_members("ORDERS", "g", ["m2"])
+        m2 = _job(member_job_zip, tmp_path, nats_server, "m2")
+        expected.update(await publisher)
+        r1 = await asyncio.to_thread(m1.wait, 120)
+        r2 = await asyncio.to_thread(m2.wait, 120)
+    finally:
+        publisher.cancel()
+        m1.kill()
+        if "m2" in locals():
+            m2.kill()
+    assert r1.returncode == 0 and "Traceback" not in r1.output, r1.describe()
+    assert r2.returncode == 0 and "Traceback" not in r2.output, r2.describe()
+    assert "membership changed (partitions [0, 1, 2, 3] -> [0, 1])" in r1.output, r1.describe()
+    assert r2.summary["committed"] > 0, r2.describe()
+    assert set(r2.summary["partitions"]) <= {"2", "3"}, r2.summary
+    # whatever arrived after the jobs went idle: a last run of each
+    for member in ("m1", "m2"):
+        last = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server, member, "--batch-size", "500").wait,
+                                       120)
+        assert last.returncode == 0, last.describe()
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)
+    info = await JsApi(nc).stream_info("ORDERS-g")
+    assert info["state"]["messages"] == 0
+    consumers = {c["name"]: c["config"]["filter_subjects"] for c in await JsApi(nc).list_consumers("ORDERS-g")}
+    for name, filters in consumers.items():  # re-created with the new filters (if not idled out)
+        assert sorted(filters) == {"m1": ["0.>", "1.>"], "m2": ["2.>", "3.>"]}[name] if changed_by == "orbit" \
+            else sorted(filters) == {"m1": ["0.orders.*", "1.orders.*"], "m2": ["2.orders.*", "3.orders.*"]}[name]
+
+
+async def test_orbit_created_group_read_consumed_and_managed_by_ours(nc, nats_server, orbit, member_job_zip,
+                                                                    tmp_path):
+    await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.*"])
+    orbit.run("elastic", "create", "ORDERS", "g", "4", "orders.*", "1", "--max-buffered-msgs", "100000")
+    orbit.run("elastic", "add", "ORDERS", "g", "m1", "m2")
+    raw = await _kv_raw(nc)
+    cg = ConsumerGroups(nc)
+    info = await cg.get("ORDERS", "g")
+    # orbit v0.1's shape: one filter with its wildcards, read as such (not as whole-subject hashing)
+    assert info.config.partitioning_filters == (PartitioningFilter("orders.*", (1,)),)
+    assert info.config.max_buffered_msgs == 100000 and sorted(info.config.members) == ["m1", "m2"]
+    assert info.config.to_json() == raw  # written back byte for byte
+    expected = await publish_orders(nc, "ORDERS", "g", 3000, KEYS)
+    for member in ("m1", "m2"):
+        r = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server, member).wait, 120)
+        assert r.returncode == 0 and r.summary["result"] == "committed", r.describe()
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)
+    # our membership changes keep orbit's shape; orbit's CLI reads them
+    await cg.add_members("ORDERS", "g", ["m3"])
+    after = await _kv_raw(nc)
+    assert json.loads(after) == {**json.loads(raw), "members": [*json.loads(raw)["members"], "m3"]}
+    assert b'"filter":"orders.*","partitioning_wildcards":[1]' in after
+    out = orbit.run("elastic", "info", "ORDERS", "g").stdout
+    assert "m3" in out and "filter=orders.*" in out, out
+    await cg.set_mappings("ORDERS", "g", {"m1": [0, 1], "m2": [2, 3]})
+    out = orbit.run("elastic", "info", "ORDERS", "g").stdout
+    assert "m1" in out and "[0 1]" in out, out
+    orbit.run("elastic", "delete-mapping", "ORDERS", "g")
+    assert (await cg.get("ORDERS", "g")).config.member_mappings == ()
+
+
+async def test_groups_created_by_ours_listed_described_and_changed_by_orbit(nc, nats_server, orbit, tmp_path):
+    await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.*"])
+    from airflow_provider_cg.core.cli import main as our_cg
+
+    env_args = ["--server", nats_server.url]
+    assert await asyncio.to_thread(our_cg, ["create", "elastic", "ORDERS", "g", "--max-members", "4",
+                                            "--filter", "orders.*", "--wildcards", "1", "--members", "a,b",
+                                            "--orbit-format", "v0.1", *env_args]) == 0
+    assert await asyncio.to_thread(our_cg, ["create", "elastic", "ORDERS", "current", "--max-members",
+                                            "2", "--filter", "orders.*", "--wildcards", "1", "--members", "a",
+                                            *env_args]) == 0
+    assert "[g current]" in orbit.run("elastic", "ls", "ORDERS").stdout.replace("[current g]", "[g current]")
+    out = orbit.run("elastic", "info", "ORDERS", "g").stdout
+    assert "filter=orders.*" in out and "[a b]" in out, out
+    orbit.run("elastic", "add", "ORDERS", "g", "c")
+    orbit.run("elastic", "drop", "ORDERS", "g", "a")
+    cfg = (await ConsumerGroups(nc).get("ORDERS", "g")).config
+    assert sorted(cfg.members) == ["b", "c"] and cfg.partitioning_filters == (PartitioningFilter("orders.*", (1,)),)
+    # orbit v0.1 cannot read the current (v0.2) shape: it says so and changes nothing
+    r = orbit.run("elastic", "info", "ORDERS", "current", check=False)
+    assert r.returncode != 0
+    assert (await ConsumerGroups(nc).get("ORDERS", "current")).config.members == ("a",)
+
+
+async def test_orbit_instance_and_our_job_share_a_member_through_the_pin(nc, nats_server, orbit, member_job_zip,
+                                                                        tmp_path):
+    """orbit's ``consume`` instance creates and holds member m1's consumer; our job for m1
+    uses that consumer as it is (priority group, ack wait, limits), waits as a standby, and
+    neither deletes the other's consumer; once orbit's instance stops, our job takes the pin
+    and lands the rest. Every message is handled once: by orbit (its log) or by us (the lake)."""
+    await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.*"])
+    orbit.run("elastic", "create", "ORDERS", "g", "2", "orders.*", "1")
+    orbit.run("elastic", "add", "ORDERS", "g", "m1")
+    expected = await publish_orders(nc, "ORDERS", "g", 400, KEYS)
+    log = tmp_path / "orbit-consume.log"
+    inst = orbit.start("elastic", "--sleep", "40ms", "consume", "ORDERS", "g", "m1", log=log)
+    try:
+        api = JsApi(nc)
+        for _ in range(100):
+            c = await api.consumer_info("ORDERS-g", "m1")
+            if c and (c.get("priority_groups") or [{}])[0].get("pinned_client_id"):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"orbit's instance did not get pinned: {log.read_text()[-2000:]}")
+        created = c["created"]
+        standby = await asyncio.to_thread(
+            _job(member_job_zip, tmp_path, nats_server, "m1", "--standby-timeout", "4").wait, 60)
+        assert standby.returncode == 0 and standby.summary["result"] == "not-pinned", standby.describe()
+        assert (await api.consumer_info("ORDERS-g", "m1"))["created"] == created  # not replaced
+        assert inst.poll() is None, log.read_text()[-2000:]
+    finally:
+        stop(inst)
+    ours = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server, "m1").wait, 120)
+    assert ours.returncode == 0 and ours.summary["result"] == "committed", ours.describe()
+    orbit_seqs = _orbit_acked_seqs(log.read_text())
+    landed = parquet_landed(tmp_path / "lake")
+    ours_seqs = {r.origin_seq for r in landed}
+    assert orbit_seqs, log.read_text()[-2000:]
+    # The work-queue sequence orbit prints equals the origin sequence here (one source, no gaps).
+    assert not orbit_seqs & ours_seqs, sorted(orbit_seqs & ours_seqs)[:10]
+    assert orbit_seqs | ours_seqs == {seq for (_, seq) in expected}
+    assert_exactly_once(landed, {k: v for k, v in expected.items() if k[1] in ours_seqs})
+
+
+def _orbit_acked_seqs(text: str) -> set[int]:
+    """Sequences orbit's CLI printed as processed and acknowledged."""
+    import re
+
+    seqs = set()
+    for line in text.splitlines():
+        m = re.search(r"seq=(\d+)", line)
+        if m and line.rstrip().endswith(" acked") and "could not" not in line:
+            seqs.add(int(m.group(1)))
+    return seqs
