@@ -17,10 +17,17 @@ QUEUE_SCHEME = "nats-cg"
 QUEUE_CLASS = "airflow_provider_cg.queues.nats.NatsCgMessageQueueProvider"
 
 
-def _text(label: str, description: str | None = None, *, secret: bool = False) -> dict[str, Any]:
+def _text(label: str, description: str | None = None, *, secret: bool = False, multiline: bool = False,
+          examples: list[str] | None = None) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": ["string", "null"]}
     if secret:
-        schema["format"] = "password"  # Airflow treats the field as sensitive
+        # Airflow treats only "password" fields as sensitive, and renders them as one line:
+        # pasted multi-line secrets lose their line breaks there, which the settings restore.
+        schema["format"] = "password"
+    elif multiline:
+        schema["format"] = "multiline"  # a text area: PEM text keeps its lines
+    if examples:
+        schema["examples"] = examples  # the new UI's only placeholder for extra fields
     field: dict[str, Any] = {"label": label, "schema": schema}
     if description:
         field["description"] = description
@@ -32,17 +39,27 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
     "servers": _text(
         "Servers",
         "Comma-separated NATS URLs (nats://h1:4222,tls://h2:4222). Replaces Host/Port/URL scheme.",
+        examples=["nats://nats-1:4222,nats://nats-2:4222"],
     ),
     "token": _text("Token", "Authentication token.", secret=True),
-    "nkey_seed": _text("NKey seed", "The user's NKey seed (SU...).", secret=True),
-    "creds": _text("Credentials", "Content of a .creds file (user JWT and NKey seed).", secret=True),
-    "tls_ca": _text("TLS CA", "CA certificate: PEM text or a file path."),
-    "tls_cert": _text("TLS client certificate", "PEM text or a file path."),
-    "tls_key": _text("TLS client key", "PEM text or a file path.", secret=True),
-    "name": _text("Client name", "Connection name shown by the server (monitoring)."),
+    "nkey_seed": _text("NKey seed", "The user's NKey seed (SU...), or the path of a file holding it.", secret=True),
+    "creds": _text(
+        "Credentials",
+        "Paste the whole .creds file (user JWT and NKey seed; line breaks lost in this one-line field are "
+        "restored), or give the path of the file on the workers.",
+        secret=True,
+    ),
+    "tls_ca": _text("TLS CA", "CA certificate: PEM text or a file path.", multiline=True),
+    "tls_cert": _text("TLS client certificate", "PEM text or a file path.", multiline=True),
+    "tls_key": _text(
+        "TLS client key",
+        "Paste the PEM key (line breaks lost in this one-line field are restored), or a file path.",
+        secret=True,
+    ),
+    "name": _text("Client name", "Connection name shown by the server (monitoring).", examples=["airflow"]),
     "connect_timeout": {
         "label": "Connect timeout (s)",
-        "schema": {"type": ["number", "null"], "default": 5},
+        "schema": {"type": ["integer", "null"], "default": 5, "minimum": 1},
     },
 }
 
@@ -55,10 +72,14 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
         "schema": "nats (or tls, ws, wss)",
         "login": "user (optional)",
         "password": "password (optional)",
+        # Airflow 3.1's form; the new UI shows placeholders for the standard fields only
+        # (extra fields: "examples" in their schema)
         "servers": "nats://nats-1:4222,nats://nats-2:4222",
         "tls_ca": "/etc/nats/ca.pem or -----BEGIN CERTIFICATE-----...",
         "tls_cert": "/etc/nats/client.pem or -----BEGIN CERTIFICATE-----...",
         "tls_key": "/etc/nats/client-key.pem or -----BEGIN PRIVATE KEY-----...",
+        "creds": "/var/run/secrets/nats/user.creds or the file's content",
+        "nkey_seed": "SU... or /var/run/secrets/nats/user.nk",
         "name": "airflow",
     },
 }

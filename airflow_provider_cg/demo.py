@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 from airflow_provider_cg.core.connection import NatsConnectionSettings
+from airflow_provider_cg.core.packaging import example_dags_folder
 from airflow_provider_cg.core.publish import publish_many
 from airflow_provider_cg.core.server import EmbeddedNatsServer
 
-REPO = Path(__file__).resolve().parent.parent
+PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
 DAG_ID = "cg_scheduled_consumption"
 STREAM = "ORDERS"
 
@@ -52,7 +53,7 @@ async def _prepare(url: str, n: int, customers: int) -> float:
 
 def _run(cmd: list[str], env: dict[str, str], log: Path) -> None:
     with open(log, "w") as out:
-        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
+        proc = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=log.parent)
     if proc.returncode != 0:
         tail = log.read_text(errors="replace")[-4000:]
         raise SystemExit(f"{' '.join(cmd[1:4])} failed ({proc.returncode}); see {log}\n{tail}")
@@ -60,7 +61,8 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m airflow_provider_cg.demo", description=__doc__.split("\n")[0])
-    p.add_argument("--dir", default=str(REPO / ".demo"), help="demo directory (recreated)")
+    default_dir = PACKAGE_PARENT / ".demo" if (PACKAGE_PARENT / "setup.cfg").exists() else Path.cwd() / ".cg-demo"
+    p.add_argument("--dir", default=str(default_dir), help="demo directory (recreated)")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--customers", type=int, default=3000)
     args = p.parse_args(argv)
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {
         **os.environ,
         "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(example_dags_folder()),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
@@ -84,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
     airflow = [sys.executable, "-m", "airflow"]
 

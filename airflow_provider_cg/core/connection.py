@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import tempfile
 from collections.abc import Mapping
@@ -26,12 +27,62 @@ def _is_pem(value: str) -> bool:
     return value.lstrip().startswith("-----BEGIN")
 
 
+_PEM_BLOCK = re.compile(r"-----\s*BEGIN ([A-Z0-9 ]+?)\s*-----(.*?)-----\s*END \1\s*-----", re.S)
+_CREDS_JWT = re.compile(r"-----BEGIN NATS USER JWT-----(.*?)------END NATS USER JWT------", re.S)
+_SEED = re.compile(r"S[UAO][A-Z2-7]{56}")
+
+
+def restore_pem(text: str) -> str:
+    """PEM text whose line breaks a single-line form field removed (or turned into spaces),
+    rebuilt block by block (base64 bodies rewrapped at 64 columns). Text with its line breaks,
+    or without PEM blocks (a file path), is returned as it is."""
+    if "\n" in text.strip():
+        return text
+    blocks = []
+    for m in _PEM_BLOCK.finditer(text):
+        label, body = m.group(1).strip(), "".join(m.group(2).split())
+        if ":" in body:  # RFC 1421 headers (encrypted legacy keys): leave such text alone
+            return text
+        lines = [body[i : i + 64] for i in range(0, len(body), 64)]
+        blocks.append("\n".join([f"-----BEGIN {label}-----", *lines, f"-----END {label}-----"]))
+    return "\n".join(blocks) + "\n" if blocks else text
+
+
+def restore_creds(text: str) -> str:
+    """A ``.creds`` file's content, also when a single-line form field removed its line
+    breaks: the user JWT and the seed are taken out and written back in nsc's layout."""
+    if "\n" in text.strip():
+        return text
+    jwt = _CREDS_JWT.search(text)
+    seed = _SEED.search(_CREDS_JWT.sub("", text))
+    if not jwt or not seed:
+        return text
+    return (f"-----BEGIN NATS USER JWT-----\n{''.join(jwt.group(1).split())}\n------END NATS USER JWT------\n\n"
+            f"-----BEGIN USER NKEY SEED-----\n{seed.group(0)}\n------END USER NKEY SEED------\n")
+
+
+def _content_or_file(field: str, value: str, marker: str) -> str:
+    """``value`` itself, or the content of the file it names (a path on the workers, e.g. a
+    mounted secret): a form field can hold either."""
+    if marker in value or "\n" in value.strip():
+        return value
+    path = os.path.expanduser(value.strip())
+    if os.path.isfile(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{field}: cannot read the file it names ({type(e).__name__})") from None
+    return value
+
+
 @dataclass
 class NatsConnectionSettings:
     """Where a NATS server is and how to authenticate to it.
 
     ``tls_ca``, ``tls_cert`` and ``tls_key`` take a file path or the PEM text itself;
-    ``creds`` and ``nkey_seed`` take the file content (not a path).
+    ``creds`` and ``nkey_seed`` the file content or a file path. Pasted text whose line
+    breaks were lost (a single-line form field) is restored (PEM blocks, ``.creds`` layout).
     """
 
     servers: list[str] = field(default_factory=lambda: [DEFAULT_SERVER])
@@ -54,6 +105,15 @@ class NatsConnectionSettings:
         for url in self.servers:
             if "://" not in url:
                 raise ValueError(f"servers: {url!r} is not a URL (expected nats://host:port)")
+        if self.creds:
+            self.creds = restore_creds(_content_or_file("creds", self.creds, "BEGIN NATS USER JWT"))
+        if self.nkey_seed:
+            seed = _content_or_file("nkey_seed", self.nkey_seed, "SU").strip()
+            self.nkey_seed = m.group(0) if (m := _SEED.search(seed)) else seed
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            value = getattr(self, name)
+            if value and "BEGIN" in value:
+                setattr(self, name, restore_pem(value))
 
     # --- conversions -------------------------------------------------------------------
 

@@ -53,3 +53,8 @@ def member_job_path() -> Path:
             "from its wheel (zipped installs are not supported: spark-submit needs a file)"
         )
     return path
+
+
+def example_dags_folder() -> Path:
+    """The example DAGs shipped in the package (``airflow_provider_cg/example_dags``)."""
+    return Path(str(resources.files("airflow_provider_cg.example_dags")))

@@ -150,13 +150,22 @@ class NatsHook(BaseHook):
     @classmethod
     def get_connection_form_widgets(cls) -> dict[str, Any]:
         """Extra fields of the connection form as wtforms fields (Airflow < 3.2 only)."""
-        from flask_appbuilder.fieldwidgets import BS3PasswordFieldWidget, BS3TextFieldWidget
-        from wtforms import PasswordField, StringField
+        from flask_appbuilder.fieldwidgets import (
+            BS3PasswordFieldWidget,
+            BS3TextAreaFieldWidget,
+            BS3TextFieldWidget,
+        )
+        from wtforms import IntegerField, PasswordField, StringField, TextAreaField
 
         widgets: dict[str, Any] = {}
         for name, field in CONN_FIELDS.items():
-            if field["schema"].get("format") == "password":
+            schema = field["schema"]
+            if schema.get("format") == "password":
                 widgets[name] = PasswordField(field["label"], widget=BS3PasswordFieldWidget())
+            elif schema.get("format") == "multiline":
+                widgets[name] = TextAreaField(field["label"], widget=BS3TextAreaFieldWidget())
+            elif "integer" in schema.get("type", ()):
+                widgets[name] = IntegerField(field["label"], widget=BS3TextFieldWidget())
             else:
                 widgets[name] = StringField(field["label"], widget=BS3TextFieldWidget())
         return widgets

@@ -89,7 +89,7 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
                  "SINK_PATH": str(lake), "START_DATE": t0.isoformat(), "INTERVAL_SECONDS": str(INTERVAL)}.items():
         monkeypatch.setenv(f"CG_BACKFILL_{k}", v)
     times = _publish_through(nats_settings, t0, t0 + dt.timedelta(seconds=2 * INTERVAL + 1))
-    spec = importlib.util.spec_from_file_location(f"cg_backfill_{uuid.uuid4().hex[:6]}", ROOT / "dags" / "cg_backfill.py")
+    spec = importlib.util.spec_from_file_location(f"cg_backfill_{uuid.uuid4().hex[:6]}", ROOT / "airflow_provider_cg" / "example_dags" / "cg_backfill.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     dag = mod.dag

@@ -46,7 +46,7 @@ def _load(monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path, member
                  "POKE_INTERVAL": "0.2"}.items():
         monkeypatch.setenv(f"CG_OVERFLOW_{k}", v)
     name = f"cg_overflow_scaleout_{uuid.uuid4().hex[:6]}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "dags" / "cg_overflow_scaleout.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "airflow_provider_cg" / "example_dags" / "cg_overflow_scaleout.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -33,7 +33,7 @@ def spark_env(airflow_env, monkeypatch):
 
 
 def _load_dag():
-    spec = importlib.util.spec_from_file_location("cg_scheduled_consumption", ROOT / "dags" / "cg_scheduled_consumption.py")
+    spec = importlib.util.spec_from_file_location("cg_scheduled_consumption", ROOT / "airflow_provider_cg" / "example_dags" / "cg_scheduled_consumption.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.dag

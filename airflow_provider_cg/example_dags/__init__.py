@@ -1,0 +1,1 @@
+"""Example pipelines shipped with the package: copy one into your own folder to start from it."""

@@ -1,0 +1,80 @@
+"""The provider as users install it: a wheel, installed (not editable) with its dependencies
+into a fresh virtual environment, outside the checkout; example DAG 1 then runs end to end
+from that install (``python -m airflow_provider_cg.demo``: a real nats-server from the
+``nats-server`` extra, ``airflow dags test`` on SQLite, real ``spark-submit`` in local mode).
+
+Slow (a venv and an Airflow DB migration): one test, marked ``install``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.install, pytest.mark.integration, pytest.mark.spark]
+
+
+def _run(cmd, *, cwd, env=None, timeout=900) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path):
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, ROOT], cwd=tmp_path)
+    (wheel,) = dist.glob("airflow_provider_cg-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for needed in ("airflow_provider_cg/spark_apps/cg_member_job.py",
+                   "airflow_provider_cg/example_dags/cg_scheduled_consumption.py",
+                   "airflow_provider_cg/core/batch.py"):
+        assert needed in names, f"{needed} is not in {wheel.name}"
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(
+        ("AIRFLOW", "CG_", "PYSPARK", "SPARK_"))}
+    env["PATH"] = str(venv / "bin") + os.pathsep + env.get("PATH", "")
+    _run([py, "-m", "pip", "install", "-q", f"{wheel}[all]"], cwd=tmp_path, env=env)
+
+    # installed, not the checkout; one PySpark: pyspark and the Spark provider's pyspark-client
+    # are one release and no file of one was replaced by another version's
+    probe = _run([py, "-c", _ONE_PYSPARK], cwd=tmp_path, env=env).stdout
+    assert str(venv) in probe and str(ROOT) not in probe.split("\n")[0], probe
+
+    demo = _run([py, "-m", "airflow_provider_cg.demo", "--dir", tmp_path / "demo", "--messages", "5000",
+                 "--customers", "50"], cwd=tmp_path, env=env, timeout=1200)
+    assert "[demo] OK" in demo.stdout, demo.stdout[-3000:]
+    assert "(published 5000, distinct seqs 5000)" in demo.stdout, demo.stdout[-3000:]
+
+
+_ONE_PYSPARK = r"""
+import base64, csv, hashlib, importlib.metadata as md, os, sys
+import airflow_provider_cg, pyspark
+print(airflow_provider_cg.__file__)
+from airflow_provider_cg.core.packaging import member_job_path
+assert member_job_path().is_file(), member_job_path()
+versions = {d: md.version(d) for d in ("pyspark", "pyspark-client")}
+assert pyspark.__version__ == versions["pyspark"] == versions["pyspark-client"], (pyspark.__version__, versions)
+# every file both distributions install has the content pyspark's own RECORD says
+rec = {r[0]: r[1] for r in csv.reader(md.distribution("pyspark").read_text("RECORD").splitlines()) if len(r) > 1}
+site = md.distribution("pyspark").locate_file("")
+changed = []
+for row in csv.reader(md.distribution("pyspark-client").read_text("RECORD").splitlines()):
+    path = row[0]
+    if path in rec and rec[path] and path.endswith(".py"):
+        algo, digest = rec[path].split("=", 1)
+        data = open(os.path.join(site, path), "rb").read()
+        got = base64.urlsafe_b64encode(hashlib.new(algo, data).digest()).rstrip(b"=").decode()
+        if got != digest:
+            changed.append(path)
+assert not changed, f"{len(changed)} pyspark files replaced by another version: {changed[:5]}"
+print("one pyspark", pyspark.__version__)
+"""
