@@ -268,7 +268,8 @@ async def run_backfill(
                     s.poison_deliveries += len(bad)
                     s.skipped += len(bad)
                     good = [i for i in range(table.num_rows) if i not in bad]
-                    table, kept = table.take(good), [kept[i] for i in good]
+                    # typed indices: an empty Python list is a null-typed array take() refuses
+                    table, kept = table.take(pa.array(good, pa.int64())), [kept[i] for i in good]
             if not kept:
                 continue
             batch_seq += 1

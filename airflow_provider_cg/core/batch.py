@@ -808,12 +808,9 @@ class _Run:
         cols = table.select(["origin_stream", "origin_seq", "subject", "payload", "headers"]).to_pylist()
         for i, err in bad.items():
             row = cols[i]
-            own = json.loads(row["headers"]) if row["headers"] else {}
-            hdrs = {k: (v if isinstance(v, str) else ",".join(v)) for k, v in own.items()}
             origin, seq = row["origin_stream"], row["origin_seq"]
-            hdrs.update({"Cg-Error": err[:1024], "Cg-Origin-Stream": origin, "Cg-Origin-Seq": str(seq),
-                         "Cg-Member": o.member, "Nats-Msg-Id": f"{origin}:{seq}"})
-            await self.dlq.publish(row["subject"], row["payload"], hdrs)
+            await self.dlq.publish(row["subject"], row["payload"], dead_letter_headers(
+                row["headers"], err, origin, seq, o.member))
             s.dead_lettered += 1
         keep = np.ones(table.num_rows, dtype=bool)
         keep[list(bad)] = False
@@ -827,6 +824,7 @@ class _Run:
         s.poison_deliveries += len(bad)
         origin_streams = table.column("origin_stream")
         origin_seqs = table.column("origin_seq")
+        user_headers = table.column("headers")
         for i, m in enumerate(msgs):
             err = bad.get(i)
             if err is None:
@@ -834,11 +832,8 @@ class _Run:
                 ack_msgs.append(m)
             elif m.num_delivered >= o.max_deliver:
                 origin, seq = origin_streams[i].as_py(), origin_seqs[i].as_py()
-                await self.dlq.publish(partitioning.strip_partition(m.subject)[1], m.data, {
-                    "Cg-Error": err[:1024], "Cg-Origin-Stream": origin, "Cg-Origin-Seq": str(seq),
-                    "Cg-Member": o.member, "Cg-Deliveries": str(m.num_delivered),
-                    "Nats-Msg-Id": f"{origin}:{seq}",
-                })
+                await self.dlq.publish(partitioning.strip_partition(m.subject)[1], m.data, dead_letter_headers(
+                    user_headers[i].as_py(), err, origin, seq, o.member, deliveries=m.num_delivered))
                 s.dead_lettered += 1
                 ack_msgs.append(m)
             else:
@@ -849,6 +844,20 @@ class _Run:
         # (a batch of only poison messages, e.g. one redelivered alone)
         good = table.take(pa.array(keep_rows, pa.int64()))
         return good, ack_msgs
+
+
+def dead_letter_headers(own_json: str | None, error: str, origin: str, seq: int, member: str,
+                        deliveries: int | None = None) -> dict[str, str]:
+    """A dead-lettered message's headers: its own (from the row's ``headers`` JSON), then why
+    and where from (``Cg-*``), and a ``Nats-Msg-Id`` that makes a republish after a crash a
+    duplicate the dead-letter stream drops."""
+    own = json.loads(own_json) if own_json else {}
+    hdrs = {k: (v if isinstance(v, str) else ",".join(v)) for k, v in own.items()}
+    hdrs.update({"Cg-Error": error[:1024], "Cg-Origin-Stream": origin, "Cg-Origin-Seq": str(seq),
+                 "Cg-Member": member, "Nats-Msg-Id": f"{origin}:{seq}"})
+    if deliveries is not None:
+        hdrs["Cg-Deliveries"] = str(deliveries)
+    return hdrs
 
 
 def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary, partitions: tuple[int, ...],

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import re
 import sys
@@ -123,43 +124,77 @@ def _ints(field: str, text: str) -> tuple[int, ...]:
         raise ConfigError(field, f"expected comma-separated integers, got {text!r}") from None
 
 
+MAX_SECRET_FILE = 1024 * 1024
+
+
 def _read_secret(field: str, path: str) -> str:
     try:
+        if os.path.getsize(path) > MAX_SECRET_FILE:
+            raise ConfigError(field, f"{path!r} is larger than {MAX_SECRET_FILE} bytes: not a secret file")
         with open(path, encoding="utf-8") as f:
-            return f.read().strip()
+            text = f.read().strip()
     except OSError as e:
         raise ConfigError(field, f"cannot read {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(field, f"{path!r} is not a text file") from None
+    if not text:
+        raise ConfigError(field, f"{path!r} is empty")
+    return text
+
+
+_OPTION_OF = {"servers": "server", "user": "user", "password": "password-file", "token": "token-file",
+              "nkey_seed": "nkey", "creds": "creds", "tls_ca": "tlsca", "tls_cert": "tlscert", "tls_key": "tlskey",
+              "connect_timeout": "timeout"}
 
 
 def settings_from_args(args, environ: dict[str, str] | None = None) -> NatsConnectionSettings:
-    """Connection settings: ``CG_NATS_*`` environment, then the command-line options."""
+    """Connection settings: ``CG_NATS_*`` environment, then the command-line options. An error
+    names the option or the variable the bad value came from."""
     env = os.environ if environ is None else environ
+
+    def refused(e: Exception, from_args: set[str]) -> ConfigError:
+        field, sep, rule = str(e).partition(": ")
+        if not sep:
+            return ConfigError("server", str(e))
+        if field in from_args:
+            return ConfigError(_OPTION_OF.get(field, field), rule)
+        if field == "CG_NATS_CONFIG_FILE":
+            return ConfigError(field, rule)
+        return ConfigError(ENV_PREFIX + field.upper(), rule)
+
     try:
         values = NatsConnectionSettings.from_env(env).to_dict()
-    except (OSError, ValueError) as e:
-        raise ConfigError(ENV_PREFIX + "*", str(e)) from None
+    except (OSError, TypeError, ValueError) as e:
+        raise refused(e, set()) from None
+    given: set[str] = set()
     servers = _csv(args.server)
     if servers:
         values["servers"] = servers
+        given.add("servers")
     if args.user:
         values["user"] = args.user
+        given.add("user")
     for opt, key in (("password_file", "password"), ("token_file", "token"), ("nkey", "nkey_seed"), ("creds", "creds")):
         path = getattr(args, opt)
         if path:
             values[key] = _read_secret(opt.replace("_", "-"), path)
+            given.add(key)
     for opt, key in (("tlsca", "tls_ca"), ("tlscert", "tls_cert"), ("tlskey", "tls_key")):
         path = getattr(args, opt)
         if path:
             if not os.path.isfile(path):
                 raise ConfigError(opt, f"{path!r} is not a file")
             values[key] = path
+            given.add(key)
+    if not (isinstance(args.timeout, float) and 0 < args.timeout <= 600):
+        raise ConfigError("timeout", "must be a number of seconds > 0 and at most 600")
     values["connect_timeout"] = args.timeout
+    given.add("connect_timeout")
     values.setdefault("name", "cg")
     try:
         return NatsConnectionSettings.from_mapping(values)
     except (TypeError, ValueError) as e:
-        field, _, rule = str(e).partition(": ")
-        raise ConfigError(field if rule else "server", rule or str(e)) from None
+        raise refused(e, given) from None
 
 
 # --- the parser ---------------------------------------------------------------------------
@@ -217,10 +252,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON shape of the stored config: orbit v0.2 (current) or v0.1 (one filter), for "
                         "groups that orbit v0.1 tools also manage")
 
-    sg(cmd("info", "show a group's config, assignment and active members"))
+    def kinded(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--kind", choices=cgconfig.KINDS, help="the group's kind, when a key is in both buckets")
+        return p
+
+    kinded(sg(cmd("info", "show a group's config, assignment and active members")))
     p = cmd("ls", "list groups")
     p.add_argument("stream", nargs="?", metavar="STREAM")
-    sg(cmd("rm", "delete a group (config, work-queue stream / member consumers)"))
+    p = kinded(sg(cmd("rm", "delete a group (config, work-queue stream / member consumers)")))
+    p.add_argument("--force", action="store_true", help="also remove a stored config that is invalid")
     for name, help in (("add", "add members (elastic)"), ("drop", "drop members (elastic)")):
         sg(cmd(name, help)).add_argument("members", nargs="+", metavar="MEMBER")
     p = cmd("mapping", "set or remove explicit member -> partitions mappings (elastic)")
@@ -372,6 +412,12 @@ def _v01(args, n_filters: int) -> bool:
     return True
 
 
+def _membership_text(cfg) -> str:
+    if cfg.member_mappings:
+        return "mappings " + ", ".join(f"{m.member}:{ranges(m.partitions)}" for m in cfg.member_mappings)
+    return "members " + (", ".join(cfg.members) or "none")
+
+
 def _describe(info, states=None) -> str:
     cfg = info.config
     lines = [f"group:        {info.group} on stream {info.stream} ({info.kind}, revision {info.revision})",
@@ -423,11 +469,16 @@ async def _online(args, out: TextIO) -> int:
         c = args.command
         if c == "create":
             info = await cg.create(args.stream, args.group, created_cfg)
+            given = created_cfg.members or created_cfg.member_mappings
+            if not info.created and given and (info.config.members, info.config.member_mappings) != (
+                    created_cfg.members, created_cfg.member_mappings):
+                raise ConfigError("members", f"group {args.group!r} exists with another membership ("
+                                  f"{_membership_text(info.config)}); change it with add, drop or mapping set")
             verb = "created" if info.created else "exists (same config):"
             _emit(args, {**info.to_dict(), "created": info.created},
                   f"{verb} {info.kind} group {args.group} on stream {args.stream}\n\n{_describe(info)}", out)
         elif c == "info":
-            info = await cg.get(args.stream, args.group)
+            info = await cg.get(args.stream, args.group, args.kind)
             states = await cg.member_info(args.stream, args.group)
             data = {**info.to_dict(), "active_members": [s.member for s in states if s.consumer_exists]}
             _emit(args, data, _describe(info, states), out)
@@ -436,7 +487,7 @@ async def _online(args, out: TextIO) -> int:
             data = [{"kind": k, "stream": s, "group": g} for k, s, g in groups]
             _emit(args, data, table(["KIND", "STREAM", "GROUP"], groups) if groups else "no consumer groups", out)
         elif c == "rm":
-            info = await cg.delete(args.stream, args.group)
+            info = await cg.delete(args.stream, args.group, args.kind, force=args.force)
             _emit(args, {"deleted": True, "kind": info.kind, "stream": args.stream, "group": args.group},
                   f"deleted {info.kind} group {args.group} on stream {args.stream}", out)
         elif c in ("add", "drop", "mapping"):
@@ -450,6 +501,7 @@ async def _online(args, out: TextIO) -> int:
                 info = await cg.delete_mappings(args.stream, args.group)
             _emit(args, info.to_dict(), _describe(info), out)
         elif c == "step-down":
+            cgconfig.validate_name("member", args.member, "member")
             await cg.step_down(args.stream, args.group, args.member)
             _emit(args, {"stepped_down": args.member, "stream": args.stream, "group": args.group},
                   f"asked the active instance of member {args.member} to step down", out)
@@ -500,6 +552,7 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
          stdin: TextIO | None = None) -> int:
     """Run ``cg``; return the exit status (0 ok, 1 invalid input, 2 server refused/unreachable)."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # TLS transport chatter on failed handshakes
     parser = build_parser()
     try:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -525,6 +578,12 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         return EXIT_SERVER
     except KeyboardInterrupt:
         return 130
+    except (RecursionError, MemoryError, UnicodeError) as e:  # input too deep, large or not text
+        _error(err, "input", f"cannot be processed ({type(e).__name__})")
+        return EXIT_INPUT
+    except Exception as e:  # a bug: still one line, and never the settings (they hold secrets)
+        _error(err, "internal", f"unexpected {type(e).__name__}; please report it with the command used")
+        return EXIT_SERVER
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -8,19 +8,38 @@ JSON file named by ``CG_NATS_CONFIG_FILE``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import math
 import os
 import re
+import socket
 import ssl
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from airflow_provider_cg.core.errors import NatsConnectError
 
 ENV_PREFIX = "CG_NATS_"
 ENV_CONFIG_FILE = "CG_NATS_CONFIG_FILE"
 SECRET_FIELDS = frozenset({"password", "token", "nkey_seed", "creds", "tls_key"})
 DEFAULT_SERVER = "nats://127.0.0.1:4222"
+
+
+URL_SCHEMES = ("nats", "tls", "ws", "wss")
+MAX_CONNECT_TIMEOUT = 600.0
+
+
+def _safe_url(url: str) -> str:
+    """``url`` with anything before an ``@`` (credentials) replaced, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***@" + url.rsplit("@", 1)[1] if "@" in url else url
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 
 def _is_pem(value: str) -> bool:
@@ -61,10 +80,29 @@ def restore_creds(text: str) -> str:
             f"-----BEGIN USER NKEY SEED-----\n{seed.group(0)}\n------END USER NKEY SEED------\n")
 
 
-def _content_or_file(field: str, value: str, marker: str) -> str:
+def _readable(field: str, path: str) -> str:
+    if not os.path.isfile(path):
+        raise ValueError(f"{field}: {path!r} is neither PEM text nor an existing file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{field}: cannot read {path!r} (permission denied)")
+    return path
+
+
+@contextlib.contextmanager
+def _tls_errors(field: str, what: str):
+    try:
+        yield
+    except ValueError:
+        raise
+    except (ssl.SSLError, OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "reason", None) or type(e).__name__
+        raise ValueError(f"{field}: not {what} ({reason})") from None
+
+
+def _content_or_file(field: str, value: str, is_content: bool) -> str:
     """``value`` itself, or the content of the file it names (a path on the workers, e.g. a
     mounted secret): a form field can hold either."""
-    if marker in value or "\n" in value.strip():
+    if is_content or "\n" in value.strip():
         return value
     path = os.path.expanduser(value.strip())
     if os.path.isfile(path):
@@ -102,18 +140,55 @@ class NatsConnectionSettings:
             self.servers = [s.strip() for s in self.servers.split(",") if s.strip()]
         if not self.servers:
             raise ValueError("servers: at least one NATS server URL is required")
-        for url in self.servers:
-            if "://" not in url:
-                raise ValueError(f"servers: {url!r} is not a URL (expected nats://host:port)")
+        self.servers = [self._take_url_credentials(url) for url in self.servers]
+        if isinstance(self.connect_timeout, bool) or not isinstance(self.connect_timeout, int | float):
+            raise ValueError("connect_timeout: must be a number of seconds")
+        if not (0 < self.connect_timeout <= MAX_CONNECT_TIMEOUT):
+            raise ValueError(f"connect_timeout: must be > 0 and at most {MAX_CONNECT_TIMEOUT} seconds")
+        for name in ("user", "password", "token", "nkey_seed", "creds", "tls_ca", "tls_cert", "tls_key", "name"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name}: must be a string")
         if self.creds:
-            self.creds = restore_creds(_content_or_file("creds", self.creds, "BEGIN NATS USER JWT"))
+            self.creds = restore_creds(_content_or_file("creds", self.creds, "BEGIN NATS USER JWT" in self.creds))
         if self.nkey_seed:
-            seed = _content_or_file("nkey_seed", self.nkey_seed, "SU").strip()
+            seed = _content_or_file("nkey_seed", self.nkey_seed, bool(_SEED.search(self.nkey_seed))).strip()
             self.nkey_seed = m.group(0) if (m := _SEED.search(seed)) else seed
         for name in ("tls_ca", "tls_cert", "tls_key"):
             value = getattr(self, name)
             if value and "BEGIN" in value:
                 setattr(self, name, restore_pem(value))
+        self._tls_context()  # bad PEM or files fail here, naming the field, not at connect time
+
+    def _take_url_credentials(self, url: str) -> str:
+        """``url`` without credentials; ``user:password@`` or ``token@`` in it become settings
+        (secrets: never echoed, and registered with Airflow's masker by the hook)."""
+        if not isinstance(url, str) or not url.strip():
+            raise ValueError("servers: a server URL must be a non-empty string")
+        url = url.strip()
+        if "://" not in url:
+            raise ValueError(f"servers: {_safe_url(url)!r} is not a URL (expected nats://host:port)")
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"servers: {_safe_url(url)!r} has an invalid port (1-65535)") from None
+        if parts.scheme not in URL_SCHEMES:
+            raise ValueError(f"servers: {_safe_url(url)!r}: the scheme must be one of {', '.join(URL_SCHEMES)}")
+        if not parts.hostname:
+            raise ValueError(f"servers: {_safe_url(url)!r} has no host")
+        if parts.username is not None or parts.password is not None:
+            user, password = unquote(parts.username or ""), unquote(parts.password or "")
+            if password:
+                if (self.user and self.user != user) or (self.password and self.password != password):
+                    raise ValueError("servers: the URL's user and password differ from the connection's")
+                self.user, self.password = user, password
+            elif user:
+                if self.token and self.token != user:
+                    raise ValueError("servers: the URL's token differs from the connection's")
+                self.token = user
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
     # --- conversions -------------------------------------------------------------------
 
@@ -123,9 +198,15 @@ class NatsConnectionSettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"connection settings: unknown field(s) {', '.join(unknown)}")
-        kwargs = {k: v for k, v in values.items() if v not in (None, "")}
+        kwargs = {k: v for k, v in values.items() if v is not None and not (isinstance(v, str) and v == "")}
         if "connect_timeout" in kwargs:
-            kwargs["connect_timeout"] = float(kwargs["connect_timeout"])
+            try:
+                timeout = float(kwargs["connect_timeout"])
+            except (TypeError, ValueError):
+                raise ValueError("connect_timeout: must be a number of seconds") from None
+            if not math.isfinite(timeout):
+                raise ValueError("connect_timeout: must be a finite number of seconds")
+            kwargs["connect_timeout"] = timeout
         return cls(**kwargs)
 
     @classmethod
@@ -135,8 +216,16 @@ class NatsConnectionSettings:
         values: dict[str, Any] = {}
         path = environ.get(ENV_CONFIG_FILE)
         if path:
-            with open(path, encoding="utf-8") as f:
-                values.update(json.load(f))
+            try:
+                with open(path, encoding="utf-8") as f:
+                    loaded = json.load(f)
+            except OSError as e:
+                raise ValueError(f"{ENV_CONFIG_FILE}: cannot read the file it names ({e.strerror})") from None
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                raise ValueError(f"{ENV_CONFIG_FILE}: the file it names is not JSON") from None
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{ENV_CONFIG_FILE}: the file must hold a JSON object of connection settings")
+            values.update(loaded)
         for f in fields(cls):
             v = environ.get(ENV_PREFIX + f.name.upper())
             if v:
@@ -170,32 +259,36 @@ class NatsConnectionSettings:
     # --- connecting ---------------------------------------------------------------------
 
     def _tls_context(self) -> ssl.SSLContext | None:
-        if not (self.tls_ca or self.tls_cert):
+        """The client's TLS context, or ``ValueError`` naming the field whose PEM or file is bad."""
+        if not (self.tls_ca or self.tls_cert or self.tls_key):
             return None
+        if self.tls_key and not self.tls_cert:
+            raise ValueError("tls_key: a client key needs its client certificate (tls_cert)")
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
         if self.tls_ca:
-            if _is_pem(self.tls_ca):
-                ctx.load_verify_locations(cadata=self.tls_ca)
-            else:
-                ctx.load_verify_locations(cafile=self.tls_ca)
+            with _tls_errors("tls_ca", "a PEM CA certificate"):
+                if _is_pem(self.tls_ca):
+                    ctx.load_verify_locations(cadata=self.tls_ca)
+                else:
+                    ctx.load_verify_locations(cafile=_readable("tls_ca", self.tls_ca))
         if self.tls_cert:
-            if _is_pem(self.tls_cert) or (self.tls_key and _is_pem(self.tls_key)):
-                # ssl only loads a chain from files: write them to a private temp dir, load, remove.
+            with _tls_errors("tls_cert", "a PEM client certificate with its key (tls_key)"):
+                # ssl only loads a chain from files: write PEM text to a private temp dir, load, remove.
                 with tempfile.TemporaryDirectory(prefix="cg-tls-") as d:
-                    cert = self.tls_cert
-                    if _is_pem(cert):
-                        cert = os.path.join(d, "cert.pem")
-                        with open(os.open(cert, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-                            f.write(self.tls_cert)
+                    cert = self._pem_file(d, "cert.pem", self.tls_cert) if _is_pem(self.tls_cert) else \
+                        _readable("tls_cert", self.tls_cert)
                     key = self.tls_key
-                    if key and _is_pem(key):
-                        key = os.path.join(d, "key.pem")
-                        with open(os.open(key, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
-                            f.write(self.tls_key or "")
+                    if key:
+                        key = self._pem_file(d, "key.pem", key) if _is_pem(key) else _readable("tls_key", key)
                     ctx.load_cert_chain(cert, key)
-            else:
-                ctx.load_cert_chain(self.tls_cert, self.tls_key)
         return ctx
+
+    @staticmethod
+    def _pem_file(d: str, name: str, text: str) -> str:
+        path = os.path.join(d, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(text)
+        return path
 
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``."""
@@ -228,21 +321,91 @@ class NatsConnectionSettings:
         return opts
 
     async def connect(self, **overrides: Any):
-        """Open a nats-py connection. Errors never carry secrets."""
-        import nats
+        """Open a nats-py connection, or raise :class:`NatsConnectError` saying why not
+        (authentication, TLS, unreachable, timeout) within a bounded time. Errors never carry
+        secrets."""
+        from nats.aio.client import Client
 
         opts = self.connect_options()
         opts.update(overrides)
+        seen: list[BaseException] = []
 
-        async def _quiet(_e: Exception) -> None:  # nats-py logs every reconnect error otherwise
-            return None
+        async def _record(e: Exception) -> None:  # nats-py reports each failed attempt here
+            seen.append(e)
 
-        opts.setdefault("error_cb", _quiet)
+        opts["error_cb"] = _record
+        attempts = max(1, int(opts.get("max_reconnect_attempts") or 1) + 1)
+        # nats-py bounds the INFO wait but not every step (a TLS handshake with a server that
+        # never answers it): bound the whole first connect.
+        limit = attempts * len(self.servers) * (self.connect_timeout + opts.get("reconnect_time_wait", 0.5)) + 1
+        nc = Client()
+        where = ", ".join(self.servers)
+        attempt = asyncio.ensure_future(nc.connect(**opts))
+        deadline = asyncio.get_running_loop().time() + limit
         try:
-            nc = await nats.connect(**opts)
-        except Exception as e:  # re-raise without the options (which hold secrets)
-            raise ConnectionError(
-                f"cannot connect to NATS at {', '.join(self.servers)}: {type(e).__name__}: {e}"
-            ) from None
+            while True:
+                done, _ = await asyncio.wait({attempt}, timeout=0.05)
+                if done:
+                    attempt.result()
+                    break
+                # refused credentials or certificates do not get better on the next attempt
+                verdict = classify_connect_error(seen, where) if seen else None
+                if verdict is not None and verdict.reason in ("auth", "tls"):
+                    raise verdict
+                if asyncio.get_running_loop().time() > deadline:
+                    raise classify_connect_error(seen, where, timed_out=True)
+        except NatsConnectError:
+            attempt.cancel()
+            await _close_quietly(nc)
+            raise
+        except asyncio.CancelledError:
+            attempt.cancel()
+            await _close_quietly(nc)
+            raise
+        except Exception as e:
+            await _close_quietly(nc)
+            raise classify_connect_error([*seen, e], where) from None
         nc.options["max_reconnect_attempts"] = overrides.get("max_reconnect_attempts", -1)
+        nc.options["error_cb"] = _quiet
         return nc
+
+
+async def _quiet(_e: Exception) -> None:  # nats-py logs every reconnect error otherwise
+    return None
+
+
+async def _close_quietly(nc) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), 2)
+
+
+def classify_connect_error(errors: list[BaseException], where: str, *, timed_out: bool = False) -> NatsConnectError:
+    """The most telling reason among the errors of a failed connect (authentication beats
+    TLS beats unreachable beats timeout: the later attempts often only time out)."""
+    import nats.errors
+
+    reasons: dict[str, str] = {}
+    for e in errors:
+        text = str(e).lower()
+        if isinstance(e, nats.errors.AuthorizationError) or "authorization" in text or "authentication" in text:
+            reasons.setdefault("auth", "authorization violation")
+        elif isinstance(e, ssl.SSLCertVerificationError):
+            reasons.setdefault("tls", f"certificate verify failed: {e.verify_message}")
+        elif isinstance(e, ssl.SSLError) or "tls" in text or "ssl" in text:
+            reasons.setdefault("tls", type(e).__name__)
+        elif isinstance(e, ConnectionRefusedError):
+            reasons.setdefault("unreachable", "connection refused")
+        elif isinstance(e, socket.gaierror):
+            reasons.setdefault("unreachable", "unknown host")
+        elif isinstance(e, ConnectionResetError | BrokenPipeError) and "tls" not in reasons:
+            reasons.setdefault("reset", "connection reset")
+        elif isinstance(e, OSError) and not isinstance(e, TimeoutError):
+            reasons.setdefault("unreachable", e.strerror or type(e).__name__)
+        elif isinstance(e, asyncio.TimeoutError | nats.errors.TimeoutError | TimeoutError):
+            reasons.setdefault("timeout", "no answer within the connect timeout")
+    if "reset" in reasons:  # a server that drops the connection during the TLS handshake (mTLS)
+        reasons.setdefault("tls", "connection reset during the handshake (client certificate required?)")
+    for reason in ("auth", "tls", "unreachable", "timeout"):
+        if reason in reasons:
+            return NatsConnectError(reason, where, reasons[reason])
+    return NatsConnectError("timeout" if timed_out else "unreachable", where)

@@ -33,3 +33,32 @@ class JetStreamApiError(ConsumerGroupError):
 
 class ServerUnavailable(ConsumerGroupError, ConnectionError):
     """The server could not be reached or did not answer in time."""
+
+
+class NatsConnectError(ServerUnavailable):
+    """Connecting to NATS failed. ``reason`` says why: ``auth`` (the server refused the
+    credentials), ``tls`` (verification or handshake failed), ``unreachable`` (refused, no
+    route, unknown host) or ``timeout``. The message names the servers, never a secret."""
+
+    REASONS = {
+        "auth": "authentication refused by",
+        "tls": "TLS verification or handshake failed with",
+        "unreachable": "cannot reach",
+        "timeout": "timed out connecting to",
+    }
+
+    def __init__(self, reason: str, servers: str, detail: str = "") -> None:
+        self.reason, self.servers, self.detail = reason, servers, detail
+        super().__init__(f"{self.REASONS[reason]} NATS at {servers}" + (f" ({detail})" if detail else ""))
+
+
+class StoredConfigInvalid(ConfigError):
+    """The config stored for a group breaks the rules (written by hand or by another tool)."""
+
+    def __init__(self, stream: str, group: str, kind: str, cause: ConfigError) -> None:
+        self.stream, self.group, self.kind, self.cause = stream, group, kind, cause
+        super().__init__(
+            "config",
+            f"the stored {kind} config of group {group!r} on stream {stream!r} is invalid ({cause.field}: "
+            f"{cause.rule}); fix it, or remove it with `cg rm {stream} {group} --force --kind {kind}`",
+        )

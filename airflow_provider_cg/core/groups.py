@@ -32,6 +32,7 @@ cannot be carried from one member to another, so their membership is fixed at cr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -51,6 +52,7 @@ from airflow_provider_cg.core.errors import (
     GroupNotFound,
     JetStreamApiError,
     ServerUnavailable,
+    StoredConfigInvalid,
 )
 from airflow_provider_cg.core.jsapi import (
     DEFAULT_PREFIX,
@@ -63,7 +65,12 @@ from airflow_provider_cg.core.jsapi import (
 
 STATIC, ELASTIC = "static", "elastic"
 KINDS = (STATIC, ELASTIC)
+class GroupBroken(ConsumerGroupError):
+    """A group's config exists but a stream it needs does not (deleted behind its back)."""
+
+
 PRIORITY_GROUP = "PCG"
+MAX_CONFIG_BYTES = 1024 * 1024  # a stored config larger than this is refused on read
 DEFAULT_ACK_WAIT = 5.0  # seconds: orbit's default ack wait for the consumers it creates
 IDLE_FACTOR = 1  # orbit (v0.2): an elastic member's inactive_threshold = ack_wait * 1
 MIN_PRIORITY_TIMEOUT = 1.0  # seconds: orbit's pinned TTL is max(ack_wait, 1 s)
@@ -295,7 +302,16 @@ class ConsumerGroups:
                 entry = await kv.get(cgconfig.config_key(stream, group))
             except nats.js.errors.KeyNotFoundError:
                 return None
-        cfg = cgconfig.load_config(kind, entry.value)
+        # Validated on read: another tool (or a hand) may have stored anything, and the rules
+        # bound what reading it costs (max_members is checked before any per-partition work).
+        try:
+            if len(entry.value or b"") > MAX_CONFIG_BYTES:
+                raise ConfigError("config", f"larger than {MAX_CONFIG_BYTES} bytes")
+            cfg = cgconfig.load_config(kind, entry.value).validate()
+        except ConfigError as e:
+            raise StoredConfigInvalid(stream, group, kind, e) from None
+        except RecursionError:
+            raise StoredConfigInvalid(stream, group, kind, ConfigError("config", "nested too deeply")) from None
         return GroupInfo(kind, cfg, entry.revision, stream, group)
 
     # --- create / get / list / delete ------------------------------------------------------
@@ -304,7 +320,16 @@ class ConsumerGroups:
         """Create a group (kind from the config type); idempotent for the same immutable config."""
         kind = kind_of(config)
         config.validate(stream, group)
+        other = STATIC if kind == ELASTIC else ELASTIC
+        try:
+            in_other = await self._read(other, stream, group)
+        except StoredConfigInvalid:
+            in_other = True
+        if in_other:
+            raise ConfigError("kind", f"group {group!r} on stream {stream!r} already exists as a {other} group")
         origin = await self._origin_info(stream)
+        if kind == STATIC:
+            await self._check_durable_names(stream, group, config)
         subjects = stored_subjects(origin["config"])
         if subjects:  # a sourcing/mirror stream has none to check against
             cgconfig.validate_against_stream(config, subjects)
@@ -333,6 +358,31 @@ class ConsumerGroups:
                     await self._rollback(kv, key, info.revision)
                 raise
         return info
+
+    async def _check_durable_names(self, stream: str, group: str, config: GroupConfig) -> None:
+        """A static member's durable is ``<group>-<member>``: group ``a`` member ``b-m1`` and
+        group ``a-b`` member ``m1`` would share ``a-b-m1`` on one stream. Refuse that."""
+        taken: dict[str, tuple[str, str]] = {}
+        for key in await self._keys(STATIC, stream):
+            other = key.partition(".")[2]
+            if other == group:
+                continue
+            try:
+                info = await self._read(STATIC, stream, other)
+            except StoredConfigInvalid:
+                continue
+            if info is not None:
+                for m in _all_members(info.config):
+                    taken[consumer_name_of(STATIC, other, m)] = (other, m)
+        for i, m in enumerate(_all_members(config)):
+            name = consumer_name_of(STATIC, group, m)
+            if name in taken:
+                g2, m2 = taken[name]
+                raise ConfigError(
+                    f"members[{i}]",
+                    f"member {m!r} would use the durable consumer {name!r}, which is member {m2!r} of static "
+                    f"group {g2!r} on stream {stream!r}; choose another member or group name",
+                )
 
     async def _rollback(self, kv, key: str, revision: int) -> None:
         try:
@@ -394,6 +444,10 @@ class ConsumerGroups:
 
     async def get(self, stream: str, group: str, kind: str | None = None) -> GroupInfo:
         """The stored group (both buckets are searched unless ``kind`` is given)."""
+        cgconfig.validate_name("stream", stream, "stream")
+        cgconfig.validate_name("group", group, "group")
+        if kind is not None and kind not in KINDS:
+            raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
         found = [i for k in ((kind,) if kind else KINDS) if (i := await self._read(k, stream, group))]
         if not found:
             raise GroupNotFound(stream, group)
@@ -438,20 +492,39 @@ class ConsumerGroups:
             live.append(key)
         return live
 
-    async def delete(self, stream: str, group: str) -> GroupInfo:
-        """Delete the config entry, then the work-queue stream (elastic) or member consumers."""
-        info = await self.get(stream, group)
+    async def delete(self, stream: str, group: str, kind: str | None = None, *, force: bool = False) -> GroupInfo:
+        """Delete the config entry, then the work-queue stream (elastic) or the member
+        consumers (static: only the durables of this group's members, never another group's
+        whose name shares the prefix, e.g. ``a-b-m1`` of group ``a-b`` when deleting ``a``).
+
+        ``force``: also remove an entry whose stored config is invalid (its work-queue stream
+        too; a static group's durables are left, since its members cannot be known)."""
+        try:
+            info = await self.get(stream, group, kind)
+        except StoredConfigInvalid as e:
+            if not force:
+                raise
+            kv = await self._kv(e.kind)
+            async with _nats_errors():
+                await kv.delete(cgconfig.config_key(stream, group))
+            if e.kind == ELASTIC:
+                with contextlib.suppress(JetStreamApiError):
+                    await self.api.delete_stream(cgconfig.work_queue_stream(stream, group))
+            return GroupInfo(e.kind, None, 0, stream, group)  # type: ignore[arg-type]
         kv = await self._kv(info.kind)
         async with _nats_errors():
             await kv.delete(cgconfig.config_key(stream, group))
         if info.kind == ELASTIC:
-            await self.api.delete_stream(cgconfig.work_queue_stream(stream, group))
+            try:
+                await self.api.delete_stream(cgconfig.work_queue_stream(stream, group))
+            except JetStreamApiError as e:
+                if e.err_code != ERR_STREAM_NOT_FOUND:
+                    raise
         else:
             names = {consumer_name_of(STATIC, group, m) for m in _all_members(info.config)}
             for c in await self.api.list_consumers(stream):
-                name = c.get("name", "")
-                if name in names or (name.startswith(f"{group}-") and _is_member_consumer(c.get("config", {}))):
-                    await self.api.delete_consumer(stream, name)
+                if c.get("name", "") in names:
+                    await self.api.delete_consumer(stream, c["name"])
         return info
 
     # --- membership -------------------------------------------------------------------------
@@ -479,6 +552,8 @@ class ConsumerGroups:
     async def set_mappings(self, stream: str, group: str, mappings: Any) -> GroupInfo:
         """Replace the membership with explicit member -> partitions mappings."""
         parsed = parse_mappings(mappings)
+        if not parsed:
+            raise ConfigError("member_mappings", "give at least one mapping (delete_mappings removes them)")
         for m in parsed:
             cgconfig.validate_name("member", m.member, "member")
         return await self._change_membership(
@@ -573,15 +648,15 @@ class ConsumerGroups:
             if e.err_code == ERR_STREAM_NOT_FOUND:
                 return out
             raise
-        prefix = f"{info.group}-"
+        durables = {consumer_name_of(STATIC, info.group, m): m for m in _all_members(info.config)}
         for c in consumers:
             name, ccfg = c.get("name", ""), c.get("config", {})
             if not _is_member_consumer(ccfg):
                 continue
             if info.kind == ELASTIC:
                 out[name] = c
-            elif name.startswith(prefix):
-                out[name[len(prefix) :]] = c
+            elif name in durables:  # never another group's durable that shares the prefix
+                out[durables[name]] = c
         return out
 
     @staticmethod
@@ -802,7 +877,9 @@ class ConsumerGroups:
             except JetStreamApiError as e:
                 if e.err_code != ERR_STREAM_NOT_FOUND:
                     raise
-                si = {"state": {}, "config": {}}
+                raise GroupBroken(f"the work-queue stream {wq!r} of elastic group {group!r} is missing "
+                                  f"(deleted?): create the group again (same config) to restore it, or remove "
+                                  f"the group") from None
             _count_partitions(partitions, si["state"].get("subjects") or {})
             st.backlog = int(si["state"].get("messages", 0))
             st.buffered_msgs = st.backlog
@@ -813,7 +890,13 @@ class ConsumerGroups:
             st.source_lag = int(sources[0].get("lag", 0)) if sources else None
         else:
             for f in cfg.filters or [">"]:
-                si = await self.api.stream_info(stream, subjects_filter=f if f == ">" else f"*.{f}")
+                try:
+                    si = await self.api.stream_info(stream, subjects_filter=f if f == ">" else f"*.{f}")
+                except JetStreamApiError as e:
+                    if e.err_code != ERR_STREAM_NOT_FOUND:
+                        raise
+                    raise GroupBroken(f"the origin stream {stream!r} of static group {group!r} is missing "
+                                      "(deleted?)") from None
                 _count_partitions(partitions, si["state"].get("subjects") or {})
             st.backlog = st.num_pending + st.num_ack_pending
         assigned = set()
@@ -876,7 +959,11 @@ def _all_members(config: GroupConfig) -> list[str]:
 
 
 def _names(members: Iterable[str]) -> list[str]:
-    out = [m.strip() for m in ([members] if isinstance(members, str) else members) if m and m.strip()]
+    items = [members] if isinstance(members, str) else list(members)
+    for i, m in enumerate(items):
+        if not isinstance(m, str):
+            raise ConfigError(f"members[{i}]", "must be a member name (a string)")
+    out = [m.strip() for m in items if m.strip()]
     if not out:
         raise ConfigError("members", "give at least one member name")
     for m in out:
@@ -889,22 +976,31 @@ def parse_mappings(value: Any) -> list:
     import json
 
     if isinstance(value, (str, bytes)):
+        if len(value) > MAX_CONFIG_BYTES:
+            raise ConfigError("member_mappings", f"longer than {MAX_CONFIG_BYTES} bytes")
         try:
             value = json.loads(value)
-        except ValueError as e:
-            raise ConfigError("member_mappings", f"not valid JSON: {e}") from None
+        except (ValueError, RecursionError):
+            raise ConfigError("member_mappings", 'not valid JSON (expected [{"member": ..., "partitions": [...]}])') from None
     if isinstance(value, dict):
         value = [{"member": k, "partitions": v} for k, v in value.items()]
-    if not isinstance(value, list):
+    if not isinstance(value, list | tuple):
         raise ConfigError("member_mappings", 'expected a list of {"member": ..., "partitions": [...]}')
     out = []
-    for item in value:
+    for i, item in enumerate(value):
+        where = f"member_mappings[{i}]"
         if isinstance(item, cgconfig.MemberMapping):
             out.append(item)
             continue
         if not isinstance(item, dict) or "member" not in item or not isinstance(item.get("partitions"), list):
-            raise ConfigError("member_mappings", 'each mapping needs "member" and a "partitions" list')
+            raise ConfigError(where, 'each mapping needs "member" and a "partitions" list')
+        unknown = set(item) - {"member", "partitions"}
+        if unknown:
+            raise ConfigError(f"{where}.{sorted(map(str, unknown))[0]}", "unknown key")
+        if not isinstance(item["member"], str):
+            raise ConfigError(f"{where}.member", "must be a member name (a string)")
+        cgconfig.validate_name(f"{where}.member", item["member"], "member")
         if not all(isinstance(p, int) and not isinstance(p, bool) for p in item["partitions"]):
-            raise ConfigError("member_mappings", "partitions must be integers")
-        out.append(cgconfig.MemberMapping(member=str(item["member"]), partitions=list(item["partitions"])))
+            raise ConfigError(f"{where}.partitions", "must be a list of integers")
+        out.append(cgconfig.MemberMapping(member=item["member"], partitions=list(item["partitions"])))
     return out

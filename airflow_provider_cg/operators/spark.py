@@ -359,6 +359,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         else:  # Popen environment of spark-submit, inherited by the driver it starts here
             env.update(secrets)
         options = {k: getattr(self, k) for k in SPARK_SUBMIT_OPTIONS if getattr(self, k) is not None}
+        options["conf"] = with_redaction(options.get("conf"))
         hook = SparkSubmitHook(
             conn_id=self.conn_id,
             application_args=args,
@@ -434,6 +435,22 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         if m is None or not m.in_membership:
             raise ConfigError("member", f"{self.member!r} is not a member of group {self.group!r}")
         return m, member_backlog(status, m)
+
+
+SPARK_DEFAULT_REDACTION = r"(?i)secret|password|token|access[.]key"
+#: the names the member job's secrets travel under (spark.*Env.CG_NATS_CREDS, ..._NKEY_SEED,
+#: ..._TLS_KEY, CG_PG_DSN): Spark's default pattern matches none of them
+CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN"
+
+
+def with_redaction(conf: dict[str, Any] | None) -> dict[str, Any]:
+    """``conf`` with ``spark.redaction.regex`` extended so the Spark UI, event logs and
+    ``spark-submit --verbose`` redact the member job's secret properties too."""
+    out = dict(conf or {})
+    base = out.get("spark.redaction.regex") or SPARK_DEFAULT_REDACTION
+    if CG_REDACTION not in base:
+        out["spark.redaction.regex"] = f"(?:{base})|{CG_REDACTION}"
+    return out
 
 
 def _number(field: str, value: Any, kind: type, rule: str) -> Any:

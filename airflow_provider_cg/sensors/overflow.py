@@ -10,7 +10,7 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
-from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, ServerUnavailable
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, ServerUnavailable
 from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.triggers.overflow import (
     ONCE,
@@ -37,9 +37,12 @@ class GroupOverflowSensor(BaseSensorOperator):
     :param deferrable: wait in the triggerer (default) instead of a worker slot. The
         trigger enforces ``timeout`` itself and it is also passed to ``defer``.
 
+    :param max_failures: fail the task after this many polls in a row that cannot reach the
+        server or are refused by it (default 5; each is logged), instead of waiting for
+        ``timeout``; ``None`` keeps trying until ``timeout``.
+
     ``poke_interval`` (default 10 s), ``timeout``, ``soft_fail``, ``mode`` as for any
-    sensor. A missing group or member fails the task (skipped with ``soft_fail``); server
-    errors in poke mode count as "not yet" until ``timeout``.
+    sensor. A missing group or member fails the task (skipped with ``soft_fail``).
     """
 
     template_fields: Sequence[str] = ("stream", "group", "member", "nats_conn_id")
@@ -56,10 +59,16 @@ class GroupOverflowSensor(BaseSensorOperator):
         nats_conn_id: str = "nats_default",
         deferrable: bool = True,
         poke_interval: timedelta | float = 10,
+        max_failures: int | None = 5,
         **kwargs: Any,
     ) -> None:
         super().__init__(poke_interval=poke_interval, **kwargs)
         check_thresholds(min_pending, min_ack_pending)
+        if max_failures is not None and (isinstance(max_failures, bool) or not isinstance(max_failures, int)
+                                         or max_failures < 1):
+            raise ConfigError("max_failures", "must be an integer >= 1 (or None)")
+        self.max_failures = max_failures
+        self._failures = 0
         if self.poke_interval <= 0:
             raise ConfigError("poke_interval", "must be > 0 seconds")
         self.stream = stream
@@ -84,6 +93,7 @@ class GroupOverflowSensor(BaseSensorOperator):
                 nats_conn_id=self.nats_conn_id,
                 mode=ONCE,
                 deadline=time.time() + self.timeout,
+                max_failures=self.max_failures,
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=self.timeout),
@@ -117,9 +127,14 @@ class GroupOverflowSensor(BaseSensorOperator):
             figures = measure(status, self.member)
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
-        except (ServerUnavailable, ConnectionError) as e:
-            self.log.warning("NATS not reachable, trying again: %s", scrub(str(e), hook.get_settings()))
+        except (ServerUnavailable, ConnectionError, ConsumerGroupError) as e:
+            self._failures += 1
+            message = scrub(str(e), hook.get_settings())
+            if self.max_failures is not None and self._failures >= self.max_failures:
+                raise AirflowFailException(f"{self._failures} polls in a row failed; the last: {message}") from None
+            self.log.warning("Poll %s in a row failed, trying again: %s", self._failures, message)
             return False
+        self._failures = 0
         self.log.info(
             "pending=%s ack_pending=%s backlog=%s (min_pending=%s, min_ack_pending=%s)",
             figures["pending"], figures["ack_pending"], figures["backlog"], self.min_pending, self.min_ack_pending,

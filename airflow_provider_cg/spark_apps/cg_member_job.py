@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 
@@ -27,8 +28,31 @@ SUMMARY_PREFIX = "CG_SUMMARY "
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
 
 
+class UsageError(Exception):
+    """A bad command line: exit 1 (invalid input) with one line, not argparse's exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        raise UsageError(message)
+
+
+def _positive(kind):
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"must be a finite number > 0 (got {text!r})")
+        return value
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="cg_member_job", description=__doc__.split("\n")[0])
+    p = _Parser(prog="cg_member_job", description=__doc__.split("\n")[0])
     p.add_argument("--stream", required=True, help="origin stream of the group")
     p.add_argument("--group", required=True)
     p.add_argument("--member", help="the member to consume as (required unless backfilling)")
@@ -37,16 +61,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pg-table", default="cg_events", help="target table of the PostgreSQL sink")
     p.add_argument("--payload-format", choices=["raw", "text", "json"], default="raw")
     p.add_argument("--json-schema", help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
-    p.add_argument("--batch-size", type=int, default=100_000, help="messages per two-phase batch")
-    p.add_argument("--max-messages", type=int)
-    p.add_argument("--max-bytes", type=int)
-    p.add_argument("--max-seconds", type=float)
-    p.add_argument("--standby-timeout", type=float, default=30.0, help="seconds to wait for the pin")
-    p.add_argument("--ack-wait", type=float, help="ack wait (s) of a member consumer the job creates "
+    p.add_argument("--batch-size", type=_positive(int), default=100_000, help="messages per two-phase batch")
+    p.add_argument("--max-messages", type=_positive(int))
+    p.add_argument("--max-bytes", type=_positive(int))
+    p.add_argument("--max-seconds", type=_positive(float))
+    p.add_argument("--standby-timeout", type=_positive(float), default=30.0, help="seconds to wait for the pin")
+    p.add_argument("--ack-wait", type=_positive(float), help="ack wait (s) of a member consumer the job creates "
                    "(default: orbit's 5 s for elastic groups, 60 s for static ones); an existing one is used as it is")
-    p.add_argument("--max-deliver", type=int, default=5)
-    p.add_argument("--idle-timeout", type=float, default=2.0, help="a pull this long with nothing ends the run")
-    p.add_argument("--progress-interval", type=float, default=5.0)
+    p.add_argument("--max-deliver", type=_positive(int), default=5)
+    p.add_argument("--idle-timeout", type=_positive(float), default=2.0, help="a pull this long with nothing ends the run")
+    p.add_argument("--progress-interval", type=_positive(float), default=5.0)
     p.add_argument("--read", choices=["auto", "consumer"], default="auto",
                    help="auto: an elastic group's partitions by direct gets (one purge per partition acks a "
                         "batch); consumer: pulls and a double ack per message (static groups always)")
@@ -61,7 +85,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--backfill-start and --backfill-end go together")
     if not args.backfill and not args.member:
         p.error("--member is required (unless --backfill-start/--backfill-end are given)")
+    _check_args(args)
     return args
+
+
+def _check_args(args) -> None:
+    """Everything checkable without a server, before anything is created or any pin taken."""
+    from airflow_provider_cg.core.config import validate_name
+    from airflow_provider_cg.core.errors import ConfigError
+
+    validate_name("stream", args.stream, "stream")
+    validate_name("group", args.group, "group")
+    if not args.backfill:
+        validate_name("member", args.member, "member")
+    if args.max_deliver < 2:
+        raise ConfigError("max-deliver", "must be >= 2 so a poison message is retried once")
+    if args.sink == "parquet":
+        if not args.sink_path:
+            raise ConfigError("sink-path", "required for the parquet sink")
+        path = os.path.abspath(args.sink_path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError("sink-path", f"{args.sink_path!r} exists and is not a directory")
+        existing = path
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError("sink-path", f"{args.sink_path!r} is not writable (by this user)")
+    else:
+        from airflow_provider_cg.core.sinks.postgres import validate_identifier
+
+        validate_identifier("pg-table", args.pg_table)
+        if args.pg_table in ("cg_prepared_writes", "cg_committed_writes", "cg_partition_fences"):
+            raise ConfigError("pg-table", f"{args.pg_table!r} is one of the sink's own tables")
+    if args.payload_format == "json" and not args.json_schema:
+        raise ConfigError("json-schema", "required when --payload-format is json")
+    if args.payload_format == "json" and args.no_spark:
+        raise ConfigError("payload-format", "json needs Spark (drop --no-spark)")
 
 
 def _build_sink(args):
@@ -70,16 +129,24 @@ def _build_sink(args):
 
         if not args.sink_path:
             raise ValueError("--sink-path: required for the parquet sink")
-        return ParquetLakeSink(args.sink_path)
+        try:
+            return ParquetLakeSink(args.sink_path)
+        except OSError as e:
+            raise ValueError(f"sink-path: cannot create the lake in {args.sink_path!r} ({e.strerror})") from None
     from airflow_provider_cg.core.sinks.postgres import PostgresSink
 
     dsn = os.environ.get("CG_PG_DSN")
     if not dsn and os.environ.get("CG_PG_DSN_FILE"):
-        with open(os.environ["CG_PG_DSN_FILE"], encoding="utf-8") as f:
-            dsn = f.read().strip()
+        try:
+            with open(os.environ["CG_PG_DSN_FILE"], encoding="utf-8") as f:
+                dsn = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"CG_PG_DSN_FILE: cannot read the file it names ({type(e).__name__})") from None
     if not dsn:
         raise ValueError("CG_PG_DSN: the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
-    return PostgresSink(dsn, table=args.pg_table)
+    sink = PostgresSink(dsn, table=args.pg_table)
+    sink.check()  # an unreachable database fails here, before the pin is taken
+    return sink
 
 
 def _build_decoder(args, spark):
@@ -96,17 +163,36 @@ def _build_decoder(args, spark):
     return json_decoder(spark, args.json_schema)
 
 
-async def _run(args, sink, decoder):
+async def _run(args, make_sink, decoder):
+    """Connect to NATS first (a refused or unreachable server leaves nothing behind), then
+    open the sink and run."""
     from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
+    from airflow_provider_cg.core.config import in_membership
     from airflow_provider_cg.core.connection import NatsConnectionSettings
+    from airflow_provider_cg.core.errors import ConfigError
+    from airflow_provider_cg.core.groups import ConsumerGroups
 
-    settings = NatsConnectionSettings.from_env()
+    try:
+        settings = NatsConnectionSettings.from_env()
+    except (TypeError, ValueError) as e:
+        field, sep, rule = str(e).partition(": ")
+        name = field if field.startswith("CG_") else f"CG_NATS_{field.upper()}"
+        raise ConfigError(name if sep else "CG_NATS_*", rule if sep else str(e)) from None
+
+    async def check_group(nc):  # before the sink is opened: nothing is created for a wrong name
+        info = await ConsumerGroups(nc).get(args.stream, args.group)
+        if not args.backfill and not in_membership(info.config, args.member):
+            raise ConfigError("member", f"{args.member!r} is not a member of group {args.group!r} "
+                                        f"on stream {args.stream!r}")
+
     if args.backfill:
         from airflow_provider_cg.core.backfill import run_backfill
 
         settings.name = settings.name or f"cg-backfill-{args.stream}-{args.group}"
         nc = await settings.connect()
         try:
+            await check_group(nc)
+            sink = await asyncio.to_thread(make_sink)
             return await run_backfill(nc, sink, args.stream, args.group, args.backfill_start, args.backfill_end,
                                       batch_size=args.batch_size, decode=decoder)
         finally:
@@ -120,6 +206,8 @@ async def _run(args, sink, decoder):
     )
     nc = await settings.connect()
     try:
+        await check_group(nc)
+        sink = await asyncio.to_thread(make_sink)
         return await run_member_batch(nc, sink, options, decoder)
     finally:
         await nc.close()
@@ -128,25 +216,39 @@ async def _run(args, sink, decoder):
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    args = parse_args(argv)
-    from airflow_provider_cg.core.errors import ConfigError, ServerUnavailable
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # TLS transport chatter on failed handshakes
+    from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound
 
+    def fail(code: int, message: str) -> int:
+        print(f"cg_member_job: error: {message}", file=sys.stderr)
+        return code
+
+    try:
+        args = parse_args(argv)
+    except UsageError as e:
+        return fail(EXIT_INVALID, str(e))
+    except ConfigError as e:
+        return fail(EXIT_INVALID, str(e))
     spark = None
     try:
-        if not args.no_spark:
-            from pyspark.sql import SparkSession
+        try:
+            if not args.no_spark:
+                from pyspark.sql import SparkSession
 
-            spark = SparkSession.builder.appName(f"cg-{args.stream}-{args.group}-{args.member or 'backfill'}").getOrCreate()
-            spark.sparkContext.setLogLevel("WARN")
-        sink = _build_sink(args)
-        decoder = _build_decoder(args, spark)
-        summary = asyncio.run(_run(args, sink, decoder))
-    except (ConfigError, ValueError) as e:
-        print(f"cg_member_job: error: {e}", file=sys.stderr)
-        return EXIT_INVALID
-    except (ServerUnavailable, ConnectionError) as e:
-        print(f"cg_member_job: error: {e}", file=sys.stderr)
-        return EXIT_SERVER
+                spark = SparkSession.builder.appName(
+                    f"cg-{args.stream}-{args.group}-{args.member or 'backfill'}").getOrCreate()
+                spark.sparkContext.setLogLevel("WARN")
+            decoder = _build_decoder(args, spark)
+            summary = asyncio.run(_run(args, lambda: _build_sink(args), decoder))
+        except (ConfigError, GroupNotFound, ValueError) as e:
+            return fail(EXIT_INVALID, str(e))
+        except (ConsumerGroupError, ConnectionError, OSError) as e:  # server, connection, sink storage
+            return fail(EXIT_SERVER, str(e))
+        except KeyboardInterrupt:
+            return 130
+        except Exception as e:  # a bug or an unforeseen failure: one line, never the settings
+            logging.getLogger("cg").debug("unexpected error", exc_info=True)
+            return fail(EXIT_SERVER, f"unexpected {type(e).__name__}: {str(e)[:300]}")
     finally:
         if spark is not None:
             spark.stop()

@@ -137,6 +137,10 @@ class GroupOverflowTrigger(BaseEventTrigger):
     :param nats_conn_id: Airflow connection of type ``nats``.
     :param mode: ``"crossing"`` (asset watchers, default) or ``"once"`` (sensors).
     :param deadline: ``once`` mode only: epoch seconds after which a ``timeout`` event ends it.
+    :param max_failures: ``once`` mode only: after this many polls in a row that cannot reach
+        the server (or are refused by it), end with an ``error`` event naming the last failure
+        instead of waiting for the deadline (``None``: keep trying until the deadline). Each
+        failure is logged. Asset watchers (``crossing``) keep trying and log each failure.
 
     Event payload: ``status`` (``overflow``, ``timeout`` or ``error``), ``stream``, ``group``,
     ``member``, ``pending``, ``ack_pending``, ``backlog``, ``partitions`` (``{"<p>": n}``),
@@ -156,8 +160,12 @@ class GroupOverflowTrigger(BaseEventTrigger):
         nats_conn_id: str = "nats_default",
         mode: str = CROSSING,
         deadline: float | None = None,
+        max_failures: int | None = None,
     ) -> None:
         super().__init__()
+        if max_failures is not None and (isinstance(max_failures, bool) or not isinstance(max_failures, int)
+                                         or max_failures < 1):
+            raise ConfigError("max_failures", "must be an integer >= 1 (or None)")
         check_thresholds(min_pending, min_ack_pending)
         if mode not in MODES:
             raise ConfigError("mode", f"must be one of {', '.join(MODES)}")
@@ -174,6 +182,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
         self.nats_conn_id = nats_conn_id
         self.mode = mode
         self.deadline = deadline
+        self.max_failures = max_failures
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -188,6 +197,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
                 "nats_conn_id": self.nats_conn_id,
                 "mode": self.mode,
                 "deadline": self.deadline,
+                "max_failures": self.max_failures,
             },
         )
 
@@ -240,10 +250,20 @@ class GroupOverflowTrigger(BaseEventTrigger):
                     continue
                 except Exception as e:
                     failures += 1
+                    message = scrub(f"{type(e).__name__}: {e}", settings)
+                    if nc is not None and nc.is_closed:
+                        nc = None
+                    if self.mode == ONCE and self.max_failures is not None and failures >= self.max_failures:
+                        self.log.error("Polling %s failed %s times in a row; giving up: %s",
+                                       self._where(), failures, message)
+                        yield TriggerEvent(self._payload(
+                            "error", last, time.time(),
+                            error=f"{failures} polls in a row failed; the last: {message}"))
+                        return
                     delay = self._backoff(failures)
                     self.log.warning(
-                        "Polling %s failed (%s attempt(s)), retrying in %.1fs: %s",
-                        self._where(), failures, delay, scrub(f"{type(e).__name__}: {e}", settings),
+                        "Polling %s failed (%s attempt(s) in a row), retrying in %.1fs: %s",
+                        self._where(), failures, delay, message,
                     )
                     await self._sleep(delay)
                     continue

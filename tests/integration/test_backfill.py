@@ -163,15 +163,16 @@ def _job():
     return mod
 
 
-def test_job_backfill_mode_arguments():
+def test_job_backfill_mode_arguments(tmp_path):
     job = _job()
+    lake = ["--sink-path", str(tmp_path / "lake")]
     args = job.parse_args(["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z",
-                           "--backfill-end", "2026-01-01T01:00:00Z"])
+                           "--backfill-end", "2026-01-01T01:00:00Z", *lake])
     assert args.backfill and args.member is None
-    assert not job.parse_args(["--stream", "O", "--group", "g", "--member", "m1"]).backfill
-    for argv in (["--stream", "O", "--group", "g"],
-                 ["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z"]):
-        with pytest.raises(SystemExit):
+    assert not job.parse_args(["--stream", "O", "--group", "g", "--member", "m1", *lake]).backfill
+    for argv in (["--stream", "O", "--group", "g", *lake],
+                 ["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z", *lake]):
+        with pytest.raises(job.UsageError):  # exit 1 (invalid input), one line, from main()
             job.parse_args(argv)
 
 
@@ -199,3 +200,19 @@ async def test_job_backfill_mode_lands_the_window(nc, nats_settings, tmp_path, m
     # Bad bounds are invalid input (exit 1), not a crash.
     bad = [*argv[:4], "--backfill-start", end.isoformat(), "--backfill-end", start.isoformat(), *argv[8:]]
     assert await asyncio.to_thread(job.main, bad) == job.EXIT_INVALID
+
+
+async def test_a_window_of_only_poison_messages_is_skipped_not_a_crash(nc, tmp_path):
+    """Every message of the window fails to decode (invalid UTF-8 for the text decoder): the
+    backfill counts them skipped and ends with a summary; nothing is written."""
+    from airflow_provider_cg.core.decode import text_decoder
+
+    stream, prefix = await make_group(nc, "elastic")
+    await publish_many(nc, [(f"{prefix}.k{i % 3}", b"\xff\xfe bad " + bytes([i])) for i in range(7)])
+    times = await stored_times(nc, stream)
+    lake = tmp_path / "lake"
+    sink = ParquetLakeSink(lake, fsync=False)
+    s = await run_backfill(nc, sink, stream, "g", from_ns(min(times.values())),
+                           from_ns(max(times.values()) + 1000), batch_size=3, decode=text_decoder())
+    assert (s.consumed, s.skipped, s.committed, s.poison_deliveries) == (7, 7, 0, 7)
+    assert read_committed(lake).num_rows == 0

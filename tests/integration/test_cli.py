@@ -202,7 +202,7 @@ def test_invalid_input_exits_1(url, argv, field):
 def test_unreachable_server_exits_2():
     rc, out, err = run("ls", "-s", f"nats://127.0.0.1:{free_port()}", "--timeout", "1")
     assert rc == 2 and out == ""
-    assert err.startswith("cg: error: server: cannot connect to NATS")
+    assert err.startswith("cg: error: server: cannot reach NATS at nats://127.0.0.1:") and "connection refused" in err
 
 
 def test_server_refusal_exits_2(url):

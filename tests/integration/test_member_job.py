@@ -167,9 +167,9 @@ async def test_invalid_input_exit_codes_and_no_secret_in_output(member_job_zip, 
         r_no_path, r_down, r_bad, r_good = await _wait_jobs(no_path, down, bad_pw, good)
 
     assert r_no_path.returncode == 1, r_no_path.describe()
-    assert "--sink-path" in r_no_path.output and r_no_path.summary is None
+    assert "sink-path: required" in r_no_path.output and r_no_path.summary is None
     assert r_down.returncode == 2, r_down.describe()
-    assert "cannot connect to NATS" in r_down.output
+    assert "cannot reach NATS at nats://127.0.0.1:" in r_down.output and "connection refused" in r_down.output
     assert r_bad.returncode == 2, r_bad.describe()
     _assert_ok(r_good)
     assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)

@@ -200,3 +200,38 @@ def test_cluster_master_gets_secrets_in_a_private_properties_file(airflow_env, a
         assert PASSWORD not in json.dumps(op.env_vars)  # the template field is untouched
     finally:
         os.unlink(props_path)
+
+
+@pytest.mark.spark
+def test_spark_redacts_the_member_jobs_secret_properties(tmp_path):
+    """Real spark-submit with an event log: a secret in ``spark.executorEnv.CG_NATS_CREDS`` (as
+    the YARN/Kubernetes properties carry them) is redacted with the operator's pattern and
+    would not be with Spark's default one."""
+    import subprocess
+    import sys
+
+    from airflow_provider_cg.operators.spark import with_redaction
+
+    app = tmp_path / "app.py"
+    app.write_text("from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().stop()\n")
+    secret = "SUAMADEUPSEEDFORTHEREDACTIONTEST0123456789"
+    bindir = Path(sys.executable).parent
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1"}
+
+    def event_log(conf: dict) -> str:
+        logs = tmp_path / f"events-{len(conf)}"
+        logs.mkdir()
+        props = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": str(logs), "spark.ui.enabled": "false",
+                 "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false",
+                 "spark.executorEnv.CG_NATS_CREDS": secret, "spark.executorEnv.CG_PG_DSN": f"postgresql://u:{secret}@h/d",
+                 **conf}
+        pf = tmp_path / f"p-{len(conf)}.conf"
+        pf.write_text("".join(f"{k} {v}\n" for k, v in props.items()))
+        subprocess.run([str(bindir / "spark-submit"), "--master", "local[1]", "--properties-file", str(pf), str(app)],
+                       env=env, check=True, capture_output=True, timeout=300)
+        return "".join(f.read_text(errors="replace") for f in logs.rglob("*") if f.is_file())
+
+    assert secret in event_log({})  # Spark's default pattern does not cover our names
+    redacted = event_log(with_redaction(None))
+    assert "CG_NATS_CREDS" in redacted and secret not in redacted

@@ -87,7 +87,7 @@ def test_trigger_validates_and_serializes(airflow_env):
     assert classpath == "airflow_provider_cg.triggers.overflow.GroupOverflowTrigger"
     assert kwargs == {
         "stream": "O", "group": "g", "member": "m1", "min_pending": None, "min_ack_pending": 3,
-        "poke_interval": 2.0, "nats_conn_id": "c", "mode": "crossing", "deadline": None,
+        "poke_interval": 2.0, "nats_conn_id": "c", "mode": "crossing", "deadline": None, "max_failures": None,
     }
     again = import_string(classpath)(**kwargs)
     assert again.serialize() == (classpath, kwargs)
@@ -100,6 +100,7 @@ def test_trigger_validates_and_serializes(airflow_env):
         ({"min_pending": 1, "mode": "always"}, "mode"),
         ({"min_pending": 1, "poke_interval": 0}, "poke_interval"),
         ({"min_pending": 1, "deadline": 5.0}, "deadline"),
+        ({"min_pending": 1, "max_failures": 0}, "max_failures"),
     ]:
         with pytest.raises(ConfigError) as e:
             GroupOverflowTrigger(stream="O", group="g", **bad)
@@ -203,6 +204,28 @@ async def reconnected(nc, limit: float = 15.0) -> None:
                 pass
         await asyncio.sleep(0.1)
     raise AssertionError("the test client did not reconnect")
+
+
+async def test_once_mode_gives_up_after_max_failures_with_the_reason(airflow_env, nats_conn_id, nats_server, nc):
+    """A sensor's trigger on an unreachable server ends with an error event after
+    ``max_failures`` polls in a row (not silently at its deadline), saying why."""
+    import time
+
+    cg = ConsumerGroups(nc)
+    await origin(nc)
+    await cg.create("O", "g", elastic(1, ("m1",)))
+    await asyncio.to_thread(nats_server.stop)
+    try:
+        started = time.monotonic()
+        events = Events(trigger(nats_conn_id, min_pending=3, mode="once", max_failures=3,
+                                deadline=time.time() + 600))
+        ev = await events.next(timeout=60)
+        assert ev["status"] == "error" and "3 polls in a row failed" in ev["error"], ev
+        assert "cannot reach NATS" in ev["error"] and "connection refused" in ev["error"], ev
+        assert time.monotonic() - started < 60
+        await events.stop()
+    finally:
+        await asyncio.to_thread(nats_server.start)
 
 
 async def test_trigger_retries_until_the_server_is_up_and_keeps_its_connection(

@@ -51,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from ..errors import ConfigError
 from ..rows import ROW_SCHEMA, BatchId
 from .base import (
     CommitResult,
@@ -69,6 +70,22 @@ from .base import (
     normalize_refs,
     recovered_by,
 )
+
+PG_MAX_IDENTIFIER = 63  # bytes; PostgreSQL silently truncates longer names
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def validate_identifier(field: str, name: Any) -> str:
+    """A table or schema name: a plain SQL identifier of at most 63 bytes (PostgreSQL would
+    cut a longer one, and two names could then mean one table)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(field, "must be a non-empty name")
+    if len(name.encode()) > PG_MAX_IDENTIFIER:
+        raise ConfigError(field, f"must be at most {PG_MAX_IDENTIFIER} bytes (PostgreSQL truncates longer names)")
+    if not _IDENTIFIER.fullmatch(name):
+        raise ConfigError(field, "must be a plain identifier: a letter or _, then letters, digits or _")
+    return name
+
 
 REFS_TABLE = "cg_prepared_writes"
 MARKERS_TABLE = "cg_committed_writes"
@@ -224,8 +241,10 @@ class PostgresSink(TwoPhaseSink):
         copy_chunk_rows: int = 50_000,
     ) -> None:
         self._dsn = dsn_or_conn_params if isinstance(dsn_or_conn_params, str) else dict(dsn_or_conn_params)
-        self.table = table
-        self.schema = schema
+        self.table = validate_identifier("pg_table", table)
+        self.schema = validate_identifier("pg_schema", schema)
+        if table in (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE) or table.startswith("_cg_stg_"):
+            raise ConfigError("pg_table", f"{table!r} is one of the sink's own tables")
         self.lock_timeout_s = lock_timeout_s
         self.copy_chunk_rows = copy_chunk_rows
         self._conn = None
@@ -258,7 +277,7 @@ class PostgresSink(TwoPhaseSink):
 
     def _error(self, exc: BaseException, action: str) -> SinkError:
         code = getattr(exc, "pgcode", None)
-        message = self._redact(str(exc).strip()) or type(exc).__name__
+        message = " ".join(self._redact(str(exc).strip()).split()) or type(exc).__name__  # one line
         err = SinkError(f"postgres {action} failed{f' [{code}]' if code else ''}: {message}")
         err.pgcode = code  # type: ignore[attr-defined]
         return err
@@ -295,6 +314,10 @@ class PostgresSink(TwoPhaseSink):
             raise self._error(exc, "connect") from None
         self._conn = conn
         return conn
+
+    def check(self) -> None:
+        """Connect and run a trivial query: ``SinkError`` (no secret in it) if that fails."""
+        self._run("connect", lambda cur: cur.execute("SELECT 1"))
 
     def close(self) -> None:
         with self._lock:
