@@ -269,8 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     sg(msub.add_parser("set", help="set the mappings", parents=[common])).add_argument("mappings", metavar="JSON")
     sg(msub.add_parser("rm", help="remove the mappings", parents=[common]))
     sg(cmd("step-down", "unpin a member's active instance")).add_argument("member", metavar="MEMBER")
-    sg(cmd("members", "member consumers: partitions, pin, pending"))
-    sg(cmd("status", "backlog per partition and member"))
+    kinded(sg(cmd("members", "member consumers: partitions, pin, pending")))
+    kinded(sg(cmd("status", "backlog per partition and member")))
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
 
     p = cmd("plan", "offline: partitions per member, and what moves with --next-members", parents=(offline,))
@@ -379,11 +379,15 @@ def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
 
 def _create_config(args) -> cgconfig.GroupConfig:
     members = _csv(args.members)
+    if args.members is not None and not members:
+        raise ConfigError("members", "give at least one member name (or leave --members out)")
     mappings = None
     if args.mappings is not None:
         from airflow_provider_cg.core.groups import parse_mappings
 
         mappings = tuple(parse_mappings(args.mappings))
+        if not mappings:
+            raise ConfigError("mappings", "give at least one mapping (or leave --mappings out)")
     if args.kind == cgconfig.STATIC:
         if args.wildcards:
             raise ConfigError("wildcards", "only for elastic groups")
@@ -479,7 +483,7 @@ async def _online(args, out: TextIO) -> int:
                   f"{verb} {info.kind} group {args.group} on stream {args.stream}\n\n{_describe(info)}", out)
         elif c == "info":
             info = await cg.get(args.stream, args.group, args.kind)
-            states = await cg.member_info(args.stream, args.group)
+            states = await cg.member_info(args.stream, args.group, args.kind)
             data = {**info.to_dict(), "active_members": [s.member for s in states if s.consumer_exists]}
             _emit(args, data, _describe(info, states), out)
         elif c == "ls":
@@ -506,10 +510,10 @@ async def _online(args, out: TextIO) -> int:
             _emit(args, {"stepped_down": args.member, "stream": args.stream, "group": args.group},
                   f"asked the active instance of member {args.member} to step down", out)
         elif c == "members":
-            states = await cg.member_info(args.stream, args.group)
+            states = await cg.member_info(args.stream, args.group, args.kind)
             _emit(args, [s.to_dict() for s in states], _members_table(states) if states else "no members", out)
         elif c == "status":
-            st = await cg.status(args.stream, args.group)
+            st = await cg.status(args.stream, args.group, args.kind)
             _emit(args, st.to_dict(), _status_text(st), out)
         elif c == "reconcile":
             done = await cg.reconcile(args.stream, args.group)

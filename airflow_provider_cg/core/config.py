@@ -281,15 +281,15 @@ class _GroupConfigBase:
 
         With ``stream`` and ``group`` the names and the composed names are checked too.
         """
-        _check_int("max_members", self.max_members, 1, MAX_PARTITIONS, "max_members")
-        self._validate_filters()
-        self._validate_membership(group)
         if stream is not None and group is not None:
             validate_names(stream, group, self.kind)
         elif stream is not None:
             validate_name("stream", stream, "stream")
         elif group is not None:
             validate_name("group", group, "group")
+        _check_int("max_members", self.max_members, 1, MAX_PARTITIONS, "max_members")
+        self._validate_filters()
+        self._validate_membership(group)
         return self
 
     def _validate_filters(self) -> None:  # pragma: no cover - overridden

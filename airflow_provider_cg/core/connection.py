@@ -151,9 +151,14 @@ class NatsConnectionSettings:
                 raise ValueError(f"{name}: must be a string")
         if self.creds:
             self.creds = restore_creds(_content_or_file("creds", self.creds, "BEGIN NATS USER JWT" in self.creds))
+            if not (_CREDS_JWT.search(self.creds.replace("\n", "")) and _SEED.search(self.creds)):
+                raise ValueError("creds: not a NATS credentials file (a user JWT block and an nkey seed)")
         if self.nkey_seed:
             seed = _content_or_file("nkey_seed", self.nkey_seed, bool(_SEED.search(self.nkey_seed))).strip()
-            self.nkey_seed = m.group(0) if (m := _SEED.search(seed)) else seed
+            m = _SEED.search(seed)
+            if not m:
+                raise ValueError("nkey_seed: not an nkey seed (58 characters starting with SU)")
+            self.nkey_seed = m.group(0)
         for name in ("tls_ca", "tls_cert", "tls_key"):
             value = getattr(self, name)
             if value and "BEGIN" in value:

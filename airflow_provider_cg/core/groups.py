@@ -457,6 +457,8 @@ class ConsumerGroups:
 
     async def list(self, stream: str | None = None) -> list[tuple[str, str, str]]:
         """``(kind, stream, group)`` of every group, optionally of one stream, sorted."""
+        if stream is not None:
+            cgconfig.validate_name("stream", stream, "stream")
         out: list[tuple[str, str, str]] = []
         for kind in KINDS:
             for key in await self._keys(kind, stream):
@@ -734,7 +736,13 @@ class ConsumerGroups:
         """
         info = await self.get(stream, group)
         cstream, cc = self.member_consumer_config(stream, group, member, info.config, **opts)
-        await self._create_consumer(cstream, cc, info.kind, stream, group, member, deadline=deadline)
+        try:
+            await self._create_consumer(cstream, cc, info.kind, stream, group, member, deadline=deadline)
+        except JetStreamApiError as e:
+            if e.err_code != ERR_STREAM_NOT_FOUND:
+                raise
+            what = "work-queue" if info.kind == ELASTIC else "origin"
+            raise GroupBroken(f"the {what} stream {cstream!r} of {info.kind} group {group!r} is missing (deleted?)") from None
         return cstream, cc["name"]
 
     async def _create_consumer(
@@ -817,8 +825,8 @@ class ConsumerGroups:
 
     # --- observation ------------------------------------------------------------------------
 
-    async def member_info(self, stream: str, group: str) -> list[MemberState]:
-        info = await self.get(stream, group)
+    async def member_info(self, stream: str, group: str, kind: str | None = None) -> list[MemberState]:
+        info = await self.get(stream, group, kind)
         return await self._member_states(info)
 
     async def _member_states(self, info: GroupInfo) -> list[MemberState]:
@@ -849,10 +857,10 @@ class ConsumerGroups:
             out.append(st)
         return out
 
-    async def status(self, stream: str, group: str) -> GroupStatus:
+    async def status(self, stream: str, group: str, kind: str | None = None) -> GroupStatus:
         """Per-partition backlog, per-member state and totals (one KV get, one stream info,
         one consumer list)."""
-        info = await self.get(stream, group)
+        info = await self.get(stream, group, kind)
         cfg = info.config
         members = await self._member_states(info)
         partitions = {p: 0 for p in range(cfg.max_members)}

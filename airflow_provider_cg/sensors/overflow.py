@@ -62,6 +62,9 @@ class GroupOverflowSensor(BaseSensorOperator):
         max_failures: int | None = 5,
         **kwargs: Any,
     ) -> None:
+        seconds = poke_interval.total_seconds() if isinstance(poke_interval, timedelta) else poke_interval
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+            raise ConfigError("poke_interval", "must be a number of seconds > 0 (or a timedelta)")
         super().__init__(poke_interval=poke_interval, **kwargs)
         check_thresholds(min_pending, min_ack_pending)
         if max_failures is not None and (isinstance(max_failures, bool) or not isinstance(max_failures, int)

@@ -240,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                 spark.sparkContext.setLogLevel("WARN")
             decoder = _build_decoder(args, spark)
             summary = asyncio.run(_run(args, lambda: _build_sink(args), decoder))
-        except (ConfigError, GroupNotFound, ValueError) as e:
+        except GroupNotFound as e:
+            return fail(EXIT_INVALID, f"group: {e}")
+        except (ConfigError, ValueError) as e:
             return fail(EXIT_INVALID, str(e))
         except (ConsumerGroupError, ConnectionError, OSError) as e:  # server, connection, sink storage
             return fail(EXIT_SERVER, str(e))

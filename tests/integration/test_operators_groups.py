@@ -142,7 +142,7 @@ def test_bad_membership_and_step_down_arguments_fail_at_construction(airflow_env
     assert e.value.field == "members"
     with pytest.raises(ConfigError) as e:
         SetMemberMappingsOperator(task_id="s", stream="S", group="g", mappings={"m1": ["x"]})
-    assert e.value.field == "member_mappings"
+    assert e.value.field.startswith("member_mappings")
     with pytest.raises(ConfigError) as e:
         StepDownMemberOperator(task_id="d", stream="S", group="g", member="a.b")
     assert e.value.field == "member"

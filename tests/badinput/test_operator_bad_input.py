@@ -1,0 +1,76 @@
+"""Bad arguments to the operators and the sensor: a ``ConfigError`` naming the field when the
+DAG is parsed (or, for templated values, when the task runs), before any connection."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_cg.core.errors import ConfigError
+
+pytest_plugins = ["tests.airflow_conftest"]
+pytestmark = [pytest.mark.airflow]
+
+
+def _refused(factory, cases) -> list[str]:
+    failures = []
+    for kwargs, field in cases:
+        try:
+            factory(**kwargs)
+        except ConfigError as e:
+            if not e.field.startswith(field):
+                failures.append(f"{kwargs}: names {e.field!r}, expected {field!r}")
+        except Exception as e:  # anything else is a crash, not an answer
+            failures.append(f"{kwargs}: {type(e).__name__}: {e}")
+        else:
+            failures.append(f"{kwargs}: accepted")
+    return failures
+
+
+def test_group_operators_refuse_bad_arguments(airflow_env):
+    from airflow_provider_cg.operators.groups import (
+        AddMembersOperator,
+        CreateConsumerGroupOperator,
+        SetMemberMappingsOperator,
+        StepDownMemberOperator,
+    )
+
+    def create(**kw):
+        return CreateConsumerGroupOperator(**{"task_id": "t", "stream": "S", "group": "g", "max_members": 4, **kw})
+
+    failures = _refused(create, [
+        ({"stream": "a b"}, "stream"), ({"group": "a.b"}, "group"), ({"stream": "a*"}, "stream"),
+        ({"kind": "ring"}, "kind"), ({"max_members": 0}, "max_members"), ({"max_members": 10**9}, "max_members"),
+        ({"max_members": "x"}, "max_members"), ({"max_members": True}, "max_members"),
+        ({"members": ["a b"]}, "members"), ({"members": [1]}, "members"), ({"members": "[" * 5000}, "members"),
+        ({"member_mappings": "[" * 100_000}, "member_mappings"), ({"member_mappings": {"m": [9]}}, "member_mappings"),
+        ({"member_mappings": [{"member": None, "partitions": [0, 1, 2, 3]}]}, "member_mappings"),
+        ({"partitioning_filters": ["foo"]}, "partitioning_filters"),
+        ({"partitioning_filters": [{"filter": "a.*", "partitioning_wildcards": [3]}]}, "partitioning_filters"),
+        ({"partitioning_filters": [{"filter": "a.*", "bogus": 1}]}, "partitioning_filters"),
+        ({"kind": "static", "partitioning_filters": ["a.*"]}, "partitioning_filters"),
+        ({"create_stream": {"subjects": []}}, "create_stream"), ({"create_stream": {"subjects": ["a b"]}}, "create_stream"),
+        ({"create_stream": {"name": "other", "subjects": ["a"]}}, "create_stream"),
+        ({"max_buffered_msgs": -1}, "max_buffered_msg"),
+    ])
+    failures += _refused(lambda **kw: AddMembersOperator(task_id="t", stream="S", group="g", **kw), [
+        ({"members": []}, "members"), ({"members": ["*"]}, "members"), ({"members": ""}, "members")])
+    failures += _refused(lambda **kw: SetMemberMappingsOperator(task_id="t", stream="S", group="g", **kw), [
+        ({"mappings": []}, "member_mappings"), ({"mappings": "not json"}, "member_mappings")])
+    failures += _refused(lambda **kw: StepDownMemberOperator(task_id="t", stream="S", group="g", **kw), [
+        ({"member": "a>b"}, "member")])
+    assert not failures, "\n".join(failures)
+
+
+def test_sensor_and_spark_operator_refuse_bad_arguments(airflow_env):
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+    from airflow_provider_cg.sensors.overflow import GroupOverflowSensor
+
+    failures = _refused(lambda **kw: GroupOverflowSensor(task_id="s", stream="S", group="g", **kw), [
+        ({}, "min_pending"), ({"min_pending": 0}, "min_pending"), ({"min_pending": 1, "max_failures": 0}, "max_failures"),
+        ({"min_pending": 1, "poke_interval": -1}, "poke_interval")])
+    base = {"task_id": "c", "stream": "S", "group": "g", "member": "m1", "sink_path": "/lake"}
+    failures += _refused(lambda **kw: ConsumerGroupSparkSubmitOperator(**{**base, **kw}), [
+        ({"batch_size": 0}, "batch_size"), ({"batch_size": "1.5"}, "batch_size"), ({"max_seconds": float("nan")}, "max_seconds"),
+        ({"ack_wait": -1}, "ack_wait"), ({"sink": "s3"}, "sink"), ({"member": "a b"}, "member"),
+        ({"payload_format": "json"}, "json_schema")])
+    assert not failures, "\n".join(failures)
