@@ -73,6 +73,25 @@ def test_secrets_are_registered_with_the_masker(airflow_env):
     assert "NKEY Seed printed below" in redact(CREDS.splitlines()[5])  # prose is not masked
 
 
+def test_url_credentials_are_secrets_too(airflow_env):
+    """``nats://user:password@host`` / ``nats://token@host`` in the servers extra or the host:
+    taken out of the URL, registered with the masker, never in the settings' servers."""
+    from airflow.sdk.log import redact
+
+    from airflow_provider_cg.hooks.nats import NatsHook
+
+    url_pw, url_token = "url-pa55word-abcdef", "url-t0ken-abcdef0123"
+    airflow_env.add_connection("nats_url_pw", "nats", extra={"servers": f"nats://bob:{url_pw}@h1:4222,nats://h2:4222"})
+    airflow_env.add_connection("nats_url_tok", "nats", extra={"servers": f"tls://{url_token}@h3:4443"})
+    s1 = NatsHook(nats_conn_id="nats_url_pw").get_settings()
+    s2 = NatsHook(nats_conn_id="nats_url_tok").get_settings()
+    assert s1.servers == ["nats://h1:4222", "nats://h2:4222"] and (s1.user, s1.password) == ("bob", url_pw)
+    assert s2.servers == ["tls://h3:4443"] and s2.token == url_token
+    line = redact(f"connecting with {url_pw} and {url_token}")
+    assert url_pw not in line and url_token not in line
+    assert url_pw not in repr(s1) and url_token not in repr(s2)
+
+
 def test_test_connection_true_against_the_real_server(airflow_env, nats_conn_id):
     from airflow_provider_cg.hooks.nats import NatsHook
 
