@@ -63,7 +63,9 @@ from airflow_provider_cg.core.sinks.base import (
     SinkLockTimeout,
     TwoPhaseSink,
     WriteState,
+    keys_by_stream,
 )
+from airflow_provider_cg.core.transform import BatchContext
 
 log = logging.getLogger("airflow_provider_cg.batch")
 
@@ -73,6 +75,8 @@ RESULT_NOT_PINNED = "not-pinned"
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
 STATIC_ACK_WAIT = 60.0  # a static member reads through the consumer: room to land a batch
+#: the user's transformation: a decoded batch and its context -> the rows to land
+Transform = Callable[[pa.Table, BatchContext], pa.Table]
 RESULT_REVOKED = "revoked"  # the member's consumer was deleted (membership change) before anything landed
 
 # decode(table) -> (table, {row_index: error}) ; rows named in the dict are poison.
@@ -230,6 +234,7 @@ class _Run:
 
     def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None, js_prefix: str) -> None:
         self.nc, self.sink, self.options, self.decode = nc, sink, options, decode
+        self.transform: Transform | None = None
         self.summary = Summary(options.stream, options.group, options.member)
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
         self.api = JsApi(nc, prefix=js_prefix)
@@ -743,8 +748,13 @@ class _Run:
         o, s = self.options, self.summary
         self.batch_seq += 1
         batch_id = BatchId(o.stream, o.group, o.member, self.batch_seq)
+        inputs, input_keys = table, None
+        if self.transform is not None and not abort:
+            # fails the batch (no ack sent) if the user's transformation fails
+            table, input_keys, skipped = await asyncio.to_thread(self._transformed, table, batch_id)
+            s.duplicates_skipped += skipped
         try:
-            prepared = await self._prepare(batch_id, table, {self.consumer_stream: refs})
+            prepared = await self._prepare(batch_id, table, {self.consumer_stream: refs}, input_keys)
         except PreparedWriteLost:
             # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
             # was sent: the messages go to the new pin holder.
@@ -782,16 +792,36 @@ class _Run:
         s.duplicates_skipped += result.duplicates_skipped
         s.consumed += n_msgs
         s.bytes += n_bytes
-        for p, first, last, n in refs_by_partition(table):
+        for p, first, last, n in refs_by_partition(inputs):
             s.count_partition(p, first, last, n)
 
-    async def _prepare(self, batch_id: BatchId, table, refs):
+    def _transformed(self, table, batch_id: BatchId):
+        """The user's transformation of the batch's inputs not committed before (a redelivery
+        of a landed message, a backfill of a landed window): ``(output, input keys, skipped)``."""
+        o = self.options
+        drop = np.zeros(table.num_rows, dtype=bool)
+        streams = table.column("origin_stream")
+        for stream in pc.unique(streams).to_pylist():
+            rows = pc.equal(streams, stream).to_numpy(zero_copy_only=False)
+            seqs = table.column("origin_seq").to_numpy()[rows]
+            drop[rows] = self.sink.committed_keys_exist(stream, seqs)
+        fresh = table.filter(pa.array(~drop)) if drop.any() else table
+        ranges = {p: (first, last) for p, first, last, _ in refs_by_partition(fresh)}
+        ctx = BatchContext(o.stream, o.group, o.member, batch_id.gid, tuple(sorted(ranges)), ranges)
+        out = self.transform(fresh, ctx) if fresh.num_rows else fresh.slice(0, 0)
+        keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(fresh).items()} if fresh.num_rows else {}
+        if fresh.num_rows == 0 and drop.any():
+            keys = {}
+        return out, keys, int(drop.sum())
+
+    async def _prepare(self, batch_id: BatchId, table, refs, input_keys=None):
         """``sink.prepare`` under this run's fence. A lock timeout means rows are held by another
         prepared write; if an instance we fenced out prepared it after our recovery, it can never
         be acked: finish such writes (recovery rolls them back) and try again."""
         for attempt in range(3):
             try:
-                return await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs, fence=self.fence)
+                return await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs, fence=self.fence,
+                                               **({} if input_keys is None else {"input_keys": input_keys}))
             except SinkLockTimeout:
                 if attempt == 2 or self.fence is None:
                     raise
@@ -894,10 +924,15 @@ def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary, p
 
 
 async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None = None,
-                           *, js_prefix: str = "$JS.API") -> Summary:
-    """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary."""
+                           *, js_prefix: str = "$JS.API", transform: Transform | None = None) -> Summary:
+    """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary.
+
+    ``transform(table, BatchContext) -> table``: the user's transformation of each decoded
+    batch (``core/transform.py``), landed with per-input exactly-once."""
     options.validate()
-    return await _Run(nc, sink, options, decode, js_prefix).run()
+    run = _Run(nc, sink, options, decode, js_prefix)
+    run.transform = transform
+    return await run.run()
 
 
 def _by_partition(msgs: list) -> list[list]:

@@ -74,6 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--read", choices=["auto", "consumer"], default="auto",
                    help="auto: an elastic group's partitions by direct gets (one purge per partition acks a "
                         "batch); consumer: pulls and a double ack per message (static groups always)")
+    p.add_argument("--transform", metavar="PACKAGE.MODULE:FUNCTION",
+                   help="your transformation: called with each batch as a Spark DataFrame and a BatchContext, "
+                        "returns the DataFrame to land (ship its module with --py-files)")
+    p.add_argument("--transform-sql", metavar="SQL",
+                   help="or a Spark SQL statement over the temporary view 'batch' (one row per message)")
     p.add_argument("--summary-file", help="also write the summary JSON to this file (atomically), for a caller "
                    "that runs the driver on its own machine (the operator in local and client mode)")
     p.add_argument("--no-spark", action="store_true", help="run without a SparkSession (raw/text payloads only)")
@@ -119,6 +124,21 @@ def _check_args(args) -> None:
             raise ConfigError("pg-table", f"{args.pg_table!r} is one of the sink's own tables")
     if args.payload_format == "json" and not args.json_schema:
         raise ConfigError("json-schema", "required when --payload-format is json")
+    if args.transform is not None or args.transform_sql is not None:
+        from airflow_provider_cg.core.transform import parse_spec
+
+        if args.transform is not None and args.transform_sql is not None:
+            raise ConfigError("transform", "give --transform or --transform-sql, not both")
+        if args.transform is not None:
+            parse_spec(args.transform)
+        elif not args.transform_sql.strip():
+            raise ConfigError("transform-sql", "must not be empty")
+        if args.no_spark:
+            raise ConfigError("transform", "a transformation runs in Spark (drop --no-spark)")
+        if args.sink != "parquet":
+            raise ConfigError("transform", "the postgres sink does not land a transformation's output yet")
+        if args.backfill:
+            raise ConfigError("transform", "backfill mode does not run a transformation yet")
     if args.payload_format == "json" and args.no_spark:
         raise ConfigError("payload-format", "json needs Spark (drop --no-spark)")
 
@@ -163,7 +183,7 @@ def _build_decoder(args, spark):
     return json_decoder(spark, args.json_schema)
 
 
-async def _run(args, make_sink, decoder):
+async def _run(args, make_sink, decoder, transform=None):
     """Connect to NATS first (a refused or unreachable server leaves nothing behind), then
     open the sink and run."""
     from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
@@ -208,7 +228,7 @@ async def _run(args, make_sink, decoder):
     try:
         await check_group(nc)
         sink = await asyncio.to_thread(make_sink)
-        return await run_member_batch(nc, sink, options, decoder)
+        return await run_member_batch(nc, sink, options, decoder, transform=transform)
     finally:
         await nc.close()
 
@@ -218,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # TLS transport chatter on failed handshakes
     from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound
+    from airflow_provider_cg.core.transform import TransformError
 
     def fail(code: int, message: str) -> int:
         print(f"cg_member_job: error: {message}", file=sys.stderr)
@@ -239,9 +260,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"cg-{args.stream}-{args.group}-{args.member or 'backfill'}").getOrCreate()
                 spark.sparkContext.setLogLevel("WARN")
             decoder = _build_decoder(args, spark)
-            summary = asyncio.run(_run(args, lambda: _build_sink(args), decoder))
+            transform = None
+            if args.transform or args.transform_sql:
+                from airflow_provider_cg.core.transform import spark_transform
+
+                transform = spark_transform(spark, function=args.transform, sql=args.transform_sql)
+            summary = asyncio.run(_run(args, lambda: _build_sink(args), decoder, transform))
         except GroupNotFound as e:
             return fail(EXIT_INVALID, f"group: {e}")
+        except TransformError as e:  # the user's transformation failed: the batch was not acked
+            return fail(EXIT_INVALID, str(e))
         except (ConfigError, ValueError) as e:
             return fail(EXIT_INVALID, str(e))
         except (ConsumerGroupError, ConnectionError, OSError) as e:  # server, connection, sink storage

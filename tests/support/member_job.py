@@ -160,6 +160,7 @@ def start_member_job(
     env: dict[str, str] | None = None,
     name: str | None = None,
     spark: bool = True,
+    py_files: list[str] | tuple[str, ...] = (),
 ) -> MemberJob:
     """Start ``spark-submit --master local[2]`` of the member job; returns at once.
 
@@ -173,7 +174,7 @@ def start_member_job(
     if spark:
         launch = [os.path.join(bindir, "spark-submit"), "--master", "local[2]",
                   "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-                  "--py-files", str(zip_path), str(member_job_path())]
+                  "--py-files", ",".join([str(zip_path), *map(str, py_files)]), str(member_job_path())]
     else:
         launch = [sys.executable, str(member_job_path()), "--no-spark"]
     cmd = [

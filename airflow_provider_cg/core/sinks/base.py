@@ -135,9 +135,14 @@ class TwoPhaseSink(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
-                fence: Fence | None = None) -> PreparedWrite:
+                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
         """Make the batch durable but invisible; store ``message_refs`` (and ``fence``) with it
-        for recovery."""
+        for recovery.
+
+        ``input_keys`` (``{origin_stream: origin_seqs}``): the rows are a transformation's
+        output, not one row per message; exactly-once is kept per input message instead: the
+        sink records these keys as committed with the batch (and does not deduplicate rows).
+        The caller drops inputs already committed (``committed_keys_exist``) beforehand."""
 
     @abc.abstractmethod
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:

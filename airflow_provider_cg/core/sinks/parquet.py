@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -110,6 +111,9 @@ STORED_SCHEMA = pa.schema(
     [f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f for f in ROW_SCHEMA]
 )
 """``ROW_SCHEMA`` as stored in Parquet files (microsecond timestamps, readable by Spark)."""
+
+
+log = logging.getLogger(__name__)
 
 
 class DatasetCorrupt(SinkError):
@@ -324,20 +328,29 @@ class ParquetLakeSink(TwoPhaseSink):
         return [p for p in f.partitions if self._log.fences.get((b.stream, b.group, p)) != f.owner]
 
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
-                fence: Fence | None = None) -> PreparedWrite:
+                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
         refs = normalize_refs(message_refs)
-        table = conform_table(table)
-        rows_in = table.num_rows
-        keep = first_occurrence_mask(table)
-        if keep is not None:
-            table = table.filter(pa.array(keep))
-        keys = {s: np.sort(q) for s, q in keys_by_stream(table).items()}
-        # drop rows committed already (redeliveries) now, so commit rarely has to rewrite
-        with self._lock:
-            self._log.refresh()
-            masks = self._dup_masks(keys, 0)
-        if masks:
-            table, keys = _without(table, keys, masks)
+        transformed = input_keys is not None
+        if transformed:
+            # a transformation's output (any columns, any number of rows per message): the
+            # batch's input keys are what is recorded as committed
+            if not isinstance(table, pa.Table):
+                raise SinkError(f"expected a pyarrow.Table, got {type(table).__name__}")
+            rows_in = table.num_rows
+            keys = {s: sorted_unique(np.asarray(q, dtype=np.int64)) for s, q in input_keys.items() if len(q)}
+        else:
+            table = conform_table(table)
+            rows_in = table.num_rows
+            keep = first_occurrence_mask(table)
+            if keep is not None:
+                table = table.filter(pa.array(keep))
+            keys = {s: np.sort(q) for s, q in keys_by_stream(table).items()}
+            # drop rows committed already (redeliveries) now, so commit rarely has to rewrite
+            with self._lock:
+                self._log.refresh()
+                masks = self._dup_masks(keys, 0)
+            if masks:
+                table, keys = _without(table, keys, masks)
         staging = self.root / STAGING_DIR / _fs_name(batch_id.gid)
         try:
             staging.mkdir()
@@ -353,6 +366,7 @@ class ParquetLakeSink(TwoPhaseSink):
             "keys": {},
             "refs": encode_refs(refs),
             "fence": fence.to_dict() if fence else None,
+            "transformed": transformed,
             "prepared_at": datetime.now(UTC).isoformat(),
         }
         try:
@@ -371,6 +385,7 @@ class ParquetLakeSink(TwoPhaseSink):
             written.append(data_file)
             failpoint("mid_prepare")
             manifest["file"] = data_file.name
+        if table.num_rows or manifest.get("transformed"):  # a transformation may drop every row
             for i, (stream, sorted_keys) in enumerate(keys.items()):
                 key_file = staging / f"keys-{i}.npy"
                 np.save(key_file, sorted_keys, allow_pickle=False)
@@ -451,6 +466,7 @@ class ParquetLakeSink(TwoPhaseSink):
             "keys": keys,
             "dups": manifest["dropped"],
             "rows": manifest["rows"] - manifest["dropped"],
+            "transformed": bool(manifest.get("transformed")),
         }
 
     def _dup_masks(self, keys: dict[str, np.ndarray], after_pos: int) -> dict[str, np.ndarray]:
@@ -480,6 +496,15 @@ class ParquetLakeSink(TwoPhaseSink):
         masks = self._dup_masks(current["keys"], after_pos)
         if not masks:
             return current
+        if current.get("transformed"):
+            # Another writer committed some of these inputs since this batch was prepared (a
+            # concurrent backfill of the same window): the output cannot be split per input;
+            # it is committed, and those inputs' effect lands twice. Logged, not hidden.
+            n = int(sum(m.sum() for m in masks.values()))
+            log.warning("cg parquet sink: %d inputs of a transformed batch were committed meanwhile by "
+                        "another writer; their effect is in both batches", n)
+            keys = {s: (k[~masks[s]] if s in masks else k) for s, k in current["keys"].items()}
+            return {**current, "keys": {s: k for s, k in keys.items() if len(k)}}
         before = pq.read_table(current["file"])
         table, keys = _without(before, current["keys"], masks)
         new_file = None

@@ -449,7 +449,9 @@ class PostgresSink(TwoPhaseSink):
             raise self._lock_error(exc, f"fence of {stream}/{group}") from None
 
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
-                fence: Fence | None = None) -> PreparedWrite:
+                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
+        if input_keys is not None:
+            raise SinkError("the postgres sink does not land a transformation's output yet (use the parquet sink)")
         refs = normalize_refs(message_refs)
         table = conform_table(table)
         for i, f in enumerate(table.schema):

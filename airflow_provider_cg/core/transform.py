@@ -1,0 +1,96 @@
+"""The user's transformation of a batch, inside the exactly-once boundary of the member job.
+
+A transformation is a Python function named ``package.module:function`` and called with the
+batch as a Spark DataFrame and a :class:`BatchContext`, returning a DataFrame; or a Spark SQL
+statement over the temporary view ``batch``. It runs in Spark, after decoding, before the
+sink's prepare: any transformation (a filter, an explode, a join with reference data, a
+per-batch aggregation) lands each message's effect once, because exactly-once is kept per
+*input* message: inputs already committed are dropped before the transformation runs, and the
+sink records the batch's input keys with its output (not the output rows' keys). A failing
+transformation fails the batch before any acknowledgement. No Airflow import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+
+BATCH_VIEW = "batch"
+_SPEC = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)")
+
+
+class TransformError(ConsumerGroupError):
+    """The user's transformation failed or returned something else than a DataFrame."""
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """What a transformation knows about its batch."""
+
+    stream: str
+    group: str
+    member: str
+    batch_id: str
+    #: partitions present in the batch
+    partitions: tuple[int, ...] = ()
+    #: per partition: (first origin sequence, last origin sequence) of the batch's messages
+    seq_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``"package.module:function"`` -> ``(module, function)``; ``ConfigError`` otherwise."""
+    m = _SPEC.fullmatch(spec.strip()) if isinstance(spec, str) else None
+    if not m:
+        raise ConfigError("transform", "must name a function as package.module:function")
+    return m.group("module"), m.group("attr")
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    module, attr = parse_spec(spec)
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except ImportError as e:
+        raise ConfigError("transform", f"cannot import {module!r} ({e}); ship it with the job (py_files)") from None
+    except AttributeError:
+        raise ConfigError("transform", f"{module!r} has no {attr!r}") from None
+    if not callable(fn):
+        raise ConfigError("transform", f"{spec!r} is not callable")
+    return fn
+
+
+def spark_transform(spark, *, function: str | None = None, sql: str | None = None
+                    ) -> Callable[[pa.Table, BatchContext], pa.Table]:
+    """A transformation run by Spark: Arrow batch -> DataFrame -> the user's step -> Arrow."""
+    if bool(function) == bool(sql):
+        raise ConfigError("transform", "give either a function (package.module:function) or a SQL statement")
+    fn = load_function(function) if function else None
+    if sql is not None and not sql.strip():
+        raise ConfigError("transform_sql", "must not be empty")
+
+    def run(table: pa.Table, ctx: BatchContext) -> pa.Table:
+        from pyspark.sql import DataFrame
+
+        df = spark.createDataFrame(table)
+        try:
+            if fn is not None:
+                out = fn(df, ctx)
+            else:
+                df.createOrReplaceTempView(BATCH_VIEW)
+                out = spark.sql(sql)
+            if not isinstance(out, DataFrame):
+                raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
+            return out.toArrow()
+        except TransformError:
+            raise
+        except Exception as e:  # the user's code or SQL: fail the batch with its message
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise TransformError(f"transform: {type(e).__name__}: {first[:500]}") from e
+
+    return run
