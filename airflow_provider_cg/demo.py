@@ -2,9 +2,10 @@
 
 Migrates a SQLite Airflow in ``.demo/airflow``, starts an embedded nats-server on
 127.0.0.1, creates the ``ORDERS`` stream and publishes 100,000 JSON orders
-(``orders.<customer>``), runs ``airflow dags test cg_scheduled_consumption`` (Spark
-``local[*]``, Parquet sink in ``.demo/lake/orders``), reads the lake back and prints rows
-per member and partition. The server is stopped (by its PID) however the demo ends.
+(``orders.<customer>``, about 5% cancelled), runs ``airflow dags test cg_scheduled_consumption``
+(Spark ``local[*]``, the example transformation ``paid_orders``, Parquet sink in
+``.demo/lake/orders``), reads the lake back, prints rows per partition and checks that every
+paid order landed exactly once and no cancelled one did. The server is stopped (by its PID) however the demo ends.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ def _orders(n: int, customers: int, seed: int = 7):
     rnd = random.Random(seed)
     for i in range(1, n + 1):
         c = f"c{rnd.randrange(customers):05d}"
-        body = {"order_id": i, "customer": c, "amount": round(rnd.uniform(1, 500), 2)}
+        status = "cancelled" if rnd.random() < 0.05 else "paid"
+        body = {"order_id": i, "customer": c, "amount": round(rnd.uniform(1, 500), 2), "status": status}
         yield f"orders.{c}", json.dumps(body, separators=(",", ":")).encode()
 
 
-async def _prepare(url: str, n: int, customers: int) -> float:
+async def _prepare(url: str, n: int, customers: int) -> tuple[float, set[int]]:
+    """Publish the orders; return the time it took and the ids of the paid (not cancelled) ones."""
     nc = await NatsConnectionSettings(servers=[url]).connect()
     try:
         await nc.jetstream().add_stream(name=STREAM, subjects=["orders.>"])
@@ -46,7 +49,8 @@ async def _prepare(url: str, n: int, customers: int) -> float:
         result = await publish_many(nc, _orders(n, customers))
         if result.published != n:
             raise RuntimeError(f"published {result.published} of {n}")
-        return time.perf_counter() - started
+        paid = {o["order_id"] for o in (json.loads(body) for _, body in _orders(n, customers)) if o["status"] == "paid"}
+        return time.perf_counter() - started, paid
     finally:
         await nc.close()
 
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.start()
         print(f"[demo] nats-server pid {server.pid} on {server.url}", flush=True)
-        t_publish = asyncio.run(_prepare(server.url, args.messages, args.customers))
+        t_publish, paid = asyncio.run(_prepare(server.url, args.messages, args.customers))
         print(f"[demo] published {args.messages:,} orders ({args.customers} customers) in {t_publish:.1f} s",
               flush=True)
         env["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps({"conn_type": "nats", "host": "127.0.0.1", "port": server.port})
@@ -112,16 +116,18 @@ def main(argv: list[str] | None = None) -> int:
 
     from airflow_provider_cg.core.sinks import read_committed
 
-    table = read_committed(lake, columns=["member", "partition", "origin_seq"])
-    counts: dict[tuple[str, int], int] = {}
-    for m, part in zip(table.column("member").to_pylist(), table.column("partition").to_pylist(), strict=True):
-        counts[(m, part)] = counts.get((m, part), 0) + 1
-    unique = len(set(table.column("origin_seq").to_pylist()))
-    print(f"\n{'member':<8} {'partition':>9} {'rows':>8}")
-    for (m, part), n in sorted(counts.items()):
-        print(f"{m:<8} {part:>9} {n:>8}")
-    print(f"{'total':<8} {'':>9} {table.num_rows:>8}   (published {args.messages}, distinct seqs {unique})")
-    ok = table.num_rows == args.messages == unique
+    # the example DAG's transformation (cg_order_transforms.paid_orders) dropped cancelled orders
+    table = read_committed(lake, columns=["partition", "order_id", "amount_cents"])
+    counts: dict[int, int] = {}
+    for part in table.column("partition").to_pylist():
+        counts[part] = counts.get(part, 0) + 1
+    order_ids = table.column("order_id").to_pylist()
+    print(f"\n{'partition':>9} {'rows':>8}")
+    for part, n in sorted(counts.items()):
+        print(f"{part:>9} {n:>8}")
+    print(f"{'total':>9} {table.num_rows:>8}   (published {args.messages}, paid {len(paid)}, "
+          f"distinct orders {len(set(order_ids))})")
+    ok = sorted(order_ids) == sorted(paid)
     print(f"\n[demo] {'OK' if ok else 'MISMATCH'}: db migrate {t_migrate:.0f} s, publish {t_publish:.1f} s, "
           f"DAG run {t_dag:.0f} s, total {time.perf_counter() - t0:.0f} s")
     print(f"[demo] lake: {lake}  (DAG log: {demo / 'dags-test.log'})")

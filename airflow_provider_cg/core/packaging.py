@@ -39,6 +39,44 @@ def build_core_zip(dest: str | os.PathLike) -> Path:
     return dest
 
 
+def ship_module(module: str, dest_dir: str | os.PathLike, search: list[str | os.PathLike] = ()) -> Path:
+    """What ``--py-files`` needs for the top-level package or module of ``module`` (the
+    transformation's): a zip of the package (rebuilt when a source changes), or the ``.py``
+    file of a plain module; looked up on ``sys.path``, then in ``search`` (e.g. the DAG's
+    folder). ``ConfigError`` if it cannot be found."""
+    from importlib.machinery import PathFinder
+    from importlib.util import find_spec
+
+    from airflow_provider_cg.core.errors import ConfigError
+
+    top = module.split(".")[0]
+    try:
+        spec = find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None and search:
+        spec = PathFinder.find_spec(top, [str(d) for d in search])
+    if spec is None or not (spec.origin or spec.submodule_search_locations):
+        raise ConfigError("transform", f"module {top!r} is not importable here, so it cannot be shipped to Spark "
+                                       "(put it next to the DAG or in the Airflow plugins folder)")
+    if not spec.submodule_search_locations:
+        if not spec.origin or not spec.origin.endswith(".py"):
+            raise ConfigError("transform", f"module {top!r} is not a Python source file ({spec.origin})")
+        return Path(spec.origin)
+    root = Path(list(spec.submodule_search_locations)[0])
+    sources = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+    dest = Path(dest_dir) / f"transform-{top}.zip"
+    if dest.exists() and sources and dest.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(f".{os.getpid()}.tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+        for p in sources:
+            zf.write(p, (Path(top) / p.relative_to(root)).as_posix())
+    os.replace(tmp, dest)
+    return dest
+
+
 def member_job_path() -> Path:
     """The spark-submit application file of the member job, as installed.
 

@@ -2,8 +2,9 @@
 
 Every 15 minutes (Variable ``cg_scheduled_consumption_schedule`` overrides the cron):
 ensure the elastic group exists (idempotent), fan out one spark-submit per member (each
-lands its partitions' backlog into a Parquet lake, exactly once), then summarise the rows
-per member and partition. Connections: ``nats_default`` (type ``nats``) and
+lands its partitions' backlog into a Parquet lake, exactly once, through the transformation
+``cg_order_transforms:paid_orders``: parse the orders, drop cancelled ones, add a derived
+column), then summarise the messages per member and partition. Connections: ``nats_default`` (type ``nats``) and
 ``spark_default`` (type ``spark``, host ``local[*]`` or a cluster master).
 """
 
@@ -76,7 +77,7 @@ with DAG(
         "partitioning_wildcards": Param([1], type="array"),
         "sink_path": Param(_default_sink_path(), type="string"),
         "payload_format": Param("json", enum=["raw", "text", "json"]),
-        "json_schema": Param("order_id BIGINT, customer STRING, amount DOUBLE", type="string"),
+        "json_schema": Param("order_id BIGINT, customer STRING, amount DOUBLE, status STRING", type="string"),
         "nats_conn_id": Param("nats_default", type="string"),
         "spark_conn_id": Param("spark_default", type="string"),
     },
@@ -99,6 +100,8 @@ with DAG(
         sink_path="{{ params.sink_path }}",
         payload_format="{{ params.payload_format }}",
         json_schema="{{ params.json_schema }}",
+        # your code goes here: a function of the batch (a DataFrame) and its context
+        transform="cg_order_transforms:paid_orders",
         nats_conn_id="{{ params.nats_conn_id }}",
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",

@@ -36,7 +36,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_cg.core import config as cgconfig
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
-from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
+from airflow_provider_cg.core.packaging import build_core_zip, member_job_path, ship_module
 
 SKIP_RESULTS = frozenset({"empty", "not-pinned", "revoked"})
 SINKS = ("parquet", "postgres")
@@ -171,6 +171,13 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param pg_conn_id: Airflow ``postgres`` connection; its DSN reaches the driver as
         ``CG_PG_DSN`` (never an argument).
     :param payload_format: ``raw`` | ``text`` | ``json`` (``json_schema``: Spark DDL).
+    :param transform: your transformation, ``package.module:function``: called in the Spark
+        driver with each batch as a DataFrame (one row per message, decoded payload in
+        ``value`` / ``payload_text``) and a ``BatchContext``; returns the DataFrame to land.
+        Its top-level package (or module) must be importable here; the operator ships it with
+        ``--py-files``. Named by the DAG author only (not templated, never read from a
+        connection). Each message's effect lands once, whatever the transformation does.
+    :param transform_sql: or a Spark SQL statement over the temporary view ``batch`` (templated).
     :param batch_size: messages per two-phase batch.
     :param max_messages: stop after this many messages (also ``max_bytes``, ``max_seconds``).
     :param standby_timeout: seconds to wait for the pin before ending ``not-pinned``.
@@ -200,7 +207,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "stream", "group", "member", "backfill_start", "backfill_end", "sink", "sink_path", "pg_table",
-        "pg_conn_id", "payload_format", "json_schema", "batch_size", "max_messages", "max_bytes",
+        "pg_conn_id", "payload_format", "json_schema", "transform_sql", "batch_size", "max_messages", "max_bytes",
         "max_seconds", "standby_timeout", "ack_wait", "max_deliver", "idle_timeout", "nats_conn_id",
         "conn_id", "name", "conf", "packages", "py_files", "files", "jars", "env_vars", "properties_file",
         "driver_memory", "executor_memory", "deploy_mode",
@@ -220,6 +227,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         pg_conn_id: str | None = None,
         payload_format: str = "raw",
         json_schema: str | None = None,
+        transform: str | None = None,
+        transform_sql: str | None = None,
         batch_size: int | str = 100_000,
         max_messages: int | str | None = None,
         max_bytes: int | str | None = None,
@@ -250,6 +259,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self.backfill_start, self.backfill_end = backfill_start, backfill_end
         self.sink, self.sink_path, self.pg_table, self.pg_conn_id = sink, sink_path, pg_table, pg_conn_id
         self.payload_format, self.json_schema = payload_format, json_schema
+        self.transform, self.transform_sql = transform, transform_sql
         self.batch_size, self.max_messages, self.max_bytes, self.max_seconds = (
             batch_size, max_messages, max_bytes, max_seconds,
         )
@@ -295,6 +305,14 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             raise ConfigError("pg_conn_id", "required for the postgres sink")
         if ready(self.payload_format) and self.payload_format == "json" and not self.json_schema:
             raise ConfigError("json_schema", "required when payload_format is json")
+        if self.transform is not None:
+            from airflow_provider_cg.core.transform import parse_spec
+
+            if self.transform_sql is not None:
+                raise ConfigError("transform", "give transform or transform_sql, not both")
+            parse_spec(self.transform)
+        if (self.transform or self.transform_sql) and ready(self.sink) and self.sink != "parquet":
+            raise ConfigError("transform", "the postgres sink does not land a transformation's output yet")
         for field in ("batch_size", "max_messages", "max_bytes", "max_deliver"):
             if ready(getattr(self, field)):
                 setattr(self, field, _number(field, getattr(self, field), int, "a positive integer"))
@@ -323,6 +341,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         args += ["--payload-format", self.payload_format]
         if self.json_schema:
             args += ["--json-schema", self.json_schema]
+        if self.transform:
+            args += ["--transform", self.transform]
+        if self.transform_sql:
+            args += ["--transform-sql", self.transform_sql]
         for field in ("batch_size", "max_messages", "max_bytes", "max_seconds", "standby_timeout",
                       "ack_wait", "max_deliver", "idle_timeout"):
             v = getattr(self, field)
@@ -380,8 +402,18 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
         zip_path = build_core_zip(_cache_dir() / "cg_core.zip")
-        others = [p for p in (self.py_files or "").split(",") if p and p != str(zip_path)]
-        self.py_files = ",".join([str(zip_path), *others])
+        shipped = [str(zip_path)]
+        if self.transform:
+            from airflow_provider_cg.core.transform import parse_spec
+
+            try:
+                dag_file = getattr(getattr(self, "dag", None), "fileloc", None)
+                near = [os.path.dirname(dag_file)] if dag_file else []
+                shipped.append(str(ship_module(parse_spec(self.transform)[0], _cache_dir(), near)))
+            except ConfigError as e:
+                raise AirflowFailException(str(e)) from e
+        others = [p for p in (self.py_files or "").split(",") if p and p not in shipped]
+        self.py_files = ",".join([*shipped, *others])
         if self.name == "cg-member":
             self.name = f"cg-{self.stream}-{self.group}-{self.member or 'backfill'}"
         with tempfile.TemporaryDirectory(prefix="cg-summary-") as tmp:

@@ -45,7 +45,8 @@ def _publish(settings, n: int) -> None:
         try:
             await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.>"])
             msgs = (
-                (f"orders.c{i % 97}", json.dumps({"order_id": i, "customer": f"c{i % 97}", "amount": i / 10}).encode())
+                (f"orders.c{i % 97}", json.dumps({"order_id": i, "customer": f"c{i % 97}", "amount": i / 10,
+                                                  "status": "cancelled" if i % 10 == 7 else "paid"}).encode())
                 for i in range(n)
             )
             return await publish_many(nc, msgs)
@@ -76,9 +77,13 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     assert summary["total"] == N
 
     table = read_committed(lake)
-    assert table.num_rows == N
-    seqs = table.column("origin_seq").to_pylist()
-    assert sorted(seqs) == list(range(1, N + 1))  # every message, once
+    # the example transformation: cancelled orders dropped, amount_cents derived
+    paid = [i for i in range(N) if i % 10 != 7]
+    assert table.num_rows == len(paid)
+    assert sorted(table.column("order_id").to_pylist()) == paid  # every paid order, once
+    assert sorted(table.column("origin_seq").to_pylist()) == [i + 1 for i in paid]
+    cents = dict(zip(table.column("order_id").to_pylist(), table.column("amount_cents").to_pylist(), strict=True))
+    assert all(cents[i] == round(i / 10 * 100) for i in paid)
     per_member = {r["member"]: 0 for r in summary["rows"]}
     for r in summary["rows"]:
         per_member[r["member"]] += r["rows"]
@@ -88,4 +93,33 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     again = airflow_env.run_dag(dag, run_conf=conf)
     assert again.state == "success"
     assert all(again.state_of("consume", i) == "skipped" for i in range(len(members)))
-    assert read_committed(lake).num_rows == N
+    assert read_committed(lake).num_rows == len(paid)
+
+
+def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_settings, tmp_path, monkeypatch):
+    """Example DAG 1 with its Spark connection pointing at a standalone master and worker
+    (client deploy mode): decoding and the transformation run on the cluster's executors;
+    every paid order lands once, in per-key order."""
+    from tests.support.member_job import assert_exactly_once, parquet_landed
+    from tests.support.spark_standalone import StandaloneCluster
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    cluster = StandaloneCluster(tmp_path / "spark").start()
+    try:
+        airflow_env.add_connection("spark_cluster", "spark", host="spark://127.0.0.1", port=cluster.port,
+                                   extra={"deploy-mode": "client"})
+        _publish(nats_settings, N)
+        lake = tmp_path / "lake"
+        conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": "spark_cluster", "sink_path": str(lake)}
+        result = airflow_env.run_dag(_load_dag(), run_conf=conf)
+        assert result.state == "success", result.ti_states
+        # the executors of the cluster ran the job's Spark tasks
+        executors = list((tmp_path / "spark" / "work").glob("app-*/*/stderr"))
+        assert executors, "no executor ran on the standalone worker"
+    finally:
+        cluster.stop()
+    expected = {("ORDERS", i + 1): f"c{i % 97}" for i in range(N) if i % 10 != 7}
+    assert_exactly_once(parquet_landed(lake), expected)
