@@ -38,6 +38,8 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
 from airflow_provider_cg.core.connection import NatsConnectionSettings
 from airflow_provider_cg.core.groups import ConsumerGroups
@@ -45,7 +47,7 @@ from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
 from airflow_provider_cg.core.publish import publish_many
 from airflow_provider_cg.core.server import EmbeddedNatsServer
-from airflow_provider_cg.core.sinks.parquet import read_committed
+from airflow_provider_cg.core.sinks.parquet import committed_files
 
 STREAM = "BENCH"
 KEYS = 2000
@@ -184,7 +186,7 @@ def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_
         raise SystemExit(f"member job {stream}/{group} failed (exit {proc.returncode})")
     summary = json.loads(lines[-1][len("CG_SUMMARY "):])
     summary.update(mem, wall_s=round(time.perf_counter() - started, 1),
-                   rows=read_committed(str(lake), columns=["origin_seq"]).num_rows)
+                   rows=sum(pq.ParquetFile(f).metadata.num_rows for f in committed_files(lake)))
     return summary
 
 

@@ -311,8 +311,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             if self.transform_sql is not None:
                 raise ConfigError("transform", "give transform or transform_sql, not both")
             parse_spec(self.transform)
-        if (self.transform or self.transform_sql) and ready(self.sink) and self.sink != "parquet":
-            raise ConfigError("transform", "the postgres sink does not land a transformation's output yet")
+
         for field in ("batch_size", "max_messages", "max_bytes", "max_deliver"):
             if ready(getattr(self, field)):
                 setattr(self, field, _number(field, getattr(self, field), int, "a positive integer"))

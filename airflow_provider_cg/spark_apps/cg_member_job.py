@@ -135,8 +135,6 @@ def _check_args(args) -> None:
             raise ConfigError("transform-sql", "must not be empty")
         if args.no_spark:
             raise ConfigError("transform", "a transformation runs in Spark (drop --no-spark)")
-        if args.sink != "parquet":
-            raise ConfigError("transform", "the postgres sink does not land a transformation's output yet")
         if args.backfill:
             raise ConfigError("transform", "backfill mode does not run a transformation yet")
     if args.payload_format == "json" and args.no_spark:
@@ -164,7 +162,7 @@ def _build_sink(args):
             raise ValueError(f"CG_PG_DSN_FILE: cannot read the file it names ({type(e).__name__})") from None
     if not dsn:
         raise ValueError("CG_PG_DSN: the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
-    sink = PostgresSink(dsn, table=args.pg_table)
+    sink = PostgresSink(dsn, table=args.pg_table, transformed=bool(args.transform or args.transform_sql))
     sink.check()  # an unreachable database fails here, before the pin is taken
     return sink
 

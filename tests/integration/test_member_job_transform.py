@@ -121,3 +121,39 @@ async def test_a_failing_transformation_fails_the_batch_before_any_ack(nc, nats_
     assert "Traceback" not in r.output.split("cg_member_job: error:")[-1]
     assert await wq_messages(nc, "TB", "g") == N  # nothing acknowledged: the next run gets them all
     assert not (tmp_path / "lake").exists() or read_committed(tmp_path / "lake").num_rows == 0
+
+
+async def test_aggregation_into_postgres_after_a_crash_before_commit(nc, nats_server, member_job_zip, tmp_path,
+                                                                     postgres_db):
+    """The PostgreSQL sink: a transformation's rows into a table of its own columns, the input
+    keys committed with them in the same prepared transaction."""
+    import psycopg2
+
+    orders = await _setup(nc, "TP")
+    args = ["--sink", "postgres", "--pg-table", "customer_totals", "--transform", "transforms:totals_per_customer"]
+    env = {"CG_PG_DSN": postgres_db.dsn}
+
+    def run(failpoint, name):
+        return start_member_job(member_job_zip, tmp_path / name, nats_servers=nats_server.url, stream="TP",
+                                group="g", member="m1", py_files=[TRANSFORMS],
+                                args=["--payload-format", "json", "--json-schema", SCHEMA, "--batch-size", "300",
+                                      "--standby-timeout", "30", *args],
+                                env={**env, **({"CG_FAILPOINT": failpoint} if failpoint else {})})
+
+    crashed = await asyncio.to_thread(run("before_commit", "crash").wait, 240)
+    assert crashed.returncode != 0 and "cg failpoint before_commit" in crashed.output, crashed.describe()
+    rerun = await asyncio.to_thread(run(None, "rerun").wait, 240)
+    assert rerun.returncode == 0, rerun.describe()
+    assert await wq_messages(nc, "TP", "g") == 0
+    with psycopg2.connect(**postgres_db.conn_params()) as conn, conn.cursor() as cur:
+        cur.execute("SELECT customer, sum(orders), sum(total) FROM customer_totals GROUP BY customer")
+        got = {c: (int(n), float(t)) for c, n, t in cur.fetchall()}
+        cur.execute("SELECT count(*), count(DISTINCT origin_seq) FROM cg_committed_inputs WHERE origin_stream = 'TP'")
+        assert cur.fetchone() == (N, N)
+    want: dict[str, list] = {}
+    for o in orders.values():
+        w = want.setdefault(o["customer"], [0, 0.0])
+        w[0] += 1
+        w[1] += o["amount"]
+    assert {c: n for c, (n, _) in got.items()} == {c: n for c, (n, _) in want.items()}  # each order once
+    assert all(abs(got[c][1] - want[c][1]) < 1e-6 for c in want)

@@ -90,6 +90,7 @@ def validate_identifier(field: str, name: Any) -> str:
 REFS_TABLE = "cg_prepared_writes"
 MARKERS_TABLE = "cg_committed_writes"
 FENCES_TABLE = "cg_partition_fences"
+INPUTS_TABLE = "cg_committed_inputs"  # per target: input messages of transformed batches
 _JSON_COLUMNS = {"headers"}
 _NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}
 _SECRET_PATTERNS = [
@@ -239,17 +240,21 @@ class PostgresSink(TwoPhaseSink):
         *,
         lock_timeout_s: float = 30.0,
         copy_chunk_rows: int = 50_000,
+        transformed: bool = False,
     ) -> None:
         self._dsn = dsn_or_conn_params if isinstance(dsn_or_conn_params, str) else dict(dsn_or_conn_params)
         self.table = validate_identifier("pg_table", table)
         self.schema = validate_identifier("pg_schema", schema)
-        if table in (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE) or table.startswith("_cg_stg_"):
+        if table in (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE) or table.startswith("_cg_stg_"):
             raise ConfigError("pg_table", f"{table!r} is one of the sink's own tables")
         self.lock_timeout_s = lock_timeout_s
         self.copy_chunk_rows = copy_chunk_rows
+        #: the target holds a transformation's output: created from the first batch's columns
+        self.transformed = transformed
         self._conn = None
         self._lock = threading.RLock()
         self._columns: set[str] | None = None
+        self._side_ready = False
         self._secrets = self._find_secrets()
 
     # -- connection and errors -------------------------------------------------------------------
@@ -351,20 +356,37 @@ class PostgresSink(TwoPhaseSink):
 
     # -- schema ----------------------------------------------------------------------------------
 
-    def ensure_tables(self, arrow_schema: pa.Schema = ROW_SCHEMA) -> None:
-        """Create the target (with PRIMARY KEY (origin_stream, origin_seq)) and side tables if
-        absent, and add columns for extra fields the target lacks."""
-        if self._columns is not None and set(arrow_schema.names) <= self._columns:
+    def ensure_tables(self, arrow_schema: pa.Schema | None = None, *, transformed: bool | None = None) -> None:
+        """Create the target (with PRIMARY KEY (origin_stream, origin_seq); for a
+        transformation's output: its own columns, no key, made from the first batch) and side
+        tables if absent, and add columns for extra fields the target lacks."""
+        transformed = self.transformed if transformed is None else transformed
+        side_only = transformed and arrow_schema is None  # no output schema known yet
+        arrow_schema = arrow_schema if arrow_schema is not None else ROW_SCHEMA
+        if side_only and (self._columns is not None or self._side_ready):
+            return
+        if not side_only and self._columns is not None and set(arrow_schema.names) <= self._columns:
             return
 
         def ddl(cur):
             cur.execute("BEGIN")
             try:
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext('airflow-provider-cg ddl'))")
-                cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in ROW_SCHEMA)
+                if side_only:
+                    pass
+                elif transformed:
+                    cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in arrow_schema)
+                    cur.execute(f"CREATE TABLE IF NOT EXISTS {self._target} ({cols})")
+                else:
+                    cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in ROW_SCHEMA)
+                    cur.execute(
+                        f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, "
+                        f'PRIMARY KEY ("origin_stream", "origin_seq"))'
+                    )
                 cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, "
-                    f'PRIMARY KEY ("origin_stream", "origin_seq"))'
+                    f"CREATE TABLE IF NOT EXISTS {self._side(INPUTS_TABLE)} (target text NOT NULL, "
+                    "origin_stream text NOT NULL, origin_seq bigint NOT NULL, gid text NOT NULL, "
+                    "PRIMARY KEY (target, origin_stream, origin_seq))"
                 )
                 cur.execute(
                     f"CREATE TABLE IF NOT EXISTS {self._side(REFS_TABLE)} (gid text PRIMARY KEY, "
@@ -389,6 +411,9 @@ class PostgresSink(TwoPhaseSink):
                     (self.schema, self.table),
                 )
                 existing = {r[0] for r in cur.fetchall()}
+                if side_only:
+                    cur.execute("COMMIT")
+                    return None
                 for f in arrow_schema:
                     if f.name not in existing:
                         cur.execute(
@@ -404,6 +429,7 @@ class PostgresSink(TwoPhaseSink):
 
         try:
             self._columns = self._run("create tables", ddl)
+            self._side_ready = True
         except SinkError as exc:
             raise self._lock_error(exc, "altering the target table") from None
 
@@ -450,14 +476,19 @@ class PostgresSink(TwoPhaseSink):
 
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
                 fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
-        if input_keys is not None:
-            raise SinkError("the postgres sink does not land a transformation's output yet (use the parquet sink)")
+        transformed = input_keys is not None
         refs = normalize_refs(message_refs)
-        table = conform_table(table)
+        if transformed:
+            if not isinstance(table, pa.Table):
+                raise SinkError(f"expected a pyarrow.Table, got {type(table).__name__}")
+        else:
+            table = conform_table(table)
         for i, f in enumerate(table.schema):
             if pa.types.is_dictionary(f.type):
                 table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
-        self.ensure_tables(table.schema)
+        self.ensure_tables(table.schema, transformed=transformed)
+        inputs = [(s, [int(v) for v in np.unique(np.asarray(q, dtype=np.int64))])
+                  for s, q in (input_keys or {}).items() if len(q)]
         gid = batch_id.gid
         rows_in = table.num_rows
 
@@ -509,11 +540,22 @@ class PostgresSink(TwoPhaseSink):
                         _CsvStream(table, encoders, self.copy_chunk_rows),
                         size=1 << 20,
                     )
-                cur.execute(
-                    f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
-                    'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING'
-                )
-                written = cur.rowcount
+                if transformed:
+                    # a transformation's rows, as they are; exactly-once is per input message
+                    cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging}")
+                    written = cur.rowcount
+                    for stream, seqs in inputs:
+                        cur.execute(
+                            f"INSERT INTO {self._side(INPUTS_TABLE)} (target, origin_stream, origin_seq, gid) "
+                            "SELECT %s, %s, unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING",
+                            (f"{self.schema}.{self.table}", stream, seqs, gid),
+                        )
+                else:
+                    cur.execute(
+                        f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
+                        'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING'
+                    )
+                    written = cur.rowcount
                 cur.execute(f"DROP TABLE {staging}")
                 cur.execute(
                     f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped) "
@@ -752,13 +794,23 @@ class PostgresSink(TwoPhaseSink):
         self.ensure_tables()
         found: set[int] = set()
 
+        target = f"{self.schema}.{self.table}"
+
         def fn(cur):
+            cur.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+                        "AND column_name IN ('origin_stream', 'origin_seq')", (self.schema, self.table))
+            row_keys = cur.fetchone()[0] == 2
             for i in range(0, len(values), 100_000):
                 chunk = [int(v) for v in values[i : i + 100_000]]
-                cur.execute(
-                    f"SELECT origin_seq FROM {self._target} WHERE origin_stream = %s AND origin_seq = ANY(%s)",
-                    (origin_stream, chunk),
-                )
+                if row_keys:
+                    cur.execute(
+                        f"SELECT origin_seq FROM {self._target} WHERE origin_stream = %s AND origin_seq = ANY(%s)",
+                        (origin_stream, chunk),
+                    )
+                    found.update(r[0] for r in cur.fetchall())
+                cur.execute(  # the input messages of transformed batches
+                    f"SELECT origin_seq FROM {self._side(INPUTS_TABLE)} WHERE target = %s AND origin_stream = %s "
+                    "AND origin_seq = ANY(%s)", (target, origin_stream, chunk))
                 found.update(r[0] for r in cur.fetchall())
 
         self._run("look up keys", fn)
