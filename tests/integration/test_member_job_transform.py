@@ -157,3 +157,37 @@ async def test_aggregation_into_postgres_after_a_crash_before_commit(nc, nats_se
         w[1] += o["amount"]
     assert {c: n for c, (n, _) in got.items()} == {c: n for c, (n, _) in want.items()}  # each order once
     assert all(abs(got[c][1] - want[c][1]) < 1e-6 for c in want)
+
+
+@pytest.mark.parametrize("fault", ["step-down", "server-restart"])
+async def test_aggregation_through_a_takeover_or_a_server_restart(nc, nats_server, member_job_zip, tmp_path, fault):
+    """A per-batch aggregation while the pin moves to a second instance (step-down) or the
+    nats-server restarts mid-run: every order counted once across both runs."""
+    from airflow_provider_cg.core.groups import ConsumerGroups
+
+    stream = "TK" if fault == "step-down" else "TR"
+    n = 6000
+    await create_group(nc, stream, "g", partitions=3, members=("m1",), subjects_prefix=stream.lower())
+    expected = await publish_orders(nc, stream, "g", n, 30, subjects_prefix=stream.lower(), payload=_order)
+    orders = {seq: json.loads(_order(i)) for i, (_, seq) in enumerate(sorted(expected))}
+    args = ["--transform", "transforms:totals_per_customer", "--batch-size", "200", "--ack-wait", "10"]
+    first = _job(member_job_zip, tmp_path, nats_server, stream, args, None, "first")
+    for _ in range(600):  # until some batches landed
+        if await wq_messages(nc, stream, "g") < n - 600 or not first.running():
+            break
+        await asyncio.sleep(0.1)
+    if fault == "step-down":
+        await ConsumerGroups(nc).step_down(stream, "g", "m1")
+    else:
+        await asyncio.to_thread(nats_server.restart)
+    r1 = await asyncio.to_thread(first.wait, 240)
+    assert "Traceback" not in r1.output.split("cg pinned")[-1], r1.describe()
+    if await wq_messages(nc, stream, "g") > 0:
+        r2 = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server, stream, args, None, "second").wait, 240)
+        assert r2.returncode == 0, r2.describe()
+    assert await wq_messages(nc, stream, "g") == 0
+    out = read_committed(tmp_path / "lake")
+    counts = Counter()
+    for c, k in zip(out.column("customer").to_pylist(), out.column("orders").to_pylist(), strict=True):
+        counts[c] += k
+    assert counts == Counter(o["customer"] for o in orders.values())
