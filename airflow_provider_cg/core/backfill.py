@@ -54,8 +54,10 @@ from airflow_provider_cg.core.batch import (
     RESULT_EMPTY,
     Decoder,
     Summary,
+    Transform,
     _key_rules,
     refs_by_partition,
+    transform_batch,
 )
 from airflow_provider_cg.core.config import ElasticGroupConfig, GroupConfig
 from airflow_provider_cg.core.errors import ConfigError
@@ -199,8 +201,11 @@ async def run_backfill(
     decode: Decoder | None = None,
     pull_timeout: float = 5.0,
     js_prefix: str = DEFAULT_PREFIX,
+    transform: Transform | None = None,
 ) -> BackfillSummary:
-    """Land the origin messages of ``[start, end)`` that ``group`` covers into ``sink``."""
+    """Land the origin messages of ``[start, end)`` that ``group`` covers into ``sink``
+    (through ``transform``, with per-input exactly-once: messages live consumption or an
+    earlier backfill already landed are not transformed again)."""
     start, end = to_utc(start), to_utc(end)
     if end <= start:
         raise ConfigError("backfill_end", "must be after backfill_start")
@@ -274,8 +279,13 @@ async def run_backfill(
                 continue
             batch_seq += 1
             refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
-            prepared = await asyncio.to_thread(sink.prepare, BatchId(stream, group, member, batch_seq), table,
-                                               message_refs=refs)
+            batch_id = BatchId(stream, group, member, batch_seq)
+            out, extra = table, {}
+            if transform is not None:
+                out, input_keys, skipped = await asyncio.to_thread(transform_batch, sink, transform, table, batch_id)
+                s.duplicates_skipped += skipped
+                extra = {"input_keys": input_keys}
+            prepared = await asyncio.to_thread(sink.prepare, batch_id, out, message_refs=refs, **extra)
             prepared = await asyncio.to_thread(sink.mark_acking, prepared)
             result = await asyncio.to_thread(sink.commit, prepared)
             s.batches += 1

@@ -796,23 +796,7 @@ class _Run:
             s.count_partition(p, first, last, n)
 
     def _transformed(self, table, batch_id: BatchId):
-        """The user's transformation of the batch's inputs not committed before (a redelivery
-        of a landed message, a backfill of a landed window): ``(output, input keys, skipped)``."""
-        o = self.options
-        drop = np.zeros(table.num_rows, dtype=bool)
-        streams = table.column("origin_stream")
-        for stream in pc.unique(streams).to_pylist():
-            rows = pc.equal(streams, stream).to_numpy(zero_copy_only=False)
-            seqs = table.column("origin_seq").to_numpy()[rows]
-            drop[rows] = self.sink.committed_keys_exist(stream, seqs)
-        fresh = table.filter(pa.array(~drop)) if drop.any() else table
-        ranges = {p: (first, last) for p, first, last, _ in refs_by_partition(fresh)}
-        ctx = BatchContext(o.stream, o.group, o.member, batch_id.gid, tuple(sorted(ranges)), ranges)
-        out = self.transform(fresh, ctx) if fresh.num_rows else fresh.slice(0, 0)
-        keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(fresh).items()} if fresh.num_rows else {}
-        if fresh.num_rows == 0 and drop.any():
-            keys = {}
-        return out, keys, int(drop.sum())
+        return transform_batch(self.sink, self.transform, table, batch_id)
 
     async def _prepare(self, batch_id: BatchId, table, refs, input_keys=None):
         """``sink.prepare`` under this run's fence. A lock timeout means rows are held by another
@@ -972,6 +956,26 @@ def _key_rules(config) -> list[tuple[str, tuple[int, ...]]]:
     if isinstance(config, ElasticGroupConfig):
         return [(pf.filter, tuple(pf.partitioning_wildcards or ())) for pf in config.partitioning_filters]
     return []
+
+
+def transform_batch(sink: TwoPhaseSink, transform: Transform, table, batch_id: BatchId):
+    """The user's transformation of a batch's inputs that are not committed yet (a redelivery
+    of a landed message, a backfill of a landed window): ``(output, input keys, skipped)``;
+    the sink commits the input keys with the output (``prepare(..., input_keys=...)``)."""
+    drop = np.zeros(table.num_rows, dtype=bool)
+    streams = table.column("origin_stream")
+    for stream in pc.unique(streams).to_pylist():
+        rows = pc.equal(streams, stream).to_numpy(zero_copy_only=False)
+        seqs = table.column("origin_seq").to_numpy()[rows]
+        drop[rows] = sink.committed_keys_exist(stream, seqs)
+    fresh = table.filter(pa.array(~drop)) if drop.any() else table
+    if fresh.num_rows == 0:
+        return fresh.slice(0, 0), {}, int(drop.sum())
+    ranges = {p: (first, last) for p, first, last, _ in refs_by_partition(fresh)}
+    ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, tuple(sorted(ranges)), ranges)
+    out = transform(fresh, ctx)
+    keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(fresh).items()}
+    return out, keys, int(drop.sum())
 
 
 def refs_by_partition(table) -> list[tuple[int, int, int, int]]:

@@ -135,8 +135,7 @@ def _check_args(args) -> None:
             raise ConfigError("transform-sql", "must not be empty")
         if args.no_spark:
             raise ConfigError("transform", "a transformation runs in Spark (drop --no-spark)")
-        if args.backfill:
-            raise ConfigError("transform", "backfill mode does not run a transformation yet")
+
     if args.payload_format == "json" and args.no_spark:
         raise ConfigError("payload-format", "json needs Spark (drop --no-spark)")
 
@@ -212,7 +211,7 @@ async def _run(args, make_sink, decoder, transform=None):
             await check_group(nc)
             sink = await asyncio.to_thread(make_sink)
             return await run_backfill(nc, sink, args.stream, args.group, args.backfill_start, args.backfill_end,
-                                      batch_size=args.batch_size, decode=decoder)
+                                      batch_size=args.batch_size, decode=decoder, transform=transform)
         finally:
             await nc.close()
     settings.name = settings.name or f"cg-job-{args.stream}-{args.group}-{args.member}"
