@@ -347,7 +347,13 @@ class _Run:
             s.pin_id = self.client.pin_id
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", o.member, s.pin_id,
                      self.owner, s.target, list(self.partitions))
-            landed = await self._take_over()
+            # fencing and recovery can take longer than the consumer's priority timeout or
+            # inactivity threshold (orbit's: the ack wait, 5 s): keep the pin meanwhile
+            keeper = asyncio.create_task(self._keep_pin())
+            try:
+                landed = await self._take_over()
+            finally:
+                keeper.cancel()
             if self.reader is not None:
                 # the stream, not the consumer, holds what earlier holders left unacknowledged
                 await self._consume_direct()
