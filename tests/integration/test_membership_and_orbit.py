@@ -171,7 +171,7 @@ async def test_orbit_instance_and_our_job_share_a_member_through_the_pin(nc, nat
     await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.*"])
     orbit.run("elastic", "create", "ORDERS", "g", "2", "orders.*", "1")
     orbit.run("elastic", "add", "ORDERS", "g", "m1")
-    expected = await publish_orders(nc, "ORDERS", "g", 400, KEYS)
+    expected = await publish_orders(nc, "ORDERS", "g", 1000, KEYS)
     log = tmp_path / "orbit-consume.log"
     inst = orbit.start("elastic", "--sleep", "40ms", "consume", "ORDERS", "g", "m1", log=log)
     try:
