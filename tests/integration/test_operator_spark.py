@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -129,7 +130,9 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     for where, text in (("command line", argv), ("task log", logged),
                         ("XCom / rendered fields", _all_xcoms_and_rendered("cg_spark_summary"))):
         assert PASSWORD not in text, f"the NATS password leaked into the {where}"
-    assert "CG_NATS" not in argv and "appMasterEnv" not in argv  # settings travel as env only
+    # settings travel as env only (the redaction pattern names CG_NATS_, no setting does)
+    assert not re.search(r"CG_NATS_\w+=", argv) and "appMasterEnv" not in argv
+    assert "spark.redaction.regex=" in argv
 
 
 def test_zero_backlog_skips_without_starting_spark(airflow_env, nats, shim, tmp_path):
@@ -189,7 +192,7 @@ def test_cluster_master_gets_secrets_in_a_private_properties_file(airflow_env, a
     try:
         # the command the provider's hook would run (inspected, not run)
         cmd = " ".join(hook._build_spark_submit_command("cg_member_job.py"))
-        assert PASSWORD not in cmd and "CG_NATS" not in cmd
+        assert PASSWORD not in cmd and not re.search(r"CG_NATS_\w+=", cmd)
         assert "spark.yarn.appMasterEnv.PLAIN=1" in cmd  # the user's own env_vars as before
         props = Path(props_path)
         assert cmd.count("--properties-file") == 1 and str(props) in cmd
