@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/python -m airflow_provider_cg.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=20
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[all,test,bench]'
