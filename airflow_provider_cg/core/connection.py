@@ -334,9 +334,11 @@ class NatsConnectionSettings:
         opts = self.connect_options()
         opts.update(overrides)
         seen: list[BaseException] = []
+        connecting = [True]
 
         async def _record(e: Exception) -> None:  # nats-py reports each failed attempt here
-            seen.append(e)
+            if connecting[0]:  # later (reconnect) errors are not kept: nats-py retries them itself
+                seen.append(e)
 
         opts["error_cb"] = _record
         attempts = max(1, int(opts.get("max_reconnect_attempts") or 1) + 1)
@@ -370,13 +372,9 @@ class NatsConnectionSettings:
         except Exception as e:
             await _close_quietly(nc)
             raise classify_connect_error([*seen, e], where) from None
+        connecting[0] = False
         nc.options["max_reconnect_attempts"] = overrides.get("max_reconnect_attempts", -1)
-        nc.options["error_cb"] = _quiet
         return nc
-
-
-async def _quiet(_e: Exception) -> None:  # nats-py logs every reconnect error otherwise
-    return None
 
 
 async def _close_quietly(nc) -> None:
