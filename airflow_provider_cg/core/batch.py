@@ -232,9 +232,9 @@ async def _resolve_acks(client: PriorityClient, api: JsApi, consumer_stream: str
 class _Run:
     """State of one member job run (one pinned client, one sink, one summary)."""
 
-    def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None, js_prefix: str) -> None:
-        self.nc, self.sink, self.options, self.decode = nc, sink, options, decode
-        self.transform: Transform | None = None
+    def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None, js_prefix: str,
+                 transform: Transform | None = None) -> None:
+        self.nc, self.sink, self.options, self.decode, self.transform = nc, sink, options, decode, transform
         self.summary = Summary(options.stream, options.group, options.member)
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
         self.api = JsApi(nc, prefix=js_prefix)
@@ -757,7 +757,8 @@ class _Run:
         inputs, input_keys = table, None
         if self.transform is not None and not abort:
             # fails the batch (no ack sent) if the user's transformation fails
-            table, input_keys, skipped = await asyncio.to_thread(self._transformed, table, batch_id)
+            table, input_keys, skipped = await asyncio.to_thread(transform_batch, self.sink, self.transform, table,
+                                                                 batch_id)
             s.duplicates_skipped += skipped
         try:
             prepared = await self._prepare(batch_id, table, {self.consumer_stream: refs}, input_keys)
@@ -801,8 +802,6 @@ class _Run:
         for p, first, last, n in refs_by_partition(inputs):
             s.count_partition(p, first, last, n)
 
-    def _transformed(self, table, batch_id: BatchId):
-        return transform_batch(self.sink, self.transform, table, batch_id)
 
     async def _prepare(self, batch_id: BatchId, table, refs, input_keys=None):
         """``sink.prepare`` under this run's fence. A lock timeout means rows are held by another
@@ -920,9 +919,7 @@ async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, decode
     ``transform(table, BatchContext) -> table``: the user's transformation of each decoded
     batch (``core/transform.py``), landed with per-input exactly-once."""
     options.validate()
-    run = _Run(nc, sink, options, decode, js_prefix)
-    run.transform = transform
-    return await run.run()
+    return await _Run(nc, sink, options, decode, js_prefix, transform).run()
 
 
 def _by_partition(msgs: list) -> list[list]:
