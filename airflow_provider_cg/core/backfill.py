@@ -52,17 +52,14 @@ from airflow_provider_cg.core import partitioning
 from airflow_provider_cg.core.batch import (
     RESULT_COMMITTED,
     RESULT_EMPTY,
-    Decoder,
     Summary,
-    Transform,
     _key_rules,
-    refs_by_partition,
-    transform_batch,
 )
 from airflow_provider_cg.core.config import ElasticGroupConfig, GroupConfig
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.pipeline import ArrowPipeline, partition_ranges
 from airflow_provider_cg.core.priority import PriorityClient
 from airflow_provider_cg.core.rows import ROW_SCHEMA, BatchId, KeySelector, user_headers
 from airflow_provider_cg.core.sinks.base import TwoPhaseSink
@@ -198,14 +195,15 @@ async def run_backfill(
     end: dt.datetime | str,
     *,
     batch_size: int = 100_000,
-    decode: Decoder | None = None,
+    pipeline=None,
     pull_timeout: float = 5.0,
     js_prefix: str = DEFAULT_PREFIX,
-    transform: Transform | None = None,
 ) -> BackfillSummary:
     """Land the origin messages of ``[start, end)`` that ``group`` covers into ``sink``
-    (through ``transform``, with per-input exactly-once: messages live consumption or an
-    earlier backfill already landed are not transformed again)."""
+    (through ``pipeline``, ``core/pipeline.py``: with a Spark pipeline exactly-once is kept
+    per input, so messages live consumption or an earlier backfill already landed are not
+    transformed again). Poison messages are skipped (live consumption dead-letters them)."""
+    pipeline = pipeline or ArrowPipeline()
     start, end = to_utc(start), to_utc(end)
     if end <= start:
         raise ConfigError("backfill_end", "must be after backfill_start")
@@ -267,31 +265,29 @@ async def run_backfill(
             s.bytes += sum(len(m.data) for m in msgs)
             table, kept, skipped = rows.build(msgs)
             s.skipped += skipped
-            if decode is not None and table.num_rows:
-                table, bad = await asyncio.to_thread(decode, table)
-                if bad:
-                    s.poison_deliveries += len(bad)
-                    s.skipped += len(bad)
-                    good = [i for i in range(table.num_rows) if i not in bad]
-                    # typed indices: an empty Python list is a null-typed array take() refuses
-                    table, kept = table.take(pa.array(good, pa.int64())), [kept[i] for i in good]
             if not kept:
                 continue
             batch_seq += 1
-            refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
             batch_id = BatchId(stream, group, member, batch_seq)
-            out, extra = table, {}
-            if transform is not None:
-                out, input_keys, skipped = await asyncio.to_thread(transform_batch, sink, transform, table, batch_id)
-                s.duplicates_skipped += skipped
-                extra = {"input_keys": input_keys}
-            prepared = await asyncio.to_thread(sink.prepare, batch_id, out, message_refs=refs, **extra)
+            processed = await asyncio.to_thread(pipeline.process, sink, table, batch_id)
+            s.duplicates_skipped += processed.skipped
+            if processed.bad:
+                s.poison_deliveries += len(processed.bad)
+                s.skipped += len(processed.bad)
+                kept = [m for i, m in enumerate(kept) if i not in processed.bad]
+                table = table.filter(pa.array([i not in processed.bad for i in range(table.num_rows)]))
+                if not kept:
+                    await asyncio.to_thread(sink.discard, processed.rows)
+                    continue
+            refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
+            prepared = await asyncio.to_thread(sink.prepare, batch_id, processed.rows, message_refs=refs,
+                                               input_keys=processed.input_keys)
             prepared = await asyncio.to_thread(sink.mark_acking, prepared)
             result = await asyncio.to_thread(sink.commit, prepared)
             s.batches += 1
             s.committed += result.rows_written
             s.duplicates_skipped += result.duplicates_skipped
-            for p, first, last, n in refs_by_partition(table):
+            for p, first, last, n in partition_ranges(table):
                 s.count_partition(p, first, last, n)
             log.info("cg backfill %s.%s [%s, %s): batch of %d, committed %d so far",
                      stream, group, s.window_start, s.window_end, len(kept), s.committed)

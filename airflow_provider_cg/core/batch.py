@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core import partitioning
@@ -48,6 +47,7 @@ from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, Gro
 from airflow_provider_cg.core.failpoints import failpoint
 from airflow_provider_cg.core.groups import PRIORITY_GROUP, ConsumerGroups, priority_group_of
 from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.pipeline import ArrowPipeline, ProcessedBatch, partition_ranges
 from airflow_provider_cg.core.priority import (
     AckOutcome,
     ConsumerGone,
@@ -63,9 +63,7 @@ from airflow_provider_cg.core.sinks.base import (
     SinkLockTimeout,
     TwoPhaseSink,
     WriteState,
-    keys_by_stream,
 )
-from airflow_provider_cg.core.transform import BatchContext
 
 log = logging.getLogger("airflow_provider_cg.batch")
 
@@ -75,12 +73,7 @@ RESULT_NOT_PINNED = "not-pinned"
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
 STATIC_ACK_WAIT = 60.0  # a static member reads through the consumer: room to land a batch
-#: the user's transformation: a decoded batch and its context -> the rows to land
-Transform = Callable[[pa.Table, BatchContext], pa.Table]
 RESULT_REVOKED = "revoked"  # the member's consumer was deleted (membership change) before anything landed
-
-# decode(table) -> (table, {row_index: error}) ; rows named in the dict are poison.
-Decoder = Callable[[Any], tuple[Any, dict[int, str]]]
 
 
 @dataclass
@@ -232,9 +225,8 @@ async def _resolve_acks(client: PriorityClient, api: JsApi, consumer_stream: str
 class _Run:
     """State of one member job run (one pinned client, one sink, one summary)."""
 
-    def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None, js_prefix: str,
-                 transform: Transform | None = None) -> None:
-        self.nc, self.sink, self.options, self.decode, self.transform = nc, sink, options, decode, transform
+    def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, pipeline, js_prefix: str) -> None:
+        self.nc, self.sink, self.options, self.pipeline = nc, sink, options, pipeline
         self.summary = Summary(options.stream, options.group, options.member)
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
         self.api = JsApi(nc, prefix=js_prefix)
@@ -700,12 +692,15 @@ class _Run:
             table = build_rows(msgs, group=o.group, member=o.member, keys=self.keys, sourced=self.sourced)
         lo, hi = pc.min_max(table.column("partition")).values()
         one_partition = lo == hi
-        bad: dict[int, str] = {}
-        if self.decode is not None:
-            table, bad = await asyncio.to_thread(self.decode, table)
-        if bad:
-            table, msgs = await self._handle_poison(table, msgs, bad)
+        batch_id = self._next_batch_id()
+        if consumer_gone:  # nothing is acked: the rows only go through prepare and abort
+            processed = ProcessedBatch(table, {})
+        else:  # fails the batch (no ack sent) if the user's transformation fails
+            processed = await asyncio.to_thread(self.pipeline.process, self.sink, table, batch_id)
+        if processed.bad:
+            msgs = await self._handle_poison(table, msgs, processed.bad)
         if not msgs:
+            await asyncio.to_thread(self.sink.discard, processed.rows)
             return
 
         async def ack() -> int:
@@ -718,7 +713,8 @@ class _Run:
                                        time.monotonic() + o.ack_timeout)
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
-        await self._two_phase(table, refs, ack, len(msgs), sum(len(m.data) for m in msgs), abort=consumer_gone)
+        await self._two_phase(batch_id, processed, table, refs, ack, len(msgs), sum(len(m.data) for m in msgs),
+                              abort=consumer_gone)
 
     async def _land_direct(self, batches: list[PartitionBatch]) -> None:
         """One batch read by direct gets: its rows, then the two-phase steps with one purge per
@@ -726,10 +722,10 @@ class _Run:
         o = self.options
         table, refs = await asyncio.to_thread(rows_from_batches, batches, group=o.group, member=o.member,
                                               keys=self.keys)
-        if self.decode is not None:
-            table, bad = await asyncio.to_thread(self.decode, table)
-            if bad:
-                table = await self._dead_letter(table, bad)
+        batch_id = self._next_batch_id()
+        processed = await asyncio.to_thread(self.pipeline.process, self.sink, table, batch_id)
+        if processed.bad:
+            await self._dead_letter(table, processed.bad)
 
         async def ack() -> int:
             unknown = 0
@@ -744,24 +740,24 @@ class _Run:
                 failpoint("mid_ack")
             return unknown
 
-        await self._two_phase(table, refs, ack, len(refs), sum(len(d) for b in batches for d in b.data))
+        await self._two_phase(batch_id, processed, table, refs, ack, len(refs),
+                              sum(len(d) for b in batches for d in b.data))
 
-    async def _two_phase(self, table, refs: np.ndarray, ack: Callable[[], Awaitable[int]], n_msgs: int,
-                         n_bytes: int, abort: bool = False) -> None:
+    def _next_batch_id(self) -> BatchId:
+        o = self.options
+        self.batch_seq += 1
+        return BatchId(o.stream, o.group, o.member, self.batch_seq)
+
+    async def _two_phase(self, batch_id: BatchId, processed: ProcessedBatch, inputs, refs: np.ndarray,
+                         ack: Callable[[], Awaitable[int]], n_msgs: int, n_bytes: int, abort: bool = False) -> None:
         """prepare -> mark acking -> ``ack()`` (returns how many acks stay unconfirmed) -> commit.
         ``abort``: the consumer is gone before any ack was sent, so none can take effect: roll
         the write back and leave the messages in the stream for the re-created consumer."""
-        o, s = self.options, self.summary
-        self.batch_seq += 1
-        batch_id = BatchId(o.stream, o.group, o.member, self.batch_seq)
-        inputs, input_keys = table, None
-        if self.transform is not None and not abort:
-            # fails the batch (no ack sent) if the user's transformation fails
-            table, input_keys, skipped = await asyncio.to_thread(transform_batch, self.sink, self.transform, table,
-                                                                 batch_id)
-            s.duplicates_skipped += skipped
+        s = self.summary
+        s.duplicates_skipped += processed.skipped
         try:
-            prepared = await self._prepare(batch_id, table, {self.consumer_stream: refs}, input_keys)
+            prepared = await self._prepare(batch_id, processed.rows, {self.consumer_stream: refs},
+                                           processed.input_keys)
         except PreparedWriteLost:
             # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
             # was sent: the messages go to the new pin holder.
@@ -799,7 +795,7 @@ class _Run:
         s.duplicates_skipped += result.duplicates_skipped
         s.consumed += n_msgs
         s.bytes += n_bytes
-        for p, first, last, n in refs_by_partition(inputs):
+        for p, first, last, n in partition_ranges(inputs):
             s.count_partition(p, first, last, n)
 
 
@@ -818,10 +814,10 @@ class _Run:
                             "fenced-out instances and retrying", batch_id.gid)
                 await self.recover(self.fence.partitions)
 
-    async def _dead_letter(self, table, bad: dict[int, str]):
+    async def _dead_letter(self, table, bad: dict[int, str]) -> None:
         """Direct reads: a decode failure goes to the dead-letter stream at once (a direct get
         is no delivery; decoding again would fail again), with the message's own headers, and
-        is acknowledged with its range. Returns the good rows."""
+        is acknowledged with its range."""
         o, s = self.options, self.summary
         s.poison_deliveries += len(bad)
         cols = table.select(["origin_stream", "origin_seq", "subject", "payload", "headers"]).to_pylist()
@@ -831,15 +827,12 @@ class _Run:
             await self.dlq.publish(row["subject"], row["payload"], dead_letter_headers(
                 row["headers"], err, origin, seq, o.member))
             s.dead_lettered += 1
-        keep = np.ones(table.num_rows, dtype=bool)
-        keep[list(bad)] = False
-        return table.filter(pa.array(keep))
 
-    async def _handle_poison(self, table, msgs: list, bad: dict[int, str]):
+    async def _handle_poison(self, table, msgs: list, bad: dict[int, str]) -> list:
         """Nak poison messages that have deliveries left; dead-letter the others (then ack them
-        with the batch). Returns the good rows and the messages to ack."""
+        with the batch). ``table``: the batch's rows as read. Returns the messages to ack."""
         o, s = self.options, self.summary
-        keep_rows, ack_msgs = [], []
+        ack_msgs = []
         s.poison_deliveries += len(bad)
         origin_streams = table.column("origin_stream")
         origin_seqs = table.column("origin_seq")
@@ -847,7 +840,6 @@ class _Run:
         for i, m in enumerate(msgs):
             err = bad.get(i)
             if err is None:
-                keep_rows.append(i)
                 ack_msgs.append(m)
             elif m.num_delivered >= o.max_deliver:
                 origin, seq = origin_streams[i].as_py(), origin_seqs[i].as_py()
@@ -858,11 +850,7 @@ class _Run:
             else:
                 await self.client.nak(m)
                 self.taken -= 1  # it comes back and is counted again
-        # Dead-lettered messages are acked with the batch but have no row.
-        # typed indices: an empty Python list would be a null-typed array, which take() rejects
-        # (a batch of only poison messages, e.g. one redelivered alone)
-        good = table.take(pa.array(keep_rows, pa.int64()))
-        return good, ack_msgs
+        return ack_msgs  # dead-lettered ones are acked with the batch but have no row
 
 
 def dead_letter_headers(own_json: str | None, error: str, origin: str, seq: int, member: str,
@@ -912,14 +900,14 @@ def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary, p
     return landed
 
 
-async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, decode: Decoder | None = None,
-                           *, js_prefix: str = "$JS.API", transform: Transform | None = None) -> Summary:
+async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, pipeline=None,
+                           *, js_prefix: str = "$JS.API") -> Summary:
     """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary.
 
-    ``transform(table, BatchContext) -> table``: the user's transformation of each decoded
-    batch (``core/transform.py``), landed with per-input exactly-once."""
+    ``pipeline`` (``core/pipeline.py``): what happens to each batch before the sink's prepare
+    (decoding and the user's transformation in Spark); default: the rows as read."""
     options.validate()
-    return await _Run(nc, sink, options, decode, js_prefix, transform).run()
+    return await _Run(nc, sink, options, pipeline or ArrowPipeline(), js_prefix).run()
 
 
 def _by_partition(msgs: list) -> list[list]:
@@ -959,33 +947,3 @@ def _key_rules(config) -> list[tuple[str, tuple[int, ...]]]:
     if isinstance(config, ElasticGroupConfig):
         return [(pf.filter, tuple(pf.partitioning_wildcards or ())) for pf in config.partitioning_filters]
     return []
-
-
-def transform_batch(sink: TwoPhaseSink, transform: Transform, table, batch_id: BatchId):
-    """The user's transformation of a batch's inputs that are not committed yet (a redelivery
-    of a landed message, a backfill of a landed window): ``(output, input keys, skipped)``;
-    the sink commits the input keys with the output (``prepare(..., input_keys=...)``)."""
-    drop = np.zeros(table.num_rows, dtype=bool)
-    streams = table.column("origin_stream")
-    for stream in pc.unique(streams).to_pylist():
-        rows = pc.equal(streams, stream).to_numpy(zero_copy_only=False)
-        seqs = table.column("origin_seq").to_numpy()[rows]
-        drop[rows] = sink.committed_keys_exist(stream, seqs)
-    fresh = table.filter(pa.array(~drop)) if drop.any() else table
-    if fresh.num_rows == 0:
-        return fresh.slice(0, 0), {}, int(drop.sum())
-    ranges = {p: (first, last) for p, first, last, _ in refs_by_partition(fresh)}
-    ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, tuple(sorted(ranges)), ranges)
-    out = transform(fresh, ctx)
-    keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(fresh).items()}
-    return out, keys, int(drop.sum())
-
-
-def refs_by_partition(table) -> list[tuple[int, int, int, int]]:
-    """(partition, first origin seq, last origin seq, rows) for each partition of a batch."""
-    if table.num_rows == 0:
-        return []
-    grouped = table.group_by("partition").aggregate(
-        [("origin_seq", "min"), ("origin_seq", "max"), ("origin_seq", "count")])
-    return sorted((int(r["partition"]), int(r["origin_seq_min"]), int(r["origin_seq_max"]), int(r["origin_seq_count"]))
-                  for r in grouped.to_pylist())

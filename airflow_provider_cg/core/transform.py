@@ -2,12 +2,11 @@
 
 A transformation is a Python function named ``package.module:function`` and called with the
 batch as a Spark DataFrame and a :class:`BatchContext`, returning a DataFrame; or a Spark SQL
-statement over the temporary view ``batch``. It runs in Spark, after decoding, before the
-sink's prepare: any transformation (a filter, an explode, a join with reference data, a
-per-batch aggregation) lands each message's effect once, because exactly-once is kept per
-*input* message: inputs already committed are dropped before the transformation runs, and the
-sink records the batch's input keys with its output (not the output rows' keys). A failing
-transformation fails the batch before any acknowledgement. No Airflow import.
+statement over the temporary view ``batch``. ``core/pipeline.py`` runs it in Spark, after
+decoding, before the sink's prepare: any transformation (a filter, an explode, a join with
+reference data, a per-batch aggregation) lands each message's effect once, because
+exactly-once is kept per *input* message. A failing transformation fails the batch before
+any acknowledgement. No Airflow import.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 
@@ -63,34 +60,3 @@ def load_function(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise ConfigError("transform", f"{spec!r} is not callable")
     return fn
-
-
-def spark_transform(spark, *, function: str | None = None, sql: str | None = None
-                    ) -> Callable[[pa.Table, BatchContext], pa.Table]:
-    """A transformation run by Spark: Arrow batch -> DataFrame -> the user's step -> Arrow."""
-    if bool(function) == bool(sql):
-        raise ConfigError("transform", "give either a function (package.module:function) or a SQL statement")
-    fn = load_function(function) if function else None
-    if sql is not None and not sql.strip():
-        raise ConfigError("transform_sql", "must not be empty")
-
-    def run(table: pa.Table, ctx: BatchContext) -> pa.Table:
-        from pyspark.sql import DataFrame
-
-        df = spark.createDataFrame(table)
-        try:
-            if fn is not None:
-                out = fn(df, ctx)
-            else:
-                df.createOrReplaceTempView(BATCH_VIEW)
-                out = spark.sql(sql)
-            if not isinstance(out, DataFrame):
-                raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
-            return out.toArrow()
-        except TransformError:
-            raise
-        except Exception as e:  # the user's code or SQL: fail the batch with its message
-            first = (str(e).strip().splitlines() or [""])[0]
-            raise TransformError(f"transform: {type(e).__name__}: {first[:500]}") from e
-
-    return run

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -35,12 +36,14 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_cg.core import config as cgconfig
+from airflow_provider_cg.core.decode import SPARK_AVRO_PACKAGE, parse_avro_schema
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.packaging import build_core_zip, member_job_path, ship_module
 
 SKIP_RESULTS = frozenset({"empty", "not-pinned", "revoked"})
 SINKS = ("parquet", "postgres")
-PAYLOAD_FORMATS = ("raw", "text", "json")
+PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
+_MAVEN_COORDINATE = re.compile(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+:[A-Za-z0-9_.+-]+")
 UI_COLOR = "#fce5cd"
 CACHE_ENV = "CG_SPARK_CACHE_DIR"
 
@@ -170,7 +173,12 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param pg_table: target table of the PostgreSQL sink.
     :param pg_conn_id: Airflow ``postgres`` connection; its DSN reaches the driver as
         ``CG_PG_DSN`` (never an argument).
-    :param payload_format: ``raw`` | ``text`` | ``json`` (``json_schema``: Spark DDL).
+    :param payload_format: ``raw`` | ``text`` | ``json`` (``json_schema``: Spark DDL) |
+        ``avro`` (``avro_schema``: the JSON of an Avro record schema; payloads are binary
+        Avro datums). Spark decodes them in its tasks; bad payloads go to the dead-letter stream.
+    :param avro_package: the Maven coordinates of Spark's Avro package, added to
+        ``packages`` for ``avro`` payloads (default ``SPARK_AVRO_PACKAGE``: give the one of
+        your cluster's Spark version).
     :param transform: your transformation, ``package.module:function``: called in the Spark
         driver with each batch as a DataFrame (one row per message, decoded payload in
         ``value`` / ``payload_text``) and a ``BatchContext``; returns the DataFrame to land.
@@ -207,7 +215,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     template_fields: Sequence[str] = (
         "stream", "group", "member", "backfill_start", "backfill_end", "sink", "sink_path", "pg_table",
-        "pg_conn_id", "payload_format", "json_schema", "transform_sql", "batch_size", "max_messages", "max_bytes",
+        "pg_conn_id", "payload_format", "json_schema", "avro_schema", "avro_package", "transform_sql", "batch_size", "max_messages", "max_bytes",
         "max_seconds", "standby_timeout", "ack_wait", "max_deliver", "idle_timeout", "nats_conn_id",
         "conn_id", "name", "conf", "packages", "py_files", "files", "jars", "env_vars", "properties_file",
         "driver_memory", "executor_memory", "deploy_mode",
@@ -227,6 +235,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         pg_conn_id: str | None = None,
         payload_format: str = "raw",
         json_schema: str | None = None,
+        avro_schema: str | None = None,
+        avro_package: str = SPARK_AVRO_PACKAGE,
         transform: str | None = None,
         transform_sql: str | None = None,
         batch_size: int | str = 100_000,
@@ -259,6 +269,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self.backfill_start, self.backfill_end = backfill_start, backfill_end
         self.sink, self.sink_path, self.pg_table, self.pg_conn_id = sink, sink_path, pg_table, pg_conn_id
         self.payload_format, self.json_schema = payload_format, json_schema
+        self.avro_schema, self.avro_package = avro_schema, avro_package
         self.transform, self.transform_sql = transform, transform_sql
         self.batch_size, self.max_messages, self.max_bytes, self.max_seconds = (
             batch_size, max_messages, max_bytes, max_seconds,
@@ -305,6 +316,16 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             raise ConfigError("pg_conn_id", "required for the postgres sink")
         if ready(self.payload_format) and self.payload_format == "json" and not self.json_schema:
             raise ConfigError("json_schema", "required when payload_format is json")
+        if ready(self.payload_format) and self.payload_format == "avro":
+            if not self.avro_schema:
+                raise ConfigError("avro_schema", "required when payload_format is avro")
+            if ready(self.avro_schema):
+                try:
+                    parse_avro_schema(self.avro_schema)
+                except ConfigError as e:
+                    raise ConfigError("avro_schema", e.rule) from None
+            if ready(self.avro_package) and not _MAVEN_COORDINATE.fullmatch(str(self.avro_package or "")):
+                raise ConfigError("avro_package", "must be Maven coordinates group:artifact:version")
         if self.transform is not None:
             from airflow_provider_cg.core.transform import parse_spec
 
@@ -338,8 +359,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         else:
             args += ["--pg-table", self.pg_table]
         args += ["--payload-format", self.payload_format]
-        if self.json_schema:
+        if self.json_schema and self.payload_format == "json":
             args += ["--json-schema", self.json_schema]
+        if self.avro_schema and self.payload_format == "avro":
+            args += ["--avro-schema", self.avro_schema]
         if self.transform:
             args += ["--transform", self.transform]
         if self.transform_sql:
@@ -381,6 +404,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             env.update(secrets)
         options = {k: getattr(self, k) for k in SPARK_SUBMIT_OPTIONS if getattr(self, k) is not None}
         options["conf"] = with_redaction(options.get("conf"))
+        if self.payload_format == "avro":
+            packages = [p for p in (options.get("packages") or "").split(",") if p]
+            if not any(p.split(":")[:2] == self.avro_package.split(":")[:2] for p in packages):
+                options["packages"] = ",".join([*packages, self.avro_package])
         hook = SparkSubmitHook(
             conn_id=self.conn_id,
             application_args=args,

@@ -59,8 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sink", choices=["parquet", "postgres"], default="parquet")
     p.add_argument("--sink-path", help="dataset directory of the Parquet lake sink")
     p.add_argument("--pg-table", default="cg_events", help="target table of the PostgreSQL sink")
-    p.add_argument("--payload-format", choices=["raw", "text", "json"], default="raw")
+    p.add_argument("--payload-format", choices=["raw", "text", "json", "avro"], default="raw",
+                   help="how Spark decodes payloads (avro needs Spark's Avro package: --packages)")
     p.add_argument("--json-schema", help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
+    p.add_argument("--avro-schema", help="Avro record schema (JSON) of Avro payloads (binary-encoded datums)")
     p.add_argument("--batch-size", type=_positive(int), default=100_000, help="messages per two-phase batch")
     p.add_argument("--max-messages", type=_positive(int))
     p.add_argument("--max-bytes", type=_positive(int))
@@ -124,6 +126,12 @@ def _check_args(args) -> None:
             raise ConfigError("pg-table", f"{args.pg_table!r} is one of the sink's own tables")
     if args.payload_format == "json" and not args.json_schema:
         raise ConfigError("json-schema", "required when --payload-format is json")
+    if args.payload_format == "avro":
+        from airflow_provider_cg.core.decode import parse_avro_schema
+
+        if not args.avro_schema:
+            raise ConfigError("avro-schema", "required when --payload-format is avro")
+        parse_avro_schema(args.avro_schema)
     if args.transform is not None or args.transform_sql is not None:
         from airflow_provider_cg.core.transform import parse_spec
 
@@ -136,8 +144,8 @@ def _check_args(args) -> None:
         if args.no_spark:
             raise ConfigError("transform", "a transformation runs in Spark (drop --no-spark)")
 
-    if args.payload_format == "json" and args.no_spark:
-        raise ConfigError("payload-format", "json needs Spark (drop --no-spark)")
+    if args.payload_format in ("json", "avro") and args.no_spark:
+        raise ConfigError("payload-format", f"{args.payload_format} needs Spark (drop --no-spark)")
 
 
 def _build_sink(args):
@@ -161,26 +169,30 @@ def _build_sink(args):
             raise ValueError(f"CG_PG_DSN_FILE: cannot read the file it names ({type(e).__name__})") from None
     if not dsn:
         raise ValueError("CG_PG_DSN: the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
-    sink = PostgresSink(dsn, table=args.pg_table, transformed=bool(args.transform or args.transform_sql))
+    sink = PostgresSink(dsn, table=args.pg_table, transformed=_transforming(args))
     sink.check()  # an unreachable database fails here, before the pin is taken
     return sink
 
 
-def _build_decoder(args, spark):
-    if args.payload_format == "raw":
-        return None
-    from airflow_provider_cg.core.decode import json_decoder, text_decoder
+def _transforming(args) -> bool:
+    return bool(args.transform or args.transform_sql)
 
-    if args.payload_format == "text":
-        return text_decoder()
-    if not args.json_schema:
-        raise ValueError("--json-schema: required when --payload-format is json")
+
+def _build_pipeline(args, spark):
+    """Spark decodes and transforms; a raw batch with no transformation has nothing for Spark
+    to compute and lands as read (the data path's speed)."""
+    from airflow_provider_cg.core.decode import SparkDecoder, text_decoder
+    from airflow_provider_cg.core.pipeline import ArrowPipeline, SparkPipeline
+
     if spark is None:
-        raise ValueError("--payload-format: json needs Spark (drop --no-spark)")
-    return json_decoder(spark, args.json_schema)
+        return ArrowPipeline(text_decoder() if args.payload_format == "text" else None)
+    if args.payload_format == "raw" and not _transforming(args):
+        return ArrowPipeline()
+    decoder = SparkDecoder(spark, args.payload_format, args.json_schema or args.avro_schema)
+    return SparkPipeline(spark, decoder, function=args.transform, sql=args.transform_sql)
 
 
-async def _run(args, make_sink, decoder, transform=None):
+async def _run(args, make_sink, pipeline):
     """Connect to NATS first (a refused or unreachable server leaves nothing behind), then
     open the sink and run."""
     from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
@@ -211,7 +223,7 @@ async def _run(args, make_sink, decoder, transform=None):
             await check_group(nc)
             sink = await asyncio.to_thread(make_sink)
             return await run_backfill(nc, sink, args.stream, args.group, args.backfill_start, args.backfill_end,
-                                      batch_size=args.batch_size, decode=decoder, transform=transform)
+                                      batch_size=args.batch_size, pipeline=pipeline)
         finally:
             await nc.close()
     settings.name = settings.name or f"cg-job-{args.stream}-{args.group}-{args.member}"
@@ -225,7 +237,7 @@ async def _run(args, make_sink, decoder, transform=None):
     try:
         await check_group(nc)
         sink = await asyncio.to_thread(make_sink)
-        return await run_member_batch(nc, sink, options, decoder, transform=transform)
+        return await run_member_batch(nc, sink, options, pipeline)
     finally:
         await nc.close()
 
@@ -256,13 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 spark = SparkSession.builder.appName(
                     f"cg-{args.stream}-{args.group}-{args.member or 'backfill'}").getOrCreate()
                 spark.sparkContext.setLogLevel("WARN")
-            decoder = _build_decoder(args, spark)
-            transform = None
-            if args.transform or args.transform_sql:
-                from airflow_provider_cg.core.transform import spark_transform
-
-                transform = spark_transform(spark, function=args.transform, sql=args.transform_sql)
-            summary = asyncio.run(_run(args, lambda: _build_sink(args), decoder, transform))
+            pipeline = _build_pipeline(args, spark)
+            summary = asyncio.run(_run(args, lambda: _build_sink(args), pipeline))
         except GroupNotFound as e:
             return fail(EXIT_INVALID, f"group: {e}")
         except TransformError as e:  # the user's transformation failed: the batch was not acked

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -16,7 +17,9 @@ from airflow_provider_cg.core.groups import ConsumerGroups
 from airflow_provider_cg.core.jsapi import JsApi
 from airflow_provider_cg.core.packaging import member_job_path
 from airflow_provider_cg.core.partitioning import assign_partitions
+from airflow_provider_cg.core.pipeline import ArrowPipeline, ProcessedBatch, committed_inputs
 from airflow_provider_cg.core.publish import publish_many
+from airflow_provider_cg.core.sinks.base import keys_by_stream
 from airflow_provider_cg.core.sinks.parquet import ParquetLakeSink, read_committed
 
 pytestmark = pytest.mark.integration
@@ -214,18 +217,24 @@ async def test_a_window_of_only_poison_messages_is_skipped_not_a_crash(nc, tmp_p
     lake = tmp_path / "lake"
     sink = ParquetLakeSink(lake, fsync=False)
     s = await run_backfill(nc, sink, stream, "g", from_ns(min(times.values())),
-                           from_ns(max(times.values()) + 1000), batch_size=3, decode=text_decoder())
+                           from_ns(max(times.values()) + 1000), batch_size=3, pipeline=ArrowPipeline(text_decoder()))
     assert (s.consumed, s.skipped, s.committed, s.poison_deliveries) == (7, 7, 0, 7)
     assert read_committed(lake).num_rows == 0
 
 
-def _count_per_key(table, ctx):
-    """A per-batch aggregation (no Spark needed in-process): messages per key."""
-    keys = table.column("key").to_pylist()
-    counts: dict[str, int] = {}
-    for k in keys:
-        counts[k] = counts.get(k, 0) + 1
-    return pa.table({"key": list(counts), "n": list(counts.values()), "batch": [ctx.batch_id] * len(counts)})
+class _CountPerKey:
+    """A pipeline with a per-batch aggregation in the driver (no Spark in-process): messages per
+    key, exactly-once per input as ``SparkPipeline`` keeps it."""
+
+    def process(self, sink, table, batch_id):
+        drop = committed_inputs(sink, table)
+        fresh = table.filter(pa.array(~drop))
+        counts: dict[str, int] = {}
+        for k in fresh.column("key").to_pylist():
+            counts[k] = counts.get(k, 0) + 1
+        out = pa.table({"key": list(counts), "n": list(counts.values()), "batch": [batch_id.gid] * len(counts)})
+        keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(fresh).items()} if fresh.num_rows else {}
+        return ProcessedBatch(out, {}, keys, int(drop.sum()))
 
 
 async def test_backfill_with_a_transformation_never_counts_a_landed_message_twice(nc, tmp_path):
@@ -242,13 +251,13 @@ async def test_backfill_with_a_transformation_never_counts_a_landed_message_twic
     for m in MEMBERS:
         opts = BatchOptions(stream=stream, group="g", member=m, batch_size=4, standby_timeout=5, idle_timeout=0.5,
                             max_messages=len(first_half))
-        await run_member_batch(nc, sink, opts, transform=_count_per_key)
+        await run_member_batch(nc, sink, opts, _CountPerKey())
     live = sum(read_committed(lake).column("n").to_pylist())
     assert 0 < live <= len(times)
     window = (from_ns(min(times.values())), from_ns(max(times.values()) + 1000))
-    s1 = await run_backfill(nc, sink, stream, "g", *window, batch_size=6, transform=_count_per_key)
+    s1 = await run_backfill(nc, sink, stream, "g", *window, batch_size=6, pipeline=_CountPerKey())
     assert s1.duplicates_skipped == live and s1.consumed == len(times)
-    s2 = await run_backfill(nc, sink, stream, "g", *window, batch_size=6, transform=_count_per_key)
+    s2 = await run_backfill(nc, sink, stream, "g", *window, batch_size=6, pipeline=_CountPerKey())
     assert s2.duplicates_skipped == len(times) and s2.committed == 0
     table = read_committed(lake)
     assert sum(table.column("n").to_pylist()) == len(times)  # every message counted once

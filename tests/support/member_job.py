@@ -161,6 +161,7 @@ def start_member_job(
     name: str | None = None,
     spark: bool = True,
     py_files: list[str] | tuple[str, ...] = (),
+    spark_options: list[str] | tuple[str, ...] = (),
 ) -> MemberJob:
     """Start ``spark-submit --master local[2]`` of the member job; returns at once.
 
@@ -174,7 +175,8 @@ def start_member_job(
     if spark:
         launch = [os.path.join(bindir, "spark-submit"), "--master", "local[2]",
                   "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
-                  "--py-files", ",".join([str(zip_path), *map(str, py_files)]), str(member_job_path())]
+                  "--py-files", ",".join([str(zip_path), *map(str, py_files)]), *spark_options,
+                  str(member_job_path())]
     else:
         launch = [sys.executable, str(member_job_path()), "--no-spark"]
     cmd = [

@@ -42,3 +42,11 @@ def totals_per_customer(df, ctx):
 
 def broken(df, ctx):
     raise RuntimeError("this transformation is broken on purpose")
+
+
+def paid_rows(df, ctx):
+    """A filter that keeps the landed-row columns (for the exactly-once and per-key order checks)."""
+    from pyspark.sql import functions as F
+
+    return (df.where(F.col("value.status") != "cancelled")
+              .select("origin_stream", "origin_seq", "key", "partition", F.col("value.amount").alias("amount")))

@@ -24,6 +24,13 @@ successor's ``recover(..., partitions=...)`` finishes every write that touches i
 whichever member wrote it (a dropped or remapped member's orphans included): writes already
 marked acking are committed, the others rolled back. From then on no fenced-out instance can
 start acking, so nothing it still holds can land after the successor's rows.
+
+Spark. A batch computed by Spark (decoding, the user's transformation) reaches the sink as
+a DataFrame: ``stage`` runs the Spark job that computes it and puts the result where
+``prepare`` takes it from (the Parquet sink: files written by Spark tasks into the write's
+staging directory; the default: an Arrow table in the driver, for sinks whose prepare runs
+there, like PostgreSQL's prepared transaction); ``discard`` drops a staged result that will
+not be prepared.
 """
 
 from __future__ import annotations
@@ -143,6 +150,14 @@ class TwoPhaseSink(abc.ABC):
         output, not one row per message; exactly-once is kept per input message instead: the
         sink records these keys as committed with the batch (and does not deduplicate rows).
         The caller drops inputs already committed (``committed_keys_exist``) beforehand."""
+
+    def stage(self, batch_id: BatchId, frame) -> Any:
+        """Compute a Spark DataFrame (a Spark action) into what ``prepare`` takes as rows.
+        Default: an Arrow table in the driver."""
+        return frame.toArrow()
+
+    def discard(self, staged: Any) -> None:  # noqa: B027 - nothing to drop by default
+        """Drop a ``stage`` result that will not be prepared (its batch failed)."""
 
     @abc.abstractmethod
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:

@@ -7,6 +7,7 @@ Layout of a dataset directory ``root``::
     _cg_log/00000000000000000100.checkpoint.json   every 100 positions: all records so far
     _cg_keys/<gid>/<rand>-<i>.npy               sorted origin_seq per origin stream, per commit
     _cg_staging/<gid>/part-0.parquet, keys-<i>.npy, prepared.json, acking   prepared writes
+    _cg_staging/<gid>/spark/part-*.parquet      a batch's files written by Spark tasks (``stage``)
     _cg_tmp/                                    temp files (same filesystem, for atomic links)
 
 Protocol. ``prepare`` writes the rows (minus in-batch duplicates and keys already
@@ -36,8 +37,10 @@ extra column (e.g. ``value``) and files without it coexist: read with
 ``spark.read.option("mergeSchema", "true")``; ``read_committed`` unifies schemas itself.
 pyarrow skips ``_``-prefixed directories, so ``pq.read_table(root)`` is safe too (Spark
 needs ``root/data``).
-Requires a POSIX filesystem with atomic ``link``/``rename`` (local disk, NFSv3+); not an
-object store. Log records and key files are never compacted (checkpoints keep opening a
+A batch computed by Spark (``stage``) is written by Spark tasks into its staging directory,
+so on a cluster the dataset must be mounted at the same path on the driver and every
+executor. Requires a POSIX filesystem with atomic ``link``/``rename`` (local disk, NFSv3+);
+not an object store. Log records and key files are never compacted (checkpoints keep opening a
 dataset fast); a commit reads only the key files of commits whose seq range overlaps its own.
 """
 
@@ -93,6 +96,7 @@ KEYS_DIR = "_cg_keys"
 STAGING_DIR = "_cg_staging"
 TMP_DIR = "_cg_tmp"
 MANIFEST = "prepared.json"
+SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
 ACKING = "acking"
 CHECKPOINT_SUFFIX = ".checkpoint.json"
 _DICT_COLUMNS = ["origin_stream", "subject", "key", "group", "member", "headers"]
@@ -264,6 +268,15 @@ class _CommitLog:
         return [f for r in self.records if r["op"] == "commit" for f in r["files"]]
 
 
+@dataclass(frozen=True)
+class StagedFiles:
+    """A batch's output written by Spark tasks into its staging directory (``stage``)."""
+
+    gid: str
+    #: (path relative to the staging directory, rows) of each non-empty part file
+    files: tuple[tuple[str, int], ...]
+
+
 class ParquetLakeSink(TwoPhaseSink):
     """Two-phase sink into a Parquet dataset directory; see the module docstring.
 
@@ -327,16 +340,51 @@ class ParquetLakeSink(TwoPhaseSink):
         b = prepared.batch_id
         return [p for p in f.partitions if self._log.fences.get((b.stream, b.group, p)) != f.owner]
 
-    def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
+    def stage(self, batch_id: BatchId, frame) -> StagedFiles:
+        """Spark tasks write the DataFrame ``frame`` into the write's staging directory (the
+        driver writes only the manifest and keys in ``prepare``)."""
+        staging = self.root / STAGING_DIR / _fs_name(batch_id.gid)
+        try:
+            staging.mkdir()
+        except FileExistsError:
+            raise SinkError(f"batch {batch_id.gid} is already prepared") from None
+        out = staging / SPARK_DIR
+        try:
+            # a plain file: path (Hadoop's Path escapes it itself; a URI's %-escapes would be doubled)
+            frame.write.option("compression", self.compression).parquet("file://" + os.path.abspath(out))
+        except Exception:
+            if not staging.exists():  # a recovering instance removed it: we are no longer the holder
+                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it") from None
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        if not (out / "_SUCCESS").exists():  # Spark wrote somewhere else: never commit an empty batch for it
+            shutil.rmtree(staging, ignore_errors=True)
+            raise SinkError(f"Spark's output for {batch_id.gid} is not in {out} (is the lake on a filesystem "
+                            "mounted at the same path on the driver and the executors?)")
+        files = []
+        for f in sorted(out.glob("part-*.parquet")):
+            rows = pq.read_metadata(f).num_rows
+            if rows:
+                files.append((f"{SPARK_DIR}/{f.name}", rows))
+        return StagedFiles(batch_id.gid, tuple(files))
+
+    def discard(self, staged) -> None:
+        if isinstance(staged, StagedFiles):
+            shutil.rmtree(self.root / STAGING_DIR / _fs_name(staged.gid), ignore_errors=True)
+
+    def prepare(self, batch_id: BatchId, table: pa.Table | StagedFiles, *, message_refs: MessageRefs,
                 fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
         refs = normalize_refs(message_refs)
         transformed = input_keys is not None
+        staged = isinstance(table, StagedFiles)
+        if staged and (not transformed or table.gid != batch_id.gid):
+            raise SinkError("files staged by Spark are prepared with their batch's input keys")
         if transformed:
             # a transformation's output (any columns, any number of rows per message): the
             # batch's input keys are what is recorded as committed
-            if not isinstance(table, pa.Table):
+            if not staged and not isinstance(table, pa.Table):
                 raise SinkError(f"expected a pyarrow.Table, got {type(table).__name__}")
-            rows_in = table.num_rows
+            rows_in = sum(n for _, n in table.files) if staged else table.num_rows
             keys = {s: sorted_unique(np.asarray(q, dtype=np.int64)) for s, q in input_keys.items() if len(q)}
         else:
             table = conform_table(table)
@@ -352,17 +400,22 @@ class ParquetLakeSink(TwoPhaseSink):
             if masks:
                 table, keys = _without(table, keys, masks)
         staging = self.root / STAGING_DIR / _fs_name(batch_id.gid)
-        try:
-            staging.mkdir()
-        except FileExistsError:
-            raise SinkError(f"batch {batch_id.gid} is already prepared") from None
+        if staged:
+            if not staging.is_dir():
+                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing")
+        else:
+            try:
+                staging.mkdir()
+            except FileExistsError:
+                raise SinkError(f"batch {batch_id.gid} is already prepared") from None
         manifest = {
             "v": 1,
             "gid": batch_id.gid,
             "batch": batch_id.to_dict(),
             "rows": rows_in,
-            "dropped": rows_in - table.num_rows,
+            "dropped": 0 if staged else rows_in - table.num_rows,
             "file": None,
+            "files": [],
             "keys": {},
             "refs": encode_refs(refs),
             "fence": fence.to_dict() if fence else None,
@@ -377,15 +430,22 @@ class ParquetLakeSink(TwoPhaseSink):
             raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing") from None
         return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=str(staging), fence=fence)
 
-    def _write_staging(self, staging: Path, table: pa.Table, keys: dict, manifest: dict) -> None:
+    def _write_staging(self, staging: Path, table: pa.Table | StagedFiles, keys: dict, manifest: dict) -> None:
         written: list[Path] = []
-        if table.num_rows:
+        if isinstance(table, StagedFiles):
+            for name, rows in table.files:
+                if not (staging / name).exists():
+                    raise FileNotFoundError(name)
+                written.append(staging / name)
+                manifest["files"].append({"file": name, "rows": rows})
+            failpoint("mid_prepare")
+        elif table.num_rows:
             data_file = staging / "part-0.parquet"
             self._write_parquet(table, data_file)
             written.append(data_file)
             failpoint("mid_prepare")
             manifest["file"] = data_file.name
-        if table.num_rows or manifest.get("transformed"):  # a transformation may drop every row
+        if manifest["file"] or manifest["files"] or manifest.get("transformed"):  # a transformation may drop every row
             for i, (stream, sorted_keys) in enumerate(keys.items()):
                 key_file = staging / f"keys-{i}.npy"
                 np.save(key_file, sorted_keys, allow_pickle=False)
@@ -461,8 +521,11 @@ class ParquetLakeSink(TwoPhaseSink):
         except FileNotFoundError:
             raise PreparedWriteLost(f"no prepared write {gid} (no staging, no commit record)") from None
         keys = {s: np.load(staging / info["file"]) for s, info in manifest["keys"].items()}
+        files = [(staging / f["file"], f["rows"]) for f in manifest.get("files") or ()]
+        if manifest["file"]:
+            files.append((staging / manifest["file"], manifest["rows"] - manifest["dropped"]))
         return {
-            "file": staging / manifest["file"] if manifest["file"] else None,
+            "files": files,
             "keys": keys,
             "dups": manifest["dropped"],
             "rows": manifest["rows"] - manifest["dropped"],
@@ -505,7 +568,8 @@ class ParquetLakeSink(TwoPhaseSink):
                         "another writer; their effect is in both batches", n)
             keys = {s: (k[~masks[s]] if s in masks else k) for s, k in current["keys"].items()}
             return {**current, "keys": {s: k for s, k in keys.items() if len(k)}}
-        before = pq.read_table(current["file"])
+        (staged_file, _), = current["files"]  # a batch of rows (not transformed) is one file
+        before = pq.read_table(staged_file)
         table, keys = _without(before, current["keys"], masks)
         new_file = None
         if table.num_rows:
@@ -515,7 +579,7 @@ class ParquetLakeSink(TwoPhaseSink):
                 _fsync_file(new_file)
         dropped = before.num_rows - table.num_rows
         return {
-            "file": new_file,
+            "files": [(new_file, table.num_rows)] if new_file else [],
             "keys": keys,
             "dups": current["dups"] + dropped,
             "rows": current["rows"] - dropped,
@@ -540,15 +604,10 @@ class ParquetLakeSink(TwoPhaseSink):
         if self.fsync:
             _fsync_dir(keys_dir)
         files = []
-        if current["file"] is not None:
-            name = f"part-{batch_id.uid}-b{batch_id.batch_seq}-{tag}.parquet"
-            files.append(
-                {
-                    "path": f"{DATA_DIR}/{name}",
-                    "staged": str(Path(current["file"]).relative_to(self.root)),
-                    "rows": current["rows"],
-                }
-            )
+        for i, (staged_file, rows) in enumerate(current["files"]):
+            name = f"part-{batch_id.uid}-b{batch_id.batch_seq}-{tag}{f'-{i}' if i else ''}.parquet"
+            files.append({"path": f"{DATA_DIR}/{name}", "staged": str(Path(staged_file).relative_to(self.root)),
+                          "rows": rows})
         return {
             "v": 1,
             "op": "commit",

@@ -1,0 +1,195 @@
+"""What happens to a batch between its reading from NATS and the sink's prepare.
+
+``ArrowPipeline``: a job without Spark work (raw payloads, or text decoded by the driver):
+the rows as read, minus poison rows.
+
+``SparkPipeline``: the batch becomes one Spark DataFrame, once; decoding, the user's
+transformation and the computing of the sink's prepared data run in Spark tasks, in one
+Spark job per batch (``TwoPhaseSink.stage``: the Parquet sink's files are written by the
+tasks; PostgreSQL's prepared transaction needs the rows in the driver). The reasons of
+poison rows come back with that same job (an observed metric), so a good batch is decoded
+once. Exactly-once is kept per *input* message: inputs already committed are dropped before
+the DataFrame is built, and the sink records the keys of the batch's good inputs with its
+output. The driver keeps the NATS work, the protocol and the commit. No Airflow import.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_cg.core.decode import ERROR, SparkDecoder
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.rows import BatchId
+from airflow_provider_cg.core.sinks.base import PreparedWriteLost, TwoPhaseSink, keys_by_stream
+from airflow_provider_cg.core.transform import BATCH_VIEW, BatchContext, TransformError, load_function
+
+log = logging.getLogger("airflow_provider_cg.pipeline")
+
+ROW = "_cg_row"  # a row's index in the batch as read, carried through Spark for poison reasons
+#: how long after the batch's Spark job its poison metric may take to arrive; a transformation
+#: whose result does not read the batch never delivers it
+OBSERVATION_TIMEOUT = 60.0
+
+
+@dataclass
+class ProcessedBatch:
+    """A batch ready for the sink's prepare."""
+
+    rows: Any  # an Arrow table, or what the sink's ``stage`` made of a DataFrame
+    bad: dict[int, str]  # poison rows: index in the batch as read -> why
+    input_keys: dict[str, np.ndarray] | None = None  # the inputs ``rows`` stand for (Spark)
+    skipped: int = 0  # inputs committed already, dropped before processing
+
+
+class ArrowPipeline:
+    """The rows as read (``decode``: the driver-side text decoder, or none), minus poison rows."""
+
+    def __init__(self, decode: Callable[[pa.Table], tuple[pa.Table, dict[int, str]]] | None = None) -> None:
+        self.decode = decode
+
+    def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
+        bad: dict[int, str] = {}
+        if self.decode is not None and table.num_rows:
+            table, bad = self.decode(table)
+        if bad:
+            keep = np.ones(table.num_rows, dtype=bool)
+            keep[list(bad)] = False
+            table = table.filter(pa.array(keep))
+        return ProcessedBatch(table, bad)
+
+
+class SparkPipeline:
+    """Decode and transform a batch in Spark; see the module docstring.
+
+    ``function`` (``package.module:function``) is called with the batch's good rows as a
+    DataFrame and a :class:`BatchContext`; ``sql`` runs over the temporary view ``batch``.
+    Neither: the decoded rows land as they are."""
+
+    def __init__(self, spark, decoder: SparkDecoder, *, function: str | None = None, sql: str | None = None) -> None:
+        if function and sql:
+            raise ConfigError("transform", "give either a function (package.module:function) or a SQL statement")
+        if sql is not None and not sql.strip():
+            raise ConfigError("transform_sql", "must not be empty")
+        self.spark, self.decoder = spark, decoder
+        self.fn = load_function(function) if function else None
+        self.sql = sql
+        # the batch goes to the executors as partitions of the job's data, not as a local
+        # relation that the driver's optimizer would decode row by row
+        spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", "0")
+        # readable by pyarrow, pandas and PostgreSQL tools like the driver-written files
+        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+
+    def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        drop = committed_inputs(sink, table)
+        skipped = int(drop.sum())
+        rows = np.flatnonzero(~drop)
+        fresh = table.filter(pa.array(~drop)) if skipped else table
+        if fresh.num_rows == 0:
+            return ProcessedBatch(fresh, {}, {}, skipped)
+        frame = self.spark.createDataFrame(fresh.append_column(ROW, pa.array(rows, pa.int64())))
+        decoded = self.decoder.apply(frame)
+        observation = None
+        if self.decoder.can_fail:
+            observation = Observation(f"cg_poison_{batch_id.uid}_{batch_id.batch_seq}")
+            decoded = decoded.observe(observation, F.collect_list(
+                F.when(F.col(ERROR).isNotNull(), F.struct(F.col(ROW), F.col(ERROR)))).alias("bad"))
+            decoded = decoded.where(F.col(ERROR).isNull())
+        good = decoded.drop(ERROR, ROW)
+        ranges = {p: (first, last) for p, first, last, _ in partition_ranges(fresh)}
+        ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, tuple(sorted(ranges)),
+                           ranges)
+        out = self._transform(good, ctx)
+        try:
+            staged = sink.stage(batch_id, out)  # the batch's one Spark job
+        except PreparedWriteLost:
+            raise
+        except Exception as e:
+            raise _spark_failure(e) from e
+        try:
+            bad = self._poison(observation)
+        except BaseException:
+            sink.discard(staged)
+            raise
+        keep = np.ones(fresh.num_rows, dtype=bool)
+        if bad:
+            keep[np.searchsorted(rows, np.fromiter(bad, np.int64, len(bad)))] = False
+        good_inputs = fresh.filter(pa.array(keep)) if bad else fresh
+        keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(good_inputs).items()}
+        if self.fn is None and self.sql is None and isinstance(staged, pa.Table):
+            keys = None  # decoded rows in the driver are one per message: the sink dedupes them as rows
+        return ProcessedBatch(staged, bad, keys, skipped)
+
+    def _transform(self, good, ctx: BatchContext):
+        from pyspark.sql import DataFrame
+
+        if self.fn is None and self.sql is None:
+            return good
+        try:
+            if self.fn is not None:
+                out = self.fn(good, ctx)
+            else:
+                good.createOrReplaceTempView(BATCH_VIEW)
+                out = self.spark.sql(self.sql)
+        except Exception as e:  # the user's code or SQL (analysis errors surface here)
+            raise _spark_failure(e) from e
+        if not isinstance(out, DataFrame):
+            raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
+        return out
+
+    @staticmethod
+    def _poison(observation) -> dict[int, str]:
+        if observation is None:
+            return {}
+        # Observation.get blocks until the metric arrives, which it never does when the
+        # transformation's result does not read the batch at all
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cg-observation")
+        try:
+            metrics = pool.submit(lambda: observation.get).result(timeout=OBSERVATION_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            raise TransformError("transform: its result does not read the batch (it must be computed from "
+                                 "the DataFrame it is given)") from None
+        finally:
+            pool.shutdown(wait=False)
+        return {int(r[0]): str(r[1]) for r in metrics.get("bad") or ()}
+
+
+def _spark_failure(e: Exception) -> TransformError:
+    if isinstance(e, TransformError):
+        return e
+    first = (str(e).strip().splitlines() or [""])[0]
+    return TransformError(f"transform: {type(e).__name__}: {first[:500]}")
+
+
+def committed_inputs(sink: TwoPhaseSink, table: pa.Table) -> np.ndarray:
+    """Mask of the rows whose input message is committed already (a redelivery of a landed
+    message, a backfill of a landed window)."""
+    drop = np.zeros(table.num_rows, dtype=bool)
+    if table.num_rows == 0:
+        return drop
+    streams = table.column("origin_stream")
+    seqs = table.column("origin_seq").to_numpy()
+    for stream in pc.unique(streams).to_pylist():
+        rows = pc.equal(streams, stream).to_numpy(zero_copy_only=False)
+        drop[rows] = sink.committed_keys_exist(stream, seqs[rows])
+    return drop
+
+
+def partition_ranges(table) -> list[tuple[int, int, int, int]]:
+    """(partition, first origin seq, last origin seq, rows) for each partition of a batch."""
+    if table.num_rows == 0:
+        return []
+    grouped = table.group_by("partition").aggregate(
+        [("origin_seq", "min"), ("origin_seq", "max"), ("origin_seq", "count")])
+    return sorted((int(r["partition"]), int(r["origin_seq_min"]), int(r["origin_seq_max"]), int(r["origin_seq_count"]))
+                  for r in grouped.to_pylist())
