@@ -611,7 +611,8 @@ class _Run:
 
     async def _consume_direct(self) -> None:
         """Read the member's partitions by direct gets, batch k+1 while batch k lands; the
-        pin is kept by pulls that take no message."""
+        pin is kept by pulls that take no message. Batch k+1's processing (Spark) may start
+        while batch k finishes its two-phase steps; its own steps wait for batch k's."""
         o, s = self.options, self.summary
         # next sequence to read per partition; the whole stream if every partition is ours
         owns_all = set(self.partitions) == set(range(self.config.max_members))
@@ -641,17 +642,20 @@ class _Run:
                     log.warning("cg read interrupted (%s); retrying", e)
                     await asyncio.sleep(0.5)
                     continue
-                if landing is not None:
-                    await self._await_landing(landing)
-                    landing = None
                 if not batches:  # drained, unless by a successor while this instance stalled
+                    if landing is not None:
+                        await self._await_landing(landing)
+                        landing = None
                     s.stop_reason = "backlog drained" if await self.client.holds_pin() else "pin lost"
                     break
                 for b in batches:
                     starts[b.partition] = b.last_seq + 1
                     self.taken += len(b)
+                previous, landing = landing, None
                 if not self.taken_over and not keeper.done():
-                    landing = asyncio.create_task(self._land_direct(batches))
+                    landing = asyncio.create_task(self._land_direct(batches, after=previous))
+                if previous is not None:
+                    await self._await_landing(previous)
                 self.progress.tick()
         finally:
             if landing is not None:
@@ -716,14 +720,20 @@ class _Run:
         await self._two_phase(batch_id, processed, table, refs, ack, len(msgs), sum(len(m.data) for m in msgs),
                               abort=consumer_gone)
 
-    async def _land_direct(self, batches: list[PartitionBatch]) -> None:
-        """One batch read by direct gets: its rows, then the two-phase steps with one purge per
-        partition as the ack of the range read."""
+    async def _land_direct(self, batches: list[PartitionBatch], after: asyncio.Task | None = None) -> None:
+        """One batch read by direct gets: its rows and processing, then (once the batch
+        ``after`` has landed) the two-phase steps with one purge per partition as the ack of
+        the range read. Nothing of it is prepared if ``after`` failed or was taken over."""
         o = self.options
         table, refs = await asyncio.to_thread(rows_from_batches, batches, group=o.group, member=o.member,
                                               keys=self.keys)
         batch_id = self._next_batch_id()
         processed = await asyncio.to_thread(self.pipeline.process, self.sink, table, batch_id)
+        if after is not None:
+            await asyncio.wait({after})
+            if after.cancelled() or after.exception() is not None or self.taken_over:
+                await asyncio.to_thread(self.sink.discard, processed.rows)
+                return
         if processed.bad:
             await self._dead_letter(table, processed.bad)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ ROW = "_cg_row"  # a row's index in the batch as read, carried through Spark for
 #: how long after the batch's Spark job its poison metric may take to arrive; a transformation
 #: whose result does not read the batch never delivers it
 OBSERVATION_TIMEOUT = 60.0
+_CONSTANT_CANDIDATES = ("origin_stream", "group", "member", "payload_text")  # string columns
 
 
 @dataclass
@@ -81,6 +83,7 @@ class SparkPipeline:
         self.spark, self.decoder = spark, decoder
         self.fn = load_function(function) if function else None
         self.sql = sql
+        self._one_at_a_time = threading.Lock()  # the view ``batch`` is the session's: one batch at a time
         # the batch goes to the executors as partitions of the job's data, not as a local
         # relation that the driver's optimizer would decode row by row
         spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", "0")
@@ -88,6 +91,10 @@ class SparkPipeline:
         spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 
     def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
+        with self._one_at_a_time:
+            return self._process(sink, table, batch_id)
+
+    def _process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -97,7 +104,7 @@ class SparkPipeline:
         fresh = table.filter(pa.array(~drop)) if skipped else table
         if fresh.num_rows == 0:
             return ProcessedBatch(fresh, {}, {}, skipped)
-        frame = self.spark.createDataFrame(fresh.append_column(ROW, pa.array(rows, pa.int64())))
+        frame = self._frame(fresh, rows)
         decoded = self.decoder.apply(frame)
         observation = None
         if self.decoder.can_fail:
@@ -129,6 +136,27 @@ class SparkPipeline:
         if self.fn is None and self.sql is None and isinstance(staged, pa.Table):
             keys = None  # decoded rows in the driver are one per message: the sink dedupes them as rows
         return ProcessedBatch(staged, bad, keys, skipped)
+
+    def _frame(self, fresh: pa.Table, rows: np.ndarray):
+        """The batch as a DataFrame: columns equal on every row (the origin stream, group,
+        member; an unused ``payload_text``) are not shipped to the JVM but added there."""
+        from pyspark.sql import functions as F
+
+        constant = {}
+        for name in _CONSTANT_CANDIDATES:
+            if name not in fresh.column_names:
+                continue
+            col = fresh.column(name)
+            if col.null_count == fresh.num_rows:
+                constant[name] = F.lit(None).cast("string")
+            elif col.null_count == 0 and len(pc.unique(col)) == 1:
+                constant[name] = F.lit(col[0].as_py())
+        shipped = fresh.drop_columns(list(constant)).append_column(ROW, pa.array(rows, pa.int64()))
+        frame = self.spark.createDataFrame(shipped)
+        if not constant:
+            return frame
+        return frame.select(*[constant[n].alias(n) if n in constant else F.col(n) for n in fresh.column_names],
+                            F.col(ROW))
 
     def _transform(self, good, ctx: BatchContext):
         from pyspark.sql import DataFrame

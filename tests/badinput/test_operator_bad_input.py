@@ -61,6 +61,9 @@ def test_group_operators_refuse_bad_arguments(airflow_env):
     assert not failures, "\n".join(failures)
 
 
+AVRO_OK = '{"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}'
+
+
 def test_sensor_and_spark_operator_refuse_bad_arguments(airflow_env):
     from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
     from airflow_provider_cg.sensors.overflow import GroupOverflowSensor
@@ -72,5 +75,8 @@ def test_sensor_and_spark_operator_refuse_bad_arguments(airflow_env):
     failures += _refused(lambda **kw: ConsumerGroupSparkSubmitOperator(**{**base, **kw}), [
         ({"batch_size": 0}, "batch_size"), ({"batch_size": "1.5"}, "batch_size"), ({"max_seconds": float("nan")}, "max_seconds"),
         ({"ack_wait": -1}, "ack_wait"), ({"sink": "s3"}, "sink"), ({"member": "a b"}, "member"),
-        ({"payload_format": "json"}, "json_schema")])
+        ({"payload_format": "json"}, "json_schema"), ({"payload_format": "avro"}, "avro_schema"),
+        ({"payload_format": "avro", "avro_schema": "{"}, "avro_schema"),
+        ({"payload_format": "avro", "avro_schema": '{"type": "enum"}'}, "avro_schema"),
+        ({"payload_format": "avro", "avro_schema": AVRO_OK, "avro_package": "spark-avro"}, "avro_package")])
     assert not failures, "\n".join(failures)

@@ -126,3 +126,24 @@ async def test_text_decoded_by_spark_with_sql_dead_letters_invalid_utf8(nc, nats
     dead = _dead_lettered(await _dlq(nc, "TX"))
     assert dead == {first + bad_at: (b"caf\xe9 \xff", "payload: not valid UTF-8")}
     assert await wq_messages(nc, "TX", "g") == 0
+
+
+async def test_schemas_spark_refuses_are_clear_errors_before_anything_is_read(nc, nats_server, member_job_zip,
+                                                                              tmp_path):
+    """A DDL schema Spark cannot parse and an Avro schema Spark's Avro package refuses end the
+    job with exit 1 naming the option, before the lake is made or a message is taken."""
+    await create_group(nc, "BS", "g", partitions=1, members=("m1",), subjects_prefix="bs")
+    await publish_orders(nc, "BS", "g", 3, 1, subjects_prefix="bs")
+    bad_avro = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "no_such_type"}]}
+    for args, options, field in [
+        (["--payload-format", "json", "--json-schema", "id BIGINTEGER,"], [], "json-schema: not a valid Spark DDL schema"),
+        (["--payload-format", "avro", "--avro-schema", json.dumps(bad_avro)], ["--packages", SPARK_AVRO_PACKAGE],
+         "avro-schema: Spark refuses it"),
+    ]:
+        r = await asyncio.to_thread(start_member_job(
+            member_job_zip, tmp_path, nats_servers=nats_server.url, stream="BS", group="g", member="m1",
+            sink_path=tmp_path / "lake", spark_options=options, args=args).wait, 240)
+        assert r.returncode == 1 and "Traceback" not in r.output, r.describe()
+        assert f"cg_member_job: error: {field}" in r.output, r.describe()
+        assert not (tmp_path / "lake").exists()
+    assert await wq_messages(nc, "BS", "g") == 3

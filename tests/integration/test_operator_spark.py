@@ -135,6 +135,43 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     assert "spark.redaction.regex=" in argv
 
 
+@pytest.mark.spark
+def test_avro_payloads_bring_sparks_avro_package(airflow_env, nats, shim, tmp_path):
+    """payload_format="avro": the operator adds Spark's Avro package to the submit (fetched from
+    Maven Central by spark-submit), and Spark decodes the records into ``value``."""
+    import io
+
+    import fastavro
+
+    from airflow_provider_cg.core.decode import SPARK_AVRO_PACKAGE
+    from airflow_provider_cg.core.sinks import read_committed
+
+    schema = {"type": "record", "name": "Event", "fields": [{"name": "id", "type": "long"},
+                                                            {"name": "tag", "type": ["null", "string"]}]}
+    parsed = fastavro.parse_schema(schema)
+
+    def avro(i: int) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, {"id": i, "tag": None if i % 3 else f"t{i}"})
+        return buf.getvalue()
+
+    async def publish():
+        js = nats.nc.jetstream()
+        for i in range(200):
+            await js.publish(f"orders.c{i % 7}", avro(i))
+
+    nats.run(publish())
+    lake = tmp_path / "lake"
+    result = airflow_env.run_dag(_dag("cg_spark_avro", sink_path=str(lake), payload_format="avro",
+                                      avro_schema=json.dumps(schema)))
+    assert result.state_of("consume") == "success"
+    assert result.xcom("consume")["committed"] == 200
+    values = read_committed(lake).column("value").to_pylist()
+    assert sorted(v["id"] for v in values) == list(range(200))
+    assert {v["id"]: v["tag"] for v in values}[3] == "t3"
+    assert f"--packages {SPARK_AVRO_PACKAGE}" in shim.read_text()
+
+
 def test_zero_backlog_skips_without_starting_spark(airflow_env, nats, shim, tmp_path):
     result = airflow_env.run_dag(_dag("cg_spark_empty", sink_path=str(tmp_path / "lake")))
     assert result.state_of("consume") == "skipped"
