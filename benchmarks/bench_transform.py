@@ -13,7 +13,8 @@ under real ``spark-submit --master local[2]`` into the Parquet lake, batches of 
 Timed by the job's own ``duration_s``; driver peak RSS sampled from /proc. Prints a table (with
 ratios to ``raw`` of the same run), writes ``benchmarks/results/transform.json`` and ``.png``.
 
-    .venv/bin/python benchmarks/bench_transform.py [--messages 1000000] [--batch-size 100000]
+    .venv/bin/python benchmarks/bench_transform.py [--messages 1000000] [--batch-size 100000] \
+        [--variants raw,json,transform,sql] [--results transform]
 """
 
 from __future__ import annotations
@@ -73,7 +74,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--messages", type=int, default=1_000_000)
     p.add_argument("--batch-size", type=int, default=100_000)
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (raw is the baseline)")
+    p.add_argument("--results", default="transform", help="name of the results files in benchmarks/results")
     args = p.parse_args()
+    wanted = args.variants.split(",")
+    for name in list(VARIANTS):
+        if name not in wanted:
+            del VARIANTS[name]
     rows = []
     with tempfile.TemporaryDirectory(prefix="cg-bench-tf-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
         zip_path = build_core_zip(Path(d) / "cg_core.zip")
@@ -97,7 +104,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['variant']:<10} {r['msg_s']:>10,} {r['x_raw']:>6} {r['rows']:>10,} {r['peak_rss_mb'] or '-':>7}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "transform.json").write_text(json.dumps({"batch_size": args.batch_size, "results": rows}, indent=1))
+    (RESULTS / f"{args.results}.json").write_text(json.dumps({"batch_size": args.batch_size, "results": rows}, indent=1))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -112,7 +119,7 @@ def main() -> None:
     ax.set_ylim(top=max(r["msg_s"] for r in rows) / 1000 * 1.25)
     ax.set_title(f"member job, {args.messages:,} JSON orders, batches of {args.batch_size:,}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(RESULTS / "transform.png", dpi=110)
+    fig.savefig(RESULTS / f"{args.results}.png", dpi=110)
 
 
 if __name__ == "__main__":
