@@ -36,13 +36,13 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_cg.core import config as cgconfig
+from airflow_provider_cg.core.decode import FORMATS as PAYLOAD_FORMATS
 from airflow_provider_cg.core.decode import SPARK_AVRO_PACKAGE, parse_avro_schema
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.packaging import build_core_zip, member_job_path, ship_module
 
 SKIP_RESULTS = frozenset({"empty", "not-pinned", "revoked"})
 SINKS = ("parquet", "postgres")
-PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
 _MAVEN_COORDINATE = re.compile(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+:[A-Za-z0-9_.+-]+")
 UI_COLOR = "#fce5cd"
 CACHE_ENV = "CG_SPARK_CACHE_DIR"

@@ -59,7 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sink", choices=["parquet", "postgres"], default="parquet")
     p.add_argument("--sink-path", help="dataset directory of the Parquet lake sink")
     p.add_argument("--pg-table", default="cg_events", help="target table of the PostgreSQL sink")
-    p.add_argument("--payload-format", choices=["raw", "text", "json", "avro"], default="raw",
+    from airflow_provider_cg.core.decode import FORMATS
+
+    p.add_argument("--payload-format", choices=FORMATS, default="raw",
                    help="how Spark decodes payloads (avro needs Spark's Avro package: --packages)")
     p.add_argument("--json-schema", help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
     p.add_argument("--avro-schema", help="Avro record schema (JSON) of Avro payloads (binary-encoded datums)")
