@@ -147,3 +147,30 @@ async def test_schemas_spark_refuses_are_clear_errors_before_anything_is_read(nc
         assert f"cg_member_job: error: {field}" in r.output, r.describe()
         assert not (tmp_path / "lake").exists()
     assert await wq_messages(nc, "BS", "g") == 3
+
+
+async def test_json_decoded_by_spark_into_postgres_one_row_per_message(nc, nats_server, member_job_zip, tmp_path,
+                                                                        postgres_db):
+    """No transformation, the PostgreSQL sink: Spark decodes, the rows come to the driver for the
+    prepared transaction, one row per message keyed by (origin_stream, origin_seq) with the
+    decoded value as jsonb; a payload that is not JSON of the schema is dead-lettered."""
+    import psycopg2
+
+    await create_group(nc, "PJ", "g", partitions=2, members=("m1",), subjects_prefix="pj")
+    bad_at = 55
+    published = await publish_orders(nc, "PJ", "g", 400, 6, subjects_prefix="pj",
+                                      payload=lambda i: b'{"id": "x"' if i == bad_at else b'{"id": %d}' % i)
+    first = min(seq for _, seq in published)
+    r = await asyncio.to_thread(start_member_job(
+        member_job_zip, tmp_path, nats_servers=nats_server.url, stream="PJ", group="g", member="m1", sink="postgres",
+        args=["--pg-table", "pj_events", "--payload-format", "json", "--json-schema", "id BIGINT NOT NULL",
+              "--batch-size", "150"], env={"CG_PG_DSN": postgres_db.dsn}).wait, 240)
+    assert r.returncode == 0 and "Traceback" not in r.output, r.describe()
+    assert r.summary["committed"] == 399 and r.summary["dead_lettered"] == 1, r.summary
+    with psycopg2.connect(**postgres_db.conn_params()) as conn, conn.cursor() as cur:
+        cur.execute("SELECT origin_seq, key, (value->>'id')::bigint FROM pj_events ORDER BY origin_seq")
+        rows = cur.fetchall()
+    assert [seq for seq, _, _ in rows] == sorted(seq for _, seq in published if seq - first != bad_at)
+    assert all(v == seq - first and key == published[("PJ", seq)] for seq, key, v in rows)
+    assert set(_dead_lettered(await _dlq(nc, "PJ"))) == {first + bad_at}
+    assert await wq_messages(nc, "PJ", "g") == 0
