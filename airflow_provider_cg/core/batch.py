@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core import partitioning
@@ -701,8 +702,10 @@ class _Run:
             processed = ProcessedBatch(table, {})
         else:  # fails the batch (no ack sent) if the user's transformation fails
             processed = await asyncio.to_thread(self.pipeline.process, self.sink, table, batch_id)
+        inputs = table
         if processed.bad:
-            msgs = await self._handle_poison(table, msgs, processed.bad)
+            msgs, rows = await self._handle_poison(table, msgs, processed.bad)
+            inputs = table.take(pa.array(rows, pa.int64()))  # typed: the list may be empty
         if not msgs:
             await asyncio.to_thread(self.sink.discard, processed.rows)
             return
@@ -717,7 +720,7 @@ class _Run:
                                        time.monotonic() + o.ack_timeout)
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
-        await self._two_phase(batch_id, processed, table, refs, ack, len(msgs), sum(len(m.data) for m in msgs),
+        await self._two_phase(batch_id, processed, inputs, refs, ack, len(msgs), sum(len(m.data) for m in msgs),
                               abort=consumer_gone)
 
     async def _land_direct(self, batches: list[PartitionBatch], after: asyncio.Task | None = None) -> None:
@@ -838,11 +841,12 @@ class _Run:
                 row["headers"], err, origin, seq, o.member))
             s.dead_lettered += 1
 
-    async def _handle_poison(self, table, msgs: list, bad: dict[int, str]) -> list:
+    async def _handle_poison(self, table, msgs: list, bad: dict[int, str]) -> tuple[list, list[int]]:
         """Nak poison messages that have deliveries left; dead-letter the others (then ack them
-        with the batch). ``table``: the batch's rows as read. Returns the messages to ack."""
+        with the batch). ``table``: the batch's rows as read. Returns the messages to ack and
+        their rows' indexes."""
         o, s = self.options, self.summary
-        ack_msgs = []
+        ack_msgs, ack_rows = [], []
         s.poison_deliveries += len(bad)
         origin_streams = table.column("origin_stream")
         origin_seqs = table.column("origin_seq")
@@ -851,16 +855,18 @@ class _Run:
             err = bad.get(i)
             if err is None:
                 ack_msgs.append(m)
+                ack_rows.append(i)
             elif m.num_delivered >= o.max_deliver:
                 origin, seq = origin_streams[i].as_py(), origin_seqs[i].as_py()
                 await self.dlq.publish(partitioning.strip_partition(m.subject)[1], m.data, dead_letter_headers(
                     user_headers[i].as_py(), err, origin, seq, o.member, deliveries=m.num_delivered))
                 s.dead_lettered += 1
                 ack_msgs.append(m)
+                ack_rows.append(i)
             else:
                 await self.client.nak(m)
                 self.taken -= 1  # it comes back and is counted again
-        return ack_msgs  # dead-lettered ones are acked with the batch but have no row
+        return ack_msgs, ack_rows  # dead-lettered ones are acked with the batch but have no output row
 
 
 def dead_letter_headers(own_json: str | None, error: str, origin: str, seq: int, member: str,
