@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core.decode import ERROR, SparkDecoder
-from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.rows import BatchId
-from airflow_provider_cg.core.sinks.base import PreparedWriteLost, TwoPhaseSink, keys_by_stream
+from airflow_provider_cg.core.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
 from airflow_provider_cg.core.transform import BATCH_VIEW, BatchContext, TransformError, load_function
 
 log = logging.getLogger("airflow_provider_cg.pipeline")
@@ -119,9 +119,11 @@ class SparkPipeline:
         out = self._transform(good, ctx)
         try:
             staged = sink.stage(batch_id, out)  # the batch's one Spark job
-        except PreparedWriteLost:
+        except SinkError:
             raise
-        except Exception as e:
+        except Exception as e:  # in the user's code, or (without any) in Spark itself
+            if self.fn is None and self.sql is None:
+                raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
             raise _spark_failure(e) from e
         try:
             bad = self._poison(observation)
@@ -192,11 +194,13 @@ class SparkPipeline:
         return {int(r[0]): str(r[1]) for r in metrics.get("bad") or ()}
 
 
-def _spark_failure(e: Exception) -> TransformError:
-    if isinstance(e, TransformError):
-        return e
+def _first_line(e: Exception) -> str:
     first = (str(e).strip().splitlines() or [""])[0]
-    return TransformError(f"transform: {type(e).__name__}: {first[:500]}")
+    return f"{type(e).__name__}: {first[:500]}"
+
+
+def _spark_failure(e: Exception) -> TransformError:
+    return e if isinstance(e, TransformError) else TransformError(f"transform: {_first_line(e)}")
 
 
 def committed_inputs(sink: TwoPhaseSink, table: pa.Table) -> np.ndarray:
