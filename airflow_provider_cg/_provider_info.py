@@ -113,8 +113,8 @@ def provider_info(version: str) -> dict:
                 "ui-field-behaviour": copy.deepcopy(UI_FIELD_BEHAVIOUR),
             }
         ],
-        "hooks": modules("hooks.nats"),
-        "operators": modules("operators.groups", "operators.spark"),
+        "hooks": modules("hooks.nats", "hooks.spark_submit"),
+        "operators": modules("operators.groups", "operators.members", "operators.spark"),
         "sensors": modules("sensors.overflow"),
         "triggers": modules("triggers.overflow"),
         # A list of class paths (not python-modules): MessageQueueTrigger(scheme="nats-cg").

@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from airflow_provider_cg.core.connection import NatsConnectionSettings
-from airflow_provider_cg.core.packaging import example_dags_folder
-from airflow_provider_cg.core.publish import publish_many
-from airflow_provider_cg.core.server import EmbeddedNatsServer
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.tools.packaging import example_dags_folder
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
 DAG_ID = "cg_scheduled_consumption"
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
 
-    from airflow_provider_cg.core.sinks import read_committed
+    from airflow_provider_cg.core.landing.sinks import read_committed
 
     # the example DAG's transformation (cg_order_transforms.paid_orders) dropped cancelled orders
     table = read_committed(lake, columns=["partition", "order_id", "amount_cents"])

@@ -40,14 +40,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
-from airflow_provider_cg.core.connection import NatsConnectionSettings
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
-from airflow_provider_cg.core.publish import publish_many
-from airflow_provider_cg.core.server import EmbeddedNatsServer
-from airflow_provider_cg.core.sinks.parquet import committed_files
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.landing.contract import SUMMARY_PREFIX  # noqa: E402
+from airflow_provider_cg.core.landing.sinks.parquet import committed_files
+from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 
 STREAM = "BENCH"
 KEYS = 2000
@@ -181,10 +182,10 @@ def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_
     sampler.start()
     out, _ = proc.communicate()
     sampler.join()
-    lines = [ln for ln in out.splitlines() if ln.startswith("CG_SUMMARY ")]
+    lines = [ln for ln in out.splitlines() if ln.startswith(SUMMARY_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"member job {stream}/{group} failed (exit {proc.returncode})")
-    summary = json.loads(lines[-1][len("CG_SUMMARY "):])
+    summary = json.loads(lines[-1][len(SUMMARY_PREFIX):])
     summary.update(mem, wall_s=round(time.perf_counter() - started, 1),
                    rows=sum(pq.ParquetFile(f).metadata.num_rows for f in committed_files(lake)))
     return summary

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import nats  # noqa: E402
 
-from airflow_provider_cg.core.jsapi import JsApi  # noqa: E402
-from airflow_provider_cg.core.priority import PriorityClient  # noqa: E402
-from airflow_provider_cg.core.server import EmbeddedNatsServer  # noqa: E402
+from airflow_provider_cg.core.jetstream.api import JsApi  # noqa: E402
+from airflow_provider_cg.core.jetstream.client import PriorityClient  # noqa: E402
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer  # noqa: E402
 
 STREAM = "BENCH"
 SEC = 1_000_000_000

@@ -30,13 +30,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_member_job import RESULTS, _wait_messages, job, settle  # noqa: E402
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
-from airflow_provider_cg.core.connection import NatsConnectionSettings  # noqa: E402
-from airflow_provider_cg.core.groups import ConsumerGroups  # noqa: E402
-from airflow_provider_cg.core.jsapi import JsApi  # noqa: E402
-from airflow_provider_cg.core.packaging import build_core_zip, example_dags_folder  # noqa: E402
-from airflow_provider_cg.core.publish import publish_many  # noqa: E402
-from airflow_provider_cg.core.server import EmbeddedNatsServer  # noqa: E402
+from airflow_provider_cg.core.groups.admin import ConsumerGroups  # noqa: E402
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
+from airflow_provider_cg.core.jetstream.api import JsApi  # noqa: E402
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings  # noqa: E402
+from airflow_provider_cg.core.jetstream.publish import publish_many  # noqa: E402
+from airflow_provider_cg.core.tools.packaging import build_core_zip, example_dags_folder  # noqa: E402
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer  # noqa: E402
 
 STREAM, KEYS = "ORDERS", 2000
 SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"

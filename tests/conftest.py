@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cg.core.connection import NatsConnectionSettings
-from airflow_provider_cg.core.server import EmbeddedNatsCluster, EmbeddedNatsServer
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.tools.server import EmbeddedNatsCluster, EmbeddedNatsServer
 
 # Airflow tests share one isolated AIRFLOW_HOME; the plugin imports nothing from Airflow itself.
 pytest_plugins = ["tests.airflow_conftest"]

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_cg._provider_info import CONN_FIELDS, CONN_TYPE, UI_FIELD_BEHAVIOUR
-from airflow_provider_cg.core.connection import SECRET_FIELDS, NatsConnectionSettings
+from airflow_provider_cg.core.jetstream.connection import SECRET_FIELDS, NatsConnectionSettings
 
 try:
     from airflow.sdk import BaseHook
@@ -264,7 +264,7 @@ class NatsHook(BaseHook):
 
     def test_connection(self) -> tuple[bool, str]:
         """Connect and ask JetStream for the account info. The message never holds a secret."""
-        from airflow_provider_cg.core.jsapi import JsApi
+        from airflow_provider_cg.core.jetstream.api import JsApi
 
         settings: NatsConnectionSettings | None = None
 

@@ -1,7 +1,7 @@
 """Consumer-group administration operators (create/delete, membership, step-down, status).
 
 Each operator opens one NATS connection through :class:`NatsHook` (``nats_conn_id``), calls
-:class:`~airflow_provider_cg.core.groups.ConsumerGroups` and returns a JSON-able dict to XCom.
+:class:`~airflow_provider_cg.core.groups.admin.ConsumerGroups` and returns a JSON-able dict to XCom.
 Invalid input raises ``ConfigError(field, rule)`` when the DAG is parsed (values that are
 Jinja templates are checked after rendering, still before the server is contacted); a
 config the server refuses (a different immutable field, a missing group, ...) fails the
@@ -16,21 +16,30 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import cached_property
 from typing import Any, ClassVar, TypeVar
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_cg.core import config as cgconfig
-from airflow_provider_cg.core.config import (
+from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, JetStreamApiError
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups.admin import (
+    ELASTIC,
+    KINDS,
+    STATIC,
+    ConsumerGroups,
+    GroupInfo,
+    parse_mappings,
+)
+from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
     GroupConfig,
     PartitioningFilter,
     StaticGroupConfig,
 )
-from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, JetStreamApiError
-from airflow_provider_cg.core.groups import ELASTIC, KINDS, STATIC, ConsumerGroups, GroupInfo, parse_mappings
-from airflow_provider_cg.core.jsapi import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
+from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
+from airflow_provider_cg.hooks.nats import NatsHook
 
 T = TypeVar("T")
 UI_COLOR = "#cfe2f3"
@@ -94,7 +103,7 @@ class _ConsumerGroupOperator(BaseOperator):
     template_fields: Sequence[str] = ("stream", "group", "nats_conn_id")
     ui_color = UI_COLOR
 
-    def __init__(self, *, stream: str, group: str, nats_conn_id: str = "nats_default", **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, group: str, nats_conn_id: str = NatsHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.stream = stream
         self.group = group
@@ -108,13 +117,15 @@ class _ConsumerGroupOperator(BaseOperator):
         cgconfig.validate_name("stream", self.stream, "stream")
         cgconfig.validate_name("group", self.group, "group")
 
+    @cached_property
+    def hook(self) -> NatsHook:
+        return NatsHook(nats_conn_id=self.nats_conn_id)
+
     def _run(self, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Validate, then ``await fn(nc)`` on a fresh connection; config errors fail for good."""
-        from airflow_provider_cg.hooks.nats import NatsHook
-
         try:
             self._validate()
-            return NatsHook(nats_conn_id=self.nats_conn_id).run(fn)
+            return self.hook.run(fn)
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
 
@@ -194,7 +205,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         members: Sequence[str] | None = None,
         member_mappings: Any = None,
         create_stream: dict[str, Any] | None = None,
-        nats_conn_id: str = "nats_default",
+        nats_conn_id: str = NatsHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(stream=stream, group=group, nats_conn_id=nats_conn_id, **kwargs)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, ServerUnavailable
-from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.hooks.nats import NatsHook
 from airflow_provider_cg.triggers.overflow import (
     ONCE,
     GroupOverflowTrigger,
@@ -56,7 +58,7 @@ class GroupOverflowSensor(BaseSensorOperator):
         member: str | None = None,
         min_pending: int | None = None,
         min_ack_pending: int | None = None,
-        nats_conn_id: str = "nats_default",
+        nats_conn_id: str = NatsHook.default_conn_name,
         deferrable: bool = True,
         poke_interval: timedelta | float = 10,
         max_failures: int | None = 5,
@@ -117,10 +119,14 @@ class GroupOverflowSensor(BaseSensorOperator):
             raise AirflowFailException(event.get("error"))  # type: ignore[union-attr]
         raise AirflowException(f"unexpected trigger event: {event!r}")
 
-    def poke(self, context: Any) -> bool | PokeReturnValue:
-        from airflow_provider_cg.hooks.nats import NatsHook, scrub
+    @cached_property
+    def hook(self) -> NatsHook:
+        return NatsHook(nats_conn_id=self.nats_conn_id)
 
-        hook = NatsHook(nats_conn_id=self.nats_conn_id)
+    def poke(self, context: Any) -> bool | PokeReturnValue:
+        from airflow_provider_cg.hooks.nats import scrub
+
+        hook = self.hook
 
         async def _status(nc):
             return await ConsumerGroups(nc).status(self.stream, self.group)

@@ -37,7 +37,8 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
-from airflow_provider_cg.core.groups import ELASTIC, ConsumerGroups, GroupStatus, MemberState
+from airflow_provider_cg.core.groups.admin import ELASTIC, ConsumerGroups, GroupStatus, MemberState
+from airflow_provider_cg.hooks.nats import NatsHook
 
 ONCE, CROSSING = "once", "crossing"
 MODES = (ONCE, CROSSING)
@@ -157,7 +158,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
         min_pending: int | None = None,
         min_ack_pending: int | None = None,
         poke_interval: float = 5.0,
-        nats_conn_id: str = "nats_default",
+        nats_conn_id: str = NatsHook.default_conn_name,
         mode: str = CROSSING,
         deadline: float | None = None,
         max_failures: int | None = None,
@@ -213,7 +214,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow.sdk.exceptions import AirflowNotFoundException
 
-        from airflow_provider_cg.hooks.nats import NatsHook, scrub
+        from airflow_provider_cg.hooks.nats import scrub
 
         hook = NatsHook(nats_conn_id=self.nats_conn_id)
         settings = None

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
-from airflow_provider_cg.core.groups import ConsumerGroups
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
 from tests.support.badinput import acg, report, snapshot
 
 pytestmark = [pytest.mark.integration]
@@ -96,7 +96,7 @@ async def test_static_durable_names_of_prefix_groups(nc, world):
                         "members[0]"))
     assert (await acg("create", "static", "S", "a", "--max-members", "2", "--members", "m2", *world)).rc == 0
     assert (await acg("rm", "S", "a", *world)).rc == 0
-    from airflow_provider_cg.core.jsapi import JsApi
+    from airflow_provider_cg.core.jetstream.api import JsApi
 
     assert await JsApi(nc).consumer_info("S", "a-b-m1") is not None  # group a-b's position is kept
 
@@ -167,7 +167,7 @@ async def test_a_key_in_both_buckets(nc, world):
 
 
 async def test_deleted_work_queue_and_origin_streams(nc, world):
-    from airflow_provider_cg.core.jsapi import JsApi
+    from airflow_provider_cg.core.jetstream.api import JsApi
 
     api = JsApi(nc)
     await api.delete_stream("ORDERS-g")

@@ -10,7 +10,7 @@ import time
 import nkeys
 import pytest
 
-from airflow_provider_cg.core.server import EmbeddedNatsServer, free_port
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer, free_port
 from tests.support.badinput import cg_process, report
 from tests.support.nats_auth import Operator, make_tls, new_keypair
 

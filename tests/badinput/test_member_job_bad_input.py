@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.server import free_port
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.tools.server import free_port
 from tests.support.badinput import member_job, report, snapshot
 
 pytestmark = [pytest.mark.integration]

@@ -13,9 +13,9 @@ from pathlib import Path
 import nkeys
 import pytest
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
-from airflow_provider_cg.core.connection import NatsConnectionSettings
-from airflow_provider_cg.core.server import EmbeddedNatsServer
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 from tests.integration.test_operators_groups import NatsThread
 from tests.support.nats_auth import Operator, make_tls, new_keypair
 
@@ -118,7 +118,8 @@ def test_yarn_properties_file_is_private_and_removed(airflow_env, planted, tmp_p
     for mode in modes:
         op = ConsumerGroupSparkSubmitOperator(task_id=f"y_{mode}", stream="ORDERS", group="g", member="m1",
                                               nats_conn_id=f"nats_{mode}", conn_id="spark_yarn", sink_path="/lake")
-        hook, props = op._submit_hook(op.job_args(), op._secrets())
+        spec = op.job_spec()
+        hook, props = op.submit_hook(spec, spec.to_argv())
         try:
             cmd = " ".join(hook._build_spark_submit_command("cg_member_job.py"))
             assert not [s for s in secrets if s in cmd], mode

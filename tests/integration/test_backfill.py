@@ -10,17 +10,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from airflow_provider_cg.core.backfill import _ns, run_backfill
-from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.packaging import member_job_path
-from airflow_provider_cg.core.partitioning import assign_partitions
-from airflow_provider_cg.core.pipeline import ArrowPipeline, ProcessedBatch, committed_inputs
-from airflow_provider_cg.core.publish import publish_many
-from airflow_provider_cg.core.sinks.base import keys_by_stream
-from airflow_provider_cg.core.sinks.parquet import ParquetLakeSink, read_committed
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
+from airflow_provider_cg.core.groups.partitioning import assign_partitions
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.landing import contract
+from airflow_provider_cg.core.landing.backfill import _ns, run_backfill
+from airflow_provider_cg.core.landing.contract import BatchOptions
+from airflow_provider_cg.core.landing.member import run_member_batch
+from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, ProcessedBatch, committed_inputs
+from airflow_provider_cg.core.landing.sinks.base import keys_by_stream
+from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink, read_committed
+from airflow_provider_cg.core.tools.packaging import member_job_path
 
 pytestmark = pytest.mark.integration
 
@@ -168,16 +170,22 @@ def _job():
 
 
 def test_job_backfill_mode_arguments(tmp_path):
-    job = _job()
+    from airflow_provider_cg.core.errors import ConfigError
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec
+
     lake = ["--sink-path", str(tmp_path / "lake")]
-    args = job.parse_args(["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z",
-                           "--backfill-end", "2026-01-01T01:00:00Z", *lake])
-    assert args.backfill and args.member is None
-    assert not job.parse_args(["--stream", "O", "--group", "g", "--member", "m1", *lake]).backfill
-    for argv in (["--stream", "O", "--group", "g", *lake],
-                 ["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z", *lake]):
-        with pytest.raises(job.UsageError):  # exit 1 (invalid input), one line, from main()
-            job.parse_args(argv)
+    spec = MemberJobSpec.from_argv(["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z",
+                                    "--backfill-end", "2026-01-01T01:00:00Z", *lake])
+    assert spec.backfill and spec.member is None
+    assert not MemberJobSpec.from_argv(["--stream", "O", "--group", "g", "--member", "m1", *lake]).backfill
+    for argv, field in ((["--stream", "O", "--group", "g", *lake], "member"),
+                        (["--stream", "O", "--group", "g", "--backfill-start", "2026-01-01T00:00:00Z", *lake],
+                         "backfill_end"),
+                        (["--stream", "O", "--group", "g", "--backfill-start", "yesterday",
+                          "--backfill-end", "2026-01-01T01:00:00Z", *lake], "backfill_start")):
+        with pytest.raises(ConfigError) as e:  # exit 1 (invalid input), one line, from main()
+            MemberJobSpec.from_argv(argv)
+        assert e.value.field == field, e.value
 
 
 async def test_job_backfill_mode_lands_the_window(nc, nats_settings, tmp_path, monkeypatch, capsys):
@@ -195,21 +203,28 @@ async def test_job_backfill_mode_lands_the_window(nc, nats_settings, tmp_path, m
             "--backfill-end", end.isoformat(), "--sink-path", str(lake), "--no-spark"]
     job = _job()
     rc = await asyncio.to_thread(job.main, argv)
-    assert rc == job.EXIT_OK
+    assert rc == contract.EXIT_OK
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    summary = json.loads(line.removeprefix(job.SUMMARY_PREFIX))
+    summary = json.loads(line.removeprefix(contract.SUMMARY_PREFIX))
     assert (summary["result"], summary["committed"], summary["member"]) == ("committed", 5, "backfill")
     assert summary["window_start"] == start.isoformat() and summary["window_end"] == end.isoformat()
     assert set(rows_by_seq(lake)) == set(seqs[5:10])
     # Bad bounds are invalid input (exit 1), not a crash.
     bad = [*argv[:4], "--backfill-start", end.isoformat(), "--backfill-end", start.isoformat(), *argv[8:]]
-    assert await asyncio.to_thread(job.main, bad) == job.EXIT_INVALID
+    assert await asyncio.to_thread(job.main, bad) == contract.EXIT_INVALID
+    other = tmp_path / "lake-bad"
+    for start_text in ("yesterday", end.isoformat()):  # not a time; after the end: nothing is created
+        argv = ["--stream", stream, "--group", "g", "--backfill-start", start_text, "--backfill-end",
+                start.isoformat(), "--sink-path", str(other), "--no-spark"]
+        assert await asyncio.to_thread(job.main, argv) == contract.EXIT_INVALID
+        assert not other.exists()
+    assert "--backfill-start: must be an ISO 8601 date-time" in capsys.readouterr().err
 
 
 async def test_a_window_of_only_poison_messages_is_skipped_not_a_crash(nc, tmp_path):
     """Every message of the window fails to decode (invalid UTF-8 for the text decoder): the
     backfill counts them skipped and ends with a summary; nothing is written."""
-    from airflow_provider_cg.core.decode import text_decoder
+    from airflow_provider_cg.core.landing.decode import text_decoder
 
     stream, prefix = await make_group(nc, "elastic")
     await publish_many(nc, [(f"{prefix}.k{i % 3}", b"\xff\xfe bad " + bytes([i])) for i in range(7)])

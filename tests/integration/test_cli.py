@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from airflow_provider_cg.core.cli import main
-from airflow_provider_cg.core.connection import NatsConnectionSettings
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.server import EmbeddedNatsServer, free_port
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.tools.cli import main
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer, free_port
 
 pytestmark = pytest.mark.integration
 

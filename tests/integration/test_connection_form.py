@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cg.core.server import EmbeddedNatsServer
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 from tests.support.nats_auth import Operator, make_tls
 
 pytest_plugins = ["tests.airflow_conftest"]

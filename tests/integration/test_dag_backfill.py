@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cg.core.backfill import _ns
-from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.publish import publish_many
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.landing.backfill import _ns
+from airflow_provider_cg.core.landing.contract import BatchOptions
+from airflow_provider_cg.core.landing.member import run_member_batch
 from tests.integration.test_backfill import COMPARED, ts_ns
 from tests.support.nats import run_with_nats
 
@@ -73,7 +74,7 @@ def _interval(dag_id: str, run_id: str) -> tuple[dt.datetime, dt.datetime]:
 
 
 def _rows(path) -> dict[int, dict]:
-    from airflow_provider_cg.core.sinks import read_committed
+    from airflow_provider_cg.core.landing.sinks import read_committed
 
     table = read_committed(path)
     rows = table.select(COMPARED).to_pylist()
@@ -89,7 +90,7 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
                  "SINK_PATH": str(lake), "START_DATE": t0.isoformat(), "INTERVAL_SECONDS": str(INTERVAL)}.items():
         monkeypatch.setenv(f"CG_BACKFILL_{k}", v)
     times = _publish_through(nats_settings, t0, t0 + dt.timedelta(seconds=2 * INTERVAL + 1))
-    spec = importlib.util.spec_from_file_location(f"cg_backfill_{uuid.uuid4().hex[:6]}", ROOT / "airflow_provider_cg" / "example_dags" / "cg_backfill.py")
+    spec = importlib.util.spec_from_file_location(f"cg_backfill_{uuid.uuid4().hex[:6]}", ROOT / "dags" / "cg_backfill.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     dag = mod.dag
@@ -119,7 +120,7 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
     assert _rows(lake) == before
 
     # Live consumption lands the same rows for these messages.
-    from airflow_provider_cg.core.sinks import ParquetLakeSink
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
 
     live_lake = tmp_path / "live"
 

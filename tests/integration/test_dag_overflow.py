@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cg.core.batch import BatchOptions, run_member_batch
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.publish import publish_many
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.landing.contract import BatchOptions
+from airflow_provider_cg.core.landing.member import run_member_batch
 from tests.support.nats import run_with_nats
 
 pytest_plugins = ["tests.airflow_conftest"]
@@ -46,7 +47,7 @@ def _load(monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path, member
                  "POKE_INTERVAL": "0.2"}.items():
         monkeypatch.setenv(f"CG_OVERFLOW_{k}", v)
     name = f"cg_overflow_scaleout_{uuid.uuid4().hex[:6]}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "airflow_provider_cg" / "example_dags" / "cg_overflow_scaleout.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "dags" / "cg_overflow_scaleout.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -74,7 +75,7 @@ def _late_publisher(settings) -> threading.Thread:
 
 def test_overflow_scaleout_drains_once_and_restores_membership(
         airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path, monkeypatch):
-    from airflow_provider_cg.core.sinks import ParquetLakeSink, read_committed
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink, read_committed
 
     run_with_nats(nats_settings, _setup)
     lake = tmp_path / "lake"
@@ -126,7 +127,7 @@ def test_overflow_scaleout_drains_once_and_restores_membership(
 
 def test_sensor_variant_waits_scales_out_and_restores(
         airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path, monkeypatch):
-    from airflow_provider_cg.core.sinks import read_committed
+    from airflow_provider_cg.core.landing.sinks import read_committed
 
     run_with_nats(nats_settings, _setup)
     lake = tmp_path / "lake"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cg.core.publish import publish_many
+from airflow_provider_cg.core.jetstream.publish import publish_many
 
 pytest_plugins = ["tests.airflow_conftest"]
 pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.spark]
@@ -33,7 +33,7 @@ def spark_env(airflow_env, monkeypatch):
 
 
 def _load_dag():
-    spec = importlib.util.spec_from_file_location("cg_scheduled_consumption", ROOT / "airflow_provider_cg" / "example_dags" / "cg_scheduled_consumption.py")
+    spec = importlib.util.spec_from_file_location("cg_scheduled_consumption", ROOT / "dags" / "cg_scheduled_consumption.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.dag
@@ -57,7 +57,7 @@ def _publish(settings, n: int) -> None:
 
 
 def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path):
-    from airflow_provider_cg.core.sinks import read_committed
+    from airflow_provider_cg.core.landing.sinks import read_committed
 
     _publish(nats_settings, N)
     dag = _load_dag()

@@ -11,16 +11,16 @@ import nats.errors
 import pytest
 from nats.js.api import StorageType
 
-from airflow_provider_cg.core.config import (
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
     MemberMapping,
     PartitioningFilter,
     StaticGroupConfig,
 )
-from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.partitioning import distribute, partition_of
+from airflow_provider_cg.core.groups.partitioning import distribute, partition_of
+from airflow_provider_cg.core.jetstream.api import JsApi
 
 pytestmark = pytest.mark.integration
 

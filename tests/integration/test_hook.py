@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from airflow_provider_cg.core.server import free_port
+from airflow_provider_cg.core.tools.server import free_port
 
 pytest_plugins = ["tests.airflow_conftest"]
 pytestmark = [pytest.mark.airflow, pytest.mark.integration]

@@ -12,10 +12,10 @@ import secrets
 
 import pytest
 
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.publish import publish_many
-from airflow_provider_cg.core.server import EmbeddedNatsServer, free_port
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer, free_port
 from tests.support.member_job import (
     assert_exactly_once,
     create_group,
@@ -146,7 +146,7 @@ async def test_invalid_input_exit_codes_and_no_secret_in_output(member_job_zip, 
     wrong = "wrong-" + secrets.token_hex(12)
     with EmbeddedNatsServer(tmp_path / "auth-nats",
                             config_extra=f'authorization {{ user: "u", password: "{marker}" }}') as server:
-        from airflow_provider_cg.core.connection import NatsConnectionSettings
+        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
         nc = await NatsConnectionSettings(servers=[server.url], user="u", password=marker).connect()
         try:
@@ -184,7 +184,7 @@ async def test_static_group_keeps_its_position_across_runs(nc, nats_server, memb
     """A static member's durable is created without an inactivity threshold (the server would
     delete it when idle, and a new one replays the stream): a second run, started right after
     the first (which released its pin), takes only what came since, exactly once and in order."""
-    from airflow_provider_cg.core.config import StaticGroupConfig
+    from airflow_provider_cg.core.groups.config import StaticGroupConfig
 
     await JsApi(nc).add_stream({"name": "ST", "subjects": ["st.*"], "subject_transform": {
         "src": "st.*", "dest": "{{Partition(2,1)}}.st.{{Wildcard(1)}}"}})

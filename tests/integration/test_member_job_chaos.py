@@ -50,7 +50,7 @@ async def test_randomized_faults_into_postgres(request, nc, nats_server, member_
 
 async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request, nats_cluster, member_job_zip,
                                                                         tmp_path):
-    from airflow_provider_cg.core.connection import NatsConnectionSettings
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
     nc = await NatsConnectionSettings(servers=nats_cluster.urls).connect()
     try:

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.jetstream.api import JsApi
 from tests.support.member_job import (
     assert_exactly_once,
     create_group,
@@ -104,8 +104,8 @@ async def test_sigkill_between_two_partition_purges_then_rerun(nc, nats_server, 
     batch with one purge per partition. Killed after the first purge of its first batch (before
     commit), the rerun commits that batch in recovery and re-reads (as duplicates) only what the
     second purge would have removed; m2's partition is untouched."""
-    from airflow_provider_cg.core.config import ElasticGroupConfig, MemberMapping, PartitioningFilter
-    from airflow_provider_cg.core.partitioning import partition_of
+    from airflow_provider_cg.core.groups.config import ElasticGroupConfig, MemberMapping, PartitioningFilter
+    from airflow_provider_cg.core.groups.partitioning import partition_of
 
     n, batch = 3_000, 1_000
     await nc.jetstream().add_stream(name="D", subjects=["d.*"])
@@ -251,7 +251,7 @@ async def test_standby_whose_consumer_is_deleted_ends_revoked(nc, nats_server, m
     """Another instance holds m1's pin; our job waits as a standby; m1 is dropped from the
     group (the pinned instance's consumer is left to that instance), then its consumer is
     deleted: the job ends with result "revoked", exit 0, no traceback, nothing landed."""
-    from airflow_provider_cg.core.priority import PriorityClient
+    from airflow_provider_cg.core.jetstream.client import PriorityClient
 
     await create_group(nc, "R", GROUP, partitions=2, members=("m1", "m2"), subjects_prefix="r")
     await publish_orders(nc, "R", GROUP, 200, 10, subjects_prefix="r")

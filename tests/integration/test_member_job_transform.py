@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from airflow_provider_cg.core.sinks.parquet import read_committed
+from airflow_provider_cg.core.landing.sinks.parquet import read_committed
 from tests.support.member_job import create_group, publish_orders, start_member_job, wq_messages
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -194,7 +194,7 @@ async def test_aggregation_into_postgres_after_a_crash_before_commit(nc, nats_se
 async def test_aggregation_through_a_takeover_or_a_server_restart(nc, nats_server, member_job_zip, tmp_path, fault):
     """A per-batch aggregation while the pin moves to a second instance (step-down) or the
     nats-server restarts mid-run: every order counted once across both runs."""
-    from airflow_provider_cg.core.groups import ConsumerGroups
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
 
     stream = "TK" if fault == "step-down" else "TR"
     n = 6000

@@ -12,9 +12,9 @@ import json
 
 import pytest
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.jetstream.api import JsApi
 from tests.support.member_job import (
     assert_exactly_once,
     parquet_landed,
@@ -140,7 +140,7 @@ async def test_orbit_created_group_read_consumed_and_managed_by_ours(nc, nats_se
 
 async def test_groups_created_by_ours_listed_described_and_changed_by_orbit(nc, nats_server, orbit, tmp_path):
     await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.*"])
-    from airflow_provider_cg.core.cli import main as our_cg
+    from airflow_provider_cg.core.tools.cli import main as our_cg
 
     env_args = ["--server", nats_server.url]
     assert await asyncio.to_thread(our_cg, ["create", "elastic", "ORDERS", "g", "--max-members", "4",

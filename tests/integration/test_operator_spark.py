@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
-from airflow_provider_cg.core.connection import NatsConnectionSettings
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.server import EmbeddedNatsServer
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 from tests.integration.test_groups import Puller
 from tests.integration.test_operators_groups import NatsThread
 
@@ -73,9 +73,10 @@ def _dag(dag_id: str, **op_kwargs):
 
     from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
 
+    conn = op_kwargs.pop("nats_conn_id_override", "nats_auth")
     with DAG(dag_id, schedule=None) as dag:
         ConsumerGroupSparkSubmitOperator(
-            task_id="consume", stream=STREAM, group=GROUP, member="m1", nats_conn_id="nats_auth",
+            task_id="consume", stream=STREAM, group=GROUP, member="m1", nats_conn_id=conn,
             conn_id="spark_test", idle_timeout=1.0, **op_kwargs,
         )
     return dag
@@ -117,7 +118,7 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     summary = result.xcom("consume")
     assert summary["result"] == "committed" and summary["committed"] == 500
     assert sum(p["count"] for p in summary["partitions"].values()) == 500
-    from airflow_provider_cg.core.sinks import read_committed
+    from airflow_provider_cg.core.landing.sinks import read_committed
 
     assert read_committed(lake).num_rows == 500
     assert _xcom_keys("cg_spark_summary", "consume") == ["return_value"]  # one XCom: the summary
@@ -143,8 +144,8 @@ def test_avro_payloads_bring_sparks_avro_package(airflow_env, nats, shim, tmp_pa
 
     import fastavro
 
-    from airflow_provider_cg.core.decode import SPARK_AVRO_PACKAGE
-    from airflow_provider_cg.core.sinks import read_committed
+    from airflow_provider_cg.core.landing.decode import SPARK_AVRO_PACKAGE
+    from airflow_provider_cg.core.landing.sinks import read_committed
 
     schema = {"type": "record", "name": "Event", "fields": [{"name": "id", "type": "long"},
                                                             {"name": "tag", "type": ["null", "string"]}]}
@@ -225,7 +226,8 @@ def test_cluster_master_gets_secrets_in_a_private_properties_file(airflow_env, a
         task_id="t", stream=STREAM, group=GROUP, member="m1", sink_path="/lake", nats_conn_id="nats_auth",
         conn_id="spark_yarn", properties_file=str(own), env_vars={"PLAIN": "1"},
     )
-    hook, props_path = op._submit_hook(op.job_args(), op._secrets())
+    spec = op.job_spec()
+    hook, props_path = op.submit_hook(spec, spec.to_argv())
     try:
         # the command the provider's hook would run (inspected, not run)
         cmd = " ".join(hook._build_spark_submit_command("cg_member_job.py"))
@@ -250,7 +252,7 @@ def test_spark_redacts_the_member_jobs_secret_properties(tmp_path):
     import subprocess
     import sys
 
-    from airflow_provider_cg.operators.spark import with_redaction
+    from airflow_provider_cg.hooks.spark_submit import with_redaction
 
     app = tmp_path / "app.py"
     app.write_text("from pyspark.sql import SparkSession\nSparkSession.builder.getOrCreate().stop()\n")
@@ -275,3 +277,45 @@ def test_spark_redacts_the_member_jobs_secret_properties(tmp_path):
     assert secret in event_log({})  # Spark's default pattern does not cover our names
     redacted = event_log(with_redaction(None))
     assert "CG_NATS_CREDS" in redacted and secret not in redacted
+
+
+def _try_numbers(dag_id: str) -> list[int]:
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        return [ti.try_number for ti in s.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id))]
+
+
+@pytest.mark.spark
+def test_job_exit_codes_mean_something_in_airflow(airflow_env, nats, shim, tmp_path, capfd, caplog):
+    """Exit 1 (a failing transformation): the task fails at once, retries or not, with the job's
+    own error line as its failure. Exit 2 (NATS unreachable from the driver): a failure Airflow
+    retries (two tries with retries=1)."""
+    import datetime as dt
+
+    nats.publish([f"orders.c{i % 5}" for i in range(30)])
+    lake = tmp_path / "lake"
+    result = airflow_env.run_dag(_dag("cg_spark_exit_1", sink_path=str(lake), retries=3,
+                                      retry_delay=dt.timedelta(seconds=0),
+                                      transform_sql="SELECT no_such_column FROM batch"))
+    assert result.state_of("consume") == "failed"
+    assert _try_numbers("cg_spark_exit_1") == [1]  # not retried: invalid input stays invalid
+    out = capfd.readouterr()
+    logs = out.out + out.err + caplog.text
+    assert "AirflowFailException: member job: transform: AnalysisException" in logs and "no_such_column" in logs
+    assert shim.read_text().count("--member m1") == 1
+
+    # the driver cannot reach NATS (the connection the job gets points nowhere): exit 2, retried
+    from airflow_provider_cg.core.tools.server import free_port
+
+    airflow_env.add_connection("nats_nowhere", "nats", host="127.0.0.1", port=free_port())
+    result = airflow_env.run_dag(_dag("cg_spark_exit_2", sink_path=str(lake), retries=1,
+                                      retry_delay=dt.timedelta(seconds=0), check_backlog=False,
+                                      nats_conn_id_override="nats_nowhere"))
+    assert result.state_of("consume") == "failed"
+    assert _try_numbers("cg_spark_exit_2") == [2]
+    out = capfd.readouterr()
+    assert "AirflowException: member job: cannot reach NATS" in out.out + out.err + caplog.text
+    assert not lake.exists() or not list(lake.rglob("*.parquet"))

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.partitioning import partition_of
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.partitioning import partition_of
+from airflow_provider_cg.core.jetstream.api import JsApi
 from tests.integration.test_groups import Puller
 
 pytest_plugins = ["tests.airflow_conftest"]

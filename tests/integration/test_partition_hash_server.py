@@ -16,7 +16,7 @@ import time
 import pytest
 from nats.js.api import StorageType, StreamConfig, SubjectTransform
 
-from airflow_provider_cg.core.partitioning import partition_of, strip_partition, transform_destination
+from airflow_provider_cg.core.groups.partitioning import partition_of, strip_partition, transform_destination
 
 pytestmark = pytest.mark.integration
 

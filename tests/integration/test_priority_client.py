@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.priority import (
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.client import PriorityClient
+from airflow_provider_cg.core.jetstream.protocol import (
     AckOutcome,
     ConsumerGone,
     PinLost,
-    PriorityClient,
     PullEnd,
     PullRejected,
     PullTransient,

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
-from airflow_provider_cg.core.connection import NatsConnectionSettings
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.partitioning import partition_of
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
+from airflow_provider_cg.core.groups.partitioning import partition_of
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from tests.integration.test_groups import Puller, origin, publish_keys, static_origin
 from tests.integration.test_operators_groups import NatsThread
 

@@ -17,8 +17,8 @@ import psycopg2
 import pyarrow as pa
 import pytest
 
-from airflow_provider_cg.core.rows import BatchId
-from airflow_provider_cg.core.sinks import (
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks import (
     CommitResult,
     PostgresSink,
     PreparedWriteLost,
@@ -156,8 +156,8 @@ CRASH_AFTER_PREPARE = """
 import os, sys
 sys.path.insert(0, {repo!r})
 from tests.integration.test_sink_postgres import rows, refs_for
-from airflow_provider_cg.core.rows import BatchId
-from airflow_provider_cg.core.sinks import PostgresSink
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks import PostgresSink
 sink = PostgresSink(os.environ["CG_TEST_DSN"])
 sink.prepare(BatchId("ORDERS", "g", "m1", 8), rows(range(1, 301)), message_refs=refs_for(range(1, 301)))
 os._exit(9)  # killed before acking and committing

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from airflow_provider_cg.core.cli import main as cg_main
+from airflow_provider_cg.core.tools.cli import main as cg_main
 
 
 @dataclass
@@ -54,7 +54,7 @@ def cg_process(*argv: str, env: dict[str, str] | None = None, timeout: float = 6
     """``cg`` as its own process (exit status, tracebacks and hangs as a user sees them)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("CG_NATS_")}
     full_env.update(env or {})
-    r = subprocess.run([sys.executable, "-m", "airflow_provider_cg.core.cli", *argv], env=full_env,
+    r = subprocess.run([sys.executable, "-m", "airflow_provider_cg.core.tools.cli", *argv], env=full_env,
                        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     return Answer(list(argv), r.returncode, r.stdout, r.stderr)
 
@@ -62,7 +62,7 @@ def cg_process(*argv: str, env: dict[str, str] | None = None, timeout: float = 6
 async def snapshot(nc) -> dict:
     """Everything a command could write: streams (config and message count), consumers
     (config), and both KV buckets' live entries."""
-    from airflow_provider_cg.core.jsapi import JsApi
+    from airflow_provider_cg.core.jetstream.api import JsApi
 
     api = JsApi(nc)
     streams: list[dict] = []
@@ -88,7 +88,7 @@ def report(failures: list[str]) -> None:
 
 def member_job(*argv: str, env: dict[str, str] | None = None, timeout: float = 120) -> Answer:
     """The member job's own process, as a plain Python driver (``--no-spark``)."""
-    from airflow_provider_cg.core.packaging import member_job_path
+    from airflow_provider_cg.core.tools.packaging import member_job_path
 
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("CG_NATS_", "CG_PG_"))}
     full_env.update(env or {})

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.server import EmbeddedNatsServer
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 from tests.support.member_job import (
     MemberJob,
     assert_exactly_once,
@@ -286,7 +286,7 @@ class ChaosRun:
 
     def prepared_left(self, pg_params=None) -> list[str]:
         if self.config.sink == "parquet":
-            from airflow_provider_cg.core.sinks.parquet import ParquetLakeSink
+            from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
 
             sink = ParquetLakeSink(self.lake)
             parts = range(self.config.partitions)

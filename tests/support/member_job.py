@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cg.core.packaging import build_core_zip, member_job_path
+from airflow_provider_cg.core.landing.contract import SUMMARY_PREFIX
+from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path
 
-SUMMARY_PREFIX = "CG_SUMMARY "
 DEFAULT_TIMEOUT = 240.0
 
 
@@ -216,7 +216,7 @@ def parquet_landed(path: str | os.PathLike) -> list[Landed]:
     """The committed rows of a Parquet lake, file by file in commit-log order."""
     import pyarrow.parquet as pq
 
-    from airflow_provider_cg.core.sinks.parquet import committed_files
+    from airflow_provider_cg.core.landing.sinks.parquet import committed_files
 
     out: list[Landed] = []
     for f in committed_files(path):
@@ -272,8 +272,8 @@ async def create_group(nc, stream: str, group: str, *, partitions: int, members:
                        subjects_prefix: str = "orders", replicas: int = 1) -> None:
     """An origin stream ``<prefix>.*`` and an elastic group partitioned by the key token (the
     group's work-queue stream gets the origin's ``replicas``)."""
-    from airflow_provider_cg.core.config import ElasticGroupConfig, PartitioningFilter
-    from airflow_provider_cg.core.groups import ConsumerGroups
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
+    from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
 
     await nc.jetstream().add_stream(name=stream, subjects=[f"{subjects_prefix}.*"], num_replicas=replicas)
     await ConsumerGroups(nc).create(stream, group, ElasticGroupConfig(
@@ -286,8 +286,8 @@ async def publish_orders(nc, stream: str, group: str, n: int, keys: int, *, subj
     the group's work-queue stream sourced all of them; return ``{(stream, seq): key}``."""
     import asyncio
 
-    from airflow_provider_cg.core.jsapi import JsApi
-    from airflow_provider_cg.core.publish import publish_many
+    from airflow_provider_cg.core.jetstream.api import JsApi
+    from airflow_provider_cg.core.jetstream.publish import publish_many
 
     payload = payload or (lambda i: b'{"id":%d}' % i)
     api = JsApi(nc)
@@ -307,6 +307,6 @@ async def publish_orders(nc, stream: str, group: str, n: int, keys: int, *, subj
 
 
 async def wq_messages(nc, stream: str, group: str) -> int:
-    from airflow_provider_cg.core.jsapi import JsApi
+    from airflow_provider_cg.core.jetstream.api import JsApi
 
     return int((await JsApi(nc).stream_info(f"{stream}-{group}"))["state"]["messages"])

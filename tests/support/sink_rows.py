@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from airflow_provider_cg.core.rows import headers_to_json
+from airflow_provider_cg.core.landing.rows import headers_to_json
 
 
 def rows(seqs, stream="ORDERS", member="m1", extra=None) -> pa.Table:

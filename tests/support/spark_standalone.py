@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from airflow_provider_cg.core.server import free_port
+from airflow_provider_cg.core.tools.server import free_port
 
 
 class StandaloneCluster:

@@ -10,8 +10,14 @@ import threading
 
 import pytest
 
-from airflow_provider_cg.core.rows import BatchId
-from airflow_provider_cg.core.sinks import CommitResult, Fence, FencedOut, PreparedWriteLost, WriteState
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks import (
+    CommitResult,
+    Fence,
+    FencedOut,
+    PreparedWriteLost,
+    WriteState,
+)
 from tests.support.sink_rows import refs_for, rows
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from airflow_provider_cg.core.config import (
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups.config import (
     KV_BUCKETS,
     MAX_PARTITIONS,
     ElasticGroupConfig,
@@ -27,7 +28,6 @@ from airflow_provider_cg.core.config import (
     with_members,
     work_queue_stream,
 )
-from airflow_provider_cg.core.errors import ConfigError
 
 ORBIT_EXAMPLE = (
     b'{"max_members":4,"partitioning_filters":[{"filter":"foo.*","partitioning_wildcards":[1]}],'

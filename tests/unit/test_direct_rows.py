@@ -1,4 +1,4 @@
-"""Rows from direct-get answers, parsed column-wise (core/direct.py), against the per-message
+"""Rows from direct-get answers, parsed column-wise (core/jetstream/direct.py), against the per-message
 row builder's rules: origin from Nats-Stream-Source, partition token stripped, the key, and only
 the message's own headers kept."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_cg.core.direct import ALL, PartitionBatch, rows_from_batches, subject_filter
-from airflow_provider_cg.core.rows import ROW_SCHEMA, KeySelector
+from airflow_provider_cg.core.jetstream.direct import ALL, PartitionBatch, subject_filter
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, KeySelector, rows_from_batches
 
 
 def _block(seq: int, subject: str, origin: str = "ORD", oseq: int = 0, own: dict | None = None) -> bytes:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_provider_cg.core import nats_fastpath
-from airflow_provider_cg.core.priority import parse_headers, parse_status
+from airflow_provider_cg.core.jetstream import fastpath as nats_fastpath
+from airflow_provider_cg.core.jetstream.protocol import parse_headers, parse_status
 
 
 class _FakeClient:

@@ -6,18 +6,17 @@ import asyncio
 
 import pytest
 
-from airflow_provider_cg.core.priority import (
+from airflow_provider_cg.core.jetstream.client import PriorityClient, _Pull
+from airflow_provider_cg.core.jetstream.protocol import (
     AckMetadata,
     AckOutcome,
     AckResults,
     ConsumerGone,
     PinLost,
-    PriorityClient,
     PulledMsg,
     PullEnd,
     PullRejected,
     PullTransient,
-    _Pull,
     classify_status,
     parse_ack_subject,
     parse_headers,
@@ -184,7 +183,7 @@ async def test_423_clears_the_pin_and_fires_on_unpinned_once():
 async def test_ack_reply_routing():
     c = _client()
     c._ack_prefix, c._ack_plen = "_INBOX.test.A.", len("_INBOX.test.A.")
-    from airflow_provider_cg.core.priority import _AckBatch
+    from airflow_provider_cg.core.jetstream.client import _AckBatch
 
     res = AckResults([AckOutcome.TIMEOUT] * 3)
     b = _AckBatch(res, asyncio.get_running_loop().create_future())

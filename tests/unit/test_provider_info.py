@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cg import __version__, get_provider_info
-from airflow_provider_cg.core.connection import SECRET_FIELDS
+from airflow_provider_cg.core.jetstream.connection import SECRET_FIELDS
 
 pytest_plugins = ["tests.airflow_conftest"]
 
@@ -41,9 +41,10 @@ def test_provider_info_matches_airflow_schema_and_architecture():
     def modules(key):
         return [m for entry in info[key] for m in entry["python-modules"]]
 
-    assert modules("hooks") == ["airflow_provider_cg.hooks.nats"]
+    assert modules("hooks") == ["airflow_provider_cg.hooks.nats", "airflow_provider_cg.hooks.spark_submit"]
     assert modules("operators") == [
         "airflow_provider_cg.operators.groups",
+        "airflow_provider_cg.operators.members",
         "airflow_provider_cg.operators.spark",
     ]
     assert modules("sensors") == ["airflow_provider_cg.sensors.overflow"]

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.rows import ROW_SCHEMA, BatchId
-from airflow_provider_cg.core.sinks import (
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
+from airflow_provider_cg.core.landing.sinks import (
     CommitResult,
     Fence,
     FencedOut,
@@ -26,7 +26,7 @@ from airflow_provider_cg.core.sinks import (
     WriteState,
     read_committed,
 )
-from airflow_provider_cg.core.sinks.parquet import STAGING_DIR
+from airflow_provider_cg.core.landing.sinks.parquet import STAGING_DIR
 from tests.support import two_phase
 from tests.support.sink_rows import refs_for, rows
 
@@ -291,8 +291,8 @@ CRASH_AFTER_PREPARE = """
 import sys, os
 sys.path.insert(0, {repo!r})
 from tests.unit.test_sink_parquet import rows, refs_for
-from airflow_provider_cg.core.rows import BatchId
-from airflow_provider_cg.core.sinks import ParquetLakeSink
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
 sink = ParquetLakeSink({lake!r})
 p = sink.prepare(BatchId("ORDERS", "g", "m1", 3), rows(range(1, 501)), message_refs=refs_for(range(1, 501)))
 sink.mark_acking(p)
@@ -510,7 +510,7 @@ def test_plain_reader_never_sees_staged_or_aborted_rows(lake):
 
 def test_core_sinks_import_neither_airflow_nor_psycopg2():
     code = (
-        "import sys; import airflow_provider_cg.core.sinks, airflow_provider_cg.core.rows; "
+        "import sys; import airflow_provider_cg.core.landing.sinks, airflow_provider_cg.core.landing.rows; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('airflow', 'psycopg2')]; "
         "assert not bad, bad"
     )

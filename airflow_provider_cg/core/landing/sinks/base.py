@@ -47,8 +47,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import ConsumerGroupError
-from ..rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
+from airflow_provider_cg.core.errors import ConsumerGroupError
+from airflow_provider_cg.core.landing.rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
 
 MessageRefs = Sequence[tuple[str, int]] | Mapping[str, Any]
 """(consumed stream, stream sequence) pairs, or ``{stream: array of sequences}`` (faster)."""

@@ -16,7 +16,8 @@ from typing import Any
 from airflow.sdk import DAG, Param, task
 
 from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator
-from airflow_provider_cg.operators.spark import ConsumerGroupMembersOperator, ConsumerGroupSparkSubmitOperator
+from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
+from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
 
 DAG_ID = "cg_scheduled_consumption"
 DEFAULT_SCHEDULE = "*/15 * * * *"

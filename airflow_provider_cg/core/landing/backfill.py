@@ -28,9 +28,9 @@ Rows, compared with live consumption of the same message:
   windows never finish each other's.
 - ``delivery_count``: 1.
 
-Each batch is ``prepare`` -> ``mark_acking`` -> ``commit``. There are no acks; the marker is
-still written so recovery reads the same way as for live batches (marked: commit,
-unmarked: roll back), and either outcome is safe because the messages are read again. The
+Each batch goes through the same two-phase steps as a live batch (``two_phase.py``), without
+an ack step: the acking marker is still written so recovery reads the same way (marked:
+commit, unmarked: roll back), and either outcome is safe because the messages are read again. The
 sink drops rows whose ``(origin_stream, origin_seq)`` it already has, so re-running a window
 or overlapping live consumption adds nothing. Poison rows (a decoder error) are skipped and
 counted: live consumption dead-letters them, a backfill cannot.
@@ -43,53 +43,26 @@ import datetime as dt
 import logging
 import secrets
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from airflow_provider_cg.core import partitioning
-from airflow_provider_cg.core.batch import (
-    RESULT_COMMITTED,
-    RESULT_EMPTY,
-    Summary,
-    _key_rules,
-)
-from airflow_provider_cg.core.config import ElasticGroupConfig, GroupConfig
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups import ConsumerGroups
-from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
-from airflow_provider_cg.core.pipeline import ArrowPipeline, partition_ranges
-from airflow_provider_cg.core.priority import PriorityClient
-from airflow_provider_cg.core.rows import ROW_SCHEMA, BatchId, KeySelector, user_headers
-from airflow_provider_cg.core.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig
+from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.jetstream.client import PriorityClient
+from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
+from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
+from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, row_table, user_headers
+from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 
 log = logging.getLogger("airflow_provider_cg.backfill")
 
 BACKFILL_MEMBER = "backfill"
 _GROUP = "PCG"  # the ephemeral consumer's priority group (overflow policy: plain pulls)
-
-
-@dataclass
-class BackfillSummary(Summary):
-    """A member job summary plus the window (ISO 8601, UTC) and what was skipped."""
-
-    window_start: str = ""
-    window_end: str = ""
-    skipped: int = 0  # outside the group (static subject without a partition token) or poison
-
-
-def to_utc(value: dt.datetime | str) -> dt.datetime:
-    """A timezone-aware UTC datetime from a datetime or an ISO 8601 string (naive = UTC)."""
-    if isinstance(value, str):
-        value = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    if not isinstance(value, dt.datetime):
-        raise ConfigError("backfill", f"not a datetime: {value!r}")
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.UTC)
-    return value.astimezone(dt.UTC)
-
-
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -102,23 +75,19 @@ def window_member(start: dt.datetime, end: dt.datetime) -> str:
     return f"bf-{_ns(start) // 1_000_000}-{_ns(end) // 1_000_000}"
 
 
-class _Rows:
+class OriginRows:
     """Origin messages -> ``ROW_SCHEMA`` rows as live consumption lands them."""
 
     def __init__(self, config: GroupConfig, group: str) -> None:
         self.group = group
         self.elastic = isinstance(config, ElasticGroupConfig)
         self.partitions = config.max_members
-        self.keys = KeySelector(_key_rules(config))
+        rules = partitioning.key_rules(config)
+        self.keys = KeySelector(rules)
         self.owner = {p: m for m, ps in partitioning.assign_partitions(config).items() for p in ps}
-        self.filters = [(pf.filter, tuple(pf.partitioning_wildcards or ())) for pf in config.partitioning_filters] \
-            if self.elastic else []
+        self.filters = [(f, f.split("."), wildcards) for f, wildcards in rules]
+        self.consumer_filters = [f for f, _ in rules] if self.elastic else [f"*.{f}" for f in config.filters]
         self._cache: dict[str, tuple[int, str] | None] = {}
-
-    def consumer_filters(self, config: GroupConfig) -> list[str]:
-        if self.elastic:
-            return [f for f, _ in self.filters]
-        return [f"*.{f}" for f in config.filters]
 
     def locate(self, stored: str) -> tuple[int, str] | None:
         """(partition, user subject) of a stored origin subject, or None if the group skips it."""
@@ -134,8 +103,8 @@ class _Rows:
             out = partitioning.partition_of(stored, self.partitions), stored
         else:
             tokens = stored.split(".")
-            for f, wildcards in self.filters:
-                if partitioning._matches(tokens, f.split(".")):
+            for f, ftokens, wildcards in self.filters:
+                if partitioning.subject_matches(tokens, ftokens):
                     out = partitioning.partition_of(stored, self.partitions, wildcards, f), stored
                     break
         if len(self._cache) < 100_000:
@@ -152,38 +121,13 @@ class _Rows:
             kept.append(m)
             parts.append(loc[0])
             subjects.append(loc[1])
-        n = len(kept)
-        table = pa.Table.from_arrays(
-            [
-                pa.array([m.stream for m in kept], pa.string()),
-                pa.array([m.stream_seq for m in kept], pa.int64()),
-                pa.array(subjects, pa.string()),
-                pa.array(parts, pa.int32()),
-                pa.array([self.keys.key(s) for s in subjects], pa.string()),
-                pa.array([m.data for m in kept], pa.binary()),
-                pa.nulls(n, pa.string()),
-                pa.array([user_headers(m._hdr) if m._hdr else None for m in kept], pa.string()),
-                pa.array([m.timestamp_ns for m in kept], pa.timestamp("ns", tz="UTC")),
-                pa.array([1] * n, pa.int32()),
-                pa.array([self.group] * n, pa.string()),
-                pa.array([self.owner.get(p, BACKFILL_MEMBER) for p in parts], pa.string()),
-            ],
-            schema=ROW_SCHEMA,
-        )
-        return table, kept, len(msgs) - n
-
-
-def _recover(sink: TwoPhaseSink, stream: str, group: str, member: str, summary: Summary) -> None:
-    """Finish writes an earlier run of this window left prepared (marked: commit, else abort)."""
-    for prepared in sink.recover(stream, group, member):
-        if prepared.acking:
-            res = sink.commit(prepared)
-            summary.recovered_committed += 1
-            summary.committed += res.rows_written
-            summary.duplicates_skipped += res.duplicates_skipped
-        else:
-            sink.abort(prepared)
-            summary.recovered_aborted += 1
+        table = row_table(
+            len(kept), origin_stream=[m.stream for m in kept], origin_seq=[m.stream_seq for m in kept],
+            subject=subjects, partition=parts, key=[self.keys.key(s) for s in subjects],
+            payload=[m.data for m in kept], headers=[user_headers(m._hdr) if m._hdr else None for m in kept],
+            timestamp=[m.timestamp_ns for m in kept], delivery_count=[1] * len(kept), group=self.group,
+            member=[self.owner.get(p, BACKFILL_MEMBER) for p in parts])
+        return table, kept, len(msgs) - len(kept)
 
 
 async def run_backfill(
@@ -198,24 +142,25 @@ async def run_backfill(
     pipeline=None,
     pull_timeout: float = 5.0,
     js_prefix: str = DEFAULT_PREFIX,
-) -> BackfillSummary:
+) -> Summary:
     """Land the origin messages of ``[start, end)`` that ``group`` covers into ``sink``
-    (through ``pipeline``, ``core/pipeline.py``: with a Spark pipeline exactly-once is kept
-    per input, so messages live consumption or an earlier backfill already landed are not
+    (through ``pipeline``, ``core/landing/pipeline.py``: with a Spark pipeline exactly-once is
+    kept per input, so messages live consumption or an earlier backfill already landed are not
     transformed again). Poison messages are skipped (live consumption dead-letters them)."""
     pipeline = pipeline or ArrowPipeline()
-    start, end = to_utc(start), to_utc(end)
+    start, end = parse_time("backfill_start", start), parse_time("backfill_end", end)
     if end <= start:
         raise ConfigError("backfill_end", "must be after backfill_start")
     if batch_size < 1:
         raise ConfigError("batch_size", "must be >= 1")
     started = time.monotonic()
     member = window_member(start, end)
-    s = BackfillSummary(stream, group, BACKFILL_MEMBER, window_start=start.isoformat(), window_end=end.isoformat())
+    s = Summary(stream, group, BACKFILL_MEMBER, window_start=start.isoformat(), window_end=end.isoformat())
+    lander = TwoPhaseLander(sink, s, stream, group, member)
     api = JsApi(nc, prefix=js_prefix)
     info = await ConsumerGroups(nc, js_prefix=js_prefix).get(stream, group)
-    rows = _Rows(info.config, group)
-    await asyncio.to_thread(_recover, sink, stream, group, member, s)
+    rows = OriginRows(info.config, group)
+    await lander.recover()  # what an earlier run of this window left prepared
     last_seq = int((await api.stream_info(stream)).get("state", {}).get("last_seq", 0))
     start_ns, end_ns = _ns(start), _ns(end)
     if last_seq == 0:
@@ -234,7 +179,7 @@ async def run_backfill(
         "priority_groups": [_GROUP],
         "priority_policy": "overflow",
     }
-    filters = rows.consumer_filters(info.config)
+    filters = rows.consumer_filters
     if len(filters) == 1:
         config["filter_subject"] = filters[0]
     elif filters:
@@ -261,7 +206,7 @@ async def run_backfill(
             msgs = [m for m in msgs[:cut] if m.timestamp_ns >= start_ns]
             if not msgs:
                 continue
-            s.consumed += len(msgs)
+            s.consumed += len(msgs)  # counted as read here: the lander counts no messages of a backfill
             s.bytes += sum(len(m.data) for m in msgs)
             table, kept, skipped = rows.build(msgs)
             s.skipped += skipped
@@ -270,25 +215,16 @@ async def run_backfill(
             batch_seq += 1
             batch_id = BatchId(stream, group, member, batch_seq)
             processed = await asyncio.to_thread(pipeline.process, sink, table, batch_id)
-            s.duplicates_skipped += processed.skipped
             if processed.bad:
                 s.poison_deliveries += len(processed.bad)
                 s.skipped += len(processed.bad)
                 kept = [m for i, m in enumerate(kept) if i not in processed.bad]
                 table = table.filter(pa.array([i not in processed.bad for i in range(table.num_rows)]))
                 if not kept:
-                    await asyncio.to_thread(sink.discard, processed.rows)
+                    await lander.discard(processed)
                     continue
             refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
-            prepared = await asyncio.to_thread(sink.prepare, batch_id, processed.rows, message_refs=refs,
-                                               input_keys=processed.input_keys)
-            prepared = await asyncio.to_thread(sink.mark_acking, prepared)
-            result = await asyncio.to_thread(sink.commit, prepared)
-            s.batches += 1
-            s.committed += result.rows_written
-            s.duplicates_skipped += result.duplicates_skipped
-            for p, first, last, n in partition_ranges(table):
-                s.count_partition(p, first, last, n)
+            await lander.land(batch_id, processed, table, refs, None, 0, 0)
             log.info("cg backfill %s.%s [%s, %s): batch of %d, committed %d so far",
                      stream, group, s.window_start, s.window_end, len(kept), s.committed)
     finally:

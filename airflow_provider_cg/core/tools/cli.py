@@ -7,7 +7,7 @@ subjects, as the server computes it).
 
 Secrets never go on the command line: passwords, tokens, nkey seeds and creds come from files
 (``--password-file``, ``--token-file``, ``--nkey``, ``--creds``) or from ``CG_NATS_*``
-environment variables (see :class:`~airflow_provider_cg.core.connection.NatsConnectionSettings`).
+environment variables (see :class:`~airflow_provider_cg.core.jetstream.connection.NatsConnectionSettings`).
 
 Exit status: 0 success, 1 invalid input (``cg: error: <field>: <rule>`` on stderr), 2 the
 server refused or could not be reached.
@@ -25,9 +25,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from airflow_provider_cg.core import config as cgconfig
-from airflow_provider_cg.core import partitioning
-from airflow_provider_cg.core.connection import ENV_PREFIX, NatsConnectionSettings
 from airflow_provider_cg.core.errors import (
     ConfigError,
     ConsumerGroupError,
@@ -35,6 +32,9 @@ from airflow_provider_cg.core.errors import (
     JetStreamApiError,
     ServerUnavailable,
 )
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.jetstream.connection import ENV_PREFIX, NatsConnectionSettings
 
 EXIT_OK, EXIT_INPUT, EXIT_SERVER = 0, 1, 2
 ENV_SERVERS = ENV_PREFIX + "SERVERS"
@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _membership(field: str, members: list[str], mappings_json: str | None) -> dict[str, Any]:
-    from airflow_provider_cg.core.groups import parse_mappings
+    from airflow_provider_cg.core.groups.admin import parse_mappings
 
     if mappings_json is not None:
         return {"members": tuple(members), "member_mappings": tuple(parse_mappings(mappings_json))}
@@ -383,7 +383,7 @@ def _create_config(args) -> cgconfig.GroupConfig:
         raise ConfigError("members", "give at least one member name (or leave --members out)")
     mappings = None
     if args.mappings is not None:
-        from airflow_provider_cg.core.groups import parse_mappings
+        from airflow_provider_cg.core.groups.admin import parse_mappings
 
         mappings = tuple(parse_mappings(args.mappings))
         if not mappings:
@@ -461,7 +461,7 @@ def _members_table(states) -> str:
 
 
 async def _online(args, out: TextIO) -> int:
-    from airflow_provider_cg.core.groups import ConsumerGroups
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
 
     settings = settings_from_args(args)
     if args.command == "create":  # check the input before touching the network

@@ -67,9 +67,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from ..failpoints import failpoint
-from ..rows import ROW_SCHEMA, BatchId
-from .base import (
+from airflow_provider_cg.core.landing.failpoints import failpoint
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
+from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,

@@ -3,7 +3,7 @@
 ``PostgresSink`` imports psycopg2 only when used.
 """
 
-from .base import (
+from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,
@@ -14,8 +14,13 @@ from .base import (
     TwoPhaseSink,
     WriteState,
 )
-from .parquet import DatasetCorrupt, ParquetLakeSink, committed_files, read_committed
-from .postgres import PostgresSink
+from airflow_provider_cg.core.landing.sinks.parquet import (
+    DatasetCorrupt,
+    ParquetLakeSink,
+    committed_files,
+    read_committed,
+)
+from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
 
 __all__ = [
     "CommitResult",

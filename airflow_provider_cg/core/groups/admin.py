@@ -43,9 +43,6 @@ import nats.errors
 import nats.js.errors
 from nats.js.api import StorageType
 
-from airflow_provider_cg.core import config as cgconfig
-from airflow_provider_cg.core import partitioning
-from airflow_provider_cg.core.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.errors import (
     ConfigError,
     ConsumerGroupError,
@@ -54,7 +51,10 @@ from airflow_provider_cg.core.errors import (
     ServerUnavailable,
     StoredConfigInvalid,
 )
-from airflow_provider_cg.core.jsapi import (
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
+from airflow_provider_cg.core.jetstream.api import (
     DEFAULT_PREFIX,
     ERR_CONSUMER_EXISTS,
     ERR_STREAM_NAME_IN_USE,

@@ -1,9 +1,9 @@
 """Build the zip that ``spark-submit --py-files`` ships to a cluster.
 
-The member job needs only the Airflow-free core of this package; everything else on the
-cluster is PySpark (with its SQL extra, pyarrow) and nats-py. The zip holds
-``airflow_provider_cg/__init__.py`` and ``airflow_provider_cg/core/**`` and is rebuilt only
-when a source file is newer than it.
+The member job needs only the part of the Airflow-free core a driver runs: the JetStream
+client, groups and partitioning, the landing engine and its sinks (not ``core/tools``: the
+CLI, the embedded server, this module). Everything else on the cluster is PySpark (with its
+SQL extra, pyarrow) and nats-py. The zip is rebuilt only when a source file is newer than it.
 """
 
 from __future__ import annotations
@@ -13,14 +13,20 @@ import zipfile
 from importlib import resources
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # airflow_provider_cg/
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # airflow_provider_cg/
 SPARK_APPS_PACKAGE = "airflow_provider_cg.spark_apps"
+EXAMPLE_DAGS_PACKAGE = "airflow_provider_cg.example_dags"
 MEMBER_JOB = "cg_member_job.py"
+#: what a Spark driver imports: everything in core/ but its tools
+DRIVER_PARTS = ("errors.py", "__init__.py", "jetstream", "groups", "landing")
 
 
 def _sources() -> list[Path]:
+    core = PACKAGE_ROOT / "core"
     files = [PACKAGE_ROOT / "__init__.py"]
-    files += sorted(p for p in (PACKAGE_ROOT / "core").rglob("*.py") if "__pycache__" not in p.parts)
+    for part in DRIVER_PARTS:
+        path = core / part
+        files += [path] if path.is_file() else sorted(p for p in path.rglob("*.py") if "__pycache__" not in p.parts)
     return files
 
 
@@ -77,22 +83,29 @@ def ship_module(module: str, dest_dir: str | os.PathLike, search: list[str | os.
     return dest
 
 
-def member_job_path() -> Path:
-    """The spark-submit application file of the member job, as installed.
+def _shipped_folder(package: str, top_level: str) -> Path:
+    """A folder that sits at the top of the repository (``top_level``) and ships inside the
+    package as ``package``: an installed wheel or an editable install resolve it with
+    importlib.resources; a plain checkout on ``sys.path`` finds it next to the package."""
+    try:
+        return Path(str(resources.files(package)))
+    except ModuleNotFoundError:
+        return PACKAGE_ROOT.parent / top_level
 
-    It ships inside the package (``airflow_provider_cg/spark_apps/``), in a checkout and in
-    a wheel alike; spark-submit needs a real file, which a regular install always has.
-    """
-    resource = resources.files(SPARK_APPS_PACKAGE) / MEMBER_JOB
-    path = Path(str(resource))
+
+def member_job_path() -> Path:
+    """The spark-submit application file of the member job (``spark_apps/`` in the
+    repository, ``airflow_provider_cg/spark_apps/`` in a wheel). spark-submit needs a real
+    file, which a regular install always has."""
+    path = _shipped_folder(SPARK_APPS_PACKAGE, "spark_apps") / MEMBER_JOB
     if not path.is_file():
         raise FileNotFoundError(
-            f"{MEMBER_JOB} is not a file in {SPARK_APPS_PACKAGE} ({resource}); reinstall airflow-provider-cg "
+            f"{MEMBER_JOB} is not a file in {SPARK_APPS_PACKAGE} ({path}); reinstall airflow-provider-cg "
             "from its wheel (zipped installs are not supported: spark-submit needs a file)"
         )
     return path
 
 
 def example_dags_folder() -> Path:
-    """The example DAGs shipped in the package (``airflow_provider_cg/example_dags``)."""
-    return Path(str(resources.files("airflow_provider_cg.example_dags")))
+    """The example DAGs (``dags/`` in the repository, ``airflow_provider_cg/example_dags`` in a wheel)."""
+    return _shipped_folder(EXAMPLE_DAGS_PACKAGE, "dags")

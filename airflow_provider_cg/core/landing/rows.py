@@ -24,9 +24,13 @@ import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .errors import ConfigError
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups.partitioning import subject_matches
+from airflow_provider_cg.core.jetstream.direct import DirectReadError
 
 ROW_SCHEMA = pa.schema(
     [
@@ -192,15 +196,6 @@ class KeySelector:
             stars = [i for i, t in enumerate(tokens) if t == "*"]
             self.rules.append((tokens, [stars[w - 1] for w in wildcards]))
 
-    @staticmethod
-    def _matches(ftokens: list[str], stokens: list[str]) -> bool:
-        for i, ft in enumerate(ftokens):
-            if ft == ">":
-                return len(stokens) > i
-            if i >= len(stokens) or (ft != "*" and ft != stokens[i]):
-                return False
-        return len(stokens) == len(ftokens)
-
     def key(self, subject: str) -> str:
         rules = self.rules
         if not rules:
@@ -209,7 +204,7 @@ class KeySelector:
         if len(rules) == 1:
             positions = rules[0][1]
         else:
-            positions = next((p for f, p in rules if self._matches(f, tokens)), [])
+            positions = next((p for f, p in rules if subject_matches(tokens, f)), [])
         if not positions:
             return subject
         return ".".join(tokens[i] for i in positions if i < len(tokens))
@@ -233,7 +228,7 @@ def build_rows(msgs, *, group: str, member: str, keys: KeySelector, sourced: boo
 
 
 def _build_rows(msgs, group: str, member: str, keys: KeySelector, sourced: bool) -> pa.Table:
-    from airflow_provider_cg.core.priority import AckMetadata
+    from airflow_provider_cg.core.jetstream.protocol import AckMetadata
 
     n = len(msgs)
     streams: list[str] = [""] * n
@@ -281,20 +276,100 @@ def _build_rows(msgs, group: str, member: str, keys: KeySelector, sourced: bool)
             streams[i], seqs[i] = meta.stream, meta.stream_seq
         if raw is not None and raw.count(b"\r\n") > plain_lines:
             headers[i] = user_headers(raw)
-    return pa.Table.from_arrays(
-        [
-            pa.array(streams, pa.string()),
-            pa.array(seqs, pa.int64()),
-            pa.array(subjects, pa.string()),
-            pa.array(parts, pa.int32()),
-            pa.array(key_col, pa.string()),
-            pa.array([m.data for m in msgs], pa.binary()),
-            pa.nulls(n, pa.string()),
-            pa.array(headers, pa.string()),
-            pa.array(ts, pa.timestamp("ns", tz="UTC")),
-            pa.array(delivered, pa.int32()),
-            pa.array([group] * n, pa.string()),
-            pa.array([member] * n, pa.string()),
-        ],
-        schema=ROW_SCHEMA,
-    )
+    return row_table(n, origin_stream=streams, origin_seq=seqs, subject=subjects, partition=parts, key=key_col,
+                     payload=[m.data for m in msgs], headers=headers, timestamp=ts, delivery_count=delivered,
+                     group=group, member=member)
+
+
+def row_table(n: int, *, origin_stream, origin_seq, subject, partition, key, payload, headers=None, timestamp,
+              delivery_count=None, group: str, member) -> pa.Table:
+    """The one place a ``ROW_SCHEMA`` table is assembled, by column name: each column an Arrow
+    array or a list; ``headers`` and ``delivery_count`` null when not given; ``group`` (and
+    ``member`` when a string) the same on every row."""
+
+    def same(value: str) -> pa.Array:
+        return pa.array(np.broadcast_to(np.array(value, dtype=object), n), pa.string())
+
+    columns = {
+        "origin_stream": origin_stream, "origin_seq": origin_seq, "subject": subject, "partition": partition,
+        "key": key, "payload": payload, "payload_text": None, "headers": headers, "timestamp": timestamp,
+        "delivery_count": delivery_count, "group": same(group),
+        "member": same(member) if isinstance(member, str) else member,
+    }
+    arrays = []
+    for f in ROW_SCHEMA:
+        v = columns[f.name]
+        if v is None:
+            arrays.append(pa.nulls(n, f.type))
+        elif isinstance(v, pa.Array | pa.ChunkedArray):
+            arrays.append(v if v.type == f.type else v.cast(f.type))
+        else:
+            arrays.append(pa.array(v, f.type))
+    return pa.Table.from_arrays(arrays, schema=ROW_SCHEMA)
+
+
+# --- rows of direct gets (``jetstream/direct.py``), parsed column-wise -------------------------
+
+_TAIL = (r"Nats-Subject: (?P<subject>[^\r]*)\r\nNats-Sequence: (?P<seq>\d+)\r\n"
+         r"Nats-Time-Stamp: (?P<ts>[^\r]*)\r\n")
+_SOURCE = r"Nats-Stream-Source: (?P<stream>[^ \r:]+)[^ \r]* (?P<seq>\d+)"
+# headers the server adds on sourcing and on a direct get: their content is in other columns
+_SERVER_HEADERS = frozenset({"Nats-Pin-Id", "Nats-Stream-Source", "Nats-Stream", "Nats-Subject", "Nats-Sequence",
+                             "Nats-Time-Stamp", "Nats-Num-Pending", "Nats-Last-Sequence"})
+_SERVER_LINES = 9  # CRLFs of a sourced message's block with server-added headers only
+
+
+def _binary(chunks: list[bytes]) -> pa.Array:
+    blob = b"".join(chunks)
+    offsets = np.zeros(len(chunks) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=offsets[1:])
+    return pa.Array.from_buffers(pa.large_binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
+
+
+def rows_from_batches(batches: list, *, group: str, member: str,
+                      keys: KeySelector) -> tuple[pa.Table, np.ndarray]:
+    """Rows (``ROW_SCHEMA``) of direct-get reads of a sourced work-queue stream, partition
+    after partition, each in stream order, and the messages' sequences in that stream (the
+    refs a sink keeps for recovery). Parsed column-wise in Arrow, which releases the GIL: no
+    per-message Python work except for messages that carry headers of their own."""
+    hdrs = [h for b in batches for h in b.hdrs]
+    n = len(hdrs)
+    if n == 0:
+        return ROW_SCHEMA.empty_table(), np.zeros(0, np.int64)
+    blocks = _binary(hdrs)
+    tail = pc.extract_regex(blocks, _TAIL)
+    source = pc.extract_regex(blocks, _SOURCE)
+    if tail.null_count or source.null_count:
+        raise DirectReadError("direct get answer without the expected headers (not a sourced work-queue stream?)",
+                              retryable=False)
+    subject = tail.field("subject").cast(pa.string())
+    head_rest = pc.split_pattern(subject, ".", max_splits=1)
+    partition = pc.list_element(head_rest, 0).cast(pa.int32())
+    rest = pc.list_element(head_rest, 1)
+    key = _keys(rest, keys)
+    headers: pa.Array = pa.nulls(n, pa.string())
+    own = np.flatnonzero(pc.count_substring(blocks, "\r\n").to_numpy() > _SERVER_LINES)
+    if len(own):
+        values: list[str | None] = [None] * n
+        for i in own:
+            values[i] = user_headers(hdrs[i], _SERVER_HEADERS)
+        headers = pa.array(values, pa.string())
+    # a direct get is no delivery: the consumer's delivery count does not apply (null)
+    table = row_table(n, origin_stream=source.field("stream"), origin_seq=source.field("seq").cast(pa.string()),
+                      subject=rest, partition=partition, key=key,
+                      payload=_binary([d for b in batches for d in b.data]), headers=headers,
+                      timestamp=tail.field("ts").cast(pa.string()), group=group, member=member)
+    return table, tail.field("seq").cast(pa.string()).cast(pa.int64()).to_numpy()
+
+
+def _keys(rest: pa.Array, keys: KeySelector) -> pa.Array:
+    """The partitioning key of each subject (partition token already stripped)."""
+    rules = keys.rules
+    if not rules:
+        return rest
+    if len(rules) == 1 and len(rules[0][1]) == 1:  # one filter, key = one token: column-wise
+        try:
+            return pc.list_element(pc.split_pattern(rest, "."), rules[0][1][0])
+        except pa.ArrowInvalid:  # a subject with fewer tokens: per row below
+            pass
+    return pa.array([keys.key(s) for s in rest.to_pylist()], pa.string())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from airflow_provider_cg.core.config import (
+from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
     GroupConfig,
     StaticGroupConfig,
@@ -48,7 +48,8 @@ def fnv1a_32(data: bytes) -> int:
     return h
 
 
-def _matches(tokens: Sequence[str], pattern: Sequence[str]) -> bool:
+def subject_matches(tokens: Sequence[str], pattern: Sequence[str]) -> bool:
+    """Whether a subject (its tokens) matches a filter (its tokens, with ``*`` and ``>``)."""
     for i, p in enumerate(pattern):
         if p == ">":
             return len(tokens) > i
@@ -63,7 +64,7 @@ def partition_key(subject: str, wildcards: Sequence[int] = (), filter: str | Non
     if not subject or any(t in ("", "*", ">") for t in tokens):
         raise ValueError(f"not a literal subject: {subject!r}")
     ftokens = filter.split(".") if filter is not None else None
-    if ftokens is not None and not _matches(tokens, ftokens):
+    if ftokens is not None and not subject_matches(tokens, ftokens):
         raise ValueError(f"subject {subject!r} does not match the filter {filter!r}")
     if not wildcards:
         return subject.encode()
@@ -210,3 +211,11 @@ def plan_moves(
         for p in sorted(before.keys() | after.keys())
         if before.get(p) != after.get(p)
     ]
+
+
+def key_rules(cfg: GroupConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """Per partitioning filter: the filter and the 1-based wildcard indexes that make a
+    subject's key (none for a static group: the key is the whole subject)."""
+    if isinstance(cfg, ElasticGroupConfig):
+        return [(pf.filter, tuple(pf.partitioning_wildcards or ())) for pf in cfg.partitioning_filters]
+    return []

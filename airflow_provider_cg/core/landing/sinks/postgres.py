@@ -51,9 +51,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from ..errors import ConfigError
-from ..rows import ROW_SCHEMA, BatchId
-from .base import (
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
+from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,
@@ -91,6 +91,7 @@ REFS_TABLE = "cg_prepared_writes"
 MARKERS_TABLE = "cg_committed_writes"
 FENCES_TABLE = "cg_partition_fences"
 INPUTS_TABLE = "cg_committed_inputs"  # per target: input messages of transformed batches
+OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE)  # never a target table
 _JSON_COLUMNS = {"headers"}
 _NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}
 _SECRET_PATTERNS = [

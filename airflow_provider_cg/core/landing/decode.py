@@ -61,14 +61,14 @@ def parse_avro_schema(text: str) -> dict:
     try:
         schema = json.loads(text) if isinstance(text, str) else None
     except json.JSONDecodeError as e:
-        raise ConfigError("avro-schema", f"not JSON ({e.msg} at character {e.pos})") from None
+        raise ConfigError("avro_schema", f"not JSON ({e.msg} at character {e.pos})") from None
     if not isinstance(schema, dict) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list) \
             or not schema["fields"]:
-        raise ConfigError("avro-schema", 'must be an Avro record schema ({"type": "record", "name": ..., '
+        raise ConfigError("avro_schema", 'must be an Avro record schema ({"type": "record", "name": ..., '
                                          '"fields": [...]}) with at least one field')
     for f in schema["fields"]:
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or "type" not in f:
-            raise ConfigError("avro-schema", "every field needs a name and a type")
+            raise ConfigError("avro_schema", "every field needs a name and a type")
     return schema
 
 
@@ -94,25 +94,25 @@ class SparkDecoder:
         from pyspark.sql.types import StringType, StructField, StructType
 
         if kind not in FORMATS:
-            raise ConfigError("payload-format", f"must be one of {', '.join(FORMATS)}")
+            raise ConfigError("payload_format", f"must be one of {', '.join(FORMATS)}")
         self.kind = kind
         self.can_fail = kind != "raw"
         self._required: list[str] = []
         if kind == "json":
             if not schema:
-                raise ConfigError("json-schema", "required when the payload format is json")
+                raise ConfigError("json_schema", "required when the payload format is json")
             try:
                 ddl = StructType.fromDDL(schema)
             except Exception as e:  # the parser's message names the token
                 first = (str(e).strip().splitlines() or [""])[0]
-                raise ConfigError("json-schema", f"not a valid Spark DDL schema: {first[:300]}") from None
+                raise ConfigError("json_schema", f"not a valid Spark DDL schema: {first[:300]}") from None
             self._fields = [f.name for f in ddl.fields]
             self._required = [f.name for f in ddl.fields if not f.nullable]
             self._json_schema = StructType([StructField(f.name, f.dataType, True) for f in ddl.fields]
                                            + [StructField(CORRUPT, StringType(), True)])
         elif kind == "avro":
             if not schema:
-                raise ConfigError("avro-schema", "required when the payload format is avro")
+                raise ConfigError("avro_schema", "required when the payload format is avro")
             parsed = parse_avro_schema(schema)
             self._avro_schema = json.dumps(parsed)
             self._fields = [f["name"] for f in parsed["fields"]]
@@ -130,11 +130,11 @@ class SparkDecoder:
             text = str(e)
             if "avro" in text.lower() and ("not found" in text.lower() or "AVRO_NOT_LOADED" in text
                                            or "ClassNotFound" in text or "Failed to find data source" in text):
-                raise ConfigError("payload-format", "avro needs Spark's Avro package on the classpath "
+                raise ConfigError("payload_format", "avro needs Spark's Avro package on the classpath "
                                   f"(spark-submit --packages {SPARK_AVRO_PACKAGE}, or the operator's "
                                   "avro_package)") from None
             first = (text.strip().splitlines() or [""])[0]
-            raise ConfigError("avro-schema", f"Spark refuses it: {first[:300]}") from None
+            raise ConfigError("avro_schema", f"Spark refuses it: {first[:300]}") from None
 
     def _avro_column(self, df):
         from pyspark.sql.avro.functions import from_avro

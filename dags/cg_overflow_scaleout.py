@@ -32,7 +32,8 @@ from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTr
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
 from airflow_provider_cg.operators.groups import AddMembersOperator, DropMembersOperator
-from airflow_provider_cg.operators.spark import ConsumerGroupMembersOperator, ConsumerGroupSparkSubmitOperator
+from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
+from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
 from airflow_provider_cg.sensors.overflow import GroupOverflowSensor
 
 DAG_ID = "cg_overflow_scaleout"

@@ -29,14 +29,9 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from airflow_provider_cg.core.errors import ConsumerGroupError
-from airflow_provider_cg.core.jsapi import DEFAULT_PREFIX, JsApi
-from airflow_provider_cg.core.nats_fastpath import RawSubscription, subscribe_raw
-from airflow_provider_cg.core.rows import ROW_SCHEMA, KeySelector, user_headers
+from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.jetstream.fastpath import RawSubscription, subscribe_raw
 
 log = logging.getLogger(__name__)
 
@@ -228,79 +223,3 @@ class PartitionReader:
 
 
 # --- rows ------------------------------------------------------------------------------------
-
-_TAIL = (r"Nats-Subject: (?P<subject>[^\r]*)\r\nNats-Sequence: (?P<seq>\d+)\r\n"
-         r"Nats-Time-Stamp: (?P<ts>[^\r]*)\r\n")
-_SOURCE = r"Nats-Stream-Source: (?P<stream>[^ \r:]+)[^ \r]* (?P<seq>\d+)"
-# headers the server adds on sourcing and on a direct get: their content is in other columns
-_SERVER_HEADERS = frozenset({"Nats-Pin-Id", "Nats-Stream-Source", "Nats-Stream", "Nats-Subject", "Nats-Sequence",
-                             "Nats-Time-Stamp", "Nats-Num-Pending", "Nats-Last-Sequence"})
-_SERVER_LINES = 9  # CRLFs of a sourced message's block with server-added headers only
-
-
-def _binary(chunks: list[bytes]) -> pa.Array:
-    blob = b"".join(chunks)
-    offsets = np.zeros(len(chunks) + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, chunks), np.int64, len(chunks)), out=offsets[1:])
-    return pa.Array.from_buffers(pa.large_binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
-
-
-def rows_from_batches(batches: list[PartitionBatch], *, group: str, member: str,
-                      keys: KeySelector) -> tuple[pa.Table, np.ndarray]:
-    """Rows (``ROW_SCHEMA``) of direct-get reads of a sourced work-queue stream, partition
-    after partition, each in stream order, and the messages' sequences in that stream (the
-    refs a sink keeps for recovery). Parsed column-wise in Arrow, which releases the GIL: no
-    per-message Python work except for messages that carry headers of their own."""
-    hdrs = [h for b in batches for h in b.hdrs]
-    n = len(hdrs)
-    if n == 0:
-        return ROW_SCHEMA.empty_table(), np.zeros(0, np.int64)
-    blocks = _binary(hdrs)
-    tail = pc.extract_regex(blocks, _TAIL)
-    source = pc.extract_regex(blocks, _SOURCE)
-    if tail.null_count or source.null_count:
-        raise DirectReadError("direct get answer without the expected headers (not a sourced work-queue stream?)",
-                              retryable=False)
-    subject = tail.field("subject").cast(pa.string())
-    head_rest = pc.split_pattern(subject, ".", max_splits=1)
-    partition = pc.list_element(head_rest, 0).cast(pa.int32())
-    rest = pc.list_element(head_rest, 1)
-    key = _keys(rest, keys)
-    headers: pa.Array = pa.nulls(n, pa.string())
-    own = np.flatnonzero(pc.count_substring(blocks, "\r\n").to_numpy() > _SERVER_LINES)
-    if len(own):
-        values: list[str | None] = [None] * n
-        for i in own:
-            values[i] = user_headers(hdrs[i], _SERVER_HEADERS)
-        headers = pa.array(values, pa.string())
-    table = pa.Table.from_arrays(
-        [
-            source.field("stream").cast(pa.string()),
-            source.field("seq").cast(pa.string()).cast(pa.int64()),
-            rest,
-            partition,
-            key,
-            _binary([d for b in batches for d in b.data]).cast(pa.binary()),
-            pa.nulls(n, pa.string()),
-            headers,
-            tail.field("ts").cast(pa.string()).cast(pa.timestamp("ns", tz="UTC")),
-            pa.nulls(n, pa.int32()),  # a direct get is no delivery: the consumer's count does not apply
-            pa.array(np.broadcast_to(np.array(group, dtype=object), n), pa.string()),
-            pa.array(np.broadcast_to(np.array(member, dtype=object), n), pa.string()),
-        ],
-        schema=ROW_SCHEMA,
-    )
-    return table, tail.field("seq").cast(pa.string()).cast(pa.int64()).to_numpy()
-
-
-def _keys(rest: pa.Array, keys: KeySelector) -> pa.Array:
-    """The partitioning key of each subject (partition token already stripped)."""
-    rules = keys.rules
-    if not rules:
-        return rest
-    if len(rules) == 1 and len(rules[0][1]) == 1:  # one filter, key = one token: column-wise
-        try:
-            return pc.list_element(pc.split_pattern(rest, "."), rules[0][1][0])
-        except pa.ArrowInvalid:  # a subject with fewer tokens: per row below
-            pass
-    return pa.array([keys.key(s) for s in rest.to_pylist()], pa.string())

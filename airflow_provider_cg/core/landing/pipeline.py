@@ -26,11 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_cg.core.decode import ERROR, SparkDecoder
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
-from airflow_provider_cg.core.rows import BatchId
-from airflow_provider_cg.core.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
-from airflow_provider_cg.core.transform import BATCH_VIEW, BatchContext, TransformError, load_function
+from airflow_provider_cg.core.landing.decode import ERROR, SparkDecoder
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
+from airflow_provider_cg.core.landing.transform import BATCH_VIEW, BatchContext, TransformError, load_function
 
 log = logging.getLogger("airflow_provider_cg.pipeline")
 

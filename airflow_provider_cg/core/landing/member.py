@@ -24,132 +24,45 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_cg.core import partitioning
-from airflow_provider_cg.core.config import ElasticGroupConfig, in_membership
-from airflow_provider_cg.core.direct import (
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
+from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups.admin import PRIORITY_GROUP, ConsumerGroups, priority_group_of
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.client import PriorityClient
+from airflow_provider_cg.core.jetstream.direct import (
     ALL,
     DirectReadError,
     PartitionBatch,
     PartitionReader,
-    rows_from_batches,
 )
-from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
-from airflow_provider_cg.core.failpoints import failpoint
-from airflow_provider_cg.core.groups import PRIORITY_GROUP, ConsumerGroups, priority_group_of
-from airflow_provider_cg.core.jsapi import JsApi
-from airflow_provider_cg.core.pipeline import ArrowPipeline, ProcessedBatch, partition_ranges
-from airflow_provider_cg.core.priority import (
-    AckOutcome,
-    ConsumerGone,
-    PinLost,
-    PriorityClient,
-    PullTransient,
+from airflow_provider_cg.core.jetstream.protocol import AckOutcome, ConsumerGone, PinLost, PullTransient
+from airflow_provider_cg.core.landing.contract import (
+    ACK_TIMEOUT,
+    RESULT_COMMITTED,
+    RESULT_EMPTY,
+    RESULT_NOT_PINNED,
+    RESULT_REVOKED,
+    BatchOptions,
+    Summary,
 )
-from airflow_provider_cg.core.rows import BatchId, KeySelector, build_rows
-from airflow_provider_cg.core.sinks.base import (
-    Fence,
-    FencedOut,
-    PreparedWriteLost,
-    SinkLockTimeout,
-    TwoPhaseSink,
-    WriteState,
-)
+from airflow_provider_cg.core.landing.failpoints import failpoint
+from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, ProcessedBatch
+from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, build_rows, rows_from_batches
+from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 
-log = logging.getLogger("airflow_provider_cg.batch")
+log = logging.getLogger("airflow_provider_cg.landing")
 
-RESULT_COMMITTED = "committed"
-RESULT_EMPTY = "empty"
-RESULT_NOT_PINNED = "not-pinned"
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
-ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
-STATIC_ACK_WAIT = 60.0  # a static member reads through the consumer: room to land a batch
-RESULT_REVOKED = "revoked"  # the member's consumer was deleted (membership change) before anything landed
-
-
-@dataclass
-class BatchOptions:
-    """Limits and timings of one member job run. Durations are seconds."""
-
-    stream: str
-    group: str
-    member: str
-    batch_size: int = 100_000
-    max_messages: int | None = None
-    max_bytes: int | None = None
-    max_seconds: float | None = None
-    standby_timeout: float = 30.0
-    ack_wait: float | None = None  # a consumer the job creates; None: orbit's 5 s (elastic), 60 s (static)
-    max_deliver: int = 5
-    idle_timeout: float = 2.0
-    ack_timeout: float = 30.0
-    progress_interval: float = 5.0
-    read: str = "auto"  # "auto": direct gets on a work-queue stream that allows them; "consumer": pulls
-
-    READ_MODES = ("auto", "consumer")
-
-    def validate(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError("batch_size", "must be >= 1")
-        for name in ("max_messages", "max_bytes"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ConfigError(name, "must be >= 1 when set")
-        for name in ("max_seconds", "standby_timeout", "ack_wait", "idle_timeout", "ack_timeout"):
-            v = getattr(self, name)
-            if v is not None and not (v > 0 and math.isfinite(v)):
-                raise ConfigError(name, "must be a finite number of seconds > 0")
-        if self.max_deliver < 2:
-            raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
-        if self.read not in self.READ_MODES:
-            raise ConfigError("read", f"must be one of {', '.join(self.READ_MODES)}")
-
-
-@dataclass
-class Summary:
-    """The job's result; printed as one JSON line that the Airflow operator reads."""
-
-    stream: str
-    group: str
-    member: str
-    result: str = RESULT_EMPTY
-    target: int = 0
-    consumed: int = 0
-    committed: int = 0
-    duplicates_skipped: int = 0
-    dead_lettered: int = 0
-    poison_deliveries: int = 0
-    batches: int = 0
-    recovered_committed: int = 0
-    recovered_aborted: int = 0
-    unconfirmed_acks: int = 0
-    bytes: int = 0
-    partitions: dict[str, dict[str, int]] = field(default_factory=dict)
-    stop_reason: str = ""
-    pin_id: str | None = None
-    duration_s: float = 0.0
-
-    def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int) -> None:
-        p = self.partitions.setdefault(str(partition), {"count": 0, "first_origin_seq": first_seq, "last_origin_seq": last_seq})
-        p["count"] += n
-        p["first_origin_seq"] = min(p["first_origin_seq"], first_seq)
-        p["last_origin_seq"] = max(p["last_origin_seq"], last_seq)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)
 
 
 class _Progress:
@@ -223,7 +136,7 @@ async def _resolve_acks(client: PriorityClient, api: JsApi, consumer_stream: str
     return len(unknown)
 
 
-class _Run:
+class MemberRun:
     """State of one member job run (one pinned client, one sink, one summary)."""
 
     def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, pipeline, js_prefix: str) -> None:
@@ -234,13 +147,13 @@ class _Run:
         self.started = time.monotonic()
         self.progress = _Progress(self.summary, options.progress_interval)
         self.taken = 0  # messages pulled and not handed back (nak) so far
-        self.taken_over = False  # another instance rolled back one of our prepared writes
         self.idle_checks = 0  # empty pulls answered by "still pending" (bounded)
         self.batch_seq = int(time.time() * 1000)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
         self.owner = f"{options.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
-        self.fence: Fence | None = None  # set once pinned; every prepared write carries it
-        self.consumer_ack_wait = options.ack_wait or ELASTIC_ACK_WAIT  # the consumer's own (it may predate this run)
+        self.lander = TwoPhaseLander(sink, self.summary, options.stream, options.group, options.member)
+        self.batch_size = options.batch_size  # lowered to fit an existing consumer's max_ack_pending
+        self.consumer_ack_wait = options.consumer_ack_wait(True)  # the consumer's own (it may predate this run)
         self.landing_msgs: list = []  # the consumer path's batch being landed (kept in progress)
         self.revoked: str | None = None  # why a membership change ends the current assignment
 
@@ -251,13 +164,12 @@ class _Run:
         if not in_membership(self.config, o.member):
             raise ConfigError("member", f"{o.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
         elastic = isinstance(self.config, ElasticGroupConfig)
-        if o.ack_wait is None:
-            o.ack_wait = ELASTIC_ACK_WAIT if elastic else STATIC_ACK_WAIT
+        self.ack_wait = o.consumer_ack_wait(elastic)
         # As orbit creates it (an orbit instance of the member then shares it through the pin);
         # an existing one is used as it is.
         self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
-            o.stream, o.group, o.member, ack_wait=o.ack_wait,
-            **({} if elastic else {"max_ack_pending": max(3 * o.batch_size, 1000)}),
+            o.stream, o.group, o.member, ack_wait=self.ack_wait,
+            **({} if elastic else {"max_ack_pending": max(3 * self.batch_size, 1000)}),
         )
         existing = await self.api.consumer_info(self.consumer_stream, consumer)
         if existing is None:
@@ -271,12 +183,12 @@ class _Run:
             wq = await self.api.stream_info(self.consumer_stream)
             if (wq.get("config") or {}).get("allow_direct"):  # orbit's own streams may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
-        self.keys = KeySelector(_key_rules(self.config))
+        self.keys = KeySelector(partitioning.key_rules(self.config))
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer, self.priority_group)
         # The server resets the pin timer (priority_timeout = ack_wait) only on a new pull that
         # carries the pin id, so a pull open longer than that loses the pin mid-pull: e.g. the
         # standby pull that gets pinned while waiting for a batch the backlog cannot fill.
-        self.pull_expires_max = max(0.5, o.ack_wait / 2)
+        self.pull_expires_max = max(0.5, self.ack_wait / 2)
 
     # --- the run ---------------------------------------------------------------------------
 
@@ -314,7 +226,7 @@ class _Run:
         if self.reader is None:  # reading by direct gets, nothing is delivered through the consumer
             self._fit_batch_to(info)
         cfg = info.get("config") or {}
-        self.consumer_ack_wait = int(cfg.get("ack_wait") or 0) / 1e9 or o.ack_wait
+        self.consumer_ack_wait = int(cfg.get("ack_wait") or 0) / 1e9 or self.ack_wait
         self.priority_timeout = int(cfg.get("priority_timeout") or 0) / 1e9 or self.consumer_ack_wait
         self.pull_expires_max = max(0.5, min(self.consumer_ack_wait, self.priority_timeout) / 2)
         backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
@@ -322,7 +234,7 @@ class _Run:
         if o.max_messages:
             s.target = min(s.target, o.max_messages)
         if backlog == 0 and not _pinned_id(info):
-            await self.recover(self.partitions)
+            await self.lander.recover(self.partitions)
             s.result, s.stop_reason = (RESULT_COMMITTED if s.consumed else RESULT_EMPTY), "empty backlog"
             return
         watcher = asyncio.create_task(self._watch_membership())
@@ -334,7 +246,7 @@ class _Run:
                 elif _pinned_id(await self.client.consumer_info()):
                     s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
                 else:
-                    await self.recover(self.partitions)
+                    await self.lander.recover(self.partitions)
                     s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
                 return
             s.pin_id = self.client.pin_id
@@ -390,7 +302,7 @@ class _Run:
         Returns True to go on with the member's new partitions."""
         o, s = self.options, self.summary
         s.stop_reason = self.revoked
-        holds = not self.taken_over and await self.client.holds_pin()
+        holds = not self.lander.taken_over and await self.client.holds_pin()
         consumer = self.client.consumer
         await self._close_assignment()
         if not holds:
@@ -425,7 +337,7 @@ class _Run:
         scheduled run, gets it now instead of after the consumer's priority timeout), unless
         another instance holds it by now. Best effort: the timeout frees it anyway."""
         try:
-            if self.taken_over or not await self.client.holds_pin():
+            if self.lander.taken_over or not await self.client.holds_pin():
                 return
             await self.client.unpin()
         except ConsumerGroupError as e:
@@ -437,24 +349,17 @@ class _Run:
         earlier run with a smaller batch size), and a pull for more than it may deliver waits
         until its expiry for messages that cannot come."""
         limit = int((info.get("config") or {}).get("max_ack_pending") or 0)
-        if limit > 0 and self.options.batch_size > max(1, limit // 2):
+        if limit > 0 and self.batch_size > max(1, limit // 2):
             log.warning("cg batch size %d > half the consumer's max_ack_pending %d; using %d",
-                        self.options.batch_size, limit, max(1, limit // 2))
-            self.options.batch_size = max(1, limit // 2)
-
-    async def recover(self, partitions: tuple[int, ...] = ()) -> set[int]:
-        """Finish prepared writes left behind (see ``_recover_sync``); returns the sequences
-        (in the consumed stream) of the messages whose rows it committed."""
-        return await asyncio.to_thread(_recover_sync, self.sink, self.options, self.summary, partitions,
-                                       self.consumer_stream)
+                        self.batch_size, limit, max(1, limit // 2))
+            self.batch_size = max(1, limit // 2)
 
     async def _take_over(self) -> set[int]:
         """As the new pin holder, before landing anything: fence the member's partitions in the
-        sink, then finish what earlier holders left prepared there. Returns the sequences whose
-        rows that recovery committed."""
-        self.fence = Fence(self.owner, self.partitions)
-        await asyncio.to_thread(self.sink.fence, self.options.stream, self.options.group, self.fence)
-        return await self.recover(self.fence.partitions)
+        sink and finish what earlier holders left prepared there. Returns the sequences (in the
+        consumed stream) of the messages whose rows that recovery committed."""
+        writes = await self.lander.take_over(self.owner, self.partitions)
+        return {int(q) for w in writes for q in w.refs.get(self.consumer_stream, ())}
 
     async def _settle_predecessors(self, held: list, landed: set[int]) -> list | None:
         """Reading through the consumer: wait until every unacknowledged message of the
@@ -470,7 +375,7 @@ class _Run:
         o, s = self.options, self.summary
         done = [m for m in held if m.stream_seq in landed] if landed else []  # one pull: no repeats
         if done:
-            await self.client.ack_sync_many(done, timeout=min(o.ack_timeout, 10.0))
+            await self.client.ack_sync_many(done, timeout=min(ACK_TIMEOUT, 10.0))
             self.taken += len(done)
             held = [m for m in held if m.stream_seq not in landed]
         ack_wait = self.consumer_ack_wait
@@ -528,7 +433,7 @@ class _Run:
         while time.monotonic() < deadline and self.revoked is None:
             expires = max(0.5, min(5.0, self.pull_expires_max, deadline - time.monotonic()))
             # reading by direct gets, the pin is all this pull is for
-            want = 1 if self.reader is not None else min(o.batch_size, max(self.summary.target, 1))
+            want = 1 if self.reader is not None else min(self.batch_size, max(self.summary.target, 1))
             try:
                 msgs = await self.client.pull(want, expires=expires)
             except PinLost as e:
@@ -566,13 +471,13 @@ class _Run:
                         await self._await_landing(landing, held=msgs)
                     if not self.client.is_pinned and end is None:
                         end = "pin"  # lost while the last batch landed: leave these to the new holder
-                    elif not self.taken_over:  # else leave them unacked to the new pin holder
+                    elif not self.lander.taken_over:  # else leave them unacked to the new pin holder
                         landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
                     self.progress.tick()
                 if end is not None and landing is not None:
                     await self._await_landing(landing)  # its outcome may say why we stop
                     landing = None
-                if self.taken_over:
+                if self.lander.taken_over:
                     s.stop_reason = "taken over by another instance"
                     break
                 if end is not None:
@@ -589,7 +494,7 @@ class _Run:
                 if reason:
                     s.stop_reason = reason
                     break
-                want = min(o.batch_size, s.target - self.taken)
+                want = min(self.batch_size, s.target - self.taken)
                 try:
                     msgs = await self.client.pull(want, expires=min(o.idle_timeout, self.pull_expires_max))
                     transient_deadline = None
@@ -601,7 +506,7 @@ class _Run:
                     msgs, end = e.messages, "gone"
                 except PullTransient as e:  # server restart, leadership change: keep trying a while
                     msgs = e.messages
-                    transient_deadline = transient_deadline or time.monotonic() + max(o.ack_wait, 30.0)
+                    transient_deadline = transient_deadline or time.monotonic() + max(self.ack_wait, 30.0)
                     if time.monotonic() > transient_deadline:
                         raise
                     log.warning("cg pull interrupted (%s); retrying", e)
@@ -614,7 +519,7 @@ class _Run:
         """Read the member's partitions by direct gets, batch k+1 while batch k lands; the
         pin is kept by pulls that take no message. Batch k+1's processing (Spark) may start
         while batch k finishes its two-phase steps; its own steps wait for batch k's."""
-        o, s = self.options, self.summary
+        s = self.summary
         # next sequence to read per partition; the whole stream if every partition is ours
         owns_all = set(self.partitions) == set(range(self.config.max_members))
         starts = {ALL: 0} if owns_all else {p: 0 for p in self.partitions}
@@ -623,7 +528,7 @@ class _Run:
         transient_deadline = None
         try:
             while True:
-                if self.taken_over:
+                if self.lander.taken_over:
                     s.stop_reason = "taken over by another instance"
                     break
                 if keeper.done() or not await self.client.keep_pin():  # also notices a step-down at once
@@ -634,10 +539,10 @@ class _Run:
                     s.stop_reason = reason
                     break
                 try:
-                    batches = await self.reader.read_partitions(starts, min(o.batch_size, s.target - self.taken))
+                    batches = await self.reader.read_partitions(starts, min(self.batch_size, s.target - self.taken))
                     transient_deadline = None
                 except DirectReadError as e:
-                    transient_deadline = transient_deadline or time.monotonic() + max(o.ack_wait, 30.0)
+                    transient_deadline = transient_deadline or time.monotonic() + max(self.ack_wait, 30.0)
                     if not e.retryable or time.monotonic() > transient_deadline:
                         raise
                     log.warning("cg read interrupted (%s); retrying", e)
@@ -653,7 +558,7 @@ class _Run:
                     starts[b.partition] = b.last_seq + 1
                     self.taken += len(b)
                 previous, landing = landing, None
-                if not self.taken_over and not keeper.done():
+                if not self.lander.taken_over and not keeper.done():
                     landing = asyncio.create_task(self._land_direct(batches, after=previous))
                 if previous is not None:
                     await self._await_landing(previous)
@@ -713,15 +618,15 @@ class _Run:
         async def ack() -> int:
             acked, outcomes = [], []
             for part in [msgs] if one_partition else _by_partition(msgs):
-                outcomes += await self.client.ack_sync_many(part, timeout=min(o.ack_timeout, 10.0))
+                outcomes += await self.client.ack_sync_many(part, timeout=min(ACK_TIMEOUT, 10.0))
                 acked += part
                 failpoint("mid_ack")
             return await _resolve_acks(self.client, self.api, self.consumer_stream, self.sourced, acked, outcomes,
-                                       time.monotonic() + o.ack_timeout)
+                                       time.monotonic() + ACK_TIMEOUT)
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
-        await self._two_phase(batch_id, processed, inputs, refs, ack, len(msgs), sum(len(m.data) for m in msgs),
-                              abort=consumer_gone)
+        await self.lander.land(batch_id, processed, inputs, {self.consumer_stream: refs}, ack, len(msgs),
+                               sum(len(m.data) for m in msgs), abort=consumer_gone)
 
     async def _land_direct(self, batches: list[PartitionBatch], after: asyncio.Task | None = None) -> None:
         """One batch read by direct gets: its rows and processing, then (once the batch
@@ -734,7 +639,7 @@ class _Run:
         processed = await asyncio.to_thread(self.pipeline.process, self.sink, table, batch_id)
         if after is not None:
             await asyncio.wait({after})
-            if after.cancelled() or after.exception() is not None or self.taken_over:
+            if after.cancelled() or after.exception() is not None or self.lander.taken_over:
                 await asyncio.to_thread(self.sink.discard, processed.rows)
                 return
         if processed.bad:
@@ -744,88 +649,22 @@ class _Run:
             unknown = 0
             for b in batches:
                 try:
-                    await self.reader.purge_through(b.partition, b.last_seq, timeout=min(o.ack_timeout, 10.0))
+                    await self.reader.purge_through(b.partition, b.last_seq, timeout=min(ACK_TIMEOUT, 10.0))
                 except Exception as e:  # the purge may or may not have taken effect
                     log.warning("cg purge of partition %d through %d: %s; checking", b.partition, b.last_seq, e)
-                    deadline = asyncio.get_running_loop().time() + o.ack_timeout
+                    deadline = asyncio.get_running_loop().time() + ACK_TIMEOUT
                     if not await self.reader.acked_through(b.partition, b.last_seq, deadline):
                         unknown += len(b)
                 failpoint("mid_ack")
             return unknown
 
-        await self._two_phase(batch_id, processed, table, refs, ack, len(refs),
-                              sum(len(d) for b in batches for d in b.data))
+        await self.lander.land(batch_id, processed, table, {self.consumer_stream: refs}, ack, len(refs),
+                               sum(len(d) for b in batches for d in b.data))
 
     def _next_batch_id(self) -> BatchId:
         o = self.options
         self.batch_seq += 1
         return BatchId(o.stream, o.group, o.member, self.batch_seq)
-
-    async def _two_phase(self, batch_id: BatchId, processed: ProcessedBatch, inputs, refs: np.ndarray,
-                         ack: Callable[[], Awaitable[int]], n_msgs: int, n_bytes: int, abort: bool = False) -> None:
-        """prepare -> mark acking -> ``ack()`` (returns how many acks stay unconfirmed) -> commit.
-        ``abort``: the consumer is gone before any ack was sent, so none can take effect: roll
-        the write back and leave the messages in the stream for the re-created consumer."""
-        s = self.summary
-        s.duplicates_skipped += processed.skipped
-        try:
-            prepared = await self._prepare(batch_id, processed.rows, {self.consumer_stream: refs},
-                                           processed.input_keys)
-        except PreparedWriteLost:
-            # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
-            # was sent: the messages go to the new pin holder.
-            log.warning("cg batch %s was removed by another instance while preparing; stopping", batch_id.gid)
-            self.taken_over = True
-            return
-        failpoint("after_prepare")
-        if abort:
-            await asyncio.to_thread(self.sink.abort, prepared)
-            return
-        try:
-            prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
-        except FencedOut:
-            # A newer pin holder fenced our partitions: it owns them now and will get these
-            # messages. No ack was sent; stop, and drop this write.
-            log.warning("cg batch %s: fenced out by a newer instance of the member; stopping", batch_id.gid)
-            self.taken_over = True
-            await asyncio.to_thread(self.sink.abort, prepared)
-            return
-        except PreparedWriteLost:
-            # This instance stalled (e.g. suspended past ack_wait) and another instance of the
-            # member took the pin and rolled this write back in its recovery. No ack was sent:
-            # the messages go to the new pin holder. Stop without acking anything, and roll
-            # back what this instance may have prepared after that recovery ran (a write that
-            # was still half-prepared then), so it does not hold row locks in the sink.
-            log.warning("cg batch %s was rolled back by another instance; stopping", batch_id.gid)
-            self.taken_over = True
-            await asyncio.to_thread(self.sink.abort, prepared)
-            return
-        s.unconfirmed_acks += await ack()
-        failpoint("before_commit")
-        result = await asyncio.to_thread(self.sink.commit, prepared)
-        s.batches += 1
-        s.committed += result.rows_written
-        s.duplicates_skipped += result.duplicates_skipped
-        s.consumed += n_msgs
-        s.bytes += n_bytes
-        for p, first, last, n in partition_ranges(inputs):
-            s.count_partition(p, first, last, n)
-
-
-    async def _prepare(self, batch_id: BatchId, table, refs, input_keys=None):
-        """``sink.prepare`` under this run's fence. A lock timeout means rows are held by another
-        prepared write; if an instance we fenced out prepared it after our recovery, it can never
-        be acked: finish such writes (recovery rolls them back) and try again."""
-        for attempt in range(3):
-            try:
-                return await asyncio.to_thread(self.sink.prepare, batch_id, table, message_refs=refs, fence=self.fence,
-                                               **({} if input_keys is None else {"input_keys": input_keys}))
-            except SinkLockTimeout:
-                if attempt == 2 or self.fence is None:
-                    raise
-                log.warning("cg batch %s waited on rows locked by another prepared write; finishing writes of "
-                            "fenced-out instances and retrying", batch_id.gid)
-                await self.recover(self.fence.partitions)
 
     async def _dead_letter(self, table, bad: dict[int, str]) -> None:
         """Direct reads: a decode failure goes to the dead-letter stream at once (a direct get
@@ -883,47 +722,13 @@ def dead_letter_headers(own_json: str | None, error: str, origin: str, seq: int,
     return hdrs
 
 
-def _recover_sync(sink: TwoPhaseSink, options: BatchOptions, summary: Summary, partitions: tuple[int, ...],
-                  consumer_stream: str) -> set[int]:
-    """Finish prepared writes that earlier instances left behind: this member's, and (with
-    ``partitions``, after fencing them) any member's that touch them, e.g. a dropped member's.
-
-    Commit those whose acks may have been sent (``acking``); roll back the others: with no
-    ack ever sent, none can have taken effect. Returns the ``consumer_stream`` sequences of
-    the messages whose rows were committed here.
-    """
-    committed = aborted = 0
-    landed: set[int] = set()
-    for prepared in sink.recover(options.stream, options.group, options.member, partitions):
-        # Atomic against a zombie instance's mark_acking: if its acking mark came first, it
-        # may have acked, so commit instead of rolling back.
-        if prepared.acking or sink.abort_unless_acking(prepared) is WriteState.PREPARED:
-            try:
-                res = sink.commit(prepared)
-            except PreparedWriteLost:  # its own instance rolled it back meanwhile (never acked)
-                aborted += 1
-                continue
-            committed += 1
-            summary.committed += res.rows_written
-            summary.duplicates_skipped += res.duplicates_skipped
-            landed.update(int(q) for q in prepared.refs.get(consumer_stream, ()))
-        else:
-            aborted += 1
-    summary.recovered_committed += committed
-    summary.recovered_aborted += aborted
-    if committed or aborted:
-        log.info("cg recovery member=%s committed=%d rolled_back=%d", options.member, committed, aborted)
-    return landed
-
-
 async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, pipeline=None,
                            *, js_prefix: str = "$JS.API") -> Summary:
     """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary.
 
-    ``pipeline`` (``core/pipeline.py``): what happens to each batch before the sink's prepare
+    ``pipeline`` (``core/landing/pipeline.py``): what happens to each batch before the sink's prepare
     (decoding and the user's transformation in Spark); default: the rows as read."""
-    options.validate()
-    return await _Run(nc, sink, options, pipeline or ArrowPipeline(), js_prefix).run()
+    return await MemberRun(nc, sink, options, pipeline or ArrowPipeline(), js_prefix).run()
 
 
 def _by_partition(msgs: list) -> list[list]:
@@ -956,10 +761,3 @@ def _pinned_id(info: dict) -> str | None:
         if g.get("pinned_client_id"):
             return g["pinned_client_id"]
     return None
-
-
-def _key_rules(config) -> list[tuple[str, tuple[int, ...]]]:
-    """Per filter: the filter and the 1-based wildcard indexes that make the key."""
-    if isinstance(config, ElasticGroupConfig):
-        return [(pf.filter, tuple(pf.partitioning_wildcards or ())) for pf in config.partitioning_filters]
-    return []

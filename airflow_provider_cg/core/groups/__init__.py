@@ -1,0 +1,1 @@
+"""Consumer groups as orbit pcgroups stores them: configs, partitioning, administration."""

@@ -1,0 +1,420 @@
+"""The member job's contract: what the operator passes, what the job accepts, what it answers.
+
+One written boundary between ``ConsumerGroupSparkSubmitOperator`` (Airflow) and
+``spark_apps/cg_member_job.py`` (a Spark driver without Airflow):
+
+- ``MemberJobSpec``: every option with its type, default and rules. The operator builds it
+  from its rendered fields, the job parses its argv into it (``from_argv``), both through
+  ``MemberJobSpec.build``, so whatever the job would refuse the operator refuses first, before
+  spark-submit starts. ``to_argv`` writes the command line back (nothing secret is ever an
+  option: NATS settings travel as ``CG_NATS_*``, the PostgreSQL DSN as ``CG_PG_DSN``).
+  ``BatchOptions``, its first part, is what the landing engine reads.
+- ``Summary``: the job's answer, the last stdout line ``CG_SUMMARY {json}`` and the
+  ``--summary-file``; results and the exit codes (0 done, 1 invalid input or a failing
+  transformation: do not retry, 2 server or database: retry). A failed run writes a summary
+  too (result ``failed``, ``exit_code``, ``error``), so the operator can tell the two apart.
+
+Errors are ``ConfigError(field, rule)`` with the field's name as spelled here; the job shows a
+field as its flag (``--max-deliver``), the operator as its parameter (``max_deliver``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_cg.core.errors import ConfigError
+
+EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
+SUMMARY_PREFIX = "CG_SUMMARY "
+
+RESULT_COMMITTED = "committed"
+RESULT_EMPTY = "empty"
+RESULT_NOT_PINNED = "not-pinned"
+RESULT_REVOKED = "revoked"  # the member's consumer was deleted (membership change) before anything landed
+RESULT_FAILED = "failed"  # exit 1 or 2: the summary carries ``exit_code`` and ``error``
+RESULT_SUBMITTED = "submitted"  # the operator's, for a cluster-mode driver that keeps its summary
+#: results that end the Airflow task as skipped: nothing was there or it was not this task's to land
+SKIP_RESULTS = frozenset({RESULT_EMPTY, RESULT_NOT_PINNED, RESULT_REVOKED})
+
+SINKS = ("parquet", "postgres")
+PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
+READ_MODES = ("auto", "consumer")
+ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
+STATIC_ACK_WAIT = 60.0  # a static member reads through the consumer: room to land a batch
+ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome before it commits anyway
+
+
+def _opt(default: Any = None, kind: type = str, help: str = "", choices: tuple[str, ...] | None = None,
+         positive: bool = False) -> Any:
+    """A field of the contract: ``kind`` is how argv text (and rendered templates) convert."""
+    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive})
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of a field."""
+    return "--" + name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """What one consumption run lands and for how long: the part of the contract the landing
+    engine reads (live batches and backfills). Durations are seconds."""
+
+    stream: str = _opt(help="origin stream of the group")
+    group: str = _opt(help="the consumer group")
+    member: str | None = _opt(help="the member to consume as (required unless backfilling)")
+    batch_size: int = _opt(100_000, int, "messages per two-phase batch", positive=True)
+    max_messages: int | None = _opt(None, int, "stop after this many messages", positive=True)
+    max_bytes: int | None = _opt(None, int, "stop after this many payload bytes", positive=True)
+    max_seconds: float | None = _opt(None, float, "stop after this many seconds", positive=True)
+    standby_timeout: float = _opt(30.0, float, "seconds to wait for the pin", positive=True)
+    ack_wait: float | None = _opt(None, float, "ack wait (s) of a member consumer the job creates (default: "
+                                  f"orbit's {ELASTIC_ACK_WAIT:g} s for elastic groups, {STATIC_ACK_WAIT:g} s for "
+                                  "static ones); an existing one is used as it is", positive=True)
+    max_deliver: int = _opt(5, int, "deliveries of a poison message before it is dead-lettered (>= 2)",
+                            positive=True)
+    idle_timeout: float = _opt(2.0, float, "a pull this long with nothing ends the run", positive=True)
+    progress_interval: float = _opt(5.0, float, "seconds between progress lines", positive=True)
+    read: str = _opt("auto", str, "auto: an elastic group's partitions by direct gets (one purge per partition "
+                     "acks a batch); consumer: pulls and a double ack per message (static groups always)",
+                     READ_MODES)
+
+    def consumer_ack_wait(self, elastic: bool) -> float:
+        """The ack wait of a member consumer this run creates."""
+        if self.ack_wait is not None:
+            return self.ack_wait
+        return ELASTIC_ACK_WAIT if elastic else STATIC_ACK_WAIT
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        if self.max_deliver < 2:
+            raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
+
+
+@dataclass(frozen=True)
+class MemberJobSpec(BatchOptions):
+    """Everything one member job run is given (see the module docstring)."""
+
+    sink: str = _opt("parquet", str, "where the batches land", SINKS)
+    sink_path: str | None = _opt(help="dataset directory of the Parquet lake sink")
+    pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink")
+    payload_format: str = _opt("raw", str, "how Spark decodes payloads (avro needs Spark's Avro package: "
+                               "--packages)", PAYLOAD_FORMATS)
+    json_schema: str | None = _opt(help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
+    avro_schema: str | None = _opt(help="Avro record schema (JSON) of Avro payloads (binary-encoded datums)")
+    transform: str | None = _opt(help="your transformation, package.module:function: called with each batch as "
+                                 "a Spark DataFrame and a BatchContext, returns the DataFrame to land")
+    transform_sql: str | None = _opt(help="or a Spark SQL statement over the temporary view 'batch'")
+    backfill_start: str | None = _opt(help="backfill mode: window start (ISO 8601, inclusive; naive = UTC)")
+    backfill_end: str | None = _opt(help="backfill mode: window end (ISO 8601, exclusive)")
+    no_spark: bool = _opt(False, bool, "run without a SparkSession (raw/text payloads only)")
+    summary_file: str | None = _opt(help="also write the summary JSON to this file (atomically)")
+
+    @property
+    def backfill(self) -> bool:
+        return bool(self.backfill_start or self.backfill_end)
+
+    @property
+    def transforming(self) -> bool:
+        return bool(self.transform or self.transform_sql)
+
+    def window(self) -> tuple[dt.datetime, dt.datetime]:
+        """The backfill window as UTC datetimes (validated: both given, end after start)."""
+        return parse_time("backfill_start", self.backfill_start), parse_time("backfill_end", self.backfill_end)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_job(self)
+
+    # --- building ------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any]) -> MemberJobSpec:
+        """A spec from field values as the operator renders them or argv carries them: text
+        is converted by each field's kind; ``None`` is the default. ``ConfigError`` names the
+        first field that breaks a rule."""
+        return cls(**_converted(values))
+
+    @classmethod
+    def check_known(cls, values: Mapping[str, Any], unknown: set[str]) -> None:
+        """What can be checked before the ``unknown`` fields are known (Jinja templates at DAG
+        parse time): the known fields with the defaults standing in for the unknown ones, and
+        no rule that involves an unknown field."""
+        known = {k: v for k, v in values.items() if k not in unknown}
+        try:
+            cls.build(known)
+        except ConfigError as e:
+            if not _involves(e.field, unknown):
+                raise
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> MemberJobSpec:
+        """Parse the job's command line (``UsageError`` for what argparse refuses)."""
+        parser = _parser()
+        ns = parser.parse_args(argv)
+        return cls.build(vars(ns))
+
+    def to_argv(self) -> list[str]:
+        """The job's command line for this spec: identity, then every option not at its default."""
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or (value == f.default and f.name not in ("stream", "group")):
+                continue
+            if f.metadata["kind"] is bool:
+                out.append(flag(f.name))
+            else:
+                out += [flag(f.name), _plain(value)]
+        return out
+
+    def values(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # --- checks of the machine the driver runs on -----------------------------------------
+
+    def check_local_paths(self) -> None:
+        """The Parquet lake directory can be created and written by this user, here (the job
+        checks it on its driver; the operator too when the driver runs on its machine)."""
+        if self.sink != "parquet" or not self.sink_path:
+            return
+        path = os.path.abspath(self.sink_path)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError("sink_path", f"{self.sink_path!r} exists and is not a directory")
+        existing = path
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+            raise ConfigError("sink_path", f"{self.sink_path!r} is not writable (by this user)")
+
+
+class UsageError(ConfigError):
+    """A command line argparse refuses (unknown option, a flag without its value)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("usage", message)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # noqa: D102 - argparse's hook: exit 1 with one line, not exit 2
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="cg_member_job", description="Land one member's backlog of a consumer group into a sink.",
+                argument_default=None)
+    for f in dataclasses.fields(MemberJobSpec):
+        meta = f.metadata
+        if meta["kind"] is bool:
+            p.add_argument(flag(f.name), dest=f.name, action="store_true", default=None, help=meta["help"])
+        else:
+            p.add_argument(flag(f.name), dest=f.name, metavar=f.name.upper(), help=meta["help"])
+    return p
+
+
+def parse_time(name: str, value: Any) -> dt.datetime:
+    """A timezone-aware UTC datetime from a datetime or an ISO 8601 string (naive = UTC)."""
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(name, f"must be an ISO 8601 date-time such as 2026-01-01T09:00:00Z (got {value!r})") \
+                from None
+    if not isinstance(value, dt.datetime):
+        raise ConfigError(name, f"must be an ISO 8601 date-time (got {value!r})")
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)
+    return value.astimezone(dt.UTC)
+
+
+def _converted(values: Mapping[str, Any]) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(MemberJobSpec)}
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        f = fields.get(name)
+        if f is None:
+            raise ConfigError(name, "is not an option of the member job")
+        if value is None:
+            continue
+        out[name] = _convert(name, value, f.metadata["kind"])
+    return out
+
+
+def _convert(name: str, value: Any, kind: type) -> Any:
+    """Text (argv, rendered templates) to the field's kind; numbers stay numbers."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
+        raise ConfigError(name, f"must be true or false (got {value!r})")
+    if kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(name, f"must be text (got {type(value).__name__})")
+        return value
+    rule = "a positive integer" if kind is int else "a positive number"
+    if isinstance(value, str):
+        try:
+            value = kind(value.strip())
+        except ValueError:
+            raise ConfigError(name, f"must be {rule} (got {value!r})") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(name, f"must be {rule} (got {value!r})")
+    if kind is int:
+        if isinstance(value, float) and not value.is_integer():
+            raise ConfigError(name, f"must be {rule} (got {value!r})")
+        return int(value)
+    return float(value)
+
+
+def _check_fields(spec: BatchOptions) -> None:
+    """Each field alone: names, choices, positive finite numbers."""
+    from airflow_provider_cg.core.groups.config import validate_name
+
+    for name in ("stream", "group"):
+        if getattr(spec, name) is None:
+            raise ConfigError(name, "required")
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if value is None:
+            continue
+        meta = f.metadata
+        if f.name in ("stream", "group", "member"):
+            validate_name(f.name, value, f.name)
+        if meta["choices"] and value not in meta["choices"]:
+            raise ConfigError(f.name, f"must be one of {', '.join(meta['choices'])} (got {value!r})")
+        if meta["positive"]:
+            _convert(f.name, value, meta["kind"])  # a number of the right kind
+            if isinstance(value, bool) or not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f.name, f"must be a finite number > 0 (got {value!r})")
+
+
+def _check_job(spec: MemberJobSpec) -> None:
+    """Rules across fields of the whole job."""
+    if spec.backfill:
+        if not (spec.backfill_start and spec.backfill_end):
+            missing = "backfill_end" if spec.backfill_start else "backfill_start"
+            raise ConfigError(missing, "backfill_start and backfill_end go together")
+        start, end = spec.window()
+        if end <= start:
+            raise ConfigError("backfill_end", f"must be after backfill_start ({end.isoformat()} <= {start.isoformat()})")
+    elif not spec.member:
+        raise ConfigError("member", "required (unless backfill_start and backfill_end are given)")
+    if spec.sink == "parquet":
+        if not spec.sink_path:
+            raise ConfigError("sink_path", "required for the parquet sink")
+    else:
+        from airflow_provider_cg.core.landing.sinks.postgres import OWN_TABLES, validate_identifier
+
+        validate_identifier("pg_table", spec.pg_table)
+        if spec.pg_table in OWN_TABLES:
+            raise ConfigError("pg_table", f"{spec.pg_table!r} is one of the sink's own tables ({', '.join(OWN_TABLES)})")
+    if spec.payload_format == "json" and not spec.json_schema:
+        raise ConfigError("json_schema", "required when payload_format is json")
+    if spec.payload_format == "avro":
+        from airflow_provider_cg.core.landing.decode import parse_avro_schema
+
+        if not spec.avro_schema:
+            raise ConfigError("avro_schema", "required when payload_format is avro")
+        parse_avro_schema(spec.avro_schema)
+    if spec.transform is not None:
+        from airflow_provider_cg.core.landing.transform import parse_spec
+
+        if spec.transform_sql is not None:
+            raise ConfigError("transform", "give transform or transform_sql, not both")
+        parse_spec(spec.transform)
+    elif spec.transform_sql is not None and not spec.transform_sql.strip():
+        raise ConfigError("transform_sql", "must not be empty")
+    if spec.no_spark:
+        if spec.transforming:
+            raise ConfigError("transform", "a transformation runs in Spark (drop no_spark)")
+        if spec.payload_format in ("json", "avro"):
+            raise ConfigError("payload_format", f"{spec.payload_format} needs Spark (drop no_spark)")
+
+
+#: the fields each cross-field rule reads, for ``check_known``
+_RULE_FIELDS = {
+    "backfill_start": {"backfill_start", "backfill_end"},
+    "backfill_end": {"backfill_start", "backfill_end"},
+    "member": {"member", "backfill_start", "backfill_end"},
+    "sink_path": {"sink", "sink_path"},
+    "pg_table": {"sink", "pg_table"},
+    "json_schema": {"payload_format", "json_schema"},
+    "avro_schema": {"payload_format", "avro_schema"},
+    "transform": {"transform", "transform_sql", "no_spark"},
+    "transform_sql": {"transform", "transform_sql"},
+    "payload_format": {"payload_format", "no_spark"},
+}
+
+
+def _involves(name: str, unknown: set[str]) -> bool:
+    return bool(_RULE_FIELDS.get(name, {name}) & unknown)
+
+
+def _plain(v: Any) -> str:
+    return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+
+
+# --- the answer ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Summary:
+    """The job's result: one JSON object (``to_json``), printed after ``SUMMARY_PREFIX`` and
+    written to ``--summary-file``.
+
+    Counts: ``consumed`` messages read and acknowledged, ``committed`` rows the sink wrote,
+    ``duplicates_skipped`` rows it already had, ``dead_lettered`` poison messages moved to the
+    dead-letter stream; ``partitions`` per partition the count and first/last origin sequence.
+    A backfill fills ``window_start`` / ``window_end`` and ``skipped``; a failed run
+    ``exit_code`` and ``error`` (one line, never a secret)."""
+
+    stream: str
+    group: str
+    member: str | None
+    result: str = RESULT_EMPTY
+    target: int = 0
+    consumed: int = 0
+    committed: int = 0
+    duplicates_skipped: int = 0
+    dead_lettered: int = 0
+    poison_deliveries: int = 0
+    batches: int = 0
+    recovered_committed: int = 0
+    recovered_aborted: int = 0
+    unconfirmed_acks: int = 0
+    bytes: int = 0
+    partitions: dict[str, dict[str, int]] = field(default_factory=dict)
+    stop_reason: str = ""
+    pin_id: str | None = None
+    duration_s: float = 0.0
+    window_start: str | None = None
+    window_end: str | None = None
+    skipped: int = 0  # backfill: outside the group (static subject without a partition token) or poison
+    exit_code: int = EXIT_OK
+    error: str | None = None
+
+    def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int) -> None:
+        p = self.partitions.setdefault(str(partition), {"count": 0, "first_origin_seq": first_seq,
+                                                        "last_origin_seq": last_seq})
+        p["count"] += n
+        p["first_origin_seq"] = min(p["first_origin_seq"], first_seq)
+        p["last_origin_seq"] = max(p["last_origin_seq"], last_seq)
+
+    @classmethod
+    def failed(cls, spec: MemberJobSpec | None, exit_code: int, error: str) -> Summary:
+        return cls(getattr(spec, "stream", None), getattr(spec, "group", None), getattr(spec, "member", None),
+                   result=RESULT_FAILED, exit_code=exit_code, error=error)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,162 @@
+"""The two-phase steps of landing one batch, written once for live batches and backfills.
+
+    fence (once per writer) -> recover -> prepare -> mark acking -> ack -> commit
+
+The rule for ending a batch (docs/architecture.md): roll back only when it is certain that no
+ack took effect (the acking mark was never written, or the consumer was gone before acking
+began); otherwise commit. The sink drops rows whose ``(origin_stream, origin_seq)`` it
+already has, so committing a message that comes back is a no-op, while rolling back after an
+ack that took effect would lose it.
+
+A live member run lands with a fence (its partitions, taken when it got the pin) and an
+``ack`` step (a double ack per message, or one purge per partition); a backfill lands with no
+fence and no ack (it never acknowledges anything: its messages are read again on a rerun).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from airflow_provider_cg.core.landing.contract import Summary
+from airflow_provider_cg.core.landing.failpoints import failpoint
+from airflow_provider_cg.core.landing.pipeline import ProcessedBatch, partition_ranges
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks.base import (
+    Fence,
+    FencedOut,
+    PreparedWriteLost,
+    SinkLockTimeout,
+    TwoPhaseSink,
+    WriteState,
+)
+
+log = logging.getLogger("airflow_provider_cg.landing")
+
+#: ``ack()`` of a batch: send its acks, return how many stay unconfirmed
+AckStep = Callable[[], Awaitable[int]]
+
+
+def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, summary: Summary,
+                   partitions: tuple[int, ...] = ()) -> list:
+    """Finish prepared writes that earlier runs left behind: ``member``'s, and (with
+    ``partitions``, after fencing them) any member's that touch them, e.g. a dropped member's.
+
+    Commit those whose acks may have been sent (``acking``); roll back the others: with no ack
+    ever sent, none can have taken effect. ``abort_unless_acking`` is atomic against a zombie's
+    ``mark_acking``: if its mark came first, the write is committed instead. Returns the
+    writes committed here (their ``refs`` say which messages they covered)."""
+    committed, aborted = [], 0
+    for prepared in sink.recover(stream, group, member, partitions):
+        if prepared.acking or sink.abort_unless_acking(prepared) is WriteState.PREPARED:
+            try:
+                res = sink.commit(prepared)
+            except PreparedWriteLost:  # its own run rolled it back meanwhile (never acked)
+                aborted += 1
+                continue
+            committed.append(prepared)
+            summary.committed += res.rows_written
+            summary.duplicates_skipped += res.duplicates_skipped
+        else:
+            aborted += 1
+    summary.recovered_committed += len(committed)
+    summary.recovered_aborted += aborted
+    if committed or aborted:
+        log.info("cg recovery member=%s committed=%d rolled_back=%d", member, len(committed), aborted)
+    return committed
+
+
+class TwoPhaseLander:
+    """Lands batches of one writer into ``sink``, counting into ``summary``.
+
+    ``fence`` is set once the writer holds its member's pin (``take_over``); every write it
+    prepares carries it, so a newer pin holder's fence refuses its acking mark. ``taken_over``
+    turns true when that happens (or when another run rolled back one of its writes): nothing
+    of the batch was acked, and the writer must stop."""
+
+    def __init__(self, sink: TwoPhaseSink, summary: Summary, stream: str, group: str, member: str) -> None:
+        self.sink, self.summary = sink, summary
+        self.stream, self.group, self.member = stream, group, member
+        self.fence: Fence | None = None
+        self.taken_over = False
+
+    async def take_over(self, owner: str, partitions: tuple[int, ...]) -> list:
+        """As the new pin holder, before landing anything: fence the member's partitions, then
+        finish what earlier holders left prepared there. Returns the writes recovery committed."""
+        self.fence = Fence(owner, partitions)
+        await asyncio.to_thread(self.sink.fence, self.stream, self.group, self.fence)
+        return await self.recover(partitions)
+
+    async def recover(self, partitions: tuple[int, ...] = ()) -> list:
+        return await asyncio.to_thread(recover_writes, self.sink, self.stream, self.group, self.member,
+                                       self.summary, partitions)
+
+    async def discard(self, processed: ProcessedBatch) -> None:
+        await asyncio.to_thread(self.sink.discard, processed.rows)
+
+    async def land(self, batch_id: BatchId, processed: ProcessedBatch, inputs, refs: dict[str, np.ndarray],
+                   ack: AckStep | None, n_msgs: int, n_bytes: int, abort: bool = False) -> bool:
+        """prepare -> mark acking -> ``ack()`` -> commit; returns whether the batch committed.
+
+        ``inputs``: the batch's rows as read (what the summary counts per partition); ``refs``:
+        per consumed stream, the sequences a recovery needs. ``abort``: the consumer is gone
+        before any ack was sent, so none can take effect: roll the write back and leave the
+        messages for the re-created consumer."""
+        s = self.summary
+        s.duplicates_skipped += processed.skipped
+        try:
+            prepared = await self._prepare(batch_id, processed, refs)
+        except PreparedWriteLost:
+            # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
+            # was sent: the messages go to the new pin holder.
+            log.warning("cg batch %s was removed by another instance while preparing; stopping", batch_id.gid)
+            self.taken_over = True
+            return False
+        failpoint("after_prepare")
+        if abort:
+            await asyncio.to_thread(self.sink.abort, prepared)
+            return False
+        try:
+            prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
+        except (FencedOut, PreparedWriteLost) as e:
+            # A newer pin holder fenced our partitions, or this run stalled (suspended past the
+            # ack wait) and the new holder's recovery rolled this write back. No ack was sent:
+            # the messages are the new holder's. Stop, and roll back what may still hold row
+            # locks in the sink (a write half-prepared when that recovery ran).
+            why = "fenced out by a newer instance" if isinstance(e, FencedOut) else "rolled back by another instance"
+            log.warning("cg batch %s: %s of the member; stopping", batch_id.gid, why)
+            self.taken_over = True
+            await asyncio.to_thread(self.sink.abort, prepared)
+            return False
+        if ack is not None:
+            s.unconfirmed_acks += await ack()
+        failpoint("before_commit")
+        result = await asyncio.to_thread(self.sink.commit, prepared)
+        s.batches += 1
+        s.committed += result.rows_written
+        s.duplicates_skipped += result.duplicates_skipped
+        s.consumed += n_msgs
+        s.bytes += n_bytes
+        for p, first, last, n in partition_ranges(inputs):
+            s.count_partition(p, first, last, n)
+        return True
+
+    async def _prepare(self, batch_id: BatchId, processed: ProcessedBatch, refs: dict[str, Any]):
+        """``sink.prepare`` under the fence. A lock timeout means rows are held by another
+        prepared write; if a run we fenced out prepared it after our recovery, it can never be
+        acked: finish such writes (recovery rolls them back) and try again."""
+        extra = {} if processed.input_keys is None else {"input_keys": processed.input_keys}
+        for attempt in range(3):
+            try:
+                return await asyncio.to_thread(self.sink.prepare, batch_id, processed.rows, message_refs=refs,
+                                               fence=self.fence, **extra)
+            except SinkLockTimeout:
+                if attempt == 2 or self.fence is None:
+                    raise
+                log.warning("cg batch %s waited on rows locked by another prepared write; finishing writes of "
+                            "fenced-out instances and retrying", batch_id.gid)
+                await self.recover(self.fence.partitions)

@@ -1,0 +1,105 @@
+"""How a member job reaches spark-submit without its secrets showing anywhere.
+
+The NATS connection's secrets and the PostgreSQL DSN never appear in the spark-submit command
+line, the rendered template fields or XCom: in local and client mode they reach the driver as
+process environment (``CG_NATS_*``, ``CG_PG_DSN``); for YARN and Kubernetes masters they go
+into a 0600 properties file (``spark.yarn.appMasterEnv.*`` / ``spark.kubernetes.driverEnv.*``)
+deleted after the submit (a ``properties_file`` you pass is copied into it: Spark then skips
+``spark-defaults.conf``, as with any ``--properties-file``). Standalone cluster deploy mode is
+refused (no private channel). Built on the Spark provider's public ``SparkSubmitHook`` only.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+from airflow.sdk import BaseHook
+from airflow.sdk.log import mask_secret
+
+from airflow_provider_cg.core.errors import ConfigError
+
+SPARK_DEFAULT_REDACTION = r"(?i)secret|password|token|access[.]key"
+#: the names the member job's secrets travel under (spark.*Env.CG_NATS_CREDS, ..._NKEY_SEED,
+#: ..._TLS_KEY, CG_PG_DSN): Spark's default pattern matches none of them
+CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN"
+
+
+def with_redaction(conf: dict[str, Any] | None) -> dict[str, Any]:
+    """``conf`` with ``spark.redaction.regex`` extended so the Spark UI, event logs and
+    ``spark-submit --verbose`` redact the member job's secret properties too."""
+    out = dict(conf or {})
+    base = out.get("spark.redaction.regex") or SPARK_DEFAULT_REDACTION
+    if CG_REDACTION not in base:
+        out["spark.redaction.regex"] = f"(?:{base})|{CG_REDACTION}"
+    return out
+
+
+def spark_master(conn_id: str, deploy_mode: str | None = None) -> tuple[str, str]:
+    """``(master, deploy mode)`` of a Spark connection, as the Spark provider reads them: the
+    host (plus ``:port``) is the master, ``deploy-mode`` in the extras unless given here."""
+    conn = BaseHook.get_connection(conn_id)
+    master = conn.host or "yarn"
+    if conn.port:
+        master = f"{master}:{conn.port}"
+    mode = deploy_mode or (conn.extra_dejson or {}).get("deploy-mode") or "client"
+    return master, mode
+
+
+def pg_dsn(pg_conn_id: str) -> str:
+    """A libpq DSN from an Airflow postgres connection (masked in logs)."""
+    conn = BaseHook.get_connection(pg_conn_id)
+    auth = quote(conn.login or "", safe="")
+    if conn.password:
+        auth += ":" + quote(conn.password, safe="")
+    host = conn.host or "localhost"
+    dsn = f"postgresql://{auth + '@' if auth else ''}{host}:{conn.port or 5432}/{quote(conn.schema or '', safe='')}"
+    if conn.password:
+        mask_secret(conn.password)
+        mask_secret(dsn)
+    return dsn
+
+
+def submit_hook(*, conn_id: str, deploy_mode: str | None, secrets: dict[str, str], env_vars: dict[str, str] | None,
+                properties_file: str | None, **options: Any) -> tuple[SparkSubmitHook, str | None]:
+    """A ``SparkSubmitHook`` (public constructor only) that carries ``secrets`` privately (see
+    the module docstring). ``options``: the hook's other keyword arguments. Returns the hook
+    and the properties file to delete after the submit (None when there is none)."""
+    master, mode = spark_master(conn_id, deploy_mode)
+    env = dict(env_vars or {})
+    props = None
+    if master.startswith(("yarn", "k8s://")):
+        prefix = "spark.yarn.appMasterEnv." if master.startswith("yarn") else "spark.kubernetes.driverEnv."
+        props = write_properties(properties_file, {prefix + k: v for k, v in secrets.items()})
+    elif mode == "cluster":
+        raise ConfigError("deploy_mode", "Spark standalone cluster mode cannot pass the NATS credentials privately; "
+                                         "use client mode")
+    else:  # Popen environment of spark-submit, inherited by the driver it starts here
+        env.update(secrets)
+    options["conf"] = with_redaction(options.get("conf"))
+    if deploy_mode is not None:
+        options["deploy_mode"] = deploy_mode
+    hook = SparkSubmitHook(conn_id=conn_id, env_vars=env or None, properties_file=props or properties_file,
+                           **options)
+    return hook, props
+
+
+def write_properties(base: str | None, extra: dict[str, str]) -> str:
+    """A 0600 properties file: ``base``'s content (if any) plus ``extra``. Returns its path."""
+    fd, path = tempfile.mkstemp(prefix="cg-spark-", suffix=".conf")
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        if base:
+            f.write(Path(base).read_text(encoding="utf-8").rstrip("\n") + "\n")
+        for k, v in extra.items():
+            f.write(f"{k} {_escape_property(v)}\n")
+    return path
+
+
+def _escape_property(value: str) -> str:
+    """Escape a value for a Java properties file (backslashes, newlines)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")

@@ -1,0 +1,136 @@
+"""The fan-out of a consumer group: one dict per member to map a Spark task over.
+
+``ConsumerGroupMembersOperator`` returns one dict per member (``member``, ``partitions``,
+``backlog``) for ``ConsumerGroupSparkSubmitOperator.partial(...).expand_kwargs(...)``::
+
+    members = ConsumerGroupMembersOperator(task_id="members", stream="ORDERS", group="lake")
+    ConsumerGroupSparkSubmitOperator.partial(
+        task_id="consume", stream="ORDERS", group="lake", sink_path="/data/lake/orders",
+    ).expand_kwargs(members.output)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.hooks.nats import NatsHook
+
+UI_COLOR = "#fce5cd"
+#: how long to wait, at most, for an elastic group's work queue to catch up with its origin
+#: (sourcing is asynchronous) before the backlogs are read; settled queues end the wait at once
+SETTLE_TIMEOUT = 30.0
+
+
+def templated(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value)
+
+
+def member_states(hook: NatsHook, stream: str, group: str) -> Any:
+    """``ConsumerGroups.status`` of the group (one connection)."""
+
+    async def go(nc):
+        return await ConsumerGroups(nc).status(stream, group)
+
+    return hook.run(go)
+
+
+def member_backlog(status: Any, member: Any) -> int:
+    """Messages waiting for ``member``: its partitions' stored messages for an elastic group
+    (the work queue holds only unacked ones), its consumer's pending + ack pending for a
+    static group (the whole partition count while the consumer does not exist yet)."""
+    if status.kind == "static" and member.consumer_exists:
+        return int(member.num_pending + member.num_ack_pending)
+    return int(member.backlog)
+
+
+def settled_states(hook: NatsHook, stream: str, group: str, settle_timeout: float) -> Any:
+    """``member_states``; for an elastic group, first wait (at most ``settle_timeout``) until
+    its work queue has caught up with the origin stream: source lag 0 and the size unchanged
+    for 0.5 s. (Sourcing is asynchronous: right after a publish the lag can still read 0.)"""
+    status = member_states(hook, stream, group)
+    deadline = time.monotonic() + settle_timeout
+    while status.kind == "elastic" and time.monotonic() < deadline:
+        time.sleep(0.5)
+        again = member_states(hook, stream, group)
+        settled = again.source_lag in (0, None) and again.backlog == status.backlog
+        status = again
+        if settled:
+            break
+    return status
+
+
+def member_fanout(
+    stream: str, group: str, nats_conn_id: str = NatsHook.default_conn_name,
+    settle_timeout: float = SETTLE_TIMEOUT,
+) -> list[dict[str, Any]]:
+    """``[{"member", "partitions", "backlog"}, ...]`` for the group's current members (sync).
+
+    ``settle_timeout`` > 0: first wait (at most that long) until an elastic group's work
+    queue has caught up with the origin stream (source lag 0, size unchanged for 0.5 s), so
+    the backlogs are complete right after the group was created or messages published.
+    """
+    return fanout_of(settled_states(NatsHook(nats_conn_id=nats_conn_id), stream, group, settle_timeout))
+
+
+def fanout_of(status: Any) -> list[dict[str, Any]]:
+    return [
+        {"member": m.member, "partitions": list(m.partitions), "backlog": member_backlog(status, m)}
+        for m in status.members
+        if m.in_membership and m.partitions
+    ]
+
+
+class ConsumerGroupMembersOperator(BaseOperator):
+    """Return one dict per member (``member``, ``partitions``, ``backlog``) to map over.
+
+    Members without partitions (more members than partitions) are left out; so is any
+    consumer not in the membership. ``only_with_backlog=True`` also drops idle members.
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id")
+    ui_color = UI_COLOR
+
+    def __init__(
+        self,
+        *,
+        stream: str,
+        group: str,
+        nats_conn_id: str = NatsHook.default_conn_name,
+        only_with_backlog: bool = False,
+        settle_timeout: float = SETTLE_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.stream, self.group, self.nats_conn_id = stream, group, nats_conn_id
+        self.only_with_backlog = only_with_backlog
+        self.settle_timeout = settle_timeout
+        for field in ("stream", "group"):
+            if not templated(getattr(self, field)):
+                cgconfig.validate_name(field, getattr(self, field), field)
+
+    @cached_property
+    def hook(self) -> NatsHook:
+        return NatsHook(nats_conn_id=self.nats_conn_id)
+
+    def execute(self, context: Any) -> list[dict[str, Any]]:
+        try:
+            cgconfig.validate_name("stream", self.stream, "stream")
+            cgconfig.validate_name("group", self.group, "group")
+            status = settled_states(self.hook, self.stream, self.group, self.settle_timeout)
+        except (ConfigError, GroupNotFound) as e:
+            raise AirflowFailException(str(e)) from e
+        members = fanout_of(status)
+        if self.only_with_backlog:
+            members = [m for m in members if m["backlog"] > 0]
+        for m in members:
+            self.log.info("member %s: partitions %s, backlog %d", m["member"], m["partitions"], m["backlog"])
+        return members

@@ -1,1 +1,0 @@
-"""spark-submit applications shipped inside the package (resolved with ``importlib.resources``)."""

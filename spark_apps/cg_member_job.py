@@ -1,0 +1,179 @@
+"""spark-submit entry point: land one member's backlog of a consumer group into a sink.
+
+    spark-submit --py-files cg_core.zip spark_apps/cg_member_job.py \
+        --stream ORDERS --group g1 --member m1 --sink parquet --sink-path /lake/orders
+
+The options, their defaults and rules, the summary and the exit codes are the member job's
+contract (``airflow_provider_cg/core/landing/contract.py``; ``--help`` lists them). Backfill
+mode (``--backfill-start ISO --backfill-end ISO``, no ``--member``) re-reads the origin
+stream's messages of ``[start, end)`` into the sink (``core/landing/backfill.py``).
+
+NATS settings and credentials come from ``CG_NATS_*`` environment variables or the JSON
+file named by ``CG_NATS_CONFIG_FILE``; the PostgreSQL DSN from ``CG_PG_DSN`` or the file
+named by ``CG_PG_DSN_FILE``. Nothing secret is ever an argument. The last line on stdout is
+``CG_SUMMARY {json}``; exit 0 (committed / empty / not-pinned / revoked), 1 (invalid input, a
+failing transformation: retrying cannot help), 2 (server, database: retrying may).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+
+def _build_sink(spec):
+    from airflow_provider_cg.core.errors import ConfigError
+
+    if spec.sink == "parquet":
+        from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
+
+        try:
+            return ParquetLakeSink(spec.sink_path)
+        except OSError as e:
+            raise ConfigError("sink_path", f"cannot create the lake in {spec.sink_path!r} ({e.strerror})") from None
+    from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
+
+    dsn = os.environ.get("CG_PG_DSN")
+    if not dsn and os.environ.get("CG_PG_DSN_FILE"):
+        try:
+            with open(os.environ["CG_PG_DSN_FILE"], encoding="utf-8") as f:
+                dsn = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError("CG_PG_DSN_FILE", f"cannot read the file it names ({type(e).__name__})") from None
+    if not dsn:
+        raise ConfigError("CG_PG_DSN", "the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
+    sink = PostgresSink(dsn, table=spec.pg_table, transformed=spec.transforming)
+    sink.check()  # an unreachable database fails here, before the pin is taken
+    return sink
+
+
+def _build_pipeline(spec, spark):
+    """Spark decodes and transforms; a raw batch with no transformation has nothing for Spark
+    to compute and lands as read (the data path's speed)."""
+    from airflow_provider_cg.core.landing.decode import SparkDecoder, text_decoder
+    from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, SparkPipeline
+
+    if spark is None:
+        return ArrowPipeline(text_decoder() if spec.payload_format == "text" else None)
+    if spec.payload_format == "raw" and not spec.transforming:
+        return ArrowPipeline()
+    decoder = SparkDecoder(spark, spec.payload_format, spec.json_schema or spec.avro_schema)
+    return SparkPipeline(spark, decoder, function=spec.transform, sql=spec.transform_sql)
+
+
+async def _run(spec, make_sink, pipeline):
+    """Connect to NATS first (a refused or unreachable server leaves nothing behind), check the
+    group and the member, then open the sink and run."""
+    from airflow_provider_cg.core.errors import ConfigError
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
+    from airflow_provider_cg.core.groups.config import in_membership
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+
+    try:
+        settings = NatsConnectionSettings.from_env()
+    except (TypeError, ValueError) as e:
+        field, sep, rule = str(e).partition(": ")
+        name = field if field.startswith("CG_") else f"CG_NATS_{field.upper()}"
+        raise ConfigError(name if sep else "CG_NATS_*", rule if sep else str(e)) from None
+    who = "backfill" if spec.backfill else spec.member
+    settings.name = settings.name or f"cg-job-{spec.stream}-{spec.group}-{who}"
+    nc = await settings.connect()
+    try:
+        info = await ConsumerGroups(nc).get(spec.stream, spec.group)
+        if not spec.backfill and not in_membership(info.config, spec.member):
+            raise ConfigError("member", f"{spec.member!r} is not a member of group {spec.group!r} "
+                                        f"on stream {spec.stream!r}")
+        sink = await asyncio.to_thread(make_sink)
+        if spec.backfill:
+            from airflow_provider_cg.core.landing.backfill import run_backfill
+
+            start, end = spec.window()
+            return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
+                                      pipeline=pipeline)
+        from airflow_provider_cg.core.landing.member import run_member_batch
+
+        return await run_member_batch(nc, sink, spec, pipeline)
+    finally:
+        await nc.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # TLS transport chatter on failed handshakes
+    from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound
+    from airflow_provider_cg.core.landing import contract
+    from airflow_provider_cg.core.landing.transform import TransformError
+
+    spec = None
+
+    def fail(code: int, message: str) -> int:
+        print(f"cg_member_job: error: {message}", file=sys.stderr)
+        if spec is not None and spec.summary_file:  # the operator reads why (exit 1: no retry)
+            try:
+                _write_atomically(spec.summary_file, contract.Summary.failed(spec, code, message).to_json())
+            except OSError as e:
+                print(f"cg_member_job: cannot write the summary file ({e.strerror})", file=sys.stderr)
+        return code
+
+    try:
+        spec = contract.MemberJobSpec.from_argv(sys.argv[1:] if argv is None else argv)
+        spec.check_local_paths()
+    except ConfigError as e:
+        return fail(contract.EXIT_INVALID, _shown(e))
+    spark = None
+    try:
+        try:
+            if not spec.no_spark:
+                from pyspark.sql import SparkSession
+
+                spark = SparkSession.builder.appName(
+                    f"cg-{spec.stream}-{spec.group}-{spec.member or 'backfill'}").getOrCreate()
+                spark.sparkContext.setLogLevel("WARN")
+            pipeline = _build_pipeline(spec, spark)
+            summary = asyncio.run(_run(spec, lambda: _build_sink(spec), pipeline))
+        except GroupNotFound as e:
+            return fail(contract.EXIT_INVALID, f"group: {e}")
+        except TransformError as e:  # the user's transformation failed: the batch was not acked
+            return fail(contract.EXIT_INVALID, str(e))
+        except ConfigError as e:
+            return fail(contract.EXIT_INVALID, _shown(e))
+        except (ConsumerGroupError, ConnectionError, OSError) as e:  # server, connection, sink storage
+            return fail(contract.EXIT_SERVER, str(e))
+        except KeyboardInterrupt:
+            return 130
+        except Exception as e:  # a bug or an unforeseen failure: one line, never the settings
+            logging.getLogger("cg").debug("unexpected error", exc_info=True)
+            return fail(contract.EXIT_SERVER, f"unexpected {type(e).__name__}: {str(e)[:300]}")
+    finally:
+        if spark is not None:
+            spark.stop()
+    line = summary.to_json()
+    if spec.summary_file:
+        _write_atomically(spec.summary_file, line)
+    print(contract.SUMMARY_PREFIX + line, flush=True)
+    return contract.EXIT_OK
+
+
+def _shown(e) -> str:
+    """A ``ConfigError`` as a command-line user reads it: an option by its flag."""
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec, flag
+
+    if e.field == "usage":
+        return e.rule
+    if e.field in MemberJobSpec.__dataclass_fields__:
+        return f"{flag(e.field)}: {e.rule}"
+    return str(e)
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
