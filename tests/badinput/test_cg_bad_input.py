@@ -6,13 +6,14 @@ naming the field and the rule, no traceback, no hang, and leave the server's sta
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
-from tests.support.badinput import acg, report, snapshot
+from tests.support.badinput import acg, cg_process, report, snapshot
 
 pytestmark = [pytest.mark.integration]
 
@@ -109,7 +110,8 @@ async def test_bad_mappings(nc, world):
            '{"m1": [' + ",".join(["0"] * 200_000) + "]}", '{"a b": [0, 1, 2, 3]}']
     cases = [["mapping", "set", "ORDERS", "g", m] for m in bad]
     cases += [["create", "elastic", "ORDERS", "g3", "--max-members", "4", "--mappings", m] for m in bad if m != "[]"]
-    cases += [["plan", "--max-members", "4", "--mappings", m] for m in bad if m not in ("[]", "{}")]
+    cases += [["plan", "--max-members", "4", "--mappings", m] for m in bad]
+    cases += [["plan", "--max-members", "4", "--members", "a", "--next-mappings", m] for m in bad]
     failures = []
     before = await snapshot(nc)
     for argv in cases:
@@ -194,3 +196,24 @@ async def test_accepted_invalid_input_is_refused(nc, world):
         ["mapping", "set", "ORDERS", "g", "[]"],
         ["create", "static", "ORDERS", "g", "--max-members", "4"],  # exists as an elastic group
     ], None))
+
+
+async def test_bad_js_prefix_subcommand_and_config_file(nc, world, tmp_path):
+    """A JetStream API prefix no subject can hold, a mapping command without its subcommand, a
+    config file whose servers is a number: one line naming the field, exit 1, nothing changed."""
+    cases = [(["ls", "ORDERS", "--js-prefix", p, *world], "js-prefix") for p in ("", "*", "foo bar", "a..b", "$JS.>")]
+    cases += [(["status", "ORDERS", "g", "--js-prefix", "*", *world], "js-prefix"), (["mapping"], "command")]
+    failures = []
+    before = await snapshot(nc)
+    for argv, field in cases:
+        a = await acg(*argv)
+        failures += [f"{argv[:4]!r}: {p}: {a.err.strip()[:160]!r}" for p in a.problems(1, field)]
+    conf = tmp_path / "nats.json"
+    for servers in (4222, {"url": "x"}, [4222], True):
+        conf.write_text(json.dumps({"servers": servers}))
+        a = await asyncio.to_thread(cg_process, "ls", "ORDERS", env={"CG_NATS_CONFIG_FILE": str(conf)})
+        failures += [f"servers={servers!r}: {p}: {a.err.strip()[:160]!r}"
+                     for p in a.problems(1, "CG_NATS_CONFIG_FILE: servers")]
+    if await snapshot(nc) != before:
+        failures.append("the server's state changed")
+    report(failures)

@@ -80,3 +80,33 @@ def test_sensor_and_spark_operator_refuse_bad_arguments(airflow_env):
         ({"payload_format": "avro", "avro_schema": '{"type": "enum"}'}, "avro_schema"),
         ({"payload_format": "avro", "avro_schema": AVRO_OK, "avro_package": "spark-avro"}, "avro_package")])
     assert not failures, "\n".join(failures)
+
+
+def test_what_the_job_refuses_the_operator_refuses_before_spark_submit(airflow_env):
+    """The job's bad-input corpus (tests/unit/landing/test_contract.py), given to the operator:
+    as literal arguments it is refused when the DAG is parsed; as a template that renders to
+    it, when the task runs, before spark-submit (``_check(rendered=True)`` is the first step of
+    ``execute``). Both name the same field the job names."""
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+    from tests.unit.landing.test_contract import BAD, BASE
+
+    failures = []
+    for over, field in BAD:
+        with pytest.raises(ConfigError) as job:
+            MemberJobSpec.build({**BASE, **over})
+        assert job.value.field == field
+        kwargs = {"task_id": "t", **BASE, **over, "pg_conn_id": "pg"}
+        failures += _refused(lambda kw=kwargs: ConsumerGroupSparkSubmitOperator(**kw), [({}, field)])
+        templated = {k: "{{ params.v }}" for k in over if over[k] is not None and k != "transform"}
+        if templated:  # renders to the bad value at run time
+            op = ConsumerGroupSparkSubmitOperator(**{**kwargs, **templated})
+            for k in templated:
+                setattr(op, k, over[k])
+            try:
+                op._check(rendered=True)
+                failures.append(f"{over}: accepted once rendered")
+            except ConfigError as e:
+                if e.field != field:
+                    failures.append(f"{over}: rendered, names {e.field!r}, expected {field!r}")
+    assert not failures, "\n".join(failures)

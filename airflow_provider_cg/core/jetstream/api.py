@@ -14,7 +14,7 @@ from typing import Any
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from airflow_provider_cg.core.errors import JetStreamApiError, ServerUnavailable
+from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError, ServerUnavailable
 
 DEFAULT_PREFIX = "$JS.API"
 
@@ -27,12 +27,24 @@ ERR_CONSUMER_EXISTS = 10148  # create-only on a consumer that exists with anothe
 ERR_STREAM_NAME_IN_USE = 10058
 
 
+def validate_prefix(field: str, prefix: Any) -> str:
+    """A JetStream API prefix (``$JS.API``, or ``$JS.<domain>.API`` / an import's prefix): the
+    head of a subject, so tokens that are non-empty and hold no wildcard or white space."""
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigError(field, "must be a subject prefix such as $JS.API (got an empty value)")
+    tokens = prefix.split(".")
+    if any(not t or t in ("*", ">") or any(c.isspace() for c in t) for t in tokens):
+        raise ConfigError(field, f"must be a subject prefix such as $JS.API: non-empty tokens without wildcards or "
+                                 f"white space (got {prefix!r})")
+    return prefix
+
+
 class JsApi:
     """Thin request/reply client of the JetStream API on a nats-py connection."""
 
     def __init__(self, nc, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> None:
         self.nc = nc
-        self.prefix = prefix
+        self.prefix = validate_prefix("js_prefix", prefix)
         self.timeout = timeout
 
     async def request(self, suffix: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> dict:

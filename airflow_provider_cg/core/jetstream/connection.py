@@ -138,6 +138,9 @@ class NatsConnectionSettings:
     def __post_init__(self) -> None:
         if isinstance(self.servers, str):
             self.servers = [s.strip() for s in self.servers.split(",") if s.strip()]
+        if not isinstance(self.servers, list | tuple):
+            raise ValueError(f"servers: must be a list of URLs or one comma-separated string "
+                             f"(got {type(self.servers).__name__})")
         if not self.servers:
             raise ValueError("servers: at least one NATS server URL is required")
         self.servers = [self._take_url_credentials(url) for url in self.servers]
@@ -231,11 +234,19 @@ class NatsConnectionSettings:
             if not isinstance(loaded, dict):
                 raise ValueError(f"{ENV_CONFIG_FILE}: the file must hold a JSON object of connection settings")
             values.update(loaded)
+        from_file = set(values)
         for f in fields(cls):
             v = environ.get(ENV_PREFIX + f.name.upper())
             if v:
                 values[f.name] = v
-        return cls.from_mapping(values)
+                from_file.discard(f.name)
+        try:
+            return cls.from_mapping(values)
+        except ValueError as e:  # a value the file gave: name the file and its key
+            key, sep, rule = str(e).partition(": ")
+            if sep and key in from_file:
+                raise ValueError(f"{ENV_CONFIG_FILE}: {key}: {rule}") from None
+            raise
 
     def to_dict(self, include_secrets: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -61,6 +61,8 @@ class _Parser(argparse.ArgumentParser):
             raise _UsageError(names[-1].lstrip("-"), m.group(2))
         m = re.match(r"the following arguments are required: (.*)", message)
         if m:
+            if m.group(1).startswith("{"):  # a required subcommand, e.g. {set,rm}
+                raise _UsageError("command", f"give one of {m.group(1).strip('{}').replace(',', ', ')}")
             missing = [a.strip().lstrip("-") for a in m.group(1).split(",")]
             raise _UsageError(missing[0], "is required" + (f" (and {', '.join(missing[1:])})" if missing[1:] else ""))
         raise _UsageError("arguments", message)
@@ -295,7 +297,11 @@ def _membership(field: str, members: list[str], mappings_json: str | None) -> di
     from airflow_provider_cg.core.groups.admin import parse_mappings
 
     if mappings_json is not None:
-        return {"members": tuple(members), "member_mappings": tuple(parse_mappings(mappings_json))}
+        mappings = tuple(parse_mappings(mappings_json))
+        if not mappings:
+            raise ConfigError(field.replace("members", "mappings").replace("_", "-"),
+                              "give at least one mapping (or leave the option out)")
+        return {"members": tuple(members), "member_mappings": mappings}
     return {"members": tuple(members), "member_mappings": ()}
 
 
@@ -462,7 +468,9 @@ def _members_table(states) -> str:
 
 async def _online(args, out: TextIO) -> int:
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
+    from airflow_provider_cg.core.jetstream.api import validate_prefix
 
+    validate_prefix("js-prefix", args.js_prefix)
     settings = settings_from_args(args)
     if args.command == "create":  # check the input before touching the network
         created_cfg = _create_config(args)
