@@ -31,6 +31,7 @@ from airflow_provider_cg.core.groups.admin import (
     ConsumerGroups,
     GroupInfo,
     parse_mappings,
+    parse_members,
 )
 from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
@@ -54,21 +55,6 @@ def _templated(value: Any) -> bool:
     if isinstance(value, list | tuple):
         return any(_templated(v) for v in value)
     return False
-
-
-def _member_list(field: str, value: Any) -> list[str]:
-    """Member names from a list, or from one string (comma-separated names)."""
-    if isinstance(value, str):
-        value = value.split(",")
-    if not isinstance(value, list | tuple):
-        raise ConfigError(field, "must be a list of member names")
-    names = [m.strip() if isinstance(m, str) else m for m in value]
-    names = [m for m in names if m != ""]
-    if not names:
-        raise ConfigError(field, "give at least one member name")
-    for i, m in enumerate(names):
-        cgconfig.validate_name(f"{field}[{i}]", m, "member")
-    return names
 
 
 def _partitioning_filters(value: Any) -> tuple[PartitioningFilter, ...]:
@@ -240,7 +226,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ConfigError(field, "must be an integer")
-        members = tuple(_member_list("members", self.members)) if self.members else ()
+        members = tuple(parse_members("members", self.members)) if self.members else ()
         mappings = tuple(parse_mappings(self.member_mappings)) if self.member_mappings else ()
         if self.kind == STATIC:
             for field in ("partitioning_filters", "max_buffered_msgs", "max_buffered_bytes"):
@@ -406,11 +392,11 @@ class _MembersOperator(_MembershipOperator):
         super().__init__(stream=stream, group=group, **kwargs)
         self.members = members
         if not _templated(members):
-            _member_list("members", members)
+            parse_members("members", members)
 
     def _validate(self) -> None:
         super()._validate()
-        _member_list("members", self.members)
+        parse_members("members", self.members)
 
 
 class AddMembersOperator(_MembersOperator):
@@ -422,7 +408,7 @@ class AddMembersOperator(_MembersOperator):
     action = "add members"
 
     def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
-        return cg.add_members(self.stream, self.group, _member_list("members", self.members))
+        return cg.add_members(self.stream, self.group, parse_members("members", self.members))
 
 
 class DropMembersOperator(_MembersOperator):
@@ -434,7 +420,7 @@ class DropMembersOperator(_MembersOperator):
     action = "drop members"
 
     def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
-        return cg.drop_members(self.stream, self.group, _member_list("members", self.members))
+        return cg.drop_members(self.stream, self.group, parse_members("members", self.members))
 
 
 class SetMemberMappingsOperator(_MembershipOperator):

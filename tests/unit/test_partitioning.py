@@ -172,7 +172,7 @@ def test_every_partition_has_exactly_one_owner(max_members):
 
 
 def test_seed_000_reference_algorithm_literally():
-    """The Go loop from seed 000, transcribed, against ours on many inputs."""
+    """The Go loop of the pcgroups design, transcribed, against ours on many inputs."""
 
     def go(members, max_members, me):
         members = sorted(dict.fromkeys(members))[:max_members]

@@ -6,7 +6,7 @@ an elastic group's membership with compare-and-set and then moves the member con
 safely, builds and ensures member consumers, steps a member's pinned instance down, and
 reports member state and per-partition backlog.
 
-Membership transition (seed 000, "Transitioning"), run after every membership write and by
+Membership transition (the pcgroups design's "Transitioning"), run after every membership write and by
 :meth:`ConsumerGroups.reconcile`:
 
 1. read the latest config and every member consumer (priority group ``PCG``) of the group;
@@ -74,7 +74,7 @@ MAX_CONFIG_BYTES = 1024 * 1024  # a stored config larger than this is refused on
 DEFAULT_ACK_WAIT = 5.0  # seconds: orbit's default ack wait for the consumers it creates
 IDLE_FACTOR = 1  # orbit (v0.2): an elastic member's inactive_threshold = ack_wait * 1
 MIN_PRIORITY_TIMEOUT = 1.0  # seconds: orbit's pinned TTL is max(ack_wait, 1 s)
-TRANSITION_PAUSE = 0.5  # seconds, seed 000
+TRANSITION_PAUSE = 0.5  # seconds, as the pcgroups design pauses
 CAS_ATTEMPTS = 50
 NS = 1_000_000_000
 _ZERO_TS = "0001-01-01T00:00:00Z"
@@ -532,7 +532,7 @@ class ConsumerGroups:
     # --- membership -------------------------------------------------------------------------
 
     async def add_members(self, stream: str, group: str, members: Iterable[str]) -> GroupInfo:
-        members = _names(members)
+        members = parse_members("members", members)
 
         def change(cfg: GroupConfig) -> GroupConfig:
             if cfg.member_mappings:
@@ -542,7 +542,7 @@ class ConsumerGroups:
         return await self._change_membership(stream, group, change, "members")
 
     async def drop_members(self, stream: str, group: str, members: Iterable[str]) -> GroupInfo:
-        members = _names(members)
+        members = parse_members("members", members)
 
         def change(cfg: GroupConfig) -> GroupConfig:
             if cfg.member_mappings:
@@ -966,16 +966,21 @@ def _all_members(config: GroupConfig) -> list[str]:
     return list(dict.fromkeys(config.members or []))
 
 
-def _names(members: Iterable[str]) -> list[str]:
-    items = [members] if isinstance(members, str) else list(members)
-    for i, m in enumerate(items):
-        if not isinstance(m, str):
-            raise ConfigError(f"members[{i}]", "must be a member name (a string)")
-    out = [m.strip() for m in items if m.strip()]
+def parse_members(field: str, value: Any) -> list[str]:
+    """Member names from a string of comma-separated names or a list of them (each item may
+    hold several, as ``--members a,b --members c`` gives); blanks dropped, at least one."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ConfigError(field, "must be a list of member names")
+    out: list[str] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, str):
+            raise ConfigError(f"{field}[{i}]", "must be a member name (a string)")
+        out += [m.strip() for m in item.split(",") if m.strip()]
     if not out:
-        raise ConfigError("members", "give at least one member name")
-    for m in out:
-        cgconfig.validate_name("members", m, "member")
+        raise ConfigError(field, "give at least one member name")
+    for i, m in enumerate(out):
+        cgconfig.validate_name(f"{field}[{i}]", m, "member")
     return out
 
 

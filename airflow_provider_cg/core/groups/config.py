@@ -602,7 +602,7 @@ def _read_members(d: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[MemberMa
 def _static_from_dict(d: Mapping[str, Any]) -> StaticGroupConfig:
     max_members = _read_int(d.get("max_members"), "max_members")
     raw, name = _pick(d, "filters", "filter")
-    if name == "filter":  # orbit's earlier single filter (seed 000, Java, .NET): "" means all
+    if name == "filter":  # orbit's earlier single filter (the pcgroups design, Java, .NET): "" means all
         filters: tuple[str, ...] = (f,) if (f := _read_str(raw, "filter")) else ()
     else:
         filters = tuple(_read_str(f, f"filters[{i}]") for i, f in enumerate(_read_list(raw, "filters")))
@@ -616,7 +616,7 @@ def _elastic_from_dict(d: Mapping[str, Any]) -> ElasticGroupConfig:
     old_filter = d.get("filter")
     old_wcs, wcs_name = _pick(d, "partitioning_wildcards", "partitioning-wildcards")
     null, v01 = True, False
-    if old_filter is not None or old_wcs is not None:  # orbit v0.1 / seed 000: one filter + its wildcards
+    if old_filter is not None or old_wcs is not None:  # orbit v0.1 / the pcgroups design: one filter + its wildcards
         if d.get("partitioning_filters") is not None:
             raise ConfigError(
                 "filter", "cannot be given together with 'partitioning_filters' (its newer name)"
@@ -628,7 +628,7 @@ def _elastic_from_dict(d: Mapping[str, Any]) -> ElasticGroupConfig:
         pfs: tuple[PartitioningFilter, ...] = (
             (PartitioningFilter(f, wcs, wildcards_null=old_wcs is None),) if (f or wcs) else ()
         )
-        # orbit v0.1's names (seed 000 used hyphenated ones, rewritten in the current shape)
+        # orbit v0.1's names (the pcgroups design used hyphenated ones, rewritten in the current shape)
         v01 = not any(k in d for k in ("partitioning-wildcards", "msg-buffer-size", "member-mappings"))
     else:
         raw = d.get("partitioning_filters")

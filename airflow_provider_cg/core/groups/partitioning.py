@@ -8,7 +8,7 @@ concatenated as UTF-8 bytes *without separator* and hashed with 32-bit FNV-1a, m
 partition when both tokens are selected, and ``partition(N,2,1)`` differs from
 ``partition(N,1,2)``.
 
-The member distribution is seed 000's (orbit's ``GeneratePartitionFilters``): de-duplicate,
+The member distribution is the pcgroups design's (orbit's ``GeneratePartitionFilters``): de-duplicate,
 sort, cap at ``max_members``, contiguous blocks of ``max_members // n``, the remainder
 round-robin from the first member.
 """

@@ -87,9 +87,6 @@ class JsApi:
     async def add_stream(self, config: dict) -> dict:
         return await self.request(f"STREAM.CREATE.{config['name']}", config)
 
-    async def update_stream(self, config: dict) -> dict:
-        return await self.request(f"STREAM.UPDATE.{config['name']}", config)
-
     async def delete_stream(self, stream: str) -> bool:
         try:
             await self.request(f"STREAM.DELETE.{stream}")

@@ -136,31 +136,11 @@ class BatchId:
         }
 
 
-def missing_columns(schema: pa.Schema, required: Iterable[str] = ROW_SCHEMA.names) -> list[str]:
-    return [name for name in required if schema.get_field_index(name) < 0]
-
-
 # --- building rows from pulled messages ---------------------------------------------------------
 
 _SOURCE_KEY = b"\r\nNats-Stream-Source:"
 # Headers the server adds; their content is in other columns, so they are not kept in ``headers``.
 _SYSTEM_HEADERS = frozenset({"Nats-Stream-Source", "Nats-Pin-Id"})
-
-
-def _source_of(raw: bytes | None) -> tuple[str, int] | None:
-    """``(origin stream, origin seq)`` from a raw ``Nats-Stream-Source`` header, if present."""
-    if not raw:
-        return None
-    i = raw.find(_SOURCE_KEY)
-    if i < 0:
-        return None
-    end = raw.find(b"\r\n", i + 2)
-    parts = raw[i + len(_SOURCE_KEY) : end].split()
-    if len(parts) < 2:
-        return None
-    name = parts[0].decode()
-    # Sources from another account or domain are written as "<stream>:<hash>".
-    return name.split(":", 1)[0], int(parts[1])
 
 
 def user_headers(raw: bytes | None, server_headers: frozenset[str] = _SYSTEM_HEADERS) -> str | None:

@@ -293,9 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
 # --- offline commands -----------------------------------------------------------------------
 
 
-def _membership(field: str, members: list[str], mappings_json: str | None) -> dict[str, Any]:
-    from airflow_provider_cg.core.groups.admin import parse_mappings
+def _membership(field: str, members: list[str] | None, mappings_json: str | None) -> dict[str, Any]:
+    from airflow_provider_cg.core.groups.admin import parse_mappings, parse_members
 
+    members = parse_members(field.replace("_", "-"), members) if members else []
     if mappings_json is not None:
         mappings = tuple(parse_mappings(mappings_json))
         if not mappings:
@@ -307,7 +308,7 @@ def _membership(field: str, members: list[str], mappings_json: str | None) -> di
 
 def cmd_plan(args, out: TextIO) -> int:
     cfg = cgconfig.ElasticGroupConfig(
-        max_members=args.max_members, **_membership("members", _csv(args.members), args.mappings)
+        max_members=args.max_members, **_membership("members", args.members, args.mappings)
     ).validate()
     assignment = {m: sorted(p) for m, p in partitioning.assign_partitions(cfg).items()}
     data: dict[str, Any] = {"max_members": cfg.max_members, "assignment": assignment}
@@ -316,7 +317,7 @@ def cmd_plan(args, out: TextIO) -> int:
         lines.append(table(["MEMBER", "PARTITIONS", "COUNT"], [(m, ranges(p), len(p)) for m, p in assignment.items()]))
     else:
         nxt = cgconfig.ElasticGroupConfig(
-            max_members=args.max_members, **_membership("next_members", _csv(args.next_members), args.next_mappings)
+            max_members=args.max_members, **_membership("next_members", args.next_members, args.next_mappings)
         ).validate()
         nassign = {m: sorted(p) for m, p in partitioning.assign_partitions(nxt).items()}
         moves = _moves(assignment, nassign)
@@ -384,9 +385,9 @@ def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
 
 
 def _create_config(args) -> cgconfig.GroupConfig:
-    members = _csv(args.members)
-    if args.members is not None and not members:
-        raise ConfigError("members", "give at least one member name (or leave --members out)")
+    from airflow_provider_cg.core.groups.admin import parse_members
+
+    members = parse_members("members", args.members) if args.members is not None else []
     mappings = None
     if args.mappings is not None:
         from airflow_provider_cg.core.groups.admin import parse_mappings
@@ -504,9 +505,9 @@ async def _online(args, out: TextIO) -> int:
                   f"deleted {info.kind} group {args.group} on stream {args.stream}", out)
         elif c in ("add", "drop", "mapping"):
             if c == "add":
-                info = await cg.add_members(args.stream, args.group, _csv(args.members))
+                info = await cg.add_members(args.stream, args.group, args.members)
             elif c == "drop":
-                info = await cg.drop_members(args.stream, args.group, _csv(args.members))
+                info = await cg.drop_members(args.stream, args.group, args.members)
             elif args.mapping_command == "set":
                 info = await cg.set_mappings(args.stream, args.group, args.mappings)
             else:

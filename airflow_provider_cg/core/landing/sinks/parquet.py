@@ -97,7 +97,6 @@ STAGING_DIR = "_cg_staging"
 TMP_DIR = "_cg_tmp"
 MANIFEST = "prepared.json"
 SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
-ACKING = "acking"
 CHECKPOINT_SUFFIX = ".checkpoint.json"
 _DICT_COLUMNS = ["origin_stream", "subject", "key", "group", "member", "headers"]
 _STATS_COLUMNS = [
@@ -761,7 +760,7 @@ class ParquetLakeSink(TwoPhaseSink):
                         manifest["rows"],
                         decode_refs(manifest["refs"]),
                         token=str(path),
-                        acking=gid in self._log.acking or (path / ACKING).exists(),
+                        acking=gid in self._log.acking,
                         fence=fence,
                     )))
             self._clean_tmp()
