@@ -30,7 +30,7 @@ from airflow_provider_cg.core.landing.sinks.parquet import STAGING_DIR
 from tests.support import two_phase
 from tests.support.sink_rows import refs_for, rows
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def keys(table: pa.Table) -> list[tuple[str, int]]:
@@ -290,7 +290,7 @@ def test_mark_acking_is_durable_and_drives_recovery(lake):
 CRASH_AFTER_PREPARE = """
 import sys, os
 sys.path.insert(0, {repo!r})
-from tests.unit.test_sink_parquet import rows, refs_for
+from tests.support.sink_rows import refs_for, rows
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
 sink = ParquetLakeSink({lake!r})

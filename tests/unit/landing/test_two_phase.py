@@ -1,0 +1,84 @@
+"""The two-phase lander (core/landing/two_phase.py) over a real Parquet lake on local disk:
+the steps in order, the rule for ending a batch, fencing, and the one recovery that live
+batches and backfills share."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from airflow_provider_cg.core.landing.contract import Summary
+from airflow_provider_cg.core.landing.pipeline import ProcessedBatch
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks import Fence, ParquetLakeSink, read_committed
+from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander, recover_writes
+from tests.support.sink_rows import rows
+
+
+def committed_seqs(lake) -> list[int]:
+    return sorted(read_committed(lake, columns=["origin_seq"]).column("origin_seq").to_pylist())
+
+
+def land(lander, seqs, batch_seq, ack=None):
+    table = rows(seqs)
+    refs = {"ORDERS-g": np.asarray(list(seqs), np.int64)}
+    return asyncio.run(lander.land(BatchId("ORDERS", "g", "m1", batch_seq), ProcessedBatch(table, {}), table, refs,
+                                   ack, len(table), 10 * len(table)))
+
+
+def test_a_batch_lands_once_and_is_counted(tmp_path):
+    lake = tmp_path / "lake"
+    s = Summary("ORDERS", "g", "m1")
+    lander = TwoPhaseLander(ParquetLakeSink(lake), s, "ORDERS", "g", "m1")
+    calls = []
+
+    async def ack() -> int:
+        calls.append("ack")
+        assert committed_seqs(lake) == []  # acks go out between mark acking and commit
+        return 2  # two acks stayed unconfirmed: committed all the same
+
+    assert land(lander, range(1, 11), 1, ack) is True
+    assert calls == ["ack"] and committed_seqs(lake) == list(range(1, 11))
+    assert (s.batches, s.committed, s.consumed, s.unconfirmed_acks) == (1, 10, 10, 2)
+    assert sum(p["count"] for p in s.partitions.values()) == 10
+    assert land(lander, range(5, 15), 2) is True  # a backfill's batch: no ack step; dedupe by origin key
+    assert committed_seqs(lake) == list(range(1, 15)) and s.duplicates_skipped == 6
+
+
+def test_a_newer_pin_holder_fences_the_old_one_out_before_any_ack(tmp_path):
+    lake = tmp_path / "lake"
+    old = TwoPhaseLander(ParquetLakeSink(lake), Summary("ORDERS", "g", "m1"), "ORDERS", "g", "m1")
+    new = TwoPhaseLander(ParquetLakeSink(lake), Summary("ORDERS", "g", "m1"), "ORDERS", "g", "m1")
+    asyncio.run(old.take_over("m1/old", (0, 1, 2, 3)))
+    asyncio.run(new.take_over("m1/new", (0, 1, 2, 3)))
+    acked = []
+
+    async def ack() -> int:
+        acked.append(1)
+        return 0
+
+    assert land(old, range(1, 6), 1, ack) is False
+    assert old.taken_over and not acked and committed_seqs(lake) == []  # rolled back, nothing acked
+    assert land(new, range(1, 6), 1, ack) is True and committed_seqs(lake) == [1, 2, 3, 4, 5]
+
+
+def test_recovery_commits_what_may_have_been_acked_and_rolls_back_the_rest(tmp_path):
+    lake = tmp_path / "lake"
+    sink = ParquetLakeSink(lake)
+    quiet = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 4)), message_refs={"ORDERS-g": [1, 2, 3]})
+    marked = sink.prepare(BatchId("ORDERS", "g", "m1", 2), rows(range(4, 7)), message_refs={"ORDERS-g": [4, 5, 6]})
+    sink.mark_acking(marked)
+    other = sink.prepare(BatchId("ORDERS", "g", "m2", 3), rows(range(7, 9)), message_refs={"ORDERS-g": [7, 8]},
+                         fence=Fence("m2/a", (0, 3)))
+    s = Summary("ORDERS", "g", "m1")
+    done = recover_writes(ParquetLakeSink(lake), "ORDERS", "g", "m1", s)
+    assert [w.batch_id.batch_seq for w in done] == [2]
+    assert committed_seqs(lake) == [4, 5, 6]
+    assert (s.recovered_committed, s.recovered_aborted, s.committed) == (1, 1, 3)
+    assert quiet.batch_id.gid not in {w.batch_id.gid for w in sink.recover("ORDERS", "g", "m1")}
+    # a dropped member's orphan is finished by whoever fences one of its partitions
+    lander = TwoPhaseLander(ParquetLakeSink(lake), Summary("ORDERS", "g", "m1"), "ORDERS", "g", "m1")
+    asyncio.run(lander.take_over("m1/x", (0, 3)))
+    assert other.batch_id.gid not in {w.batch_id.gid for w in sink.recover("ORDERS", "g", "m2", (0, 1, 2, 3))}
+    assert committed_seqs(lake) == [4, 5, 6]  # never marked acking: rolled back, its messages come again
