@@ -5,12 +5,18 @@ so ``pytest_configure`` points Airflow at a temp home before any test module is 
 test module may also name it in its own ``pytest_plugins`` if it imports Airflow lazily.
 
 Fixtures: ``airflow_env`` (the activated environment: migrated SQLite DB, Airflow imported),
-``nats_conn_id`` (an Airflow connection of type ``nats`` to the ``nats_server`` fixture).
+``nats_conn_id`` (an Airflow connection of type ``nats`` to the ``nats_server`` fixture),
+``spark_env`` (real spark-submit in local mode: the Spark connection ``spark_test``),
+``example_dag`` (loads a shipped example DAG from ``dags/`` as a fresh module).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+import uuid
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +55,29 @@ def nats_conn_id(airflow_env: _airflow_env.AirflowEnv, nats_server) -> str:
     """Connection ``nats_test`` (type ``nats``) pointing at the ``nats_server`` fixture."""
     airflow_env.add_connection(NATS_CONN_ID, "nats", host="127.0.0.1", port=nats_server.port)
     return NATS_CONN_ID
+
+
+@pytest.fixture
+def spark_env(airflow_env, monkeypatch):
+    """spark-submit of the venv first on PATH, the driver on this interpreter, spark_test = local[2]."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+    airflow_env.add_connection("spark_test", "spark", host="local[2]")
+    return "spark_test"
+
+
+@pytest.fixture
+def example_dag():
+    """``load(file_name)``: the module of a shipped example DAG, loaded afresh (it reads its
+    environment, e.g. ``CG_BACKFILL_*``, when loaded)."""
+    from airflow_provider_cg.core.tools.packaging import example_dags_folder
+
+    def load(file_name: str):
+        path = example_dags_folder() / file_name
+        spec = importlib.util.spec_from_file_location(f"{path.stem}_{uuid.uuid4().hex[:6]}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import importlib.util
-import os
-import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -30,16 +26,6 @@ pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 INTERVAL = 3.0  # seconds per data interval
-
-
-@pytest.fixture
-def spark_env(airflow_env, monkeypatch):
-    """spark-submit of the venv first on PATH, the driver on this interpreter, spark_test = local[2]."""
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
-    airflow_env.add_connection("spark_test", "spark", host="local[2]")
-    return "spark_test"
 
 
 def _publish_through(settings, t0: dt.datetime, until: dt.datetime) -> dict[int, int]:
@@ -82,7 +68,7 @@ def _rows(path) -> dict[int, dict]:
     return {r["origin_seq"]: r for r in rows}
 
 
-def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id, nats_settings, spark_env,
+def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
                                                        tmp_path, monkeypatch):
     lake = tmp_path / "lake"
     t0 = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).replace(microsecond=0)
@@ -90,10 +76,7 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
                  "SINK_PATH": str(lake), "START_DATE": t0.isoformat(), "INTERVAL_SECONDS": str(INTERVAL)}.items():
         monkeypatch.setenv(f"CG_BACKFILL_{k}", v)
     times = _publish_through(nats_settings, t0, t0 + dt.timedelta(seconds=2 * INTERVAL + 1))
-    spec = importlib.util.spec_from_file_location(f"cg_backfill_{uuid.uuid4().hex[:6]}", ROOT / "dags" / "cg_backfill.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    dag = mod.dag
+    dag = example_dag("cg_backfill.py").dag
 
     expected: set[int] = set()
     for k in (1, 2):

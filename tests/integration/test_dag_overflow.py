@@ -6,11 +6,7 @@ messages arrive during the membership changes."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
-import sys
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
@@ -31,26 +27,12 @@ N, LATE = 400, 60
 THRESHOLD = 100
 
 
-@pytest.fixture
-def spark_env(airflow_env, monkeypatch):
-    """spark-submit of the venv first on PATH, the driver on this interpreter, spark_test = local[2]."""
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
-    airflow_env.add_connection("spark_test", "spark", host="local[2]")
-    return "spark_test"
-
-
-def _load(monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path, members: str = "ox1,ox2"):
+def _load(example_dag, monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path, members: str = "ox1,ox2"):
     for k, v in {"STREAM": "O", "GROUP": "g", "THRESHOLD": str(THRESHOLD), "MEMBERS": members,
                  "NATS_CONN_ID": nats_conn_id, "SPARK_CONN_ID": spark_conn_id, "SINK_PATH": str(lake),
                  "POKE_INTERVAL": "0.2"}.items():
         monkeypatch.setenv(f"CG_OVERFLOW_{k}", v)
-    name = f"cg_overflow_scaleout_{uuid.uuid4().hex[:6]}"
-    spec = importlib.util.spec_from_file_location(name, ROOT / "dags" / "cg_overflow_scaleout.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return example_dag("cg_overflow_scaleout.py")
 
 
 async def _setup(nc) -> None:
@@ -74,12 +56,12 @@ def _late_publisher(settings) -> threading.Thread:
 
 
 def test_overflow_scaleout_drains_once_and_restores_membership(
-        airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path, monkeypatch):
+        airflow_env, nats_conn_id, nats_settings, spark_env, example_dag, tmp_path, monkeypatch):
     from airflow_provider_cg.core.landing.sinks import ParquetLakeSink, read_committed
 
     run_with_nats(nats_settings, _setup)
     lake = tmp_path / "lake"
-    mod = _load(monkeypatch, nats_conn_id, spark_env, lake)
+    mod = _load(example_dag, monkeypatch, nats_conn_id, spark_env, lake)
     dag = mod.dag
 
     assert airflow_env.run_asset_triggered(dag) is None
@@ -126,12 +108,12 @@ def test_overflow_scaleout_drains_once_and_restores_membership(
 
 
 def test_sensor_variant_waits_scales_out_and_restores(
-        airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path, monkeypatch):
+        airflow_env, nats_conn_id, nats_settings, spark_env, example_dag, tmp_path, monkeypatch):
     from airflow_provider_cg.core.landing.sinks import read_committed
 
     run_with_nats(nats_settings, _setup)
     lake = tmp_path / "lake"
-    mod = _load(monkeypatch, nats_conn_id, spark_env, lake, members="ox1")  # one spark-submit less
+    mod = _load(example_dag, monkeypatch, nats_conn_id, spark_env, lake, members="ox1")  # one spark-submit less
     result = airflow_env.run_dag(mod.sensor_dag)
     assert result.state == "success", result.ti_states
     assert result.xcom("wait_overflow")["pending"] >= THRESHOLD

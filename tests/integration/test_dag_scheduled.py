@@ -5,7 +5,6 @@ published messages, once each."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import sys
@@ -20,23 +19,6 @@ pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 3000
-
-
-@pytest.fixture
-def spark_env(airflow_env, monkeypatch):
-    """spark-submit of the venv first on PATH, the driver on this interpreter, spark_test = local[2]."""
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
-    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
-    airflow_env.add_connection("spark_test", "spark", host="local[2]")
-    return "spark_test"
-
-
-def _load_dag():
-    spec = importlib.util.spec_from_file_location("cg_scheduled_consumption", ROOT / "dags" / "cg_scheduled_consumption.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.dag
 
 
 def _publish(settings, n: int) -> None:
@@ -56,11 +38,12 @@ def _publish(settings, n: int) -> None:
     assert asyncio.run(go()).published == n
 
 
-def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_settings, spark_env, tmp_path):
+def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
+                                             tmp_path):
     from airflow_provider_cg.core.landing.sinks import read_committed
 
     _publish(nats_settings, N)
-    dag = _load_dag()
+    dag = example_dag("cg_scheduled_consumption.py").dag
     lake = tmp_path / "lake"
     conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": spark_env, "sink_path": str(lake)}
     result = airflow_env.run_dag(dag, run_conf=conf)
@@ -96,7 +79,7 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     assert read_committed(lake).num_rows == len(paid)
 
 
-def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_settings, tmp_path, monkeypatch):
+def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_settings, example_dag, tmp_path, monkeypatch):
     """Example DAG 1 with its Spark connection pointing at a standalone master and worker
     (client deploy mode): decoding and the transformation run on the cluster's executors;
     every paid order lands once, in per-key order."""
@@ -114,7 +97,7 @@ def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_setti
         _publish(nats_settings, N)
         lake = tmp_path / "lake"
         conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": "spark_cluster", "sink_path": str(lake)}
-        result = airflow_env.run_dag(_load_dag(), run_conf=conf)
+        result = airflow_env.run_dag(example_dag("cg_scheduled_consumption.py").dag, run_conf=conf)
         assert result.state == "success", result.ti_states
         # the executors of the cluster ran the job's Spark tasks
         executors = list((tmp_path / "spark" / "work").glob("app-*/*/stderr"))
