@@ -136,9 +136,9 @@ async def test_schemas_spark_refuses_are_clear_errors_before_anything_is_read(nc
     await publish_orders(nc, "BS", "g", 3, 1, subjects_prefix="bs")
     bad_avro = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "no_such_type"}]}
     for args, options, field in [
-        (["--payload-format", "json", "--json-schema", "id BIGINTEGER,"], [], "json-schema: not a valid Spark DDL schema"),
+        (["--payload-format", "json", "--json-schema", "id BIGINTEGER,"], [], "--json-schema: not a valid Spark DDL schema"),
         (["--payload-format", "avro", "--avro-schema", json.dumps(bad_avro)], ["--packages", SPARK_AVRO_PACKAGE],
-         "avro-schema: Spark refuses it"),
+         "--avro-schema: Spark refuses it"),
     ]:
         r = await asyncio.to_thread(start_member_job(
             member_job_zip, tmp_path, nats_servers=nats_server.url, stream="BS", group="g", member="m1",

@@ -263,7 +263,8 @@ async def test_standby_whose_consumer_is_deleted_ends_revoked(nc, nats_server, m
     try:
         job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="R", group=GROUP,
                                member="m1", sink_path=tmp_path / "lake", args=["--standby-timeout", "60"])
-        assert await asyncio.to_thread(job.wait_for_log, "cg pinned", 8) is False  # still a standby
+        assert await asyncio.to_thread(job.wait_for_log, "for the pin", 120), job.result().describe()
+        assert await asyncio.to_thread(job.wait_for_log, "cg pinned", 2) is False  # a standby
         assert job.running(), job.result().describe()
         await groups.drop_members("R", GROUP, ["m1"])
         assert await JsApi(nc).consumer_info(stream, consumer) is not None  # its pinned instance's to hand over

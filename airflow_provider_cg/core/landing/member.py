@@ -311,6 +311,7 @@ class MemberRun:
         """Pull as a standby until the server pins us (messages arrive) or the timeout passes."""
         o = self.options
         deadline = self.pin_wait_from + o.standby_timeout
+        log.info("cg member=%s: waiting up to %.0fs for the pin", o.member, max(0.0, deadline - time.monotonic()))
         while time.monotonic() < deadline and self.revoked is None:
             expires = max(0.5, min(5.0, self.pull_expires_max, deadline - time.monotonic()))
             # reading by direct gets, the pin is all this pull is for

@@ -127,8 +127,10 @@ class TwoPhaseLander:
             # ack wait) and the new holder's recovery rolled this write back. No ack was sent:
             # the messages are the new holder's. Stop, and roll back what may still hold row
             # locks in the sink (a write half-prepared when that recovery ran).
-            why = "fenced out by a newer instance" if isinstance(e, FencedOut) else "rolled back by another instance"
-            log.warning("cg batch %s: %s of the member; stopping", batch_id.gid, why)
+            if isinstance(e, FencedOut):
+                log.warning("cg batch %s: fenced out by a newer instance of the member; stopping", batch_id.gid)
+            else:
+                log.warning("cg batch %s was rolled back by another instance; stopping", batch_id.gid)
             self.taken_over = True
             await asyncio.to_thread(self.sink.abort, prepared)
             return False
