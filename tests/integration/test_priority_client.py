@@ -555,7 +555,7 @@ async def test_fast_path_hook_is_shared_per_connection_and_removed_with_the_last
 
 async def test_untested_nats_py_version_falls_back_to_the_public_api(nc, monkeypatch):
     """The fast path touches nats-py internals only for the versions it was built against."""
-    from airflow_provider_cg.core import nats_fastpath
+    from airflow_provider_cg.core.jetstream import fastpath as nats_fastpath
 
     monkeypatch.setattr(nats_fastpath, "_nats_py_version", lambda: (3, 1))
     api = await _stream(nc)
