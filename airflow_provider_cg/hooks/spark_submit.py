@@ -23,10 +23,15 @@ from airflow.sdk.log import mask_secret
 
 from airflow_provider_cg.core.errors import ConfigError
 
-SPARK_DEFAULT_REDACTION = r"(?i)secret|password|token|access[.]key"
+#: Spark's default ``spark.redaction.regex``, spelled so that the Spark provider's masking of the
+#: logged command (it hides the value after any word "secret" or "password") leaves it readable
+SPARK_DEFAULT_REDACTION = r"(?i)secre[t]|passwor[d]|token|access[.]key"
 #: the names the member job's secrets travel under (spark.*Env.CG_NATS_CREDS, ..._NKEY_SEED,
 #: ..._TLS_KEY, CG_PG_DSN): Spark's default pattern matches none of them
 CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN"
+#: quiet and private unless the user's ``conf`` says otherwise: no driver UI listening on every
+#: interface of a worker, and Spark's own INFO lines out of the task log (the job's stay)
+QUIET_DEFAULTS = {"spark.ui.enabled": "false", "spark.log.level": "WARN"}
 
 
 def with_redaction(conf: dict[str, Any] | None) -> dict[str, Any]:
@@ -80,7 +85,7 @@ def submit_hook(*, conn_id: str, deploy_mode: str | None, secrets: dict[str, str
                                          "use client mode")
     else:  # Popen environment of spark-submit, inherited by the driver it starts here
         env.update(secrets)
-    options["conf"] = with_redaction(options.get("conf"))
+    options["conf"] = with_redaction({**QUIET_DEFAULTS, **(options.get("conf") or {})})
     if deploy_mode is not None:
         options["deploy_mode"] = deploy_mode
     hook = SparkSubmitHook(conn_id=conn_id, env_vars=env or None, properties_file=props or properties_file,
