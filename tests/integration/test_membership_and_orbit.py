@@ -207,9 +207,11 @@ def _orbit_acked_seqs(text: str) -> set[int]:
     """Sequences orbit's CLI printed as processed and acknowledged."""
     import re
 
+    # One record per message, from its "[member] subject=" to the next one: orbit's other output
+    # (its "consuming..." line) can land in the middle of a record and push "acked" to the next line.
     seqs = set()
-    for line in text.splitlines():
-        m = re.search(r"seq=(\d+)", line)
-        if m and line.rstrip().endswith(" acked") and "could not" not in line:
+    for record in re.split(r"(?=\[[^\]\s]+\] subject=)", text):
+        m = re.search(r"\bseq=(\d+)", record)
+        if m and re.search(r"\backed\s*$", record) and "could not" not in record:
             seqs.add(int(m.group(1)))
     return seqs
