@@ -299,7 +299,7 @@ sink.mark_acking(p)
 if {mid_commit!r}:
     def die(record):  # the commit record is durable, the data file not yet published
         os._exit(9)
-    sink._publish = die
+    sink.publish = die
     sink.commit(p)
 os._exit(9)  # no cleanup, no atexit: a killed job
 """

@@ -1,0 +1,113 @@
+"""Delta Lake tables, on local disk or S3-compatible object storage, exactly once.
+
+The lake protocol (``lake.py``) decides what is committed; each committed batch is then
+published as one Delta commit (``deltalake``, delta-rs) that adds all of the batch's files
+and carries the app transaction ``(airflow-provider-cg, <log position>)``. Records are
+published in log order, so the table's app-transaction version says exactly which batches it
+holds: a publisher reads it, publishes the next record, and when another publisher got there
+first, delta-rs refuses the second commit of the same app transaction
+(``ConcurrentTransaction``) and the loser re-reads. Commits of other writers (OPTIMIZE,
+VACUUM, a user's appends) rebase as usual. Data files are written by Spark tasks (or the
+driver) into the protocol's staging and copied to ``data/`` at publish, so a VACUUM with
+any retention never deletes a prepared write's files, and compaction or log checkpoints
+change nothing the protocol reads.
+
+On an object store, Delta's commits need a conditional put: S3 and MinIO support it
+(``conditional_put=etag`` is set for an S3-compatible endpoint).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pyarrow as pa
+
+from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
+from airflow_provider_cg.core.landing.sinks.tables import (
+    APP_ID,
+    TableConflict,
+    TableSink,
+    new_columns,
+    stats_json,
+)
+
+
+def delta_storage_options(settings: ObjectStoreSettings) -> dict[str, str]:
+    """delta-rs storage options for an S3-compatible store (no secret is logged by delta-rs)."""
+    opts = {f"AWS_{k.upper()}": v for k, v in settings.object_store_options().items()}
+    if settings.endpoint:
+        opts["conditional_put"] = "etag"
+    return opts
+
+
+class DeltaLakeSink(TableSink):
+    """Two-phase sink into the Delta table at ``location`` (a path, ``file://`` or ``s3://``),
+    created from the first batch's schema if missing."""
+
+    def __init__(self, location: str | os.PathLike, *, fsync: bool = True, compression: str = "snappy",
+                 checkpoint_interval: int = 100) -> None:
+        store = open_storage(str(location), fsync=fsync)
+        if isinstance(store, ObjectStorage):
+            store.check()
+            self.storage_options = delta_storage_options(store.settings)
+        else:
+            self.storage_options = {}
+        super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval)
+        self.uri = store.uri()
+        self._dt = None
+
+    def _table(self, *, fresh: bool = True):
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        if self._dt is None:
+            try:
+                self._dt = DeltaTable(self.uri, storage_options=self.storage_options or None)
+            except TableNotFoundError:
+                return None
+        elif fresh:
+            self._dt.update_incremental()
+        return self._dt
+
+    def published_through(self) -> int:
+        dt = self._table()
+        return (dt.transaction_version(APP_ID) or 0) if dt is not None else 0
+
+    def table_schema(self) -> pa.Schema | None:
+        dt = self._table()
+        return None if dt is None else pa.schema(dt.schema().to_arrow())
+
+    def commit_files(self, record: dict, files: list[tuple[str, int, dict]], schema: pa.Schema) -> None:
+        from deltalake import CommitProperties, DeltaTable, Field, Transaction
+        from deltalake import Schema as DeltaSchema
+        from deltalake.exceptions import CommitFailedError, DeltaError
+        from deltalake.transaction import AddAction
+
+        dt = self._table(fresh=False)
+        if dt is None:
+            try:
+                DeltaTable.create(self.uri, schema=schema, mode="ignore", storage_options=self.storage_options or None)
+            except DeltaError:
+                pass  # another publisher created it meanwhile
+            dt = self._table()
+        current = pa.schema(dt.schema().to_arrow())
+        added = new_columns(current, schema)
+        try:
+            if added:  # additive evolution: a metadata commit before the data (harmless alone)
+                fields = DeltaSchema.from_arrow(pa.schema(added)).fields
+                dt.alter.add_columns([Field(f.name, f.type, nullable=True) for f in fields])
+                dt.update_incremental()
+                current = pa.schema(dt.schema().to_arrow())
+            now = int(time.time() * 1000)
+            actions = [AddAction(path, size, {}, now, True, stats_json(stats)) for path, size, stats in files]
+            props = CommitProperties(
+                app_transactions=[Transaction(APP_ID, record["pos"], now)],
+                custom_metadata={"cg.gid": record["gid"], "cg.position": str(record["pos"]),
+                                 "cg.rows": str(record["rows_written"])},
+                max_commit_retries=10,
+            )
+            dt.create_write_transaction(actions, "append", current, commit_properties=props)
+        except CommitFailedError as e:
+            self._dt = None
+            raise TableConflict(f"delta commit of position {record['pos']} lost a race ({e})") from None

@@ -1,0 +1,141 @@
+"""Apache Iceberg tables through a SQL catalog (SQLite or PostgreSQL), exactly once.
+
+Like the Delta sink (``delta.py``): the lake protocol decides, and each committed batch is
+published as one Iceberg commit (``pyiceberg``) that adds the batch's files and sets the table
+property ``airflow-provider-cg.position`` to the record's log position (the snapshot summary
+carries it too, with the gid). A table property is never expired, so the floor that says
+which batches the table holds survives snapshot expiry. The catalog's commit is optimistic;
+the sink sets ``commit.retry.num-retries=0`` on its table, because pyiceberg's automatic retry
+would rebase a commit past the position check: a commit that loses a race fails, and the sink
+re-reads the position and tries again.
+
+The protocol's ``_cg_*`` objects live under the table's location (local or ``s3://``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
+from airflow_provider_cg.core.landing.sinks.tables import APP_ID, TableConflict, TableSink, new_columns
+
+POSITION_PROPERTY = f"{APP_ID}.position"
+NO_RETRIES = {"commit.retry.num-retries": "0"}
+
+
+def iceberg_io_properties(settings: ObjectStoreSettings) -> dict[str, str]:
+    out = {}
+    if settings.endpoint:
+        out["s3.endpoint"] = settings.endpoint
+        out["s3.force-virtual-addressing"] = "false"
+    if settings.region:
+        out["s3.region"] = settings.region
+    if settings.access_key_id:
+        out["s3.access-key-id"] = settings.access_key_id
+        out["s3.secret-access-key"] = settings.secret_access_key or ""
+    if settings.session_token:
+        out["s3.session-token"] = settings.session_token
+    return out
+
+
+def parse_identifier(table: str) -> tuple[str, str]:
+    parts = table.split(".") if table else []
+    if len(parts) != 2 or not all(p and p.replace("_", "").isalnum() for p in parts):
+        raise ConfigError("iceberg_table", f"must be namespace.table of letters, digits and '_' (got {table!r})")
+    return parts[0], parts[1]
+
+
+def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings):
+    """pyiceberg's SQL catalog; errors name the setting, never the URI's password."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    scheme = uri.split(":", 1)[0] if ":" in uri else ""
+    if not (scheme.startswith("sqlite") or scheme.startswith("postgresql")):
+        raise ConfigError("iceberg_catalog_uri", "must be a sqlite:/// or postgresql:// SQLAlchemy URI")
+    if scheme == "postgresql":
+        uri = "postgresql+psycopg2" + uri[len("postgresql"):]
+    props = {"uri": uri, **iceberg_io_properties(settings)}
+    if warehouse:
+        props["warehouse"] = warehouse if "://" in warehouse else "file://" + os.path.abspath(warehouse)
+    try:
+        catalog = SqlCatalog("cg", **props)
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors may quote the URI
+        raise ConfigError("iceberg_catalog_uri", f"cannot open the catalog ({type(e).__name__})") from None
+    return catalog
+
+
+class IcebergSink(TableSink):
+    """Two-phase sink into the Iceberg table ``table`` (``namespace.table``) of a SQL catalog,
+    created from the first batch's schema (under ``warehouse``) if missing."""
+
+    def __init__(self, catalog_uri: str, table: str, *, warehouse: str | None = None, fsync: bool = True,
+                 compression: str = "snappy", checkpoint_interval: int = 100) -> None:
+        self.namespace, self.name = parse_identifier(table)
+        self.identifier = f"{self.namespace}.{self.name}"
+        self.settings = ObjectStoreSettings.from_env()
+        self.catalog = open_catalog(catalog_uri, warehouse, self.settings)
+        tbl = self._load()
+        if tbl is not None:
+            location = tbl.location()
+            if tbl.properties.get("commit.retry.num-retries") != "0":
+                with tbl.transaction() as tx:
+                    tx.set_properties(NO_RETRIES)
+        elif warehouse:
+            location = f"{self.catalog.properties['warehouse'].rstrip('/')}/{self.namespace}.db/{self.name}"
+        else:
+            raise ConfigError("iceberg_warehouse", f"required to create table {self.identifier!r}")
+        if location.startswith("file://"):
+            location = location[len("file://"):]
+        store = open_storage(location, fsync=fsync)
+        if isinstance(store, ObjectStorage):
+            store.check()
+        super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval)
+        self.location = store.uri() if isinstance(store, ObjectStorage) else "file://" + store.location
+
+    def _load(self):
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+        except Exception as e:  # noqa: BLE001 - the database is unreachable or refuses us
+            raise ConnectionError(f"iceberg catalog unreachable ({type(e).__name__})") from None
+
+    def published_through(self) -> int:
+        tbl = self._load()
+        return int(tbl.properties.get(POSITION_PROPERTY, 0)) if tbl is not None else 0
+
+    def table_schema(self) -> pa.Schema | None:
+        tbl = self._load()
+        return None if tbl is None else tbl.schema().as_arrow()
+
+    def _create(self, schema: pa.Schema):
+        from pyiceberg.exceptions import TableAlreadyExistsError
+
+        self.catalog.create_namespace_if_not_exists(self.namespace)
+        try:
+            return self.catalog.create_table(self.identifier, schema=schema, location=self.location,
+                                             properties=dict(NO_RETRIES))
+        except TableAlreadyExistsError:
+            return self._load()
+
+    def commit_files(self, record: dict, files: list[tuple[str, int, dict]], schema: pa.Schema) -> None:
+        from pyiceberg.exceptions import CommitFailedException
+
+        tbl = self._load() or self._create(schema)
+        added = new_columns(tbl.schema().as_arrow(), schema)
+        pos = str(record["pos"])
+        try:
+            with tbl.transaction() as tx:
+                if added:
+                    with tx.update_schema() as update:
+                        update.union_by_name(pa.schema(added))
+                tx.set_properties({POSITION_PROPERTY: pos})
+                tx.add_files([self.store.uri(path) for path, _, _ in files],
+                             snapshot_properties={POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]})
+        except CommitFailedException as e:
+            raise TableConflict(f"iceberg commit of position {pos} lost a race ({e})") from None

@@ -1,0 +1,698 @@
+"""The two-phase protocol of the lake sinks, kept in a commit log beside the table.
+
+Every lake sink (the Parquet dataset, Delta Lake, Iceberg) keeps the protocol's state in the
+same place, under the table's location, on local disk or in an S3-compatible bucket
+(``storage.py``)::
+
+    _cg_log/00000000000000000001.json           protocol log: one record per position
+    _cg_log/00000000000000000100.checkpoint.json   every 100 positions: all records so far
+    _cg_keys/<gid>/<rand>-<i>.npy               sorted origin_seq per origin stream, per commit
+    _cg_staging/<gid>/part-0.parquet, keys-<i>.npy, prepared.json   prepared writes
+    _cg_staging/<gid>/spark/part-*.parquet      a batch's files written by Spark tasks (``stage``)
+
+Protocol. ``prepare`` writes the rows (minus in-batch duplicates and keys already committed),
+the sorted keys and a ``prepared.json`` manifest with the message refs into the write's
+staging; ``mark_acking`` claims an ``acking`` record; recovery's ``abort_unless_acking``
+aborts only if no ``acking`` record precedes its ``abort`` record. ``fence`` claims a
+``fence`` record (owner of some partitions of a group); ``mark_acking`` of a fenced write
+claims its record only if the latest fence of each of its partitions, in the log before that
+position, names the write's owner. ``commit`` re-reads the log, drops rows whose key is in an
+earlier commit (only commits whose per-stream seq range overlaps are read), then claims the
+next position with a ``commit`` record. A claim is ``Storage.create``: an object written only
+if its name is free (``link`` on a local disk, a conditional put on an object store), so
+exactly one writer wins each position and a record is never seen half-written; a loser
+re-reads the new records, re-checks and retries. ``abort`` claims a position too, so the
+first of commit/abort wins for good.
+
+Publishing. The ``commit`` record decides; ``publish`` (per sink) then makes the batch
+visible to readers -- the Parquet sink links files into ``data/``, Delta and Iceberg commit
+one table transaction per batch. Any instance rolls a committed record forward (after a crash
+between the record and the publish), so publishing is idempotent, and the table sinks
+publish records in log order, each transaction carrying its log position.
+
+VACUUM, compaction, checkpoints and snapshot expiry of the table do not touch ``_cg_*``
+objects (``_``-prefixed names are not data to any of them), so the committed keys that
+exactly-once rests on survive them.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import io
+import json
+import logging
+import secrets
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from urllib.parse import quote, unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from airflow_provider_cg.core.landing.failpoints import failpoint
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
+from airflow_provider_cg.core.landing.sinks.base import (
+    CommitResult,
+    Fence,
+    FencedOut,
+    MessageRefs,
+    PreparedWrite,
+    PreparedWriteLost,
+    SinkError,
+    TwoPhaseSink,
+    WriteState,
+    conform_table,
+    decode_refs,
+    encode_refs,
+    first_occurrence_mask,
+    isin_sorted,
+    keys_by_stream,
+    normalize_refs,
+    recovered_by,
+    sorted_unique,
+)
+from airflow_provider_cg.core.landing.sinks.storage import LocalStorage, Storage
+
+LOG_DIR = "_cg_log"
+KEYS_DIR = "_cg_keys"
+STAGING_DIR = "_cg_staging"
+MANIFEST = "prepared.json"
+SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
+CHECKPOINT_SUFFIX = ".checkpoint.json"
+_DICT_COLUMNS = ["origin_stream", "subject", "key", "group", "member", "headers"]
+_STATS_COLUMNS = ["origin_stream", "origin_seq", "subject", "partition", "key", "timestamp", "group", "member"]
+
+STORED_SCHEMA = pa.schema(
+    [f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f for f in ROW_SCHEMA]
+)
+"""``ROW_SCHEMA`` as stored in Parquet files (microsecond timestamps, readable by Spark)."""
+
+log = logging.getLogger(__name__)
+
+
+class DatasetCorrupt(SinkError):
+    """The commit log references a file that is neither published nor staged."""
+
+
+def fs_name(gid: str) -> str:
+    """A gid as one path segment."""
+    return quote(gid, safe="")
+
+
+def _pos_name(pos: int) -> str:
+    return f"{pos:020d}.json"
+
+
+def npy_bytes(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, arr, allow_pickle=False)
+    return buf.getvalue()
+
+
+def npy_load(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+@dataclass
+class _StreamIndex:
+    """Per origin stream: seq range and key file of each commit, for overlap queries."""
+
+    mins: list[int] = field(default_factory=list)
+    maxs: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    keys: list[str] = field(default_factory=list)
+    _arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def add(self, lo: int, hi: int, pos: int, keys: str) -> None:
+        self.mins.append(lo)
+        self.maxs.append(hi)
+        self.positions.append(pos)
+        self.keys.append(keys)
+        self._arrays = None
+
+    def overlapping(self, lo: int, hi: int, after_pos: int) -> list[str]:
+        if self._arrays is None or len(self._arrays[0]) != len(self.mins):
+            self._arrays = (np.asarray(self.mins), np.asarray(self.maxs), np.asarray(self.positions))
+        mins, maxs, positions = self._arrays
+        hit = (mins <= hi) & (maxs >= lo) & (positions > after_pos)
+        return [self.keys[i] for i in np.nonzero(hit)[0]]
+
+
+class CommitLog:
+    """Reads (incrementally) and appends the protocol log of one table."""
+
+    def __init__(self, store: Storage) -> None:
+        self.store = store
+        self.pos = 0
+        self.records: list[dict] = []
+        self.commits: dict[str, dict] = {}
+        self.aborts: set[str] = set()
+        self.acking: set[str] = set()  # gids with an "acking" record before any abort record
+        self.fences: dict[tuple[str, str, int], str] = {}  # (stream, group, partition) -> owner
+        self.index: dict[str, _StreamIndex] = {}
+        self._loaded = False
+
+    def _apply(self, pos: int, record: dict) -> None:
+        record["pos"] = pos
+        self.pos = pos
+        self.records.append(record)
+        if record["op"] == "fence":
+            for p in record["partitions"]:
+                self.fences[(record["stream"], record["group"], p)] = record["owner"]
+            return
+        gid = record["gid"]
+        if gid in self.commits or gid in self.aborts:
+            return  # cannot happen with the claim protocol; first record wins
+        if record["op"] == "commit":
+            self.commits[gid] = record
+            for stream, info in record.get("streams", {}).items():
+                self.index.setdefault(stream, _StreamIndex()).add(info["min"], info["max"], pos, info["keys"])
+        elif record["op"] == "abort":
+            self.aborts.add(gid)
+        elif record["op"] == "acking":
+            self.acking.add(gid)
+
+    def _load_checkpoint(self) -> None:
+        checkpoints = [n for n in self.store.list(LOG_DIR) if n.endswith(CHECKPOINT_SUFFIX)]
+        for name in reversed(checkpoints):
+            try:
+                data = json.loads(self.store.read(f"{LOG_DIR}/{name}"))
+            except (OSError, ValueError):
+                continue
+            for record in data["records"]:
+                self._apply(record.pop("pos"), record)
+            return
+
+    def refresh(self) -> None:
+        """Read records after the last one seen (positions are contiguous)."""
+        if not self._loaded:
+            self._loaded = True
+            self._load_checkpoint()
+        while True:
+            name = _pos_name(self.pos + 1)
+            try:
+                raw = self.store.read(f"{LOG_DIR}/{name}")
+            except FileNotFoundError:
+                return
+            try:
+                record = json.loads(raw)
+            except ValueError as exc:
+                raise DatasetCorrupt(f"commit log record {name} is not valid JSON: {exc}") from None
+            self._apply(self.pos + 1, record)
+
+    def claim(self, record: dict) -> int:
+        """Write ``record`` at the next position; raises FileExistsError when another writer won."""
+        pos = self.pos + 1
+        self.store.create(f"{LOG_DIR}/{_pos_name(pos)}", json.dumps(record, separators=(",", ":")).encode())
+        self._apply(pos, dict(record))
+        return pos
+
+    def write_checkpoint(self) -> None:
+        body = json.dumps({"pos": self.pos, "records": self.records}, separators=(",", ":")).encode()
+        self.store.write(f"{LOG_DIR}/{self.pos:020d}{CHECKPOINT_SUFFIX}", body)
+
+    def committed_files(self) -> list[dict]:
+        return [f for r in self.records if r["op"] == "commit" for f in r["files"]]
+
+
+@dataclass(frozen=True)
+class StagedFiles:
+    """A batch's output written by Spark tasks into its staging directory (``stage``)."""
+
+    gid: str
+    #: (path relative to the staging directory, rows) of each non-empty part file
+    files: tuple[tuple[str, int], ...]
+
+
+class LakeSink(TwoPhaseSink):
+    """Two-phase sink over a commit log beside the table; see the module docstring.
+
+    Subclasses say where committed files go (``data_file_name``) and how a committed record
+    becomes visible to readers (``publish``). Thread-safe; any number of processes may commit
+    into the same table.
+    """
+
+    #: folder (relative to the location) of the published data files
+    DATA_PREFIX = "data/"
+    #: Parquet statistics for every column (table formats read them), or only the key columns
+    ALL_STATISTICS = False
+
+    def __init__(self, store: Storage, *, compression: str = "snappy", checkpoint_interval: int = 100,
+                 key_cache_size: int = 16) -> None:
+        self.store = store
+        self.compression = compression
+        self.checkpoint_interval = checkpoint_interval
+        for sub in (LOG_DIR, KEYS_DIR, STAGING_DIR, self.DATA_PREFIX.rstrip("/")):
+            store.ensure_dir(sub)
+        self._log = CommitLog(store)
+        self._lock = threading.RLock()
+        self._key_cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._key_cache_size = key_cache_size
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.store.location!r})"
+
+    # -- what subclasses provide --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def publish(self, record: dict) -> None:
+        """Make a committed record's files visible to readers (idempotent; any instance may
+        call it for any committed record, e.g. after its committer died)."""
+
+    def check_schema(self, schema: pa.Schema) -> None:  # noqa: B027 - no table schema by default
+        """Refuse (``SchemaMismatch``) a batch the table cannot take, before any ack."""
+
+    # -- prepare --------------------------------------------------------------------------------
+
+    def fence(self, stream: str, group: str, fence: Fence) -> None:
+        record = {"v": 1, "op": "fence", "stream": stream, "group": group, **fence.to_dict()}
+        with self._lock:
+            while True:
+                self._log.refresh()
+                try:
+                    self._claim(record)
+                    return
+                except FileExistsError:
+                    continue  # another writer took the position: try the next one
+
+    def _claim(self, record: dict) -> int:
+        """Claim the next log position for ``record`` (FileExistsError: re-read and retry)."""
+        pos = self._log.claim(record)
+        if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
+            self._log.write_checkpoint()
+        return pos
+
+    def _fenced_out(self, prepared: PreparedWrite) -> list[int]:
+        """Partitions of the write's fence that the log says another owner fenced since."""
+        f = prepared.fence
+        if f is None:
+            return []
+        b = prepared.batch_id
+        return [p for p in f.partitions if self._log.fences.get((b.stream, b.group, p)) != f.owner]
+
+    def staging(self, gid: str) -> str:
+        return f"{STAGING_DIR}/{fs_name(gid)}"
+
+    def prepare(self, batch_id: BatchId, table: pa.Table | StagedFiles, *, message_refs: MessageRefs,
+                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
+        refs = normalize_refs(message_refs)
+        transformed = input_keys is not None
+        staged = isinstance(table, StagedFiles)
+        if staged and (not transformed or table.gid != batch_id.gid):
+            raise SinkError("files staged by Spark are prepared with their batch's input keys")
+        if transformed:
+            # a transformation's output (any columns, any number of rows per message): the
+            # batch's input keys are what is recorded as committed
+            if not staged and not isinstance(table, pa.Table):
+                raise SinkError(f"expected a pyarrow.Table, got {type(table).__name__}")
+            rows_in = sum(n for _, n in table.files) if staged else table.num_rows
+            keys = {s: sorted_unique(np.asarray(q, dtype=np.int64)) for s, q in input_keys.items() if len(q)}
+        else:
+            table = conform_table(table)
+            rows_in = table.num_rows
+            keep = first_occurrence_mask(table)
+            if keep is not None:
+                table = table.filter(pa.array(keep))
+            keys = {s: np.sort(q) for s, q in keys_by_stream(table).items()}
+            # drop rows committed already (redeliveries) now, so commit rarely has to rewrite
+            with self._lock:
+                self._log.refresh()
+                masks = self._dup_masks(keys, 0)
+            if masks:
+                table, keys = _without(table, keys, masks)
+        if not staged and table.num_rows:
+            self.check_schema(table.schema)
+        staging = self.staging(batch_id.gid)
+        if staged:
+            if not self.store.dir_exists(staging):
+                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing")
+        else:
+            try:
+                self.store.start_dir(staging)
+            except FileExistsError:
+                raise SinkError(f"batch {batch_id.gid} is already prepared") from None
+        manifest = {
+            "v": 1,
+            "gid": batch_id.gid,
+            "batch": batch_id.to_dict(),
+            "rows": rows_in,
+            "dropped": 0 if staged else rows_in - table.num_rows,
+            "file": None,
+            "files": [],
+            "keys": {},
+            "refs": encode_refs(refs),
+            "fence": fence.to_dict() if fence else None,
+            "transformed": transformed,
+            "prepared_at": datetime.now(UTC).isoformat(),
+        }
+        try:
+            self._write_staging(staging, table, keys, manifest)
+        except FileNotFoundError:
+            # A recovering instance of the member removed this half-prepared staging: this
+            # instance stalled mid-prepare and is no longer the pin holder.
+            raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing") from None
+        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=self._token(staging), fence=fence)
+
+    def _token(self, staging: str) -> str:
+        store = self.store
+        return str(store.path(staging)) if isinstance(store, LocalStorage) else store.uri(staging)
+
+    def _write_staging(self, staging: str, table: pa.Table | StagedFiles, keys: dict, manifest: dict) -> None:
+        if isinstance(table, StagedFiles):
+            for name, rows in table.files:
+                if not self.store.exists(f"{staging}/{name}"):
+                    raise FileNotFoundError(name)
+                self.store.make_durable(f"{staging}/{name}")
+                manifest["files"].append({"file": name, "rows": rows})
+            failpoint("mid_prepare")
+        elif table.num_rows:
+            self._write_parquet(table, f"{staging}/part-0.parquet")
+            failpoint("mid_prepare")
+            manifest["file"] = "part-0.parquet"
+        if manifest["file"] or manifest["files"] or manifest.get("transformed"):  # a transformation may drop every row
+            for i, (stream, sorted_keys) in enumerate(keys.items()):
+                name = f"keys-{i}.npy"
+                self.store.write(f"{staging}/{name}", npy_bytes(sorted_keys))
+                manifest["keys"][stream] = {"file": name, "min": int(sorted_keys[0]), "max": int(sorted_keys[-1])}
+        if not self.store.dir_exists(staging):  # removed by a recovering instance meanwhile
+            raise FileNotFoundError(staging)
+        self.store.write(f"{staging}/{MANIFEST}", json.dumps(manifest, separators=(",", ":")).encode())
+
+    def _write_parquet(self, table: pa.Table, rel: str) -> None:
+        names = set(table.column_names)
+        buf = io.BytesIO()
+        pq.write_table(
+            table,
+            buf,
+            compression=self.compression,
+            use_dictionary=[c for c in _DICT_COLUMNS if c in names],
+            write_statistics=True if self.ALL_STATISTICS else [c for c in _STATS_COLUMNS if c in names],
+            coerce_timestamps="us",
+            allow_truncated_timestamps=True,
+        )
+        self.store.write(rel, buf.getvalue())
+
+    def _read_parquet(self, rel: str) -> pa.Table:
+        return pq.read_table(io.BytesIO(self.store.read(rel)))
+
+    # -- commit ---------------------------------------------------------------------------------
+
+    def commit(self, prepared: PreparedWrite) -> CommitResult:
+        gid = prepared.gid
+        staging = self.staging(gid)
+        with self._lock:
+            checked_pos = 0
+            current: dict | None = None  # {"files": [(rel, rows)], "keys": {stream: array}, "dups": int}
+            while True:
+                self._log.refresh()
+                record = self._log.commits.get(gid)
+                if record is not None:
+                    self.publish(record)
+                    return CommitResult(record["rows_written"], record["duplicates_skipped"])
+                if gid in self._log.aborts:
+                    raise PreparedWriteLost(f"prepared write {gid} was aborted")
+                try:
+                    if current is None:
+                        current = self._load_staged(staging, gid)
+                    current = self._drop_committed(current, staging, checked_pos)
+                    checked_pos = self._log.pos
+                    record = self._commit_record(prepared.batch_id, current)
+                except FileNotFoundError:
+                    self._log.refresh()
+                    if gid in self._log.commits or gid in self._log.aborts:
+                        continue
+                    raise PreparedWriteLost(f"staging of {gid} vanished while committing") from None
+                try:
+                    pos = self._log.claim(record)
+                except FileExistsError:
+                    continue  # another writer took the position: re-read and re-check
+                self.publish(self._log.commits[gid])
+                if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
+                    self._log.write_checkpoint()
+                return CommitResult(record["rows_written"], record["duplicates_skipped"])
+
+    def _load_staged(self, staging: str, gid: str) -> dict:
+        try:
+            manifest = json.loads(self.store.read(f"{staging}/{MANIFEST}"))
+        except FileNotFoundError:
+            raise PreparedWriteLost(f"no prepared write {gid} (no staging, no commit record)") from None
+        keys = {s: npy_load(self.store.read(f"{staging}/{info['file']}")) for s, info in manifest["keys"].items()}
+        files = [(f"{staging}/{f['file']}", f["rows"]) for f in manifest.get("files") or ()]
+        if manifest["file"]:
+            files.append((f"{staging}/{manifest['file']}", manifest["rows"] - manifest["dropped"]))
+        return {
+            "files": files,
+            "keys": keys,
+            "dups": manifest["dropped"],
+            "rows": manifest["rows"] - manifest["dropped"],
+            "transformed": bool(manifest.get("transformed")),
+        }
+
+    def _dup_masks(self, keys: dict[str, np.ndarray], after_pos: int) -> dict[str, np.ndarray]:
+        """For each stream with duplicates: mask over its sorted keys of those already committed."""
+        out = {}
+        for stream, seqs in keys.items():
+            index = self._log.index.get(stream)
+            if index is None or len(seqs) == 0:
+                continue
+            mask = None
+            for key_path in index.overlapping(int(seqs[0]), int(seqs[-1]), after_pos):
+                committed = self._load_keys(key_path)
+                lo = int(np.searchsorted(seqs, committed[0], side="left"))
+                hi = int(np.searchsorted(seqs, committed[-1], side="right"))
+                if lo >= hi:
+                    continue
+                part = isin_sorted(seqs[lo:hi], committed)
+                if part.any():
+                    if mask is None:
+                        mask = np.zeros(len(seqs), dtype=bool)
+                    mask[lo:hi] |= part
+            if mask is not None:
+                out[stream] = mask
+        return out
+
+    def _drop_committed(self, current: dict, staging: str, after_pos: int) -> dict:
+        masks = self._dup_masks(current["keys"], after_pos)
+        if not masks:
+            return current
+        if current.get("transformed"):
+            # Another writer committed some of these inputs since this batch was prepared (a
+            # concurrent backfill of the same window): the output cannot be split per input;
+            # it is committed, and those inputs' effect lands twice. Logged, not hidden.
+            n = int(sum(m.sum() for m in masks.values()))
+            log.warning("cg lake sink: %d inputs of a transformed batch were committed meanwhile by "
+                        "another writer; their effect is in both batches", n)
+            keys = {s: (k[~masks[s]] if s in masks else k) for s, k in current["keys"].items()}
+            return {**current, "keys": {s: k for s, k in keys.items() if len(k)}}
+        (staged_file, _), = current["files"]  # a batch of rows (not transformed) is one file
+        before = self._read_parquet(staged_file)
+        table, keys = _without(before, current["keys"], masks)
+        new_file = None
+        if table.num_rows:
+            new_file = f"{staging}/part-{secrets.token_hex(4)}.parquet"
+            self._write_parquet(table, new_file)
+        dropped = before.num_rows - table.num_rows
+        return {
+            "files": [(new_file, table.num_rows)] if new_file else [],
+            "keys": keys,
+            "dups": current["dups"] + dropped,
+            "rows": current["rows"] - dropped,
+        }
+
+    def data_file_name(self, batch_id: BatchId, tag: str, i: int) -> str:
+        return f"part-{batch_id.uid}-b{batch_id.batch_seq}-{tag}{f'-{i}' if i else ''}.parquet"
+
+    def _commit_record(self, batch_id: BatchId, current: dict) -> dict:
+        keys_dir = f"{KEYS_DIR}/{fs_name(batch_id.gid)}"
+        self.store.ensure_dir(keys_dir)
+        tag = secrets.token_hex(4)
+        streams = {}
+        for i, (stream, keys) in enumerate(current["keys"].items()):
+            key_path = f"{keys_dir}/{tag}-{i}.npy"
+            self.store.write(key_path, npy_bytes(keys))
+            streams[stream] = {"min": int(keys[0]), "max": int(keys[-1]), "count": len(keys), "keys": key_path}
+        files = [{"path": self.DATA_PREFIX + self.data_file_name(batch_id, tag, i), "staged": staged_file,
+                  "rows": rows} for i, (staged_file, rows) in enumerate(current["files"])]
+        return {
+            "v": 1,
+            "op": "commit",
+            "gid": batch_id.gid,
+            "batch": batch_id.to_dict(),
+            "rows_written": current["rows"],
+            "duplicates_skipped": current["dups"],
+            "files": files,
+            "streams": streams,
+            "committed_at": datetime.now(UTC).isoformat(),
+        }
+
+    def _load_keys(self, rel: str) -> np.ndarray:
+        arr = self._key_cache.get(rel)
+        if arr is None:
+            arr = npy_load(self.store.read(rel))
+            self._key_cache[rel] = arr
+            while len(self._key_cache) > self._key_cache_size:
+                self._key_cache.popitem(last=False)
+        else:
+            self._key_cache.move_to_end(rel)
+        return arr
+
+    def copy_files(self, record: dict) -> bool:
+        """Copy (link) a committed record's staged files to their published names; True if
+        any was copied now. A file gone from staging must be published already."""
+        copied = False
+        for f in record["files"]:
+            if self.store.exists(f["path"]):
+                continue
+            try:
+                self.store.copy(f["staged"], f["path"])
+                copied = True
+            except FileNotFoundError:
+                if not self.store.exists(f["path"]):
+                    raise DatasetCorrupt(f"committed file {f['path']} is missing (gid {record['gid']})") from None
+        return copied
+
+    def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
+        """Claim an ``acking`` log record. The log orders it against an ``abort`` record of
+        ``abort_unless_acking`` and against ``fence`` records: a claim only succeeds at the
+        position after the last record the claimer has read, so whichever is claimed first
+        wins."""
+        gid = prepared.gid
+        with self._lock:
+            while True:
+                self._log.refresh()
+                if gid in self._log.aborts:
+                    raise PreparedWriteLost(f"prepared write {gid} was aborted")
+                if gid in self._log.commits or gid in self._log.acking:
+                    return dataclasses.replace(prepared, acking=True)
+                if not self.store.exists(f"{self.staging(gid)}/{MANIFEST}"):
+                    raise PreparedWriteLost(f"prepared write {gid} is gone")
+                lost = self._fenced_out(prepared)
+                if lost:
+                    raise FencedOut(f"prepared write {gid}: partitions {lost} were fenced by another instance")
+                try:
+                    self._claim({"v": 1, "op": "acking", "gid": gid})
+                except FileExistsError:
+                    continue  # another writer took the position: re-read (maybe an abort or a fence)
+                return dataclasses.replace(prepared, acking=True)
+
+    # -- abort / state / recover ----------------------------------------------------------------
+
+    def abort(self, prepared: PreparedWrite) -> WriteState:
+        return self._abort_gid(prepared.gid, unless_acking=False)
+
+    def abort_unless_acking(self, prepared: PreparedWrite) -> WriteState:
+        return self._abort_gid(prepared.gid, unless_acking=True)
+
+    def _abort_gid(self, gid: str, *, unless_acking: bool) -> WriteState:
+        with self._lock:
+            while True:
+                self._log.refresh()
+                if gid in self._log.commits:
+                    self.publish(self._log.commits[gid])
+                    return WriteState.COMMITTED
+                if gid not in self._log.aborts:
+                    if unless_acking and gid in self._log.acking:
+                        return WriteState.PREPARED  # mark_acking won: the caller commits
+                    try:
+                        self._claim({"v": 1, "op": "abort", "gid": gid})
+                    except FileExistsError:
+                        continue
+                self._drop_staging(gid)
+                return WriteState.ABORTED
+
+    def _drop_staging(self, gid: str) -> None:
+        self.store.delete_tree(self.staging(gid))
+        self.store.delete_tree(f"{KEYS_DIR}/{fs_name(gid)}")
+
+    def state(self, prepared: PreparedWrite) -> WriteState:
+        gid = prepared.gid
+        with self._lock:
+            self._log.refresh()
+            if gid in self._log.commits:
+                return WriteState.COMMITTED
+            if gid in self._log.aborts:
+                return WriteState.ABORTED
+        if self.store.exists(f"{self.staging(gid)}/{MANIFEST}"):
+            return WriteState.PREPARED
+        return WriteState.ABORTED
+
+    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = ()) -> list[PreparedWrite]:
+        """Prepared writes this caller must finish (see ``recovered_by``). Also rolls forward
+        every committed-but-unpublished write (of any member), deletes aborted staging and this
+        member's half-prepared staging (another member's finishes its manifest, or is fenced)."""
+        own = fs_name(BatchId.member_prefix(stream, group, member))
+        same_group = fs_name(BatchId.group_prefix(stream, group))
+        fenced = frozenset(int(p) for p in partitions)
+        found: list[tuple[str, PreparedWrite]] = []
+        with self._lock:
+            self._log.refresh()
+            for name in self.store.list(STAGING_DIR):
+                gid = unquote(name)
+                path = f"{STAGING_DIR}/{name}"
+                if gid in self._log.commits:
+                    self.publish(self._log.commits[gid])
+                elif gid in self._log.aborts:
+                    self.store.delete_tree(path)
+                elif name.startswith(same_group):
+                    try:
+                        manifest = json.loads(self.store.read(f"{path}/{MANIFEST}"))
+                    except FileNotFoundError:
+                        if not name.startswith(own):
+                            continue
+                        # Half-prepared: its writer died or stalled before the manifest. Log
+                        # an abort first, so a stalled writer that finishes its manifest later
+                        # cannot claim ``acking`` (and the abort loses if it already has).
+                        if self._abort_gid(gid, unless_acking=True) is not WriteState.PREPARED:
+                            continue
+                        manifest = json.loads(self.store.read(f"{path}/{MANIFEST}"))
+                    batch = BatchId(**manifest["batch"])
+                    fence = Fence.from_dict(manifest.get("fence"))
+                    if not recovered_by(batch, fence, stream, group, member, fenced):
+                        continue
+                    found.append((manifest.get("prepared_at", ""), PreparedWrite(
+                        batch,
+                        manifest["rows"],
+                        decode_refs(manifest["refs"]),
+                        token=self._token(path),
+                        acking=gid in self._log.acking,
+                        fence=fence,
+                    )))
+        # oldest first: a partition's earlier writes land before its later ones
+        return [w for _, w in sorted(found, key=lambda t: (t[0], t[1].batch_id.batch_seq))]
+
+    def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:
+        values = np.asarray(list(seqs) if not isinstance(seqs, np.ndarray) else seqs, dtype=np.int64)
+        uniq = sorted_unique(values)
+        with self._lock:
+            self._log.refresh()
+            mask = self._dup_masks({origin_stream: uniq}, 0).get(origin_stream)
+        if mask is None:
+            return np.zeros(len(values), dtype=bool)
+        return isin_sorted(values, uniq[mask])
+
+
+def _without(
+    table: pa.Table, keys: dict[str, np.ndarray], masks: dict[str, np.ndarray]
+) -> tuple[pa.Table, dict[str, np.ndarray]]:
+    """Drop the rows whose key is masked in ``masks`` (per stream, over its sorted ``keys``)."""
+    streams = table.column("origin_stream")
+    seqs = table.column("origin_seq").to_numpy()
+    single = len(keys) == 1
+    drop = np.zeros(table.num_rows, dtype=bool)
+    for stream, mask in masks.items():
+        hit = isin_sorted(seqs, keys[stream][mask])
+        if not single:
+            hit &= pc.equal(streams, stream).to_numpy(zero_copy_only=False)
+        drop |= hit
+    left = {}
+    for stream, sorted_keys in keys.items():
+        rest = sorted_keys[~masks[stream]] if stream in masks else sorted_keys
+        if len(rest):
+            left[stream] = rest
+    return table.filter(pa.array(~drop)), left
