@@ -26,6 +26,15 @@ import sys
 def _build_sink(spec):
     from airflow_provider_cg.core.errors import ConfigError
 
+    extra = {"delta": "deltalake", "iceberg": "pyiceberg"}.get(spec.sink)
+    if extra:
+        import importlib.util
+
+        for module in (extra, "obstore"):
+            if importlib.util.find_spec(module) is None:
+                raise ConfigError("sink", f"the {spec.sink} sink needs {module} on the driver: "
+                                          f"pip install 'airflow-provider-cg[{spec.sink}]'")
+
     if spec.sink == "parquet":
         from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
 
@@ -33,6 +42,20 @@ def _build_sink(spec):
             return ParquetLakeSink(spec.sink_path)
         except OSError as e:
             raise ConfigError("sink_path", f"cannot create the lake in {spec.sink_path!r} ({e.strerror})") from None
+    if spec.sink == "delta":
+        from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+
+        try:
+            return DeltaLakeSink(spec.sink_path)
+        except PermissionError as e:
+            raise ConfigError("sink_path", f"cannot create the table in {spec.sink_path!r} ({e.strerror})") from None
+    if spec.sink == "iceberg":
+        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+
+        uri = spec.iceberg_catalog_uri or os.environ.get("CG_ICEBERG_CATALOG_URI")
+        if not uri:
+            raise ConfigError("iceberg_catalog_uri", "required for the iceberg sink (or CG_ICEBERG_CATALOG_URI)")
+        return IcebergSink(uri, spec.iceberg_table, warehouse=spec.iceberg_warehouse)
     from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
 
     dsn = os.environ.get("CG_PG_DSN")

@@ -44,7 +44,9 @@ RESULT_SUBMITTED = "submitted"  # the operator's, for a cluster-mode driver that
 #: results that end the Airflow task as skipped: nothing was there or it was not this task's to land
 SKIP_RESULTS = frozenset({RESULT_EMPTY, RESULT_NOT_PINNED, RESULT_REVOKED})
 
-SINKS = ("parquet", "postgres")
+SINKS = ("parquet", "postgres", "delta", "iceberg")
+#: sinks whose table lives at ``sink_path`` (a local path; Delta also ``s3://bucket/prefix``)
+PATH_SINKS = ("parquet", "delta")
 PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
 READ_MODES = ("auto", "consumer")
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
@@ -104,8 +106,14 @@ class MemberJobSpec(BatchOptions):
     """Everything one member job run is given (see the module docstring)."""
 
     sink: str = _opt("parquet", str, "where the batches land", SINKS)
-    sink_path: str | None = _opt(help="dataset directory of the Parquet lake sink")
+    sink_path: str | None = _opt(help="the Parquet sink's dataset directory, or the Delta table's location (a path "
+                                 "or s3://bucket/prefix; object-store credentials come from AWS_* environment)")
     pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink")
+    iceberg_table: str | None = _opt(help="the Iceberg sink's table, namespace.table")
+    iceberg_catalog_uri: str | None = _opt(help="the Iceberg SQL catalog, sqlite:////path/catalog.db or "
+                                           "postgresql://host/db without a password (with one: CG_ICEBERG_CATALOG_URI)")
+    iceberg_warehouse: str | None = _opt(help="where the Iceberg sink creates its table if missing (a path or "
+                                         "s3://bucket/prefix)")
     payload_format: str = _opt("raw", str, "how Spark decodes payloads (avro needs Spark's Avro package: "
                                "--packages)", PAYLOAD_FORMATS)
     json_schema: str | None = _opt(help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
@@ -183,7 +191,7 @@ class MemberJobSpec(BatchOptions):
     def check_local_paths(self) -> None:
         """The Parquet lake directory can be created and written by this user, here (the job
         checks it on its driver; the operator too when the driver runs on its machine)."""
-        if self.sink != "parquet" or not self.sink_path:
+        if self.sink not in PATH_SINKS or not self.sink_path or "://" in self.sink_path:
             return
         path = os.path.abspath(self.sink_path)
         if os.path.exists(path) and not os.path.isdir(path):
@@ -307,9 +315,25 @@ def _check_job(spec: MemberJobSpec) -> None:
             raise ConfigError("backfill_end", f"must be after backfill_start ({end.isoformat()} <= {start.isoformat()})")
     elif not spec.member:
         raise ConfigError("member", "required (unless backfill_start and backfill_end are given)")
-    if spec.sink == "parquet":
+    if spec.sink in PATH_SINKS:
         if not spec.sink_path:
-            raise ConfigError("sink_path", "required for the parquet sink")
+            raise ConfigError("sink_path", f"required for the {spec.sink} sink")
+        _check_location("sink_path", spec.sink_path, object_store=spec.sink == "delta")
+    elif spec.sink == "iceberg":
+        from airflow_provider_cg.core.landing.sinks.iceberg import parse_identifier
+
+        if not spec.iceberg_table:
+            raise ConfigError("iceberg_table", "required for the iceberg sink (namespace.table)")
+        parse_identifier(spec.iceberg_table)
+        uri = spec.iceberg_catalog_uri
+        if uri is not None:
+            if not uri.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://")):
+                raise ConfigError("iceberg_catalog_uri", "must be sqlite:////path/catalog.db or postgresql://host/db")
+            if "@" in uri.split("://", 1)[1].split("/", 1)[0] and ":" in uri.split("://", 1)[1].split("@", 1)[0]:
+                raise ConfigError("iceberg_catalog_uri", "must not contain a password (pass the URI in "
+                                                         "CG_ICEBERG_CATALOG_URI, or pg_conn_id to the operator)")
+        if spec.iceberg_warehouse is not None:
+            _check_location("iceberg_warehouse", spec.iceberg_warehouse, object_store=True)
     else:
         from airflow_provider_cg.core.landing.sinks.postgres import OWN_TABLES, validate_identifier
 
@@ -339,12 +363,29 @@ def _check_job(spec: MemberJobSpec) -> None:
             raise ConfigError("payload_format", f"{spec.payload_format} needs Spark (drop no_spark)")
 
 
+def _check_location(name: str, value: str, *, object_store: bool) -> None:
+    """A local path, or (where allowed) an ``s3://bucket/prefix`` URL without credentials."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.scheme in ("s3", "s3a"):
+        if not object_store:
+            raise ConfigError(name, "the parquet sink needs a local path (use the delta sink on object storage)")
+        if not parts.netloc or "@" in parts.netloc:
+            raise ConfigError(name, "must be s3://bucket/prefix, with no credentials in it")
+    elif parts.scheme not in ("", "file") and len(parts.scheme) > 1:
+        raise ConfigError(name, f"unsupported scheme {parts.scheme!r} (a local path or s3://bucket/prefix)")
+
+
 #: the fields each cross-field rule reads, for ``check_known``
 _RULE_FIELDS = {
     "backfill_start": {"backfill_start", "backfill_end"},
     "backfill_end": {"backfill_start", "backfill_end"},
     "member": {"member", "backfill_start", "backfill_end"},
     "sink_path": {"sink", "sink_path"},
+    "iceberg_table": {"sink", "iceberg_table"},
+    "iceberg_catalog_uri": {"sink", "iceberg_catalog_uri"},
+    "iceberg_warehouse": {"sink", "iceberg_warehouse"},
     "pg_table": {"sink", "pg_table"},
     "json_schema": {"payload_format", "json_schema"},
     "avro_schema": {"payload_format", "avro_schema"},

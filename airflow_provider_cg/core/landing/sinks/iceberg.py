@@ -15,6 +15,7 @@ The protocol's ``_cg_*`` objects live under the table's location (local or ``s3:
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow as pa
 
@@ -60,11 +61,23 @@ def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings)
     props = {"uri": uri, **iceberg_io_properties(settings)}
     if warehouse:
         props["warehouse"] = warehouse if "://" in warehouse else "file://" + os.path.abspath(warehouse)
-    try:
-        catalog = SqlCatalog("cg", **props)
-    except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors may quote the URI
-        raise ConfigError("iceberg_catalog_uri", f"cannot open the catalog ({type(e).__name__})") from None
-    return catalog
+    for attempt in range(20):
+        try:
+            return SqlCatalog("cg", **props)
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors may quote the URI
+            racing = _locked(e) or "already exists" in str(e)  # another process creates the catalog's tables
+            if racing and attempt < 19:
+                time.sleep(0.05 * (attempt + 1))
+                continue
+            if type(e).__name__ == "OperationalError" and scheme.startswith("postgresql"):
+                raise ConnectionError(f"iceberg catalog database unreachable or refused ({type(e).__name__})") from None
+            raise ConfigError("iceberg_catalog_uri", f"cannot open the catalog ({type(e).__name__})") from None
+    raise AssertionError("unreachable")
+
+
+def _locked(e: Exception) -> bool:
+    """SQLite's 'database is locked' (a concurrent writer of the catalog): try again."""
+    return type(e).__name__ == "OperationalError" and "locked" in str(e)
 
 
 class IcebergSink(TableSink):
@@ -98,12 +111,17 @@ class IcebergSink(TableSink):
     def _load(self):
         from pyiceberg.exceptions import NoSuchTableError
 
-        try:
-            return self.catalog.load_table(self.identifier)
-        except NoSuchTableError:
-            return None
-        except Exception as e:  # noqa: BLE001 - the database is unreachable or refuses us
-            raise ConnectionError(f"iceberg catalog unreachable ({type(e).__name__})") from None
+        for attempt in range(20):
+            try:
+                return self.catalog.load_table(self.identifier)
+            except NoSuchTableError:
+                return None
+            except Exception as e:  # noqa: BLE001 - the database is unreachable or refuses us
+                if _locked(e) and attempt < 19:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise ConnectionError(f"iceberg catalog unreachable ({type(e).__name__})") from None
+        raise AssertionError("unreachable")
 
     def published_through(self) -> int:
         tbl = self._load()
@@ -127,6 +145,8 @@ class IcebergSink(TableSink):
         from pyiceberg.exceptions import CommitFailedException
 
         tbl = self._load() or self._create(schema)
+        if int(tbl.properties.get(POSITION_PROPERTY, 0)) >= record["pos"]:
+            return  # another publisher committed it since we looked
         added = new_columns(tbl.schema().as_arrow(), schema)
         pos = str(record["pos"])
         try:
@@ -139,3 +159,7 @@ class IcebergSink(TableSink):
                              snapshot_properties={POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]})
         except CommitFailedException as e:
             raise TableConflict(f"iceberg commit of position {pos} lost a race ({e})") from None
+        except Exception as e:
+            if _locked(e):
+                raise TableConflict(f"iceberg commit of position {pos}: catalog busy") from None
+            raise
