@@ -28,7 +28,7 @@ from airflow_provider_cg.core.errors import ConfigError
 SPARK_DEFAULT_REDACTION = r"(?i)secre[t]|passwor[d]|token|access[.]key"
 #: the names the member job's secrets travel under (spark.*Env.CG_NATS_CREDS, ..._NKEY_SEED,
 #: ..._TLS_KEY, CG_PG_DSN): Spark's default pattern matches none of them
-CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN"
+CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN|CG_ICEBERG_CATALOG_URI|AWS_SECRET|AWS_SESSION|AWS_ACCESS"
 #: quiet and private unless the user's ``conf`` says otherwise: no driver UI listening on every
 #: interface of a worker, and Spark's own INFO lines out of the task log (the job's stay)
 QUIET_DEFAULTS = {"spark.ui.enabled": "false", "spark.log.level": "WARN"}
@@ -67,6 +67,30 @@ def pg_dsn(pg_conn_id: str) -> str:
         mask_secret(conn.password)
         mask_secret(dsn)
     return dsn
+
+
+def aws_env(aws_conn_id: str) -> dict[str, str]:
+    """``AWS_*`` environment from an Airflow ``aws`` connection (the Amazon provider's field
+    names: login = access key id, password = secret key, extras ``endpoint_url`` and
+    ``region_name``); the secret is masked in logs."""
+    conn = BaseHook.get_connection(aws_conn_id)
+    extra = conn.extra_dejson or {}
+    env = {}
+    if conn.login:
+        env["AWS_ACCESS_KEY_ID"] = conn.login
+    if conn.password:
+        mask_secret(conn.password)
+        env["AWS_SECRET_ACCESS_KEY"] = conn.password
+    token = extra.get("aws_session_token")
+    if token:
+        mask_secret(token)
+        env["AWS_SESSION_TOKEN"] = token
+    endpoint = extra.get("endpoint_url") or (extra.get("service_config") or {}).get("s3", {}).get("endpoint_url")
+    if endpoint:
+        env["AWS_ENDPOINT_URL"] = endpoint
+    if extra.get("region_name"):
+        env["AWS_REGION"] = extra["region_name"]
+    return env
 
 
 def submit_hook(*, conn_id: str, deploy_mode: str | None, secrets: dict[str, str], env_vars: dict[str, str] | None,

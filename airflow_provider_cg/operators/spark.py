@@ -62,11 +62,19 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param stream: origin stream of the group.
     :param group: consumer group.
     :param member: the member this task consumes as (it must hold or win the pin).
-    :param sink: ``"parquet"`` (``sink_path``) or ``"postgres"`` (``pg_conn_id``, ``pg_table``).
-    :param sink_path: Parquet lake directory (visible to the driver).
+    :param sink: ``"delta"`` (``sink_path``), ``"iceberg"`` (``iceberg_table``, a catalog),
+        ``"parquet"`` (``sink_path``) or ``"postgres"`` (``pg_conn_id``, ``pg_table``).
+    :param sink_path: the Delta table's location (a path, or ``s3://bucket/prefix`` with
+        ``aws_conn_id``), or the Parquet lake directory (visible to the driver).
+    :param iceberg_table, iceberg_catalog_uri, iceberg_warehouse: the Iceberg sink's
+        ``namespace.table``, SQL catalog (``sqlite:////path.db``; or a PostgreSQL catalog from
+        ``pg_conn_id``) and where a missing table is created (a path or ``s3://``).
+    :param aws_conn_id: Airflow ``aws`` connection for tables on S3-compatible storage (login:
+        access key id, password: secret key, extras ``endpoint_url``, ``region_name``); it reaches
+        the driver as ``AWS_*`` environment, never as an argument or a Spark property.
     :param pg_table: target table of the PostgreSQL sink.
     :param pg_conn_id: Airflow ``postgres`` connection; its DSN reaches the driver as
-        ``CG_PG_DSN`` (never an argument).
+        ``CG_PG_DSN`` (or ``CG_ICEBERG_CATALOG_URI`` for the iceberg sink), never an argument.
     :param payload_format: ``raw`` | ``text`` | ``json`` (``json_schema``: Spark DDL) |
         ``avro`` (``avro_schema``: the JSON of an Avro record schema; payloads are binary
         Avro datums). Spark decodes them in its tasks; bad payloads go to the dead-letter stream.
@@ -110,7 +118,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        *(f for f in JOB_FIELDS if f != "transform"), "avro_package", "pg_conn_id", "nats_conn_id", "conn_id",
+        *(f for f in JOB_FIELDS if f != "transform"), "avro_package", "pg_conn_id", "aws_conn_id", "nats_conn_id",
+        "conn_id",
         "name", "conf", "packages", "py_files", "files", "jars", "env_vars", "properties_file", "driver_memory",
         "executor_memory", "deploy_mode",
     )
@@ -127,6 +136,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         sink_path: str | None = None,
         pg_table: str | None = None,
         pg_conn_id: str | None = None,
+        iceberg_table: str | None = None,
+        iceberg_catalog_uri: str | None = None,
+        iceberg_warehouse: str | None = None,
+        aws_conn_id: str | None = None,
         payload_format: str | None = None,
         json_schema: str | None = None,
         avro_schema: str | None = None,
@@ -169,11 +182,13 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             "max_seconds": max_seconds, "standby_timeout": standby_timeout, "ack_wait": ack_wait,
             "max_deliver": max_deliver, "idle_timeout": idle_timeout, "progress_interval": progress_interval,
             "read": read, "backfill_start": backfill_start, "backfill_end": backfill_end,
+            "iceberg_table": iceberg_table, "iceberg_catalog_uri": iceberg_catalog_uri,
+            "iceberg_warehouse": iceberg_warehouse,
         }
         assert set(job) == set(JOB_FIELDS), "every option of the member job is a parameter"
         for field, value in job.items():
             setattr(self, field, value)
-        self.avro_package, self.pg_conn_id = avro_package, pg_conn_id
+        self.avro_package, self.pg_conn_id, self.aws_conn_id = avro_package, pg_conn_id, aws_conn_id
         self.partitions = list(partitions) if partitions is not None else None
         self.backlog = backlog
         self.check_backlog, self.settle_timeout = check_backlog, settle_timeout
@@ -307,6 +322,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         env = self.hook.get_settings().to_env()  # registers masks
         if spec.sink == "postgres":
             env["CG_PG_DSN"] = spark_submit.pg_dsn(self.pg_conn_id)
+        elif spec.sink == "iceberg" and self.pg_conn_id:
+            env["CG_ICEBERG_CATALOG_URI"] = spark_submit.pg_dsn(self.pg_conn_id)
+        if self.aws_conn_id:
+            env.update(spark_submit.aws_env(self.aws_conn_id))
         return env
 
     def on_kill(self) -> None:

@@ -310,3 +310,67 @@ async def wq_messages(nc, stream: str, group: str) -> int:
     from airflow_provider_cg.core.jetstream.api import JsApi
 
     return int((await JsApi(nc).stream_info(f"{stream}-{group}"))["state"]["messages"])
+
+
+def delta_landed(location: str, storage_options: dict | None = None) -> list[Landed]:
+    """The rows of a Delta table in commit order: the ``add`` actions of each ``_delta_log``
+    version in turn (read with pyarrow's filesystems, not the sink), cross-checked against
+    what delta-rs reads as the table."""
+    import json as _json
+
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(location, storage_options=storage_options)
+    if location.startswith("s3://"):
+        o = storage_options or {}
+        endpoint = o["AWS_ENDPOINT"].split("://", 1)
+        fs = pafs.S3FileSystem(access_key=o["AWS_ACCESS_KEY_ID"], secret_key=o["AWS_SECRET_ACCESS_KEY"],
+                               region=o.get("AWS_REGION", "us-east-1"), scheme=endpoint[0], endpoint_override=endpoint[1])
+        root = location[len("s3://"):]
+    else:
+        fs, root = pafs.LocalFileSystem(), str(location)
+    cols = ["origin_stream", "origin_seq", "key", "partition"]
+    out: list[Landed] = []
+    for version in range(dt.version() + 1):
+        with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as f:
+            actions = [_json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+        for a in actions:
+            if "add" in a:
+                t = pq.read_table(f"{root}/{a['add']['path']}", columns=cols, filesystem=fs)
+                out += [Landed(*r) for r in zip(*(t.column(c).to_pylist() for c in cols), strict=True)]
+    table = dt.to_pyarrow_dataset().to_table(columns=["origin_stream", "origin_seq"])
+    read = sorted(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+    logged = sorted((r.origin_stream, r.origin_seq) for r in out)
+    assert read == logged, (f"delta-rs reads other rows than the log adds: {len(read)} vs {len(logged)}, "
+                            f"{read[:3]} vs {logged[:3]}")
+    return out
+
+
+def iceberg_landed(catalog_uri: str, identifier: str) -> list[Landed]:
+    """The rows of an Iceberg table in snapshot order (each snapshot's added files), through
+    pyiceberg's catalog and scan planning."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    tbl = SqlCatalog("default", uri=catalog_uri).load_table(identifier)
+    cols = ("origin_stream", "origin_seq", "key", "partition")
+    out: list[Landed] = []
+    seen: set[str] = set()
+    for snap in sorted(tbl.snapshots(), key=lambda s: s.sequence_number):
+        files = [t.file for t in tbl.scan(snapshot_id=snap.snapshot_id, selected_fields=cols).plan_files()]
+        new = [f for f in files if f.file_path not in seen]
+        seen |= {f.file_path for f in new}
+        for f in sorted(new, key=lambda f: f.file_path):
+            t = _read_iceberg_file(tbl, f.file_path, cols)
+            out += [Landed(*r) for r in zip(*(t.column(c).to_pylist() for c in cols), strict=True)]
+    return out
+
+
+def _read_iceberg_file(tbl, path: str, cols):
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    io = tbl.io if isinstance(tbl.io, PyArrowFileIO) else PyArrowFileIO(tbl.io.properties)
+    with io.new_input(path).open() as f:
+        return pq.read_table(f, columns=list(cols))

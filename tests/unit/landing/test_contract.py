@@ -31,8 +31,10 @@ BACKFILL = {
 
 def test_every_option_round_trips_through_argv():
     covered = set()
+    iceberg = {"stream": "S", "group": "g", "member": "m", "sink": "iceberg", "iceberg_table": "lake.orders",
+               "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse"}
     for values in (LIVE, BACKFILL, {"stream": "S", "group": "g", "member": "m", "sink_path": "/l", "no_spark": True,
-                                    "payload_format": "text"}):
+                                    "payload_format": "text"}, iceberg):
         spec = MemberJobSpec.build(values)
         again = MemberJobSpec.from_argv(spec.to_argv())
         assert again == spec, spec.to_argv()
@@ -73,6 +75,15 @@ BAD = [
     ({"sink": "postgres", "pg_table": "a;drop"}, "pg_table"), ({"sink": "postgres", "pg_table": ""}, "pg_table"),
     *[({"sink": "postgres", "pg_table": t}, "pg_table") for t in ("cg_prepared_writes", "cg_committed_writes",
                                                                     "cg_partition_fences", "cg_committed_inputs")],
+    ({"sink": "delta", "sink_path": None}, "sink_path"), ({"sink": "delta", "sink_path": "s3://"}, "sink_path"),
+    ({"sink": "delta", "sink_path": "s3://key:secret@bucket/t"}, "sink_path"),
+    ({"sink": "delta", "sink_path": "gs://bucket/t"}, "sink_path"), ({"sink_path": "s3://bucket/t"}, "sink_path"),
+    ({"sink": "iceberg"}, "iceberg_table"), ({"sink": "iceberg", "iceberg_table": "orders"}, "iceberg_table"),
+    ({"sink": "iceberg", "iceberg_table": "a.b.c"}, "iceberg_table"),
+    ({"sink": "iceberg", "iceberg_table": "l.o", "iceberg_catalog_uri": "mysql://h/db"}, "iceberg_catalog_uri"),
+    ({"sink": "iceberg", "iceberg_table": "l.o", "iceberg_catalog_uri": "postgresql://u:pw@h/db"},
+     "iceberg_catalog_uri"),
+    ({"sink": "iceberg", "iceberg_table": "l.o", "iceberg_warehouse": "ftp://x/y"}, "iceberg_warehouse"),
     ({"transform": "not a spec"}, "transform"), ({"transform": "m:f", "transform_sql": "SELECT 1"}, "transform"),
     ({"transform_sql": "  "}, "transform_sql"),
     ({"backfill_start": "2026-01-01T00:00:00Z"}, "backfill_end"), ({"backfill_end": "2026-01-01T00:00:00Z"}, "backfill_start"),

@@ -99,6 +99,8 @@ class DeltaLakeSink(TableSink):
                 dt.alter.add_columns([Field(f.name, f.type, nullable=True) for f in fields])
                 dt.update_incremental()
                 current = pa.schema(dt.schema().to_arrow())
+            if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
+                return  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             actions = [AddAction(path, size, {}, now, True, stats_json(stats)) for path, size, stats in files]
             props = CommitProperties(

@@ -24,6 +24,9 @@ from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, Object
 from airflow_provider_cg.core.landing.sinks.tables import APP_ID, TableConflict, TableSink, new_columns
 
 POSITION_PROPERTY = f"{APP_ID}.position"
+#: the SQL catalog's name (its rows are keyed by it): pyiceberg's default, what
+#: ``load_catalog("default", uri=...)`` and a Spark ``spark.sql.catalog.default`` JDBC catalog read
+CATALOG_NAME = "default"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
 
 
@@ -63,7 +66,7 @@ def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings)
         props["warehouse"] = warehouse if "://" in warehouse else "file://" + os.path.abspath(warehouse)
     for attempt in range(20):
         try:
-            return SqlCatalog("cg", **props)
+            return SqlCatalog(CATALOG_NAME, **props)
         except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors may quote the URI
             racing = _locked(e) or "already exists" in str(e)  # another process creates the catalog's tables
             if racing and attempt < 19:

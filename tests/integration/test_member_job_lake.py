@@ -1,0 +1,108 @@
+"""The member job into Delta and Iceberg tables through a real ``spark-submit``: two members
+into one Delta table on local disk and on MinIO (Spark tasks writing a transformation's files
+straight to the object store), an Iceberg table in a SQLite catalog; exactly once and in
+per-key order, read back by delta-rs / pyiceberg; bad object-store input exits 1 naming the
+setting, with no secret in the output and nothing written."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.member_job import (
+    assert_exactly_once,
+    create_group,
+    delta_landed,
+    iceberg_landed,
+    publish_orders,
+    run_member_job,
+    start_member_job,
+)
+
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+STREAM, GROUP = "ORDERS", "g1"
+
+
+def _ok(result) -> dict:
+    assert result.returncode == 0, result.describe()
+    assert result.summary is not None and result.summary["result"] == "committed", result.describe()
+    return result.summary
+
+
+async def _two_members(zip_path, tmp_path, nats_server, env, sink_args):
+    jobs = [start_member_job(zip_path, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP, member=m,
+                             sink=sink_args[0], sink_path=sink_args[1], env=env,
+                             args=["--batch-size", "4000", *sink_args[2:]]) for m in ("m1", "m2")]
+    return [await asyncio.to_thread(j.wait, 300) for j in jobs]
+
+
+async def test_two_members_land_into_one_delta_table_on_local_disk(nc, nats_server, member_job_zip, tmp_path):
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
+    expected = await publish_orders(nc, STREAM, GROUP, 20_000, 300)
+    table = str(tmp_path / "orders_delta")
+    results = await _two_members(member_job_zip, tmp_path, nats_server, {}, ("delta", table))
+    assert sum(_ok(r)["committed"] for r in results) == 20_000
+    assert_exactly_once(delta_landed(table), expected)
+
+
+async def test_a_transformation_lands_into_delta_on_object_storage(nc, nats_server, member_job_zip, tmp_path,
+                                                                   minio_server, s3_bucket):
+    """Spark tasks write the transformed batch's files into the bucket; one Delta commit per
+    batch publishes them; the credentials reach the job as environment only."""
+    from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
+    from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
+    expected = await publish_orders(nc, STREAM, GROUP, 6_000, 100)
+    table = f"s3://{s3_bucket}/orders"
+    sql = "SELECT origin_stream, origin_seq, key, partition, payload_text FROM batch"
+    results = await _two_members(member_job_zip, tmp_path, nats_server, minio_server.env(),
+                                 ("delta", table, "--transform-sql", sql))
+    for r in results:
+        _ok(r)
+        assert minio_server.password not in r.output and minio_server.password not in " ".join(r.cmd)
+    opts = delta_storage_options(ObjectStoreSettings.from_env(minio_server.env()))
+    assert_exactly_once(delta_landed(table, opts), expected)
+
+
+async def test_one_member_lands_into_an_iceberg_table(nc, nats_server, member_job_zip, tmp_path):
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    expected = await publish_orders(nc, STREAM, GROUP, 8_000, 100)
+    catalog = f"sqlite:///{tmp_path}/catalog.db"
+    result = await asyncio.to_thread(
+        run_member_job, member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+        member="m1", sink="iceberg", args=["--batch-size", "3000", "--iceberg-table", "lake.orders",
+                                           "--iceberg-catalog-uri", catalog,
+                                           "--iceberg-warehouse", str(tmp_path / "warehouse")])
+    assert _ok(result)["committed"] == 8_000
+    assert_exactly_once(iceberg_landed(catalog, "lake.orders"), expected)
+
+
+async def test_object_store_bad_input_exits_1_naming_the_setting(nc, nats_server, member_job_zip, tmp_path,
+                                                                 minio_server, s3_bucket):
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    await publish_orders(nc, STREAM, GROUP, 10, 5)
+    cases = [
+        (minio_server.env(), "s3://no-such-bucket/t", "--sink-path: bucket 'no-such-bucket' does not exist"),
+        (minio_server.env(AWS_SECRET_ACCESS_KEY="refused-secret-1"), f"s3://{s3_bucket}/t",
+         "aws credentials: refused by the object store"),
+    ]
+    for env, path, message in cases:
+        r = await asyncio.to_thread(run_member_job, member_job_zip, tmp_path, nats_servers=nats_server.url,
+                                    stream=STREAM, group=GROUP, member="m1", sink="delta", sink_path=path, env=env,
+                                    args=["--no-spark"])
+        assert r.returncode == 1, r.describe()
+        assert message in r.output, r.describe()
+        assert "Traceback" not in r.output and env["AWS_SECRET_ACCESS_KEY"] not in r.output
+    unreachable = minio_server.env(AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    r = await asyncio.to_thread(run_member_job, member_job_zip, tmp_path, nats_servers=nats_server.url,
+                                stream=STREAM, group=GROUP, member="m1", sink="delta", sink_path=f"s3://{s3_bucket}/t",
+                                env=unreachable, args=["--no-spark"])
+    assert r.returncode == 2 and "object store http://127.0.0.1:9 unreachable" in r.output, r.describe()
+    from tests.support.member_job import wq_messages
+
+    assert await wq_messages(nc, STREAM, GROUP) == 10  # nothing acknowledged
