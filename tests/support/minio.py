@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,30 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.gobuild import go_build
+
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"  # the newest the proxy serves (2026-02)
 
 
 def build_minio(version: str = MINIO_VERSION) -> Path:
-    cache = Path(os.environ.get("CG_ORBIT_CACHE") or Path.home() / ".cache" / "airflow-provider-cg")
-    binary = cache / f"minio-{version}" / "minio"
-    if binary.is_file():
-        return binary
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
-    if go is None:
-        raise RuntimeError("the Go toolchain (go) is needed to build MinIO for the object-store tests")
-    work = cache / f"minio-build-{version}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    env = {**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=mod", "GOPATH": str(cache / "gopath"),
-           "GOMODCACHE": str(cache / "gopath" / "pkg" / "mod"), "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
-    for cmd in ([go, "mod", "init", "miniobuild"], [go, "get", f"{MINIO_MODULE}@{version}"],
-                [go, "build", "-o", str(binary), MINIO_MODULE]):
-        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-        if r.returncode != 0:
-            raise RuntimeError(f"building MinIO failed at {' '.join(cmd[1:])}: {r.stderr[-2000:]}")
-    shutil.rmtree(work, ignore_errors=True)
-    return binary
+    return go_build("minio", MINIO_MODULE, version, MINIO_MODULE, "minio", timeout=1800)
 
 
 def _free_port() -> int:

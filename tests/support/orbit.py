@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.gobuild import go_build
 
 ORBIT_MODULE = "github.com/synadia-io/orbit.go/pcgroups"
 ORBIT_VERSION = "v0.1.0"
@@ -23,25 +24,7 @@ ORBIT_VERSION = "v0.1.0"
 
 def build_orbit_cg(version: str = ORBIT_VERSION) -> Path:
     """Path of orbit's ``cg`` binary at ``version``, built on first use (needs ``go``)."""
-    cache = Path(os.environ.get("CG_ORBIT_CACHE") or Path.home() / ".cache" / "airflow-provider-cg")
-    binary = cache / f"orbit-cg-{version}" / "cg"
-    if binary.is_file():
-        return binary
-    go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
-    if go is None:
-        raise RuntimeError("the Go toolchain (go) is needed to build orbit's cg CLI for the interop tests")
-    work = cache / f"orbit-build-{version}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    env = {**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=mod", "GOPATH": str(cache / "gopath"),
-           "GOMODCACHE": str(cache / "gopath" / "pkg" / "mod"), "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
-    for cmd in ([go, "mod", "init", "cgbuild"], [go, "get", f"{ORBIT_MODULE}@{version}"],
-                [go, "build", "-o", str(binary), f"{ORBIT_MODULE}/cg"]):
-        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(f"building orbit's cg failed at {' '.join(cmd[1:])}: {r.stderr[-2000:]}")
-    shutil.rmtree(work, ignore_errors=True)
-    return binary
+    return go_build("orbit-cg", ORBIT_MODULE, version, f"{ORBIT_MODULE}/cg", "cg")
 
 
 @dataclass

@@ -29,6 +29,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
 
@@ -329,7 +330,7 @@ def _check_job(spec: MemberJobSpec) -> None:
         if uri is not None:
             if not uri.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://")):
                 raise ConfigError("iceberg_catalog_uri", "must be sqlite:////path/catalog.db or postgresql://host/db")
-            if "@" in uri.split("://", 1)[1].split("/", 1)[0] and ":" in uri.split("://", 1)[1].split("@", 1)[0]:
+            if urlsplit(uri).password:
                 raise ConfigError("iceberg_catalog_uri", "must not contain a password (pass the URI in "
                                                          "CG_ICEBERG_CATALOG_URI, or pg_conn_id to the operator)")
         if spec.iceberg_warehouse is not None:
@@ -365,8 +366,6 @@ def _check_job(spec: MemberJobSpec) -> None:
 
 def _check_location(name: str, value: str, *, object_store: bool) -> None:
     """A local path, or (where allowed) an ``s3://bucket/prefix`` URL without credentials."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(value)
     if parts.scheme in ("s3", "s3a"):
         if not object_store:

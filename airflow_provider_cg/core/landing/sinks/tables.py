@@ -148,7 +148,6 @@ class TableSink(LakeSink):
     one record's files (``commit_files``) so that the position and the files land together
     -- or raise ``TableConflict`` when another writer committed first (the caller re-reads)."""
 
-    DATA_PREFIX = "data/"
     ALL_STATISTICS = True
 
     @abc.abstractmethod
