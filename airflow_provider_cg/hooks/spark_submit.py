@@ -27,8 +27,9 @@ from airflow_provider_cg.core.errors import ConfigError
 #: logged command (it hides the value after any word "secret" or "password") leaves it readable
 SPARK_DEFAULT_REDACTION = r"(?i)secre[t]|passwor[d]|token|access[.]key"
 #: the names the member job's secrets travel under (spark.*Env.CG_NATS_CREDS, ..._NKEY_SEED,
-#: ..._TLS_KEY, CG_PG_DSN): Spark's default pattern matches none of them
-CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN|CG_ICEBERG_CATALOG_URI|AWS_SECRET|AWS_SESSION|AWS_ACCESS"
+#: ..._TLS_KEY, CG_PG_DSN, AWS_SECRET_ACCESS_KEY, ...): Spark's default pattern matches none of
+#: them. Spelled, like the default, without the words the Spark provider masks after
+CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN|CG_ICEBERG_CATALOG_URI|AWS_SECRE[T]|AWS_SESSION|AWS_ACCESS"
 #: quiet and private unless the user's ``conf`` says otherwise: no driver UI listening on every
 #: interface of a worker, and Spark's own INFO lines out of the task log (the job's stay)
 QUIET_DEFAULTS = {"spark.ui.enabled": "false", "spark.log.level": "WARN"}

@@ -6,6 +6,7 @@ driver's output, and the YARN properties file's lifetime (0600, deleted after th
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -143,3 +144,21 @@ def test_yarn_properties_file_is_private_and_removed(airflow_env, planted, tmp_p
     with pytest.raises(Exception, match="(?i)spark-submit|yarn"):
         op.execute({})
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "cg-spark-*.conf"))) == before
+
+
+def test_the_spark_providers_log_masking_leaves_the_redaction_setting_readable(airflow_env):
+    """The Spark provider logs the submit command after hiding the value that follows any word
+    "secret" or "password"; the redaction pattern we add must not contain those words, or the
+    masking eats the next argument and the logged command stops saying what ran."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from airflow_provider_cg.hooks.spark_submit import with_redaction
+
+    regex = with_redaction({})["spark.redaction.regex"]
+    cmd = ["spark-submit", "--conf", f"spark.redaction.regex={regex}", "--py-files", "cg_core.zip", "job.py"]
+    hook = SparkSubmitHook.__new__(SparkSubmitHook)  # _mask_cmd reads no connection
+    assert hook._mask_cmd(cmd) == " ".join(cmd)
+    for name in ("CG_NATS_PASSWORD", "CG_PG_DSN", "CG_ICEBERG_CATALOG_URI", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
+        # Java reads an inline (?i) anywhere; Python only at the start
+        assert re.search(regex.replace("(?i)", ""), f"spark.executorEnv.{name}", re.I), name
