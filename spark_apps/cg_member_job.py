@@ -169,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         except Exception as e:  # a bug or an unforeseen failure: one line, never the settings
             logging.getLogger("cg").debug("unexpected error", exc_info=True)
-            return fail(contract.EXIT_SERVER, f"unexpected {type(e).__name__}: {str(e)[:300]}")
+            first = (str(e).splitlines() or [""])[0]
+            return fail(contract.EXIT_SERVER, f"unexpected {type(e).__name__}: {first[:300]}")
     finally:
         if spark is not None:
             spark.stop()

@@ -14,6 +14,7 @@ import pytest
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks import CommitResult, Fence, FencedOut, WriteState
+from airflow_provider_cg.core.landing.sinks.base import SinkError
 from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
 from tests.support import two_phase
 from tests.support.sink_rows import refs_for, rows
@@ -220,6 +221,31 @@ def test_fenced_write_of_another_instance_cannot_be_acked(table):
     (found,) = b.recover("ORDERS", "g", "m1", (0,))
     assert b.abort_unless_acking(found) is WriteState.ABORTED
     table.assert_exactly(set())
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_object_store_gone_mid_batch_fails_in_one_line_and_the_next_instance_recovers(
+        fmt, minio_server, s3_bucket, tmp_path):
+    """The S3 server stops between prepare and commit: the commit fails with one line (no
+    secret, no Rust debug dump), transient; with the server back, another instance recovers the
+    batch and the table holds every row once."""
+    table = Table(fmt, f"s3://{s3_bucket}/{'warehouse' if fmt == 'iceberg' else 'orders'}",
+                  f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)
+    sink = table.sink()
+    assert _land(sink, range(1, 21), 1) == CommitResult(20, 0)
+    p = sink.prepare(BatchId("ORDERS", "g", "m1", 2), rows(range(21, 41)), message_refs=refs_for(range(21, 41)))
+    minio_server.stop()
+    try:
+        with pytest.raises((ConnectionError, OSError, SinkError)) as e:
+            sink.commit(sink.mark_acking(p))
+    finally:
+        minio_server.start()
+    message = str(e.value)
+    assert "\n" not in message and minio_server.password not in message, message
+    other = table.sink()
+    other.recover("ORDERS", "g", "m1")
+    assert _land(other, range(21, 61), 3) in (CommitResult(40, 0), CommitResult(20, 20))
+    table.assert_exactly({("ORDERS", s) for s in range(1, 61)})
 
 
 # -- bad input ------------------------------------------------------------------------------------

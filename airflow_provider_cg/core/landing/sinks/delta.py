@@ -23,6 +23,7 @@ import time
 
 import pyarrow as pa
 
+from airflow_provider_cg.core.landing.sinks.base import SinkError
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
 from airflow_provider_cg.core.landing.sinks.tables import (
     APP_ID,
@@ -59,15 +60,20 @@ class DeltaLakeSink(TableSink):
 
     def _table(self, *, fresh: bool = True):
         from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+        from deltalake.exceptions import DeltaError, TableNotFoundError
 
-        if self._dt is None:
-            try:
-                self._dt = DeltaTable(self.uri, storage_options=self.storage_options or None)
-            except TableNotFoundError:
-                return None
-        elif fresh:
-            self._dt.update_incremental()
+        try:
+            if self._dt is None:
+                try:
+                    self._dt = DeltaTable(self.uri, storage_options=self.storage_options or None)
+                except TableNotFoundError:
+                    return None
+            elif fresh:
+                self._dt.update_incremental()
+        except (DeltaError, OSError) as e:
+            self._dt = None
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise SinkError(f"cannot read the delta table {self.uri} ({type(e).__name__}: {first})") from None
         return self._dt
 
     def published_through(self) -> int:
@@ -113,3 +119,8 @@ class DeltaLakeSink(TableSink):
         except CommitFailedError as e:
             self._dt = None
             raise TableConflict(f"delta commit of position {record['pos']} lost a race ({e})") from None
+        except DeltaError as e:  # the store went away, a timeout: the log record stays, a rerun publishes
+            self._dt = None
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise SinkError(f"delta commit of position {record['pos']} to {self.uri} failed "
+                            f"({type(e).__name__}: {first})") from None

@@ -19,6 +19,7 @@ import abc
 import os
 import secrets
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -273,26 +274,44 @@ class ObjectStorage(Storage):
         rel = rel.strip("/")
         return f"{self.prefix}/{rel}" if self.prefix and rel else (self.prefix or rel)
 
+    @contextmanager
+    def _io(self, op: str, rel: str):
+        """An object-store failure (the server gone, a timeout, a 5xx after the retries) as one
+        ``ConnectionError`` line: transient, the job exits 2 and a rerun recovers the batch."""
+        from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
+
+        try:
+            yield
+        except (NotFoundError, AlreadyExistsError, PreconditionError):
+            raise  # answers, not failures: the caller turns them into FileNotFound/FileExists
+        except BaseError as e:
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise ConnectionError(f"object store {self.settings.endpoint or 'S3'}: {op} {self.uri(rel)} failed "
+                                  f"({type(e).__name__}: {first})") from None
+
     def read(self, rel: str) -> bytes:
         import obstore
         from obstore.exceptions import NotFoundError
 
         try:
-            return bytes(obstore.get(self._store, self._key(rel)).bytes())
+            with self._io("read", rel):
+                return bytes(obstore.get(self._store, self._key(rel)).bytes())
         except (NotFoundError, FileNotFoundError):
             raise FileNotFoundError(rel) from None
 
     def write(self, rel: str, data: bytes) -> None:
         import obstore
 
-        obstore.put(self._store, self._key(rel), data)
+        with self._io("write", rel):
+            obstore.put(self._store, self._key(rel), data)
 
     def create(self, rel: str, data: bytes) -> None:
         import obstore
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
         try:
-            obstore.put(self._store, self._key(rel), data, mode="create")
+            with self._io("create", rel):
+                obstore.put(self._store, self._key(rel), data, mode="create")
         except (AlreadyExistsError, PreconditionError):
             raise FileExistsError(rel) from None
 
@@ -301,7 +320,8 @@ class ObjectStorage(Storage):
         from obstore.exceptions import NotFoundError
 
         try:
-            obstore.head(self._store, self._key(rel))
+            with self._io("head", rel):
+                obstore.head(self._store, self._key(rel))
             return True
         except (NotFoundError, FileNotFoundError):
             return False
@@ -320,7 +340,8 @@ class ObjectStorage(Storage):
         from obstore.exceptions import NotFoundError
 
         try:
-            return int(obstore.head(self._store, self._key(rel))["size"])
+            with self._io("head", rel):
+                return int(obstore.head(self._store, self._key(rel))["size"])
         except (NotFoundError, FileNotFoundError):
             raise FileNotFoundError(rel) from None
 
@@ -329,7 +350,8 @@ class ObjectStorage(Storage):
 
         base = self._key(rel)
         base = f"{base}/" if base else ""
-        found = obstore.list_with_delimiter(self._store, base or None)
+        with self._io("list", rel):
+            found = obstore.list_with_delimiter(self._store, base or None)
         names = {p.rstrip("/").rsplit("/", 1)[-1] for p in found["common_prefixes"]}
         names |= {o["path"].rsplit("/", 1)[-1] for o in found["objects"]}
         return sorted(n for n in names if not n.startswith("."))
@@ -339,14 +361,16 @@ class ObjectStorage(Storage):
 
         key = self._key(rel)
         paths = [key]
-        for chunk in obstore.list(self._store, key + "/"):
-            paths += [o["path"] for o in chunk]
-        obstore.delete(self._store, paths)
+        with self._io("delete", rel):
+            for chunk in obstore.list(self._store, key + "/"):
+                paths += [o["path"] for o in chunk]
+            obstore.delete(self._store, paths)
 
     def copy(self, src: str, dst: str) -> None:
         import obstore
 
-        obstore.copy(self._store, self._key(src), self._key(dst))
+        with self._io("copy", src):
+            obstore.copy(self._store, self._key(src), self._key(dst))
 
     def uri(self, rel: str = "") -> str:
         key = self._key(rel)
