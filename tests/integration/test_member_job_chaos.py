@@ -4,6 +4,7 @@ job was killed mid-batch included), nats-server restarts; then a clean drain. No
 
 Each run prints its seed; ``pytest --chaos-seed N`` (or ``CG_CHAOS_SEED=N``) replays it,
 ``--chaos-seconds 600`` runs longer, ``--chaos-spark`` starts every job through spark-submit.
+The lake tables run too: Delta on MinIO (restarted and killed under the writes), Iceberg.
 """
 
 from __future__ import annotations
@@ -61,3 +62,23 @@ async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request,
         print(run.report(), stats)
     finally:
         await nc.close()
+
+
+async def test_randomized_faults_into_delta_on_object_storage_restarting_the_store(
+        request, nc, nats_server, member_job_zip, tmp_path, minio_server, s3_bucket):
+    """The object store itself goes away under the jobs' writes, and comes back."""
+    pytest.importorskip("deltalake")
+    cfg = _config(request, sink="delta", seconds=25.0, messages=30_000, server_restarts=1, store_restarts=2)
+    run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip, object_store=minio_server, bucket=s3_bucket)
+    await run.run()
+    stats = await run.check()
+    print(run.report(), stats)
+
+
+async def test_randomized_faults_into_iceberg(request, nc, nats_server, member_job_zip, tmp_path):
+    pytest.importorskip("pyiceberg")
+    cfg = _config(request, sink="iceberg", seconds=25.0, messages=30_000, server_restarts=1)
+    run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip)
+    await run.run()
+    stats = await run.check()
+    print(run.report(), stats)

@@ -4,8 +4,9 @@
 a pinned one and a standby) consume it, and injects faults from outside only, at random
 moments drawn from one seed: SIGKILL of a job, SIGSTOP past the ack wait then SIGCONT, a
 step-down, a membership change (a member added; a member dropped, sometimes right after its
-job was killed mid-batch; a dropped member re-added) and nats-server restarts (on a cluster:
-the node leading the work-queue stream). Afterwards every member is drained by fresh jobs and
+job was killed mid-batch; a dropped member re-added), nats-server restarts (on a cluster:
+the node leading the work-queue stream) and, for a table on object storage, restarts of the
+S3-compatible server under the jobs' writes. Afterwards every member is drained by fresh jobs and
 ``check`` asserts no loss, no duplicate, per-key order, an empty work queue, no prepared write
 left behind, and no traceback in any job's output. The seed and every fault are in
 ``events``: ``CG_CHAOS_SEED=<seed>`` replays the same schedule.
@@ -28,6 +29,8 @@ from tests.support.member_job import (
     MemberJob,
     assert_exactly_once,
     create_group,
+    delta_landed,
+    iceberg_landed,
     parquet_landed,
     postgres_landed,
     publish_orders,
@@ -48,9 +51,10 @@ class ChaosConfig:
     keys: int = 3_000
     partitions: int = 6
     members: tuple[str, ...] = ("m1", "m2", "m3")
-    sink: str = "parquet"  # or "postgres"
+    sink: str = "parquet"  # or "postgres", "delta", "iceberg"
     spark: bool = False  # True: every job through spark-submit (slower to start)
     server_restarts: int = 2
+    store_restarts: int = 0  # restarts of the object store (needs ``ChaosRun.object_store``)
     replicas: int = 1
     chunks: int = 8
 
@@ -63,6 +67,8 @@ class ChaosRun:
     workdir: Path
     zip_path: Path
     sink_env: dict[str, str] = field(default_factory=dict)
+    object_store: object = None  # a tests.support.minio.MinioServer: the table lives in its bucket
+    bucket: str | None = None
     stream: str = "ORD"
     group: str = "g"
 
@@ -76,7 +82,14 @@ class ChaosRun:
         self.events: list[str] = [f"seed={self.config.seed}"]
         self.restarts_left = self.config.server_restarts
         self.groups = ConsumerGroups(self.nc)
+        self.store_restarts_left = self.config.store_restarts
         self.lake = self.workdir / "lake"
+        self.catalog_uri = f"sqlite:///{self.workdir}/catalog.db"
+        if self.object_store is not None:
+            self.sink_env = {**self.object_store.env(), **self.sink_env}
+            self.table = f"s3://{self.bucket}/orders"
+        else:
+            self.table = str(self.workdir / "orders")
         self.t0 = time.monotonic()
 
     # --- helpers ---------------------------------------------------------------------------
@@ -88,11 +101,23 @@ class ChaosRun:
     def urls(self) -> str:
         return ",".join(s.url for s in self.servers)
 
+    def sink_args(self) -> tuple[str | Path | None, list[str]]:
+        """``(sink_path, extra arguments)`` of every job's sink."""
+        sink = self.config.sink
+        if sink == "parquet":
+            return self.lake, []
+        if sink == "delta":
+            return self.table, []
+        if sink == "iceberg":
+            return None, ["--iceberg-table", "lake.orders", "--iceberg-catalog-uri", self.catalog_uri,
+                          "--iceberg-warehouse", str(self.workdir / "warehouse")]
+        return None, ["--pg-table", "orders"]
+
     def start_job(self, member: str) -> MemberJob:
+        sink_path, sink_args = self.sink_args()
         job = start_member_job(
             self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream, group=self.group,
-            member=member, sink=self.config.sink, sink_path=self.lake if self.config.sink == "parquet" else None,
-            args=[*JOB_ARGS] + (["--pg-table", "orders"] if self.config.sink == "postgres" else []),
+            member=member, sink=self.config.sink, sink_path=sink_path, args=[*JOB_ARGS, *sink_args],
             env=self.sink_env, spark=self.config.spark)
         self.jobs.append((member, job))
         return job
@@ -136,8 +161,9 @@ class ChaosRun:
                 self.log(f"start job {job.pid} for {m}")
 
     async def fault(self) -> None:
-        kind = self.rng.choices(["kill", "stop", "step-down", "membership", "restart", "none"],
-                                weights=[30, 20, 18, 12, 6 if self.restarts_left else 0, 14])[0]
+        kind = self.rng.choices(["kill", "stop", "step-down", "membership", "restart", "store", "none"],
+                                weights=[30, 20, 18, 12, 6 if self.restarts_left else 0,
+                                         6 if self.store_restarts_left else 0, 14])[0]
         running = [j for j in self.running() if j.pid not in self.suspended]
         if kind == "kill" and running:
             job = self.rng.choice(running)
@@ -159,6 +185,8 @@ class ChaosRun:
             await self.change_membership()
         elif kind == "restart":
             await self.restart_server()
+        elif kind == "store":
+            await self.restart_object_store()
 
     async def change_membership(self) -> None:
         base = [m for m in self.config.members if m in self.current]
@@ -201,6 +229,17 @@ class ChaosRun:
         await asyncio.to_thread(server.start)
         await self.wait_for_streams()
         self.log(f"nats-server {server.name} back")
+
+    async def restart_object_store(self) -> None:
+        """Stop (or SIGKILL) the S3-compatible server under the jobs' writes, then start it
+        again on the same port and data: writes in flight fail, jobs must roll back or retry."""
+        self.store_restarts_left -= 1
+        crash = self.rng.random() < 0.5
+        self.log(f"{'SIGKILL' if crash else 'stop'} object store")
+        await asyncio.to_thread(self.object_store.kill if crash else self.object_store.stop)
+        await asyncio.sleep(self.rng.uniform(0.5, 3.0))
+        await asyncio.to_thread(self.object_store.start)
+        self.log("object store back")
 
     async def wait_for_streams(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -269,7 +308,37 @@ class ChaosRun:
         return "\n".join(self.events) + f"\njobs: {len(self.jobs)}, exit codes {dict(codes)}"
 
     def landed(self, pg_params=None):
-        return parquet_landed(self.lake) if self.config.sink == "parquet" else postgres_landed(pg_params, "orders")
+        sink = self.config.sink
+        if sink == "parquet":
+            return parquet_landed(self.lake)
+        if sink == "delta":
+            return delta_landed(self.table, self.storage_options())
+        if sink == "iceberg":
+            return iceberg_landed(self.catalog_uri, "lake.orders")
+        return postgres_landed(pg_params, "orders")
+
+    def storage_options(self) -> dict | None:
+        if self.object_store is None:
+            return None
+        from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
+        from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+
+        return delta_storage_options(ObjectStoreSettings.from_env(self.sink_env))
+
+    def open_sink(self):
+        """The job's own sink class on the run's table (for what is left prepared)."""
+        sink = self.config.sink
+        if sink == "parquet":
+            from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
+
+            return ParquetLakeSink(self.lake)
+        if sink == "delta":
+            from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+
+            return DeltaLakeSink(self.table)
+        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+
+        return IcebergSink(self.catalog_uri, "lake.orders")
 
     async def check(self, pg_params=None) -> dict:
         try:
@@ -285,10 +354,8 @@ class ChaosRun:
         return {"jobs": len(self.jobs), "events": len(self.events), "landed": len(self.expected)}
 
     def prepared_left(self, pg_params=None) -> list[str]:
-        if self.config.sink == "parquet":
-            from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
-
-            sink = ParquetLakeSink(self.lake)
+        if self.config.sink != "postgres":
+            sink = self.open_sink()
             parts = range(self.config.partitions)
             return sorted({w.gid for m in self.ever for w in sink.recover(self.stream, self.group, m, parts)})
         import psycopg2

@@ -82,6 +82,13 @@ class MinioServer:
                 self.proc.wait(5)
         self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no shutdown of its own."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        self.proc = None
+
     def restart(self) -> None:
         self.stop()
         self.start()
