@@ -19,6 +19,7 @@ from tests.support.member_job import (
     run_member_job,
     start_member_job,
 )
+from tests.support.spark_reader import spark_read_delta
 
 pytest.importorskip("deltalake")
 pytest.importorskip("pyiceberg")
@@ -47,6 +48,22 @@ async def test_two_members_land_into_one_delta_table_on_local_disk(nc, nats_serv
     results = await _two_members(member_job_zip, tmp_path, nats_server, {}, ("delta", table))
     assert sum(_ok(r)["committed"] for r in results) == 20_000
     assert_exactly_once(delta_landed(table), expected)
+    # Spark's own Delta reader (delta-spark) agrees: every row once, and each version adds
+    # whole batches (no version shows part of one), versions counted as delta-rs counts them
+    from deltalake import DeltaTable
+
+    seen = spark_read_delta(table, tmp_path)
+    assert seen["rows"] == seen["distinct"] == 20_000, seen
+    assert {"origin_stream", "origin_seq", "key", "partition"} <= set(seen["columns"])
+    dt = DeltaTable(table)
+    rows_at = {}
+    for version in seen["per_version"]:
+        dt.load_as_version(version)
+        rows_at[version] = dt.to_pyarrow_dataset().count_rows()
+    assert seen["per_version"] == rows_at and seen["per_version"][max(rows_at)] == 20_000
+    counts = [rows_at[v] for v in sorted(rows_at)]
+    growing = sum(1 for a, b in zip([0, *counts], counts, strict=False) if b > a)
+    assert growing == sum(r.summary["batches"] for r in results), (counts, [r.summary for r in results])
 
 
 async def test_a_transformation_lands_into_delta_on_object_storage(nc, nats_server, member_job_zip, tmp_path,
