@@ -283,3 +283,31 @@ def test_nothing_is_written_for_a_table_of_another_schema(tmp_path):
         sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows([1]), message_refs=refs_for([1]))
     assert sink.recover("ORDERS", "g", "m1") == []
     assert sorted(os.listdir(os.path.join(loc, "_delta_log"))) == ["00000000000000000000.json"]
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_spark_zoned_timestamps_land_as_utc_instants(fmt, tmp_path):
+    """Spark labels timestamps with its session zone (``Etc/UTC``, ``Europe/Paris``); the table
+    stores the same instants labelled UTC (a Delta table refuses any other label)."""
+    loc = str(tmp_path / ("warehouse" if fmt == "iceberg" else "orders"))
+    table = Table(fmt, loc, f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)
+    sink = table.sink()
+    batch = rows(range(1, 4))
+    instants = pa.array([1_700_000_000_000_000, 1_700_000_001_000_000, 1_700_000_002_000_000], pa.int64())
+    batch = batch.append_column("seen_at", instants.cast(pa.timestamp("us", "Europe/Paris")))
+    p = sink.prepare(BatchId("ORDERS", "g", "m1", 1), batch, message_refs=refs_for(range(1, 4)))
+    assert sink.commit(sink.mark_acking(p)) == CommitResult(3, 0)
+    got = table.read(["origin_seq", "seen_at"]).sort_by("origin_seq")
+    assert got.schema.field("seen_at").type == pa.timestamp("us", "UTC")
+    assert got.column("seen_at").cast(pa.int64()).to_pylist() == instants.to_pylist()
+
+
+def test_a_column_delta_cannot_hold_is_refused_before_anything_is_acked(tmp_path):
+    from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+
+    sink = DeltaLakeSink(str(tmp_path / "orders"))
+    batch = rows([1, 2]).append_column("at", pa.array([1, 2], pa.int64()).cast(pa.time64("us")))
+    with pytest.raises(SchemaMismatch, match="column 'at': has type time64"):
+        sink.prepare(BatchId("ORDERS", "g", "m1", 1), batch, message_refs=refs_for([1, 2]))
+    assert sink.recover("ORDERS", "g", "m1") == []
+    assert not (tmp_path / "orders" / "_delta_log").exists()

@@ -27,6 +27,7 @@ from airflow_provider_cg.core.landing.sinks.base import SinkError
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
 from airflow_provider_cg.core.landing.sinks.tables import (
     APP_ID,
+    SchemaMismatch,
     TableConflict,
     TableSink,
     new_columns,
@@ -83,6 +84,18 @@ class DeltaLakeSink(TableSink):
     def table_schema(self) -> pa.Schema | None:
         dt = self._table()
         return None if dt is None else pa.schema(dt.schema().to_arrow())
+
+    def check_schema(self, schema: pa.Schema) -> None:
+        """Besides the table's own columns: every column must be of a type Delta has (a
+        ``time`` column has none), found before any ack rather than at publish."""
+        from deltalake import Schema as DeltaSchema
+
+        for f in schema:
+            try:
+                DeltaSchema.from_arrow(pa.schema([f]))
+            except Exception:  # noqa: BLE001 - delta-rs raises a bare Exception for a type it lacks
+                raise SchemaMismatch(f.name, f"has type {f.type}, which a Delta table cannot hold") from None
+        super().check_schema(schema)
 
     def commit_files(self, record: dict, files: list[tuple[str, int, dict]], schema: pa.Schema) -> None:
         from deltalake import CommitProperties, DeltaTable, Field, Transaction

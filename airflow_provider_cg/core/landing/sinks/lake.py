@@ -268,6 +268,10 @@ class LakeSink(TwoPhaseSink):
     def check_schema(self, schema: pa.Schema) -> None:  # noqa: B027 - no table schema by default
         """Refuse (``SchemaMismatch``) a batch the table cannot take, before any ack."""
 
+    def storable(self, table: pa.Table) -> pa.Table:
+        """The batch's rows as the table stores them (by default: as they are)."""
+        return table
+
     # -- prepare --------------------------------------------------------------------------------
 
     def fence(self, stream: str, group: str, fence: Fence) -> None:
@@ -327,6 +331,7 @@ class LakeSink(TwoPhaseSink):
             if masks:
                 table, keys = _without(table, keys, masks)
         if not staged and table.num_rows:
+            table = self.storable(table)
             self.check_schema(table.schema)
         staging = self.staging(batch_id.gid)
         if staged:

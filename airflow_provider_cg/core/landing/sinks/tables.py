@@ -68,6 +68,25 @@ def new_columns(table: pa.Schema, batch: pa.Schema) -> list[pa.Field]:
     return added
 
 
+def _utc(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(t) and t.tz is not None and t.tz != "UTC":
+        return pa.timestamp(t.unit, "UTC")
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_utc(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(_utc(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(_utc(t.value_type)))
+    return t
+
+
+def utc_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every zoned timestamp labelled ``UTC``. Arrow keeps instants in UTC
+    whatever the label, so this changes no value; Spark labels them with its session zone
+    (``Etc/UTC``, ``Europe/Paris``), which a Delta table refuses and readers would disagree on."""
+    return pa.schema([f.with_type(_utc(f.type)) for f in schema], metadata=schema.metadata)
+
+
 def file_stats(data: bytes | None = None, *, metadata: pq.FileMetaData | None = None) -> tuple[int, dict]:
     """(rows, Delta-style stats) of a Parquet file: numRecords, and min/max/nullCount of its
     top-level integer and string columns (what readers skip files by, e.g. origin_seq)."""
@@ -108,6 +127,11 @@ def stats_json(stats: dict) -> str:
     return json.dumps(stats, separators=(",", ":"), default=str)
 
 
+#: how a failed write of a data file reads inside the PythonException Spark raises in the driver:
+#: the sink's storage failing, not the user's transformation (so: transient, exit 2, not 1)
+WRITE_FAILED = "cg-sink: writing a data file failed"
+
+
 class _PartWriter:
     """Runs in Spark's Python workers (``mapInArrow``): writes each task's rows as one Parquet
     file under the write's staging and yields (file, rows). The store is rebuilt in the worker
@@ -121,22 +145,27 @@ class _PartWriter:
 
         from airflow_provider_cg.core.landing.sinks.storage import open_storage
 
-        writer = buf = None
+        writer = buf = target = None
         rows = 0
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             if writer is None:
+                target = utc_schema(batch.schema)
                 buf = io.BytesIO()
-                writer = pq.ParquetWriter(buf, batch.schema, compression=self.compression, coerce_timestamps="us",
+                writer = pq.ParquetWriter(buf, target, compression=self.compression, coerce_timestamps="us",
                                           allow_truncated_timestamps=True)
-            writer.write_batch(batch)
+            writer.write_batch(batch if batch.schema == target else batch.cast(target))
             rows += batch.num_rows
         if writer is None:
             return
         writer.close()
         name = f"{self.folder}/part-{secrets.token_hex(8)}.parquet"
-        open_storage(self.location, fsync=True).write(name, buf.getvalue())
+        try:
+            open_storage(self.location, fsync=True).write(name, buf.getvalue())
+        except Exception as e:  # noqa: BLE001 - any storage failure; the message says which
+            first = (str(e).splitlines() or [""])[0][:300]
+            raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
         yield pa.record_batch({"file": pa.array([name.rsplit("/", 1)[-1]]), "rows": pa.array([rows], pa.int64())})
 
 
@@ -165,6 +194,10 @@ class TableSink(LakeSink):
 
     # -- schema ---------------------------------------------------------------------------
 
+    def storable(self, table: pa.Table) -> pa.Table:
+        target = utc_schema(table.schema)
+        return table if target == table.schema else table.cast(target)
+
     def check_schema(self, schema: pa.Schema) -> None:
         current = self.table_schema()
         if current is not None:
@@ -180,13 +213,18 @@ class TableSink(LakeSink):
             self.store.start_dir(staging)
         except FileExistsError:
             raise SinkError(f"batch {batch_id.gid} is already prepared") from None
+        self.store.ensure_dir(f"{staging}/{SPARK_DIR}")  # tasks write into it, and never create it
         writer = _PartWriter(self.store.location, f"{staging}/{SPARK_DIR}", self.compression)
         try:
             out = frame.mapInArrow(writer, "file string, rows long").collect()
-        except Exception:
+        except Exception as e:
             if not self.store.dir_exists(staging):
                 raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it") from None
             self.store.delete_tree(staging)
+            text = str(e)
+            if WRITE_FAILED in text:
+                detail = text[text.index(WRITE_FAILED):].splitlines()[0]
+                raise SinkError(f"Spark tasks could not write the batch's files: {detail}") from None
             raise
         files = tuple(sorted((f"{SPARK_DIR}/{r['file']}", int(r["rows"])) for r in out))
         if files:
