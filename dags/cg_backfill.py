@@ -2,9 +2,9 @@
 
 Every hour (``catchup=True``), one spark-submit of the member job in backfill mode re-reads
 the origin stream's messages whose stream timestamp lies in the run's data interval
-``[data_interval_start, data_interval_end)`` and lands them into the Parquet lake with the
-rows live consumption lands (same key, subject, partition, member, payload, headers). The
-sink drops rows whose ``(origin_stream, origin_seq)`` it already has, so re-running an
+``[data_interval_start, data_interval_end)`` and lands them as example DAG 1 does (the same
+transformation into the same ``paid_orders`` table: one shape per table). The sink drops
+messages whose ``(origin_stream, origin_seq)`` it already landed, so re-running an
 interval, overlapping intervals, concurrent live consumption and::
 
     airflow backfill create --dag-id cg_backfill --from-date 2026-01-01 --to-date 2026-01-02
@@ -16,9 +16,11 @@ and timedelta schedules zero-length intervals. A manual run gets the last comple
 
 Settings come from environment variables (the schedule is fixed when the file is parsed):
 ``CG_BACKFILL_STREAM``, ``CG_BACKFILL_GROUP``, ``CG_BACKFILL_NATS_CONN_ID``,
-``CG_BACKFILL_SPARK_CONN_ID``, ``CG_BACKFILL_SINK_PATH``, ``CG_BACKFILL_START_DATE`` (ISO 8601,
-default 2026-01-01T00:00Z) and ``CG_BACKFILL_INTERVAL_SECONDS`` (a fixed interval instead of
-``@hourly``, e.g. for demos and tests).
+``CG_BACKFILL_SPARK_CONN_ID``, ``CG_BACKFILL_START_DATE`` (ISO 8601, default
+2026-01-01T00:00Z), ``CG_BACKFILL_INTERVAL_SECONDS`` (a fixed interval instead of ``@hourly``,
+e.g. for demos and tests) and the table's (``CG_BACKFILL_SINK``, ``..._SINK_PATH``,
+``..._PAYLOAD_FORMAT``, ``..._TRANSFORM``, ``..._AWS_CONN_ID``: see
+``airflow_provider_cg.examples.orders_landing``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ try:  # Airflow 3.1+: the Task SDK's timetables
 except ImportError:  # pragma: no cover
     from airflow.timetables.interval import CronDataIntervalTimetable, DeltaDataIntervalTimetable
 
+from airflow_provider_cg.examples import orders_landing
 from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
 
 DAG_ID = "cg_backfill"
@@ -43,13 +46,6 @@ DAG_ID = "cg_backfill"
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"CG_BACKFILL_{name}") or default
-
-
-def _default_sink_path() -> str:
-    base = os.environ.get("CG_DEMO_DIR") or os.path.join(
-        os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow")), "cg_demo"
-    )
-    return os.path.join(base, "lake", "orders")
 
 
 def _start_date() -> dt.datetime:
@@ -82,8 +78,7 @@ with DAG(
         group=_env("GROUP", "orders-lake"),
         backfill_start="{{ data_interval_start.isoformat() }}",
         backfill_end="{{ data_interval_end.isoformat() }}",
-        sink="parquet",
-        sink_path=_env("SINK_PATH", _default_sink_path()),
+        **orders_landing("CG_BACKFILL_"),
         nats_conn_id=_env("NATS_CONN_ID", "nats_default"),
         conn_id=_env("SPARK_CONN_ID", "spark_default"),
     )

@@ -6,7 +6,9 @@ membership by dropping the overflow members (``trigger_rule="all_done"``: member
 restored even when a drain task fails). Membership changes move partitions with the group's
 safe transition and an elastic group's work-queue stream deletes a message only once it is
 acked, so no message is lost or landed twice across the change; the sink's dedupe on
-``(origin_stream, origin_seq)`` covers redeliveries.
+``(origin_stream, origin_seq)`` covers redeliveries. The drain lands as example DAG 1 does
+(same transformation, same ``paid_orders`` table): the overflow of a group is more of its
+consumers, not another pipeline.
 
 Two DAGs, same tasks:
 
@@ -19,7 +21,9 @@ Two DAGs, same tasks:
 The watcher's arguments are fixed when the file is parsed, so stream, group, threshold and
 connections come from environment variables (``CG_OVERFLOW_STREAM``, ``CG_OVERFLOW_GROUP``,
 ``CG_OVERFLOW_THRESHOLD``, ``CG_OVERFLOW_MEMBERS``, ``CG_OVERFLOW_NATS_CONN_ID``,
-``CG_OVERFLOW_SPARK_CONN_ID``, ``CG_OVERFLOW_SINK_PATH``, ``CG_OVERFLOW_POKE_INTERVAL``), which are also the params' defaults.
+``CG_OVERFLOW_SPARK_CONN_ID``, ``CG_OVERFLOW_POKE_INTERVAL``, and the table's: ``..._SINK``,
+``..._SINK_PATH``, ``..._PAYLOAD_FORMAT``, ``..._TRANSFORM``, ``..._AWS_CONN_ID``, see
+``airflow_provider_cg.examples.orders_landing``), which are also the params' defaults.
 The overflow members must not be regular members of the group: restoring drops them.
 """
 
@@ -31,6 +35,7 @@ from typing import Any
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
+from airflow_provider_cg.examples import orders_landing
 from airflow_provider_cg.operators.groups import AddMembersOperator, DropMembersOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
 from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
@@ -44,26 +49,19 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(f"CG_OVERFLOW_{name}") or default
 
 
-def _default_sink_path() -> str:
-    base = os.environ.get("CG_DEMO_DIR") or os.path.join(
-        os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow")), "cg_demo"
-    )
-    return os.path.join(base, "lake", "orders")
-
-
 STREAM = _env("STREAM", "ORDERS")
 GROUP = _env("GROUP", "orders-lake")
 THRESHOLD = int(_env("THRESHOLD", "10000"))
 OVERFLOW_MEMBERS = [m.strip() for m in _env("MEMBERS", "ox1,ox2").split(",") if m.strip()]
 NATS_CONN_ID = _env("NATS_CONN_ID", "nats_default")
 SPARK_CONN_ID = _env("SPARK_CONN_ID", "spark_default")
-SINK_PATH = _env("SINK_PATH", _default_sink_path())
+LANDING = orders_landing("CG_OVERFLOW_")
 
 PARAMS = {
     "stream": Param(STREAM, type="string"),
     "group": Param(GROUP, type="string"),
     "overflow_members": Param(OVERFLOW_MEMBERS, type="array", description="added for the drain, then dropped"),
-    "sink_path": Param(SINK_PATH, type="string"),
+    "sink_path": Param(LANDING["sink_path"], type="string"),
     "nats_conn_id": Param(NATS_CONN_ID, type="string"),
     "spark_conn_id": Param(SPARK_CONN_ID, type="string"),
 }
@@ -90,8 +88,7 @@ def scale_out_and_drain() -> Any:
     members = ConsumerGroupMembersOperator(task_id="members", **common)
     drain = ConsumerGroupSparkSubmitOperator.partial(
         task_id="drain",
-        sink="parquet",
-        sink_path="{{ params.sink_path }}",
+        **{**LANDING, "sink_path": "{{ params.sink_path }}"},
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",
         max_active_tis_per_dagrun=8,

@@ -2,9 +2,14 @@
 
 Every 15 minutes (Variable ``cg_scheduled_consumption_schedule`` overrides the cron):
 ensure the elastic group exists (idempotent), fan out one spark-submit per member (each
-lands its partitions' backlog into a Parquet lake, exactly once, through the transformation
-``cg_order_transforms:paid_orders``: parse the orders, drop cancelled ones, add a derived
-column), then summarise the messages per member and partition. Connections: ``nats_default`` (type ``nats``) and
+lands its partitions' backlog into the ``paid_orders`` table, exactly once, through the
+transformation ``cg_order_transforms:paid_orders``: parse the orders, drop cancelled ones, add
+a derived column), then summarise the messages per member and partition.
+
+The table's format is a parameter: ``delta`` (default; ``sink_path`` is a directory or an
+``s3://bucket/prefix`` with ``aws_conn_id``), ``iceberg`` (``iceberg_table`` in the SQL catalog
+``iceberg_catalog_uri``, created under ``iceberg_warehouse``) or ``parquet`` (the provider's
+own commit log in a directory). Connections: ``nats_default`` (type ``nats``) and
 ``spark_default`` (type ``spark``, host ``local[*]`` or a cluster master).
 """
 
@@ -15,6 +20,14 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
+from airflow_provider_cg.examples import (
+    ORDERS_JSON_SCHEMA,
+    ORDERS_TABLE,
+    ORDERS_TRANSFORM,
+    TABLE_FORMATS,
+    iceberg_defaults,
+    lake_dir,
+)
 from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
 from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
@@ -35,13 +48,6 @@ def _schedule() -> str:
         return Variable.get(SCHEDULE_VARIABLE, default=DEFAULT_SCHEDULE)
     except Exception:  # no metadata DB / API reachable while parsing
         return DEFAULT_SCHEDULE
-
-
-def _default_sink_path() -> str:
-    base = os.environ.get("CG_DEMO_DIR") or os.path.join(
-        os.environ.get("AIRFLOW_HOME", os.path.expanduser("~/airflow")), "cg_demo"
-    )
-    return os.path.join(base, "lake", "orders")
 
 
 def create_group_task() -> CreateConsumerGroupOperator:
@@ -76,9 +82,12 @@ with DAG(
         "max_members": Param(6, type="integer", minimum=1),
         "partitioning_filter": Param("orders.*", type="string"),
         "partitioning_wildcards": Param([1], type="array"),
-        "sink_path": Param(_default_sink_path(), type="string"),
+        "table_format": Param("delta", enum=list(TABLE_FORMATS), description="the table the members land into"),
+        "sink_path": Param(lake_dir(ORDERS_TABLE), type="string", description="delta, parquet: where the table is"),
+        **{k: Param(v, type="string", description="iceberg") for k, v in iceberg_defaults().items()},
+        "aws_conn_id": Param(None, type=["null", "string"], description="an aws connection for s3:// tables"),
         "payload_format": Param("json", enum=["raw", "text", "json"]),
-        "json_schema": Param("order_id BIGINT, customer STRING, amount DOUBLE, status STRING", type="string"),
+        "json_schema": Param(ORDERS_JSON_SCHEMA, type="string"),
         "nats_conn_id": Param("nats_default", type="string"),
         "spark_conn_id": Param("spark_default", type="string"),
     },
@@ -97,12 +106,16 @@ with DAG(
         task_id="consume",
         stream="{{ params.stream }}",
         group="{{ params.group }}",
-        sink="parquet",
+        sink="{{ params.table_format }}",
         sink_path="{{ params.sink_path }}",
+        iceberg_table="{{ params.iceberg_table }}",
+        iceberg_catalog_uri="{{ params.iceberg_catalog_uri }}",
+        iceberg_warehouse="{{ params.iceberg_warehouse }}",
+        aws_conn_id="{{ params.aws_conn_id }}",
         payload_format="{{ params.payload_format }}",
         json_schema="{{ params.json_schema }}",
         # your code goes here: a function of the batch (a DataFrame) and its context
-        transform="cg_order_transforms:paid_orders",
+        transform=ORDERS_TRANSFORM,
         nats_conn_id="{{ params.nats_conn_id }}",
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",

@@ -73,7 +73,9 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
     lake = tmp_path / "lake"
     t0 = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)).replace(microsecond=0)
     for k, v in {"STREAM": "O", "GROUP": "g", "NATS_CONN_ID": nats_conn_id, "SPARK_CONN_ID": spark_env,
-                 "SINK_PATH": str(lake), "START_DATE": t0.isoformat(), "INTERVAL_SECONDS": str(INTERVAL)}.items():
+                 "SINK_PATH": str(lake), "START_DATE": t0.isoformat(), "INTERVAL_SECONDS": str(INTERVAL),
+                 # compared row by row with live consumption's rows: landed as read, into Parquet
+                 "SINK": "parquet", "PAYLOAD_FORMAT": "raw", "TRANSFORM": "none"}.items():
         monkeypatch.setenv(f"CG_BACKFILL_{k}", v)
     times = _publish_through(nats_settings, t0, t0 + dt.timedelta(seconds=2 * INTERVAL + 1))
     dag = example_dag("cg_backfill.py").dag

@@ -30,7 +30,9 @@ THRESHOLD = 100
 def _load(example_dag, monkeypatch, nats_conn_id: str, spark_conn_id: str, lake: Path, members: str = "ox1,ox2"):
     for k, v in {"STREAM": "O", "GROUP": "g", "THRESHOLD": str(THRESHOLD), "MEMBERS": members,
                  "NATS_CONN_ID": nats_conn_id, "SPARK_CONN_ID": spark_conn_id, "SINK_PATH": str(lake),
-                 "POKE_INTERVAL": "0.2"}.items():
+                 "POKE_INTERVAL": "0.2",
+                 # these messages are plain text, not JSON orders: landed as read, into a Parquet lake
+                 "SINK": "parquet", "PAYLOAD_FORMAT": "raw", "TRANSFORM": "none"}.items():
         monkeypatch.setenv(f"CG_OVERFLOW_{k}", v)
     return example_dag("cg_overflow_scaleout.py")
 

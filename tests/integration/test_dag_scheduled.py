@@ -1,6 +1,7 @@
 """Example DAG 1 (dags/cg_scheduled_consumption.py) run with dag.test() against a real
-nats-server and real spark-submit (local[*]): the Parquet lake ends with exactly the
-published messages, once each."""
+nats-server and real spark-submit (local[*]): its default Delta table (and, on a Spark
+standalone cluster, an Iceberg table chosen by the DAG's ``table_format`` parameter) ends with
+exactly the published paid orders, once each, in per-key order."""
 
 from __future__ import annotations
 
@@ -38,13 +39,20 @@ def _publish(settings, n: int) -> None:
     assert asyncio.run(go()).published == n
 
 
+def _delta_rows(path):
+    from deltalake import DeltaTable
+
+    return DeltaTable(str(path)).to_pyarrow_dataset().to_table()
+
+
 def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
                                              tmp_path):
-    from airflow_provider_cg.core.landing.sinks import read_committed
+    from tests.support.member_job import assert_exactly_once, delta_landed
 
     _publish(nats_settings, N)
     dag = example_dag("cg_scheduled_consumption.py").dag
-    lake = tmp_path / "lake"
+    assert dag.params["table_format"] == "delta"  # the default
+    lake = tmp_path / "paid_orders"
     conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": spark_env, "sink_path": str(lake)}
     result = airflow_env.run_dag(dag, run_conf=conf)
 
@@ -59,7 +67,7 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     summary = result.xcom("summarise")
     assert summary["total"] == N
 
-    table = read_committed(lake)
+    table = _delta_rows(lake)
     # the example transformation: cancelled orders dropped, amount_cents derived
     paid = [i for i in range(N) if i % 10 != 7]
     assert table.num_rows == len(paid)
@@ -71,19 +79,21 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     for r in summary["rows"]:
         per_member[r["member"]] += r["rows"]
     assert per_member == {m["member"]: m["backlog"] for m in members}
+    assert_exactly_once(delta_landed(str(lake)), {("ORDERS", i + 1): f"c{i % 97}" for i in paid})
 
     # A second run finds nothing left: every member is skipped without starting Spark.
     again = airflow_env.run_dag(dag, run_conf=conf)
     assert again.state == "success"
     assert all(again.state_of("consume", i) == "skipped" for i in range(len(members)))
-    assert read_committed(lake).num_rows == len(paid)
+    assert _delta_rows(lake).num_rows == len(paid)
 
 
 def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_settings, example_dag, tmp_path, monkeypatch):
     """Example DAG 1 with its Spark connection pointing at a standalone master and worker
-    (client deploy mode): decoding and the transformation run on the cluster's executors;
-    every paid order lands once, in per-key order."""
-    from tests.support.member_job import assert_exactly_once, parquet_landed
+    (client deploy mode) and ``table_format=iceberg``: decoding, the transformation and the
+    data files' writes run on the cluster's executors; every paid order lands once, in per-key
+    order, read back through the Iceberg catalog."""
+    from tests.support.member_job import assert_exactly_once, iceberg_landed
     from tests.support.spark_standalone import StandaloneCluster
 
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
@@ -95,8 +105,9 @@ def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_setti
         airflow_env.add_connection("spark_cluster", "spark", host="spark://127.0.0.1", port=cluster.port,
                                    extra={"deploy-mode": "client"})
         _publish(nats_settings, N)
-        lake = tmp_path / "lake"
-        conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": "spark_cluster", "sink_path": str(lake)}
+        catalog = f"sqlite:///{tmp_path}/catalog.db"
+        conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": "spark_cluster", "table_format": "iceberg",
+                "iceberg_catalog_uri": catalog, "iceberg_warehouse": str(tmp_path / "warehouse")}
         result = airflow_env.run_dag(example_dag("cg_scheduled_consumption.py").dag, run_conf=conf)
         assert result.state == "success", result.ti_states
         # the executors of the cluster ran the job's Spark tasks
@@ -105,4 +116,4 @@ def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_setti
     finally:
         cluster.stop()
     expected = {("ORDERS", i + 1): f"c{i % 97}" for i in range(N) if i % 10 != 7}
-    assert_exactly_once(parquet_landed(lake), expected)
+    assert_exactly_once(iceberg_landed(catalog, "lake.paid_orders"), expected)
