@@ -41,18 +41,17 @@ class Table:
     def read(self, columns=("origin_stream", "origin_seq")) -> pa.Table:
         """The table as delta-rs or pyiceberg read it (whole commits only)."""
         if self.fmt == "delta":
-            from deltalake import DeltaTable
             from deltalake.exceptions import TableNotFoundError
 
             from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
             from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+            from tests.support.member_job import read_delta
 
             opts = delta_storage_options(ObjectStoreSettings.from_env()) if "://" in self.location else None
             try:
-                dt = DeltaTable(self.location, storage_options=opts)
+                return read_delta(self.location, list(columns), opts)
             except TableNotFoundError:
                 return pa.table({c: pa.array([], pa.int64() if c == "origin_seq" else pa.string()) for c in columns})
-            return dt.to_pyarrow_dataset().to_table(columns=list(columns))
         from pyiceberg.exceptions import NoSuchTableError
 
         from airflow_provider_cg.core.landing.sinks.iceberg import open_catalog
@@ -311,3 +310,11 @@ def test_a_column_delta_cannot_hold_is_refused_before_anything_is_acked(tmp_path
         sink.prepare(BatchId("ORDERS", "g", "m1", 1), batch, message_refs=refs_for([1, 2]))
     assert sink.recover("ORDERS", "g", "m1") == []
     assert not (tmp_path / "orders" / "_delta_log").exists()
+
+
+def test_an_iceberg_catalog_in_a_folder_not_made_yet_is_created_with_it(tmp_path):
+    """As a Delta table's folder is: the embedded default's catalog sits next to tables that
+    do not exist before the first batch."""
+    table = Table("iceberg", str(tmp_path / "lake" / "warehouse"), f"sqlite:///{tmp_path}/lake/catalog.db")
+    assert _land(table.sink(), range(1, 4), 1) == CommitResult(3, 0)
+    table.assert_exactly({("ORDERS", s) for s in range(1, 4)})

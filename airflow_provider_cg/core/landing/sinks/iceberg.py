@@ -61,6 +61,13 @@ def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings)
         raise ConfigError("iceberg_catalog_uri", "must be a sqlite:/// or postgresql:// SQLAlchemy URI")
     if scheme == "postgresql":
         uri = "postgresql+psycopg2" + uri[len("postgresql"):]
+    if scheme.startswith("sqlite") and uri.startswith(("sqlite:////", "sqlite:///")):
+        db = uri.split(":///", 1)[1].split("?", 1)[0]
+        if db and db != ":memory:":  # SQLite creates the file, not its folder: as a table's folder, created
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
+            except OSError as e:
+                raise ConfigError("iceberg_catalog_uri", f"cannot create the folder of {db!r} ({e.strerror})") from None
     props = {"uri": uri, **iceberg_io_properties(settings)}
     if warehouse:
         props["warehouse"] = warehouse if "://" in warehouse else "file://" + os.path.abspath(warehouse)
