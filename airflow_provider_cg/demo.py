@@ -3,9 +3,10 @@
 Migrates a SQLite Airflow in ``.demo/airflow``, starts an embedded nats-server on
 127.0.0.1, creates the ``ORDERS`` stream and publishes 100,000 JSON orders
 (``orders.<customer>``, about 5% cancelled), runs ``airflow dags test cg_scheduled_consumption``
-(Spark ``local[*]``, the example transformation ``paid_orders``, Parquet sink in
-``.demo/lake/orders``), reads the lake back, prints rows per partition and checks that every
-paid order landed exactly once and no cancelled one did. The server is stopped (by its PID) however the demo ends.
+(Spark ``local[*]``, the example transformation ``paid_orders``, into the Delta table
+``.demo/lake/paid_orders``; ``--format iceberg`` or ``parquet`` picks another), reads the table
+back without Spark, prints rows per partition and checks that every paid order landed exactly
+once and no cancelled one did. The server is stopped (by its PID) however the demo ends.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.tools.packaging import example_dags_folder
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
+from airflow_provider_cg.examples import ORDERS_TABLE, TABLE_FORMATS, iceberg_defaults, lake_dir
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
 DAG_ID = "cg_scheduled_consumption"
@@ -63,12 +65,47 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> None:
         raise SystemExit(f"{' '.join(cmd[1:4])} failed ({proc.returncode}); see {log}\n{tail}")
 
 
+def read_table(fmt: str, columns: list[str]):
+    """The landed table as a reader without Spark sees it (delta-rs, pyiceberg, pyarrow)."""
+    if fmt == "delta":  # the table's current files, as delta-rs lists them, read by pyarrow
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+
+        # (not to_pyarrow_dataset(): its scan threads abort the interpreter at exit, delta-rs #2184)
+        return pq.read_table(DeltaTable(lake_dir(ORDERS_TABLE)).file_uris(), columns=columns)
+    if fmt == "iceberg":
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        ice = iceberg_defaults()
+        catalog = SqlCatalog("default", uri=ice["iceberg_catalog_uri"])
+        return catalog.load_table(ice["iceberg_table"]).scan(selected_fields=tuple(columns)).to_arrow()
+    from airflow_provider_cg.core.landing.sinks import read_committed
+
+    return read_committed(lake_dir(ORDERS_TABLE), columns=columns)
+
+
+def how_to_read(fmt: str) -> list[str]:
+    path = lake_dir(ORDERS_TABLE)
+    if fmt == "delta":
+        return [f"python -c \"import pyarrow.parquet as pq; from deltalake import DeltaTable; "
+                f"print(pq.read_table(DeltaTable('{path}').file_uris()))\"",
+                "spark-submit --packages io.delta:delta-spark_2.13:4.4.0 ... "
+                f"spark.read.format('delta').load('{path}')"]
+    if fmt == "iceberg":
+        ice = iceberg_defaults()
+        return [f"python -c \"from pyiceberg.catalog.sql import SqlCatalog; print(SqlCatalog('default', "
+                f"uri='{ice['iceberg_catalog_uri']}').load_table('{ice['iceberg_table']}').scan().to_pandas())\""]
+    return [f"python -c \"import pyarrow.parquet as pq; print(pq.read_table('{path}/data').num_rows)\"",
+            f"spark.read.option('mergeSchema', 'true').parquet('{path}/data')"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m airflow_provider_cg.demo", description=__doc__.split("\n")[0])
     default_dir = PACKAGE_PARENT / ".demo" if (PACKAGE_PARENT / "setup.cfg").exists() else Path.cwd() / ".cg-demo"
     p.add_argument("--dir", default=str(default_dir), help="demo directory (recreated)")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--customers", type=int, default=3000)
+    p.add_argument("--format", choices=TABLE_FORMATS, default="delta", help="the table the DAG lands into")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -76,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(demo, ignore_errors=True)
     home = demo / "airflow"
     home.mkdir(parents=True)
-    lake = demo / "lake" / "orders"
     bindir = str(Path(sys.executable).parent)
     env = {
         **os.environ,
@@ -91,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
     }
+    os.environ["CG_DEMO_DIR"] = str(demo)  # lake_dir() below reads it, as the DAG does
     airflow = [sys.executable, "-m", "airflow"]
 
     print(f"[demo] migrating the Airflow DB in {home} ...", flush=True)
@@ -107,17 +144,16 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         env["AIRFLOW_CONN_NATS_DEFAULT"] = json.dumps({"conn_type": "nats", "host": "127.0.0.1", "port": server.port})
         env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": "local[*]"})
-        print(f"[demo] airflow dags test {DAG_ID} (Spark local[*]) ...", flush=True)
+        print(f"[demo] airflow dags test {DAG_ID} (Spark local[*], a {args.format} table) ...", flush=True)
         t = time.perf_counter()
-        _run([*airflow, "dags", "test", DAG_ID], env, demo / "dags-test.log")
+        conf = json.dumps({"table_format": args.format})
+        _run([*airflow, "dags", "test", DAG_ID, "--conf", conf], env, demo / "dags-test.log")
         t_dag = time.perf_counter() - t
     finally:
         server.stop()
 
-    from airflow_provider_cg.core.landing.sinks import read_committed
-
     # the example DAG's transformation (cg_order_transforms.paid_orders) dropped cancelled orders
-    table = read_committed(lake, columns=["partition", "order_id", "amount_cents"])
+    table = read_table(args.format, ["partition", "order_id", "amount_cents"])
     counts: dict[int, int] = {}
     for part in table.column("partition").to_pylist():
         counts[part] = counts.get(part, 0) + 1
@@ -130,10 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = sorted(order_ids) == sorted(paid)
     print(f"\n[demo] {'OK' if ok else 'MISMATCH'}: db migrate {t_migrate:.0f} s, publish {t_publish:.1f} s, "
           f"DAG run {t_dag:.0f} s, total {time.perf_counter() - t0:.0f} s")
-    print(f"[demo] lake: {lake}  (DAG log: {demo / 'dags-test.log'})")
-    print("[demo] read it: python -c \"import pyarrow.parquet as pq; "
-          f"print(pq.read_table('{lake}').num_rows)\"")
-    print(f"[demo]     or: spark.read.option('mergeSchema', 'true').parquet('{lake}/data')")
+    where = iceberg_defaults()["iceberg_table"] if args.format == "iceberg" else lake_dir(ORDERS_TABLE)
+    print(f"[demo] {args.format} table: {where}  (DAG log: {demo / 'dags-test.log'})")
+    for i, line in enumerate(how_to_read(args.format)):
+        print(f"[demo] {'read it' if i == 0 else '     or'}: {line}")
     return 0 if ok else 1
 
 

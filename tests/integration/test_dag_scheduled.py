@@ -40,9 +40,9 @@ def _publish(settings, n: int) -> None:
 
 
 def _delta_rows(path):
-    from deltalake import DeltaTable
+    from tests.support.member_job import read_delta
 
-    return DeltaTable(str(path)).to_pyarrow_dataset().to_table()
+    return read_delta(str(path))
 
 
 def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
