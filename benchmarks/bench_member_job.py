@@ -168,13 +168,23 @@ def _driver_peak_rss(proc: subprocess.Popen, result: dict) -> None:
     result["peak_rss_mb"] = round(peak / 1024, 1)
 
 
-def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_size: int, extra: list[str]) -> dict:
+def parquet_rows(lake: Path) -> int:
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in committed_files(lake))
+
+
+def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_size: int, extra: list[str],
+        sink: tuple[list[str], object] | None = None) -> dict:
+    """One member job under spark-submit; ``sink`` is ``(its arguments, a function counting the
+    landed rows)``, by default the Parquet lake in ``workdir``."""
     env = dict(os.environ, CG_NATS_SERVERS=url, PYSPARK_PYTHON=sys.executable,
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    lake = workdir / f"lake-{stream}-{group}"
+    if sink is None:
+        lake = workdir / f"lake-{stream}-{group}"
+        sink = (["--sink", "parquet", "--sink-path", str(lake)], lambda: parquet_rows(lake))
+    sink_args, count_rows = sink
     cmd = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g", "--py-files", str(zip_path),
            str(member_job_path()), "--stream", stream, "--group", group, "--member", "m1",
-           "--sink", "parquet", "--sink-path", str(lake), "--batch-size", str(batch_size), *extra]
+           *sink_args, "--batch-size", str(batch_size), *extra]
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     mem: dict = {}
@@ -186,8 +196,7 @@ def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"member job {stream}/{group} failed (exit {proc.returncode})")
     summary = json.loads(lines[-1][len(SUMMARY_PREFIX):])
-    summary.update(mem, wall_s=round(time.perf_counter() - started, 1),
-                   rows=sum(pq.ParquetFile(f).metadata.num_rows for f in committed_files(lake)))
+    summary.update(mem, wall_s=round(time.perf_counter() - started, 1), rows=count_rows())
     return summary
 
 
