@@ -146,6 +146,44 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
 
 
 @pytest.mark.spark
+def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, nats, shim, tmp_path, capfd, caplog,
+                                                                    minio_server, s3_bucket, monkeypatch):
+    """sink="delta" into s3:// with aws_conn_id: the keys come from the Airflow connection only
+    (none in this process's environment), reach the driver and the Spark tasks that write the
+    transformed batch's files, and show up in no command line, log, XCom or rendered field."""
+    from tests.support.member_job import read_delta
+
+    for name in minio_server.env():
+        monkeypatch.delenv(name, raising=False)
+    airflow_env.add_connection("lake_s3", "aws", login=minio_server.user, password=minio_server.password,
+                               extra={"endpoint_url": minio_server.endpoint, "region_name": "us-east-1"})
+    try:
+        nats.publish([f"orders.c{i % 13}" for i in range(300)])
+        table = f"s3://{s3_bucket}/orders"
+        sql = "SELECT origin_stream, origin_seq, key, partition, payload_text FROM batch"
+        result = airflow_env.run_dag(_dag("cg_spark_delta_s3", sink="delta", sink_path=table, aws_conn_id="lake_s3",
+                                          transform_sql=sql))
+    finally:
+        airflow_env.remove_connection("lake_s3")
+    assert result.state_of("consume") == "success"
+    assert result.xcom("consume")["committed"] == 300
+    from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
+    from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+
+    opts = delta_storage_options(ObjectStoreSettings.from_env(minio_server.env()))
+    seqs = sorted(read_delta(table, ["origin_seq"], opts).column("origin_seq").to_pylist())
+    assert seqs == list(range(1, 301))
+    argv = shim.read_text()
+    out = capfd.readouterr()
+    logged = out.out + out.err + caplog.text + _logs(airflow_env.home)
+    assert "--sink delta" in argv and "Spark-Submit cmd" in logged
+    for where, text in (("command line", argv), ("task log", logged),
+                        ("XCom / rendered fields", _all_xcoms_and_rendered("cg_spark_delta_s3"))):
+        assert minio_server.password not in text, f"the object store's secret key leaked into the {where}"
+    assert "AWS_SECRET_ACCESS_KEY=" not in argv
+
+
+@pytest.mark.spark
 def test_avro_payloads_bring_sparks_avro_package(airflow_env, nats, shim, tmp_path):
     """payload_format="avro": the operator adds Spark's Avro package to the submit (fetched from
     Maven Central by spark-submit), and Spark decodes the records into ``value``."""

@@ -1,7 +1,8 @@
 """The Delta and Iceberg sinks: the two-phase protocol, exactly-once by the table's own
 transaction, concurrent writers, schema evolution, table maintenance, bad input -- each on
-local disk and on a real S3-compatible server (MinIO, tests/support/minio.py), read back by
-delta-rs / pyiceberg (not the sink's own code)."""
+local disk and on a real S3-compatible server (MinIO, tests/support/minio.py), Iceberg's SQL
+catalog on SQLite and on a real PostgreSQL, read back by delta-rs / pyiceberg (not the sink's
+own code)."""
 
 from __future__ import annotations
 
@@ -73,9 +74,13 @@ class Table:
         assert set(got) == expected
 
 
-@pytest.fixture(params=["delta-local", "iceberg-local", "delta-s3", "iceberg-s3"])
+@pytest.fixture(params=["delta-local", "iceberg-local", "delta-s3", "iceberg-s3", "iceberg-pg"])
 def table(request, tmp_path) -> Table:
     fmt, where = request.param.split("-")
+    if where == "pg":  # the SQL catalog in a real PostgreSQL, the table on local disk
+        pg = request.getfixturevalue("postgres_db")
+        uri = f"postgresql://{pg.user}:{pg.password}@{pg.host}:{pg.port}/{pg.dbname}"
+        return Table(fmt, str(tmp_path / "warehouse"), uri)
     if where == "local":
         location = str(tmp_path / "warehouse" if fmt == "iceberg" else tmp_path / "orders")
     else:
