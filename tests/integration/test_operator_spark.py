@@ -184,6 +184,34 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
 
 
 @pytest.mark.spark
+def test_iceberg_with_its_catalog_in_postgresql_from_a_postgres_connection(airflow_env, nats, shim, tmp_path, capfd,
+                                                                           caplog, postgres_db):
+    """sink="iceberg" with pg_conn_id: the SQL catalog lives in PostgreSQL, its URI (with the
+    password) reaches the job as CG_ICEBERG_CATALOG_URI only; read back through the catalog."""
+    from tests.support.member_job import iceberg_landed
+
+    airflow_env.add_connection("pg_catalog", "postgres", host=postgres_db.host, port=postgres_db.port,
+                               login=postgres_db.user, password=postgres_db.password, schema=postgres_db.dbname)
+    try:
+        nats.publish([f"orders.c{i % 13}" for i in range(300)])
+        result = airflow_env.run_dag(_dag("cg_spark_iceberg_pg", sink="iceberg", iceberg_table="lake.orders",
+                                          iceberg_warehouse=str(tmp_path / "warehouse"), pg_conn_id="pg_catalog"))
+    finally:
+        airflow_env.remove_connection("pg_catalog")
+    assert result.state_of("consume") == "success"
+    assert result.xcom("consume")["committed"] == 300
+    p = postgres_db
+    landed = iceberg_landed(f"postgresql+psycopg2://{p.user}:{p.password}@{p.host}:{p.port}/{p.dbname}", "lake.orders")
+    assert sorted(r.origin_seq for r in landed) == list(range(1, 301))
+    argv = shim.read_text()
+    out = capfd.readouterr()
+    logged = out.out + out.err + caplog.text + _logs(airflow_env.home)
+    for where, text in (("command line", argv), ("task log", logged),
+                        ("XCom / rendered fields", _all_xcoms_and_rendered("cg_spark_iceberg_pg"))):
+        assert postgres_db.password not in text, f"the catalog database's password leaked into the {where}"
+
+
+@pytest.mark.spark
 def test_avro_payloads_bring_sparks_avro_package(airflow_env, nats, shim, tmp_path):
     """payload_format="avro": the operator adds Spark's Avro package to the submit (fetched from
     Maven Central by spark-submit), and Spark decodes the records into ``value``."""
