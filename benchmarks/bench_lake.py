@@ -23,24 +23,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_member_job import RESULTS, _wait_messages, job, parquet_rows, settle  # noqa: E402
+from bench_member_job import RESULTS, job, parquet_rows, settle  # noqa: E402
+from bench_transform import prepare  # noqa: E402 - the same JSON orders
 
-from airflow_provider_cg.core.groups.admin import ConsumerGroups  # noqa: E402
-from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
-from airflow_provider_cg.core.jetstream.api import JsApi  # noqa: E402
-from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings  # noqa: E402
-from airflow_provider_cg.core.jetstream.publish import publish_many  # noqa: E402
 from airflow_provider_cg.core.tools.packaging import build_core_zip, example_dags_folder  # noqa: E402
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer  # noqa: E402
 from airflow_provider_cg.examples import ORDERS_JSON_SCHEMA, ORDERS_TRANSFORM  # noqa: E402
 
-STREAM, KEYS = "ORDERS", 2000
+STREAM = "ORDERS"
 SINKS = ("parquet", "delta", "iceberg")
 VARIANTS = {"raw": [], "transform": ["--payload-format", "json", "--json-schema", ORDERS_JSON_SCHEMA,
                                      "--transform", ORDERS_TRANSFORM]}
@@ -69,27 +64,6 @@ def sink_for(name: str, workdir: Path, group: str):
 
     return (["--sink", "iceberg", "--iceberg-table", "bench.orders", "--iceberg-catalog-uri", catalog,
              "--iceberg-warehouse", str(where)], iceberg_rows)
-
-
-async def prepare(url: str, n: int, groups: list[str]) -> None:
-    nc = await NatsConnectionSettings(servers=[url]).connect()
-    api, cg = JsApi(nc), ConsumerGroups(nc)
-    await api.add_stream({"name": STREAM, "subjects": ["orders.*"], "storage": "file"})
-    for g in groups:
-        await cg.create(STREAM, g, ElasticGroupConfig(1, (PartitioningFilter("orders.*", (1,)),), members=("m1",)))
-    rnd = random.Random(7)
-
-    def orders():
-        for i in range(n):
-            c = f"c{i % KEYS:05d}"
-            body = {"order_id": i, "customer": c, "amount": round(rnd.uniform(1, 500), 2),
-                    "status": "cancelled" if i % 20 == 3 else "paid"}
-            yield f"orders.{c}", json.dumps(body, separators=(",", ":")).encode()
-
-    await publish_many(nc, orders())
-    for g in groups:
-        await _wait_messages(api, f"{STREAM}-{g}", n)
-    await nc.close()
 
 
 def run(n: int, cases: list[tuple[str, str]], batch_size: int) -> list[dict]:

@@ -49,11 +49,14 @@ VARIANTS = {
 }
 
 
-async def prepare(url: str, n: int) -> None:
+async def prepare(url: str, n: int, groups=None) -> None:
+    """N JSON orders in the origin stream, sourced into one 1-partition group per name in
+    ``groups`` (default: one per variant)."""
+    groups = list(groups or VARIANTS)
     nc = await NatsConnectionSettings(servers=[url]).connect()
     api, cg = JsApi(nc), ConsumerGroups(nc)
     await api.add_stream({"name": STREAM, "subjects": ["orders.*"], "storage": "file"})
-    for g in VARIANTS:
+    for g in groups:
         await cg.create(STREAM, g, ElasticGroupConfig(1, (PartitioningFilter("orders.*", (1,)),), members=("m1",)))
     rnd = random.Random(7)
 
@@ -65,7 +68,7 @@ async def prepare(url: str, n: int) -> None:
             yield f"orders.{c}", json.dumps(body, separators=(",", ":")).encode()
 
     await publish_many(nc, orders())
-    for g in VARIANTS:
+    for g in groups:
         await _wait_messages(api, f"{STREAM}-{g}", n)
     await nc.close()
 
