@@ -64,21 +64,17 @@ async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request,
         await nc.close()
 
 
-async def test_randomized_faults_into_delta_on_object_storage_restarting_the_store(
-        request, nc, nats_server, member_job_zip, tmp_path, minio_server, s3_bucket):
-    """The object store itself goes away under the jobs' writes, and comes back."""
-    pytest.importorskip("deltalake")
-    cfg = _config(request, sink="delta", seconds=25.0, messages=30_000, server_restarts=1, store_restarts=2)
-    run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip, object_store=minio_server, bucket=s3_bucket)
-    await run.run()
-    stats = await run.check()
-    print(run.report(), stats)
-
-
-async def test_randomized_faults_into_iceberg(request, nc, nats_server, member_job_zip, tmp_path):
-    pytest.importorskip("pyiceberg")
-    cfg = _config(request, sink="iceberg", seconds=25.0, messages=30_000, server_restarts=1)
-    run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip)
+@pytest.mark.parametrize("storage", ["local", "s3"])
+@pytest.mark.parametrize("sink", ["delta", "iceberg"])
+async def test_randomized_faults_into_a_lake_table(request, sink, storage, nc, nats_server, member_job_zip, tmp_path):
+    """Delta and Iceberg, each on local disk and on MinIO; on MinIO the object store itself
+    is stopped or SIGKILLed under the jobs' writes, and comes back."""
+    pytest.importorskip("deltalake" if sink == "delta" else "pyiceberg")
+    store = request.getfixturevalue("minio_server") if storage == "s3" else None
+    bucket = request.getfixturevalue("s3_bucket") if storage == "s3" else None
+    cfg = _config(request, sink=sink, seconds=18.0, messages=20_000, server_restarts=1,
+                  store_restarts=2 if store else 0)
+    run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip, object_store=store, bucket=bucket)
     await run.run()
     stats = await run.check()
     print(run.report(), stats)

@@ -87,9 +87,9 @@ class ChaosRun:
         self.catalog_uri = f"sqlite:///{self.workdir}/catalog.db"
         if self.object_store is not None:
             self.sink_env = {**self.object_store.env(), **self.sink_env}
-            self.table = f"s3://{self.bucket}/orders"
+            self.table, self.warehouse = f"s3://{self.bucket}/orders", f"s3://{self.bucket}/warehouse"
         else:
-            self.table = str(self.workdir / "orders")
+            self.table, self.warehouse = str(self.workdir / "orders"), str(self.workdir / "warehouse")
         self.t0 = time.monotonic()
 
     # --- helpers ---------------------------------------------------------------------------
@@ -110,7 +110,7 @@ class ChaosRun:
             return self.table, []
         if sink == "iceberg":
             return None, ["--iceberg-table", "lake.orders", "--iceberg-catalog-uri", self.catalog_uri,
-                          "--iceberg-warehouse", str(self.workdir / "warehouse")]
+                          "--iceberg-warehouse", self.warehouse]
         return None, ["--pg-table", "orders"]
 
     def start_job(self, member: str) -> MemberJob:
@@ -305,7 +305,9 @@ class ChaosRun:
 
     def report(self) -> str:
         codes = Counter(j.proc.returncode for _, j in self.jobs)
-        return "\n".join(self.events) + f"\njobs: {len(self.jobs)}, exit codes {dict(codes)}"
+        refused = [f"  job {j.pid} for {m} exited 1: {last_error(j)}" for m, j in self.jobs
+                   if j.proc.returncode == 1]
+        return "\n".join(self.events + refused) + f"\njobs: {len(self.jobs)}, exit codes {dict(codes)}"
 
     def landed(self, pg_params=None):
         sink = self.config.sink
@@ -349,6 +351,10 @@ class ChaosRun:
         tracebacks = [j for _, j in self.jobs if "Traceback" in j.output_so_far()]
         assert not tracebacks, (f"{len(tracebacks)} jobs crashed with a traceback, e.g.:\n"
                                 + tracebacks[0].result().describe() + "\n" + self.report())
+        # A job refuses (exit 1) only when its member was dropped from the group under it.
+        refused = [j for _, j in self.jobs if j.proc.returncode == 1
+                   and "is not a member of group" not in last_error(j)]
+        assert not refused, f"a job refused its input: {last_error(refused[0])}\n{self.report()}"
         left = self.prepared_left(pg_params)
         assert not left, f"prepared writes left behind: {left}\n{self.report()}"
         return {"jobs": len(self.jobs), "events": len(self.events), "landed": len(self.expected)}
@@ -365,3 +371,10 @@ class ChaosRun:
             gids = [r[0] for r in cur.fetchall()]
         conn.close()
         return gids
+
+
+def last_error(job: MemberJob) -> str:
+    """The job's error line (its summary's ``error``, else its last output line)."""
+    lines = [ln for ln in job.output_so_far().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return (errors or lines or ["(no output)"])[-1][:300]

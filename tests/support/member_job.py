@@ -380,7 +380,12 @@ def iceberg_landed(catalog_uri: str, identifier: str) -> list[Landed]:
     pyiceberg's catalog and scan planning."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    tbl = SqlCatalog("default", uri=catalog_uri).load_table(identifier)
+    from airflow_provider_cg.core.landing.sinks.iceberg import iceberg_io_properties
+    from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+
+    # the object store's endpoint and keys (from AWS_*), for tables whose files are on S3
+    props = iceberg_io_properties(ObjectStoreSettings.from_env())
+    tbl = SqlCatalog("default", uri=catalog_uri, **props).load_table(identifier)
     cols = ("origin_stream", "origin_seq", "key", "partition")
     out: list[Landed] = []
     seen: set[str] = set()
