@@ -1,24 +1,32 @@
 """Example DAG 3: scheduled backfill of a consumer group from its origin stream.
 
-Every hour (``catchup=True``), one spark-submit of the member job in backfill mode re-reads
-the origin stream's messages whose stream timestamp lies in the run's data interval
-``[data_interval_start, data_interval_end)`` and lands them as example DAG 1 does (the same
-transformation into the same ``paid_orders`` table: one shape per table). The sink drops
-messages whose ``(origin_stream, origin_seq)`` it already landed, so re-running an
-interval, overlapping intervals, concurrent live consumption and::
+One spark-submit of the member job in backfill mode re-reads the origin stream's messages
+whose stream timestamp lies in a window and lands them as example DAG 1 does (the same
+transformation into the same ``paid_orders`` table: one shape per table). The window is the
+run's data interval ``[data_interval_start, data_interval_end)``, or the params
+``window_start`` / ``window_end`` of a manual run::
 
-    airflow backfill create --dag-id cg_backfill --from-date 2026-01-01 --to-date 2026-01-02
+    airflow dags trigger cg_backfill -c '{"window_start": "2026-11-20T09:00:00Z", "window_end": "2026-11-20T10:00:00Z"}'
 
-all end with each message exactly once. A backfill acknowledges nothing: live members'
-backlogs are untouched. An interval without messages ends ``skipped``. The schedule is a
-timetable with data intervals (``CronDataIntervalTimetable``): Airflow 3 gives plain cron
-and timedelta schedules zero-length intervals. A manual run gets the last complete interval.
+It runs only the windows you ask for: ``catchup=False`` (unpausing it lands the hour that
+just ended, then one hour per hour, never a run per hour since a past start date), and the
+past is backfilled on request::
+
+    airflow backfill create --dag-id cg_backfill --from-date 2026-11-20T00:00 --to-date 2026-11-21T00:00
+
+A window without messages is skipped before any Spark starts. The sink drops messages whose
+``(origin_stream, origin_seq)`` it already landed, so re-running a window, overlapping
+windows and concurrent live consumption all end with each message exactly once. A backfill
+acknowledges nothing: live members' backlogs are untouched. The schedule is a timetable with
+data intervals (``CronDataIntervalTimetable``): Airflow 3 gives plain cron and timedelta
+schedules zero-length intervals.
 
 Settings come from environment variables (the schedule is fixed when the file is parsed):
 ``CG_BACKFILL_STREAM``, ``CG_BACKFILL_GROUP``, ``CG_BACKFILL_NATS_CONN_ID``,
 ``CG_BACKFILL_SPARK_CONN_ID``, ``CG_BACKFILL_START_DATE`` (ISO 8601, default
-2026-01-01T00:00Z), ``CG_BACKFILL_INTERVAL_SECONDS`` (a fixed interval instead of ``@hourly``,
-e.g. for demos and tests) and the table's (``CG_BACKFILL_SINK``, ``..._SINK_PATH``,
+2026-01-01T00:00Z: the earliest window ``airflow backfill create`` may ask for),
+``CG_BACKFILL_INTERVAL_SECONDS`` (a fixed interval instead of ``@hourly``, e.g. for demos and
+tests) and the table's (``CG_BACKFILL_SINK``, ``..._SINK_PATH``,
 ``..._PAYLOAD_FORMAT``, ``..._TRANSFORM``, ``..._AWS_CONN_ID``: see
 ``airflow_provider_cg.examples.orders_landing``).
 """
@@ -28,7 +36,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Param
 
 try:  # Airflow 3.1+: the Task SDK's timetables
     from airflow.sdk.definitions.timetables.interval import (
@@ -67,8 +75,14 @@ with DAG(
     description="Scheduled backfill: re-read each data interval of the origin stream into the sink, idempotently",
     schedule=_schedule(),
     start_date=_start_date(),
-    catchup=True,
+    catchup=False,  # only the windows asked for: no run per hour since start_date on unpause
     max_active_runs=4,  # windows are independent (each has its own sink batch ids)
+    params={
+        "window_start": Param(None, type=["null", "string"], format="date-time",
+                              description="a manual run's window start (default: the data interval's)"),
+        "window_end": Param(None, type=["null", "string"], format="date-time",
+                            description="a manual run's window end, exclusive (default: the data interval's)"),
+    },
     tags=["nats", "consumer-groups", "spark", "backfill", "example"],
     doc_md=__doc__,
 ) as dag:
@@ -76,8 +90,8 @@ with DAG(
         task_id="backfill",
         stream=_env("STREAM", "ORDERS"),
         group=_env("GROUP", "orders-lake"),
-        backfill_start="{{ data_interval_start.isoformat() }}",
-        backfill_end="{{ data_interval_end.isoformat() }}",
+        backfill_start="{{ params.window_start or data_interval_start.isoformat() }}",
+        backfill_end="{{ params.window_end or data_interval_end.isoformat() }}",
         **orders_landing("CG_BACKFILL_"),
         nats_conn_id=_env("NATS_CONN_ID", "nats_default"),
         conn_id=_env("SPARK_CONN_ID", "spark_default"),

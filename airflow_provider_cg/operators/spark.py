@@ -94,7 +94,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
-    :param check_backlog: skip without starting Spark when the member has nothing to read.
+    :param check_backlog: skip without starting Spark when the member has nothing to read (a
+        backfill: when the window holds no message of the group).
     :param settle_timeout: before skipping an elastic group's member for an empty backlog,
         wait up to this long for the work queue to catch up with the origin stream.
     :param backfill_start: with ``backfill_end`` (ISO 8601, templated, e.g.
@@ -237,8 +238,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             _, mode = spark_submit.spark_master(self.conn_id, self.deploy_mode)
             if mode == "client":  # the driver runs here: its lake directory must be writable here
                 spec.check_local_paths()
-            if self.check_backlog and not spec.backfill:
-                self._check_backlog(context, spec)
+            if self.check_backlog:
+                (self._check_window if spec.backfill else self._check_backlog)(context, spec)
             shipped = self._ship(spec)
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
@@ -348,6 +349,25 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
                 f"member {spec.member} (partitions {m.partitions}) has no backlog: Spark not started"
             )
         self.log.info("member %s: partitions %s, backlog %d: starting Spark", spec.member, m.partitions, backlog)
+
+    def _check_window(self, context: Any, spec: MemberJobSpec) -> None:
+        """A backfill window without messages is skipped before Spark starts."""
+        from airflow_provider_cg.core.landing.backfill import (
+            window_has_messages,  # pyarrow: not at parse time
+        )
+
+        async def go(nc):
+            return await window_has_messages(nc, spec.stream, spec.group, spec.backfill_start, spec.backfill_end)
+
+        if self.hook.run(go):
+            return
+        summary = {"stream": spec.stream, "group": spec.group, "member": "backfill", "result": contract.RESULT_EMPTY,
+                   "consumed": 0, "committed": 0, "partitions": {}, "window_start": spec.backfill_start,
+                   "window_end": spec.backfill_end, "stop_reason": "no messages in the window: Spark not started"}
+        _push_summary(context, summary)
+        raise AirflowSkipException(
+            f"no messages of {spec.stream} for group {spec.group} in [{spec.backfill_start}, {spec.backfill_end}): "
+            "Spark not started")
 
     @staticmethod
     def _own_backlog(spec: MemberJobSpec, status: Any) -> tuple[Any, int]:

@@ -16,7 +16,7 @@ from airflow_provider_cg.core.groups.partitioning import assign_partitions
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing import contract
-from airflow_provider_cg.core.landing.backfill import _ns, run_backfill
+from airflow_provider_cg.core.landing.backfill import _ns, run_backfill, window_has_messages
 from airflow_provider_cg.core.landing.contract import BatchOptions
 from airflow_provider_cg.core.landing.member import run_member_batch
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, ProcessedBatch, committed_inputs
@@ -96,6 +96,14 @@ async def test_backfill_window_is_exact_idempotent_and_equal_to_live_rows(nc, tm
     start, end = from_ns(times[seqs[12]]), from_ns(times[seqs[24]])
     expected = {q for q, t in times.items() if _ns(start) <= t < _ns(end)}
     assert expected == set(seqs[12:24])
+
+    # Whether a window holds messages is known without reading it (no Spark for empty ones).
+    assert await window_has_messages(nc, stream, "g", start, end)
+    assert await window_has_messages(nc, stream, "g", start, start + dt.timedelta(microseconds=1))
+    gap = from_ns(times[seqs[11]] + 1000), start  # between phases 1 and 2 (0.4 s apart)
+    assert not await window_has_messages(nc, stream, "g", *gap)
+    assert not await window_has_messages(nc, stream, "g", from_ns(times[seqs[-1]] + 1000),
+                                         dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
 
     lake = tmp_path / "backfill"
     sink = ParquetLakeSink(lake, fsync=False)

@@ -104,6 +104,19 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
     assert summary["committed"] == 0 and summary["duplicates_skipped"] == summary["consumed"] > 0
     assert _rows(lake) == before
 
+    # A window after the last message is skipped before any Spark starts.
+    empty = airflow_env.run_dag(dag, logical_date=t0 + dt.timedelta(seconds=5 * INTERVAL))
+    assert empty.state == "success" and empty.state_of("backfill") == "skipped", empty.ti_states
+    assert empty.xcom("backfill")["stop_reason"] == "no messages in the window: Spark not started"
+
+    # A manual run's params choose the window: here an empty one, over a data interval that is not.
+    after = dt.datetime.fromtimestamp(max(times.values()) / 1e9 + 1, dt.UTC)
+    manual = airflow_env.run_dag(dag, logical_date=t0 + dt.timedelta(seconds=INTERVAL), run_conf={
+        "window_start": after.isoformat(), "window_end": (after + dt.timedelta(hours=1)).isoformat()})
+    assert manual.state_of("backfill") == "skipped", manual.ti_states
+    assert manual.xcom("backfill")["window_start"] == after.isoformat()
+    assert _rows(lake) == before
+
     # Live consumption lands the same rows for these messages.
     from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
 

@@ -39,6 +39,7 @@ counted: live consumption dead-letters them, a backfill cannot.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import secrets
@@ -130,6 +131,53 @@ class OriginRows:
         return table, kept, len(msgs) - len(kept)
 
 
+async def _window_reader(nc, api: JsApi, stream: str, rows: OriginRows, start: dt.datetime,
+                         js_prefix: str) -> tuple[str, PriorityClient]:
+    """An ephemeral consumer on the origin stream from ``start`` over the group's subjects
+    (no acks, in memory, gone after 10 idle minutes), and a client pulling from it."""
+    name = f"cg-backfill-{secrets.token_hex(6)}"
+    config = {
+        "name": name,
+        "deliver_policy": "by_start_time",
+        "opt_start_time": start.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "ack_policy": "none",
+        "inactive_threshold": 60 * 10**9,
+        "mem_storage": True,
+        "num_replicas": 1,
+        "priority_groups": [_GROUP],
+        "priority_policy": "overflow",
+    }
+    filters = rows.consumer_filters
+    if len(filters) == 1:
+        config["filter_subject"] = filters[0]
+    elif filters:
+        config["filter_subjects"] = filters
+    await api.create_consumer(stream, config)
+    return name, PriorityClient(nc, stream, name, _GROUP, js_prefix=js_prefix)
+
+
+async def window_has_messages(nc, stream: str, group: str, start: dt.datetime | str, end: dt.datetime | str,
+                              *, js_prefix: str = DEFAULT_PREFIX) -> bool:
+    """Whether the origin stream holds a message of ``[start, end)`` on the group's subjects:
+    the first one at or after ``start`` is read and its timestamp compared with ``end``, so an
+    empty window is known without starting Spark (one consumer create and one pull)."""
+    start, end = parse_time("backfill_start", start), parse_time("backfill_end", end)
+    if end <= start:
+        raise ConfigError("backfill_end", "must be after backfill_start")
+    api = JsApi(nc, prefix=js_prefix)
+    info = await ConsumerGroups(nc, js_prefix=js_prefix).get(stream, group)
+    if not int((await api.stream_info(stream)).get("state", {}).get("messages", 0)):
+        return False
+    name, client = await _window_reader(nc, api, stream, OriginRows(info.config, group), start, js_prefix)
+    try:
+        msgs = await client.pull(1, expires=2.0, no_wait=True)
+    finally:
+        await client.close()
+        with contextlib.suppress(Exception):  # the inactive threshold removes it anyway
+            await api.delete_consumer(stream, name)
+    return bool(msgs) and _ns(start) <= msgs[0].timestamp_ns < _ns(end)
+
+
 async def run_backfill(
     nc,
     sink: TwoPhaseSink,
@@ -167,25 +215,7 @@ async def run_backfill(
         s.stop_reason = "origin stream empty"
         s.duration_s = round(time.monotonic() - started, 3)
         return s
-    name = f"cg-backfill-{secrets.token_hex(6)}"
-    config = {
-        "name": name,
-        "deliver_policy": "by_start_time",
-        "opt_start_time": start.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        "ack_policy": "none",
-        "inactive_threshold": 60 * 10**9,
-        "mem_storage": True,
-        "num_replicas": 1,
-        "priority_groups": [_GROUP],
-        "priority_policy": "overflow",
-    }
-    filters = rows.consumer_filters
-    if len(filters) == 1:
-        config["filter_subject"] = filters[0]
-    elif filters:
-        config["filter_subjects"] = filters
-    await api.create_consumer(stream, config)
-    client = PriorityClient(nc, stream, name, _GROUP, js_prefix=js_prefix)
+    name, client = await _window_reader(nc, api, stream, rows, start, js_prefix)
     batch_seq = int(time.time() * 1000)
     try:
         while not s.stop_reason:
