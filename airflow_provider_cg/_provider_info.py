@@ -18,7 +18,7 @@ QUEUE_CLASS = "airflow_provider_cg.queues.nats.NatsCgMessageQueueProvider"
 
 
 def _text(label: str, description: str | None = None, *, secret: bool = False, multiline: bool = False,
-          examples: list[str] | None = None) -> dict[str, Any]:
+          example: str | None = None) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": ["string", "null"]}
     if secret:
         # Airflow treats only "password" fields as sensitive, and renders them as one line:
@@ -26,8 +26,11 @@ def _text(label: str, description: str | None = None, *, secret: bool = False, m
         schema["format"] = "password"
     elif multiline:
         schema["format"] = "multiline"  # a text area: PEM text keeps its lines
-    if examples:
-        schema["examples"] = examples  # the new UI's only placeholder for extra fields
+    # No "examples" in the schema: Airflow's form turns a field that has them into an
+    # autocomplete ("Start typing to see options") offering only those values. The example
+    # goes into the description, shown under the plain text input.
+    if example:
+        description = f"{description} Example: {example}" if description else f"Example: {example}"
     field: dict[str, Any] = {"label": label, "schema": schema}
     if description:
         field["description"] = description
@@ -38,8 +41,8 @@ def _text(label: str, description: str | None = None, *, secret: bool = False, m
 CONN_FIELDS: dict[str, dict[str, Any]] = {
     "servers": _text(
         "Servers",
-        "Comma-separated NATS URLs (nats://h1:4222,tls://h2:4222). Replaces Host/Port/URL scheme.",
-        examples=["nats://nats-1:4222,nats://nats-2:4222"],
+        "Comma-separated NATS URLs; replaces Host, Port and URL scheme.",
+        example="nats://nats-1:4222,tls://nats-2:4222",
     ),
     "token": _text("Token", "Authentication token.", secret=True),
     "nkey_seed": _text("NKey seed", "The user's NKey seed (SU...), or the path of a file holding it.", secret=True),
@@ -56,7 +59,7 @@ CONN_FIELDS: dict[str, dict[str, Any]] = {
         "Paste the PEM key (line breaks lost in this one-line field are restored), or a file path.",
         secret=True,
     ),
-    "name": _text("Client name", "Connection name shown by the server (monitoring).", examples=["airflow"]),
+    "name": _text("Client name", "Connection name shown by the server (monitoring).", example="airflow-prod"),
     "connect_timeout": {
         "label": "Connect timeout (s)",
         "schema": {"type": ["integer", "null"], "default": 5, "minimum": 1},
@@ -73,7 +76,7 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
         "login": "user (optional)",
         "password": "password (optional)",
         # Airflow 3.1's form; the new UI shows placeholders for the standard fields only
-        # (extra fields: "examples" in their schema)
+        # (extra fields: the example in their description)
         "servers": "nats://nats-1:4222,nats://nats-2:4222",
         "tls_ca": "/etc/nats/ca.pem or -----BEGIN CERTIFICATE-----...",
         "tls_cert": "/etc/nats/client.pem or -----BEGIN CERTIFICATE-----...",

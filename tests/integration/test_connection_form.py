@@ -71,7 +71,8 @@ def test_mutual_tls_with_pem_text_from_the_form(airflow_env, tmp_path):
 
 def test_form_fields_render_as_intended():
     """What the API gives the connection form: secrets as password fields (sensitive), PEM
-    fields as text areas, the timeout as a number, examples where the new UI shows them."""
+    fields as text areas, the timeout as a number, plain text inputs (no "examples": the new UI
+    makes those an autocomplete) with the example in the description shown under them."""
     from airflow.providers_manager import ProvidersManager
 
     widgets = ProvidersManager().connection_form_widgets
@@ -82,6 +83,10 @@ def test_form_fields_render_as_intended():
     assert sensitive == {"token", "nkey_seed", "creds", "tls_key"}
     assert schema["tls_ca"]["format"] == schema["tls_cert"]["format"] == "multiline"
     assert [t for t in schema["connect_timeout"]["type"] if t != "null"] == ["integer"]
-    assert schema["servers"]["examples"] and schema["connect_timeout"]["title"] == "Connect timeout (s)"
+    assert not any("examples" in s for s in schema.values())
+    descriptions = {k.removeprefix("extra__nats__"): w.field.get("description") for k, w in widgets.items()
+                    if k.startswith("extra__nats__")}
+    assert "Example: nats://nats-1:4222" in descriptions["servers"] and "Example:" in descriptions["name"]
+    assert schema["connect_timeout"]["title"] == "Connect timeout (s)"
     behaviour = ProvidersManager().field_behaviours["nats"]
     assert behaviour["placeholders"]["host"] and behaviour["relabeling"]["login"] == "User"
