@@ -67,21 +67,11 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> None:
 
 def read_table(fmt: str, columns: list[str]):
     """The landed table as a reader without Spark sees it (delta-rs, pyiceberg, pyarrow)."""
-    if fmt == "delta":  # the table's current files, as delta-rs lists them, read by pyarrow
-        import pyarrow.parquet as pq
-        from deltalake import DeltaTable
+    from airflow_provider_cg.assets import read_table as read
 
-        # (not to_pyarrow_dataset(): its scan threads abort the interpreter at exit, delta-rs #2184)
-        return pq.read_table(DeltaTable(lake_dir(ORDERS_TABLE)).file_uris(), columns=columns)
-    if fmt == "iceberg":
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        ice = iceberg_defaults()
-        catalog = SqlCatalog("default", uri=ice["iceberg_catalog_uri"])
-        return catalog.load_table(ice["iceberg_table"]).scan(selected_fields=tuple(columns)).to_arrow()
-    from airflow_provider_cg.core.landing.sinks import read_committed
-
-    return read_committed(lake_dir(ORDERS_TABLE), columns=columns)
+    ice = iceberg_defaults()
+    return read(fmt, sink_path=lake_dir(ORDERS_TABLE), iceberg_table=ice["iceberg_table"],
+                iceberg_catalog_uri=ice["iceberg_catalog_uri"], columns=columns)
 
 
 def how_to_read(fmt: str) -> list[str]:

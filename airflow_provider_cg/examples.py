@@ -29,6 +29,21 @@ def iceberg_defaults() -> dict[str, str]:
             "iceberg_warehouse": lake_dir("warehouse")}
 
 
+def paid_orders_asset():
+    """The ``paid_orders`` table (its default location) as the Asset the landing tasks update;
+    each event's extra names the table it actually wrote (``airflow_provider_cg.assets``)."""
+    from airflow_provider_cg.assets import table_asset
+
+    return table_asset(sink="delta", sink_path=lake_dir(ORDERS_TABLE))
+
+
+def landing_asset(landing: dict[str, Any]):
+    """The Asset of the table ``orders_landing(...)``'s arguments write."""
+    from airflow_provider_cg.assets import table_asset
+
+    return table_asset(**{k: landing.get(k) for k in ("sink", "sink_path", "iceberg_table", "iceberg_catalog_uri")})
+
+
 def orders_landing(env_prefix: str) -> dict[str, Any]:
     """Operator arguments that land the orders as example DAG 1 does, each overridable by an
     environment variable ``<env_prefix><NAME>``: ``SINK`` (delta, iceberg, parquet),
@@ -51,3 +66,28 @@ def orders_landing(env_prefix: str) -> dict[str, Any]:
     if out["sink"] == "iceberg":
         out.update({k: env(k.upper(), v) for k, v in iceberg_defaults().items()})
     return out
+
+
+#: what a member job's summary counts (``core/landing/contract.py``: ``Summary``), in report order
+COUNTS = ("messages_read", "messages_landed", "rows_written", "duplicates_skipped", "dead_lettered")
+
+
+def landing_report(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The landing tasks' summaries as one report: per member its result, each count under
+    its own name and the messages read per partition; the totals; printed as a table (the
+    task log). Messages and rows are never added up together: a transformation that drops
+    cancelled orders writes fewer rows than it reads messages."""
+    members = []
+    for s in sorted((s for s in summaries if s), key=lambda s: str(s.get("member"))):
+        parts = {int(p): info.get("messages", 0) for p, info in (s.get("partitions") or {}).items()}
+        members.append({"member": s.get("member"), "result": s.get("result"),
+                        **{k: int(s.get(k) or 0) for k in COUNTS}, "partitions": dict(sorted(parts.items()))})
+    totals = {k: sum(m[k] for m in members) for k in COUNTS}
+    header = f"{'member':<10} {'result':<10}" + "".join(f" {k:>18}" for k in COUNTS) + "  messages read per partition"
+    lines = [header]
+    for m in members:
+        lines.append(f"{m['member']!s:<10} {m['result']!s:<10}" + "".join(f" {m[k]:>18}" for k in COUNTS)
+                     + "  " + (", ".join(f"{p}: {n}" for p, n in m["partitions"].items()) or "-"))
+    lines.append(f"{'total':<10} {'':<10}" + "".join(f" {totals[k]:>18}" for k in COUNTS))
+    print("\n".join(lines))
+    return {"members": members, "totals": totals}

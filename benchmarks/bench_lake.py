@@ -80,8 +80,8 @@ def run(n: int, cases: list[tuple[str, str]], batch_size: int) -> list[dict]:
             s = job(srv.url, work, f"{zip_path},{transforms}", STREAM, group, batch_size, VARIANTS[variant],
                     sink=sink_for(sink, work, group))
             expected_rows = n if variant == "raw" else n - len(range(3, n, 20))
-            if s["consumed"] != n or s["rows"] != expected_rows:
-                raise SystemExit(f"{group}: consumed {s['consumed']} of {n}, landed {s['rows']} of {expected_rows}")
+            if s["messages_read"] != n or s["rows"] != expected_rows:
+                raise SystemExit(f"{group}: consumed {s['messages_read']} of {n}, landed {s['rows']} of {expected_rows}")
             rate = n / s["duration_s"]
             rows.append({"sink": sink, "variant": variant, "messages": n, "rows": s["rows"], "msg_s": round(rate),
                          "duration_s": s["duration_s"], "batches": s["batches"], "peak_rss_mb": s.get("peak_rss_mb")})

@@ -219,9 +219,9 @@ def run_count(n: int, large: bool, static_n: int, batch_size: int, zip_path: Pat
             settle(srv.pid)
             s = job(srv.url, Path(d), zip_path, stream, group, batch_size, extra)
             if name in MEMBERS:  # m1's share of the stream
-                count = s["consumed"] if s["consumed"] == s["rows"] and 0 < s["consumed"] < n else -1
-            if s["consumed"] != count or s["rows"] != count:
-                raise SystemExit(f"{name}: landed {s['rows']} rows / consumed {s['consumed']}, expected {count}")
+                count = s["messages_read"] if s["messages_read"] == s["rows"] and 0 < s["messages_read"] < n else -1
+            if s["messages_read"] != count or s["rows"] != count:
+                raise SystemExit(f"{name}: landed {s['rows']} rows / consumed {s['messages_read']}, expected {count}")
             rate = count / s["duration_s"]
             held = 2 if name == "job-2of6" else groups.get(name) or static.get(name)
             rows.append({"variant": name, "messages": count, "partitions": held,

@@ -93,10 +93,10 @@ def main() -> None:
         for name, extra in VARIANTS.items():
             settle(srv.pid)
             s = job(srv.url, Path(d), f"{zip_path},{transforms}", STREAM, name, args.batch_size, extra)
-            if s["consumed"] != args.messages:
-                raise SystemExit(f"{name}: consumed {s['consumed']} of {args.messages}")
-            rate = s["consumed"] / s["duration_s"]
-            rows.append({"variant": name, "messages": s["consumed"], "rows": s["rows"], "msg_s": round(rate),
+            if s["messages_read"] != args.messages:
+                raise SystemExit(f"{name}: consumed {s['messages_read']} of {args.messages}")
+            rate = s["messages_read"] / s["duration_s"]
+            rows.append({"variant": name, "messages": s["messages_read"], "rows": s["rows"], "msg_s": round(rate),
                          "duration_s": s["duration_s"], "peak_rss_mb": s.get("peak_rss_mb")})
             print(f"  {name}: {rate:,.0f} msg/s ({s['rows']:,} rows), driver peak RSS {s.get('peak_rss_mb')} MB",
                   flush=True)

@@ -35,7 +35,7 @@ from typing import Any
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
-from airflow_provider_cg.examples import orders_landing
+from airflow_provider_cg.examples import landing_asset, landing_report, orders_landing
 from airflow_provider_cg.operators.groups import AddMembersOperator, DropMembersOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
 from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
@@ -92,6 +92,7 @@ def scale_out_and_drain() -> Any:
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",
         max_active_tis_per_dagrun=8,
+        outlets=[landing_asset(LANDING)],  # what each member's drain landed, as an asset event
         **common,
     ).expand_kwargs(members.output)
     restore = DropMembersOperator(task_id="restore", members=OVERFLOW_MEMBERS, trigger_rule="all_done",
@@ -100,12 +101,11 @@ def scale_out_and_drain() -> Any:
 
     @task(task_id="report", trigger_rule="none_failed")
     def report(ti: Any = None) -> dict[str, Any]:
-        """Rows landed per member and the membership after the restore."""
-        summaries = [s for s in (ti.xcom_pull(task_ids="drain") or []) if s]
-        landed = {s["member"]: int(s.get("committed") or 0) for s in summaries}
-        restored = ti.xcom_pull(task_ids="restore") or {}
-        out = {"landed": landed, "total": sum(landed.values()), "assignment": restored.get("assignment")}
-        print(out)
+        """What the drain landed per member (``examples.landing_report``) and the membership
+        after the restore."""
+        out = landing_report(ti.xcom_pull(task_ids="drain") or [])
+        out["assignment"] = (ti.xcom_pull(task_ids="restore") or {}).get("assignment")
+        print(f"membership after the restore: {out['assignment']}")
         return out
 
     # report also waits for the drain, so a failed drain fails the run after the restore.

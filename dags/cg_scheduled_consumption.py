@@ -4,7 +4,9 @@ Every 15 minutes (Variable ``cg_scheduled_consumption_schedule`` overrides the c
 ensure the elastic group exists (idempotent), fan out one spark-submit per member (each
 lands its partitions' backlog into the ``paid_orders`` table, exactly once, through the
 transformation ``cg_order_transforms:paid_orders``: parse the orders, drop cancelled ones, add
-a derived column), then summarise the messages per member and partition.
+a derived column), then summarise what landed: per member the messages read and landed, the
+rows written (fewer than messages: cancelled orders are dropped), duplicates skipped and
+dead-lettered messages.
 
 The table's format is a parameter: ``delta`` (default; ``sink_path`` is a directory or an
 ``s3://bucket/prefix`` with ``aws_conn_id``), ``iceberg`` (``iceberg_table`` in the SQL catalog
@@ -27,6 +29,8 @@ from airflow_provider_cg.examples import (
     TABLE_FORMATS,
     iceberg_defaults,
     lake_dir,
+    landing_report,
+    paid_orders_asset,
 )
 from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
@@ -120,26 +124,14 @@ with DAG(
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",
         max_active_tis_per_dagrun=6,
+        # each member's run emits an asset event saying what it landed (cg_paid_orders_report reads it)
+        outlets=[paid_orders_asset()],
     ).expand_kwargs(members.output)
 
     @task(trigger_rule="none_failed")
     def summarise(ti: Any = None) -> dict[str, Any]:
-        """Rows per member and partition from the members' summaries (key ``summary``)."""
-        summaries = [s for s in (ti.xcom_pull(task_ids="consume") or []) if s]
-        rows = []
-        for s in sorted(summaries, key=lambda s: s["member"]):
-            parts = s.get("partitions") or {}
-            if not parts:
-                rows.append({"member": s["member"], "partition": None, "rows": 0, "result": s["result"]})
-            for p, info in sorted(parts.items(), key=lambda kv: int(kv[0])):
-                rows.append({"member": s["member"], "partition": int(p), "rows": info["count"],
-                             "result": s["result"]})
-        total = sum(r["rows"] for r in rows)
-        lines = [f"{'member':<10} {'partition':>9} {'rows':>10}  result"]
-        lines += [f"{r['member']:<10} {'-' if r['partition'] is None else r['partition']:>9} {r['rows']:>10}  "
-                  f"{r['result']}" for r in rows]
-        lines.append(f"{'total':<10} {'':>9} {total:>10}")
-        print("\n".join(lines))
-        return {"total": total, "rows": rows}
+        """Per member: messages read and landed, rows written, duplicates skipped, dead-lettered,
+        and the messages read per partition (``examples.landing_report``)."""
+        return landing_report(ti.xcom_pull(task_ids="consume") or [])
 
     ensure_group >> members >> consume >> summarise()

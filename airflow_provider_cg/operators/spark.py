@@ -174,6 +174,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             if field in kwargs:
                 raise ConfigError(field, "is set by the operator (use the member job's options instead)")
         spark_options = {k: kwargs.pop(k) for k in list(kwargs) if k in SPARK_SUBMIT_OPTIONS}
+        if "outlets" not in kwargs:  # the table, as an Asset, when its location is known now
+            kwargs["outlets"] = _table_outlets(sink, sink_path, iceberg_table, iceberg_catalog_uri)
         super().__init__(**kwargs)
         job = {
             "stream": stream, "group": group, "member": member, "sink": sink, "sink_path": sink_path,
@@ -199,6 +201,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         for option in SPARK_SUBMIT_OPTIONS:
             setattr(self, option, spark_options.get(option))
         self._spark_hook = None
+        self._summary: dict[str, Any] | None = None  # the last run's, for lineage
         self._check(rendered=False)
 
     # --- arguments ---------------------------------------------------------------------
@@ -250,17 +253,45 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             summary_file = os.path.join(tmp, "summary.json")
             job = MemberJobSpec.build({**spec.values(), "summary_file": summary_file})
             summary = self._submit(spec, job.to_argv(), summary_file)
-        self.log.info(
-            "member %s: %s, %s messages consumed, %s rows committed in %s batches (%s)", spec.member,
-            summary.get("result"), summary.get("consumed"), summary.get("committed"), summary.get("batches"),
-            summary.get("stop_reason", ""),
-        )
+        self.log.info("member %s: %s (%s)", spec.member, summary.get("result"), summary.get("stop_reason", ""))
+        self.log.info("%s", describe_counts(summary))
+        self._summary = summary
+        if summary.get("result") not in contract.SKIP_RESULTS:
+            self._announce(context, spec, summary)
         if summary.get("result") in contract.SKIP_RESULTS:
             _push_summary(context, summary)
             raise AirflowSkipException(
                 f"member {spec.member}: {summary['result']} ({summary.get('stop_reason') or 'nothing consumed'})"
             )
         return summary
+
+    def _announce(self, context: Any, spec: MemberJobSpec, summary: dict[str, Any]) -> None:
+        """Attach what this run landed to the asset event of each outlet Asset (its table)."""
+        from airflow.sdk import Asset
+
+        from airflow_provider_cg.assets import landed_extra
+
+        events = context.get("outlet_events") if context else None
+        assets = [o for o in (self.outlets or []) if isinstance(o, Asset)]
+        if events is None or not assets:
+            return
+        extra = landed_extra(spec, summary)
+        for asset in assets:
+            events[asset].extra.update(extra)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (Airflow's provider calls this when installed): the origin stream in,
+        the table out, with the rows this run wrote (``lineage.py``)."""
+        from airflow_provider_cg.lineage import operator_lineage
+
+        spec = self.job_spec()
+        pg = None
+        if spec.sink == "postgres" and self.pg_conn_id:
+            from airflow.sdk import BaseHook
+
+            conn = BaseHook.get_connection(self.pg_conn_id)
+            pg = (f"{conn.host or 'localhost'}:{conn.port or 5432}", conn.schema or "postgres")
+        return operator_lineage(spec, self.hook.get_settings().servers, self._summary, pg)
 
     def job_spec(self) -> MemberJobSpec:
         """The member job's spec of this task (its fields rendered)."""
@@ -341,9 +372,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             m, backlog = self._own_backlog(spec, settled_states(self.hook, spec.stream, spec.group,
                                                                 self.settle_timeout))
         if backlog == 0:
-            summary = {"stream": spec.stream, "group": spec.group, "member": spec.member,
-                       "result": contract.RESULT_EMPTY, "consumed": 0, "committed": 0, "partitions": {},
-                       "stop_reason": "no backlog: Spark not started"}
+            summary = contract.Summary(spec.stream, spec.group, spec.member,
+                                       stop_reason="no backlog: Spark not started").to_dict()
             _push_summary(context, summary)
             raise AirflowSkipException(
                 f"member {spec.member} (partitions {m.partitions}) has no backlog: Spark not started"
@@ -352,18 +382,16 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     def _check_window(self, context: Any, spec: MemberJobSpec) -> None:
         """A backfill window without messages is skipped before Spark starts."""
-        from airflow_provider_cg.core.landing.backfill import (
-            window_has_messages,  # pyarrow: not at parse time
-        )
+        from airflow_provider_cg.core.landing.backfill import window_has_messages  # pyarrow: not at parse
 
         async def go(nc):
             return await window_has_messages(nc, spec.stream, spec.group, spec.backfill_start, spec.backfill_end)
 
         if self.hook.run(go):
             return
-        summary = {"stream": spec.stream, "group": spec.group, "member": "backfill", "result": contract.RESULT_EMPTY,
-                   "consumed": 0, "committed": 0, "partitions": {}, "window_start": spec.backfill_start,
-                   "window_end": spec.backfill_end, "stop_reason": "no messages in the window: Spark not started"}
+        summary = contract.Summary(spec.stream, spec.group, "backfill", window_start=spec.backfill_start,
+                                   window_end=spec.backfill_end,
+                                   stop_reason="no messages in the window: Spark not started").to_dict()
         _push_summary(context, summary)
         raise AirflowSkipException(
             f"no messages of {spec.stream} for group {spec.group} in [{spec.backfill_start}, {spec.backfill_end}): "
@@ -375,6 +403,28 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         if m is None or not m.in_membership:
             raise ConfigError("member", f"{spec.member!r} is not a member of group {spec.group!r}")
         return m, member_backlog(status, m)
+
+
+def _table_outlets(sink: Any, sink_path: Any, iceberg_table: Any, iceberg_catalog_uri: Any) -> list:
+    """``[Asset]`` of a table whose format and location are given as plain values, else ``[]``."""
+    from airflow_provider_cg.assets import table_asset
+
+    values = (sink, sink_path, iceberg_table, iceberg_catalog_uri)
+    if sink not in ("delta", "iceberg", "parquet") or any(templated(v) for v in values):
+        return []
+    try:
+        return [table_asset(sink=sink, sink_path=sink_path, iceberg_table=iceberg_table,
+                            iceberg_catalog_uri=iceberg_catalog_uri)]
+    except ValueError:  # incomplete: the contract check that follows names the field
+        return []
+
+
+def describe_counts(summary: dict[str, Any]) -> str:
+    """One line naming each count of a summary (``contract.Summary``) for what it counts."""
+    names = (("messages_read", "messages read"), ("messages_landed", "messages landed"),
+             ("rows_written", "rows written"), ("duplicates_skipped", "duplicates skipped"),
+             ("dead_lettered", "dead-lettered"), ("batches", "batches"))
+    return ", ".join(f"{summary.get(k) or 0} {label}" for k, label in names)
 
 
 def _read_summary(path: str) -> dict[str, Any] | None:

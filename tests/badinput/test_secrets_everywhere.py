@@ -97,7 +97,7 @@ def test_no_secret_of_any_auth_mode_shows_anywhere(airflow_env, planted, tmp_pat
     result = airflow_env.run_dag(dag)
     for mode in modes:
         assert result.state_of(f"consume_{mode}") == "success", (mode, result.ti_states)
-        assert result.xcom(f"consume_{mode}")["committed"] == 40, mode
+        assert result.xcom(f"consume_{mode}")["rows_written"] == 40, mode
     assert (calls.parent / (calls.name + ".env")).read_text().count("CG_NATS_") > 0  # they did travel, as env
     out = capfd.readouterr()
     places = {

@@ -76,7 +76,7 @@ async def live_consume(nc, sink, stream: str) -> int:
     done = 0
     for m in MEMBERS:
         opts = BatchOptions(stream=stream, group="g", member=m, batch_size=7, standby_timeout=5, idle_timeout=0.5)
-        done += (await run_member_batch(nc, sink, opts)).consumed
+        done += (await run_member_batch(nc, sink, opts)).messages_read
     return done
 
 
@@ -108,14 +108,14 @@ async def test_backfill_window_is_exact_idempotent_and_equal_to_live_rows(nc, tm
     lake = tmp_path / "backfill"
     sink = ParquetLakeSink(lake, fsync=False)
     s1 = await run_backfill(nc, sink, stream, "g", start, end, batch_size=5)
-    assert (s1.result, s1.committed, s1.consumed, s1.batches) == ("committed", 12, 12, 3)
+    assert (s1.result, s1.rows_written, s1.messages_read, s1.batches) == ("committed", 12, 12, 3)
     assert s1.stop_reason == "window end"
     landed = rows_by_seq(lake)
     assert set(landed) == expected
 
     # Re-running the window (string bounds this time) adds nothing.
     s2 = await run_backfill(nc, sink, stream, "g", start.isoformat(), end.isoformat())
-    assert (s2.committed, s2.duplicates_skipped) == (0, 12)
+    assert (s2.rows_written, s2.duplicates_skipped) == (0, 12)
     assert rows_by_seq(lake) == landed
 
     # Live consumption of the whole stream into another lake lands the same rows.
@@ -132,7 +132,7 @@ async def test_backfill_window_is_exact_idempotent_and_equal_to_live_rows(nc, tm
     # A window open at the end stops at the origin's last sequence; everything already there.
     s3 = await run_backfill(nc, sink, stream, "g", from_ns(times[seqs[0]]), dt.datetime.now(dt.UTC)
                             + dt.timedelta(hours=1))
-    assert (s3.committed, s3.duplicates_skipped) == (24, 12)
+    assert (s3.rows_written, s3.duplicates_skipped) == (24, 12)
     assert set(rows_by_seq(lake)) == set(seqs)
 
 
@@ -144,7 +144,7 @@ async def test_backfill_overlapping_live_consumption_adds_no_duplicates(nc, tmp_
     sink = ParquetLakeSink(lake, fsync=False)
     assert await live_consume(nc, sink, stream) == 18
     s = await run_backfill(nc, sink, stream, "g", from_ns(min(times.values())), from_ns(max(times.values()) + 1000))
-    assert (s.consumed, s.committed, s.duplicates_skipped) == (18, 0, 18)
+    assert (s.messages_read, s.rows_written, s.duplicates_skipped) == (18, 0, 18)
     table = read_committed(lake)
     assert table.num_rows == 18
     assert pc.count_distinct(table.column("origin_seq")).as_py() == 18
@@ -155,10 +155,10 @@ async def test_empty_window_and_bad_bounds(nc, tmp_path):
     sink = ParquetLakeSink(tmp_path / "lake", fsync=False)
     t0 = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)
     s = await run_backfill(nc, sink, stream, "g", t0, t0 + dt.timedelta(hours=1))
-    assert (s.result, s.consumed) == ("empty", 0)
+    assert (s.result, s.messages_read) == ("empty", 0)
     await publish_many(nc, [(f"{prefix}.a", b"x")])
     s = await run_backfill(nc, sink, stream, "g", t0, t0 + dt.timedelta(hours=1))
-    assert (s.result, s.consumed, s.stop_reason) == ("empty", 0, "window end")
+    assert (s.result, s.messages_read, s.stop_reason) == ("empty", 0, "window end")
     from airflow_provider_cg.core.errors import ConfigError
 
     with pytest.raises(ConfigError):
@@ -214,7 +214,7 @@ async def test_job_backfill_mode_lands_the_window(nc, nats_settings, tmp_path, m
     assert rc == contract.EXIT_OK
     line = capsys.readouterr().out.strip().splitlines()[-1]
     summary = json.loads(line.removeprefix(contract.SUMMARY_PREFIX))
-    assert (summary["result"], summary["committed"], summary["member"]) == ("committed", 5, "backfill")
+    assert (summary["result"], summary["rows_written"], summary["member"]) == ("committed", 5, "backfill")
     assert summary["window_start"] == start.isoformat() and summary["window_end"] == end.isoformat()
     assert set(rows_by_seq(lake)) == set(seqs[5:10])
     # Bad bounds are invalid input (exit 1), not a crash.
@@ -241,7 +241,7 @@ async def test_a_window_of_only_poison_messages_is_skipped_not_a_crash(nc, tmp_p
     sink = ParquetLakeSink(lake, fsync=False)
     s = await run_backfill(nc, sink, stream, "g", from_ns(min(times.values())),
                            from_ns(max(times.values()) + 1000), batch_size=3, pipeline=ArrowPipeline(text_decoder()))
-    assert (s.consumed, s.skipped, s.committed, s.poison_deliveries) == (7, 7, 0, 7)
+    assert (s.messages_read, s.skipped, s.rows_written, s.poison_deliveries) == (7, 7, 0, 7)
     assert read_committed(lake).num_rows == 0
 
 
@@ -279,8 +279,8 @@ async def test_backfill_with_a_transformation_never_counts_a_landed_message_twic
     assert 0 < live <= len(times)
     window = (from_ns(min(times.values())), from_ns(max(times.values()) + 1000))
     s1 = await run_backfill(nc, sink, stream, "g", *window, batch_size=6, pipeline=_CountPerKey())
-    assert s1.duplicates_skipped == live and s1.consumed == len(times)
+    assert s1.duplicates_skipped == live and s1.messages_read == len(times)
     s2 = await run_backfill(nc, sink, stream, "g", *window, batch_size=6, pipeline=_CountPerKey())
-    assert s2.duplicates_skipped == len(times) and s2.committed == 0
+    assert s2.duplicates_skipped == len(times) and s2.rows_written == 0
     table = read_committed(lake)
     assert sum(table.column("n").to_pylist()) == len(times)  # every message counted once

@@ -90,7 +90,7 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
         window = {q for q, t in times.items() if _ns(start) <= t < _ns(end)}
         assert len(window) > 20
         summary = result.xcom("backfill")
-        assert (summary["result"], summary["committed"], summary["consumed"]) == ("committed", len(window), len(window))
+        assert (summary["result"], summary["rows_written"], summary["messages_read"]) == ("committed", len(window), len(window))
         expected |= window
         assert set(_rows(lake)) == expected, f"interval {k} ({time.monotonic() - started:.1f}s)"
     # Messages before the first and after the last interval were not touched.
@@ -101,7 +101,7 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
     again = airflow_env.run_dag(dag, logical_date=t0 + dt.timedelta(seconds=INTERVAL))
     assert again.state == "success", again.ti_states
     summary = again.xcom("backfill")
-    assert summary["committed"] == 0 and summary["duplicates_skipped"] == summary["consumed"] > 0
+    assert summary["rows_written"] == 0 and summary["duplicates_skipped"] == summary["messages_read"] > 0
     assert _rows(lake) == before
 
     # A window after the last message is skipped before any Spark starts.

@@ -45,6 +45,19 @@ def _delta_rows(path):
     return read_delta(str(path))
 
 
+def _asset_event_extras(consumer_dag) -> list[dict]:
+    """The extras of the asset events of the Assets ``consumer_dag`` is scheduled on."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    uris = [a.uri for a in consumer_dag.timetable.asset_condition.objects]
+    with create_session() as s:
+        rows = s.scalars(select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                         .where(AssetModel.uri.in_(uris))).all()
+        return [dict(r.extra or {}) for r in rows]
+
+
 def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
                                              tmp_path):
     from tests.support.member_job import assert_exactly_once, delta_landed
@@ -54,6 +67,8 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     assert dag.params["table_format"] == "delta"  # the default
     lake = tmp_path / "paid_orders"
     conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": spark_env, "sink_path": str(lake)}
+    report_dag = example_dag("cg_paid_orders_report.py").dag
+    airflow_env.sync_dag(report_dag)  # scheduled on the table's Asset before anything lands
     result = airflow_env.run_dag(dag, run_conf=conf)
 
     assert result.state == "success", result.ti_states
@@ -65,7 +80,6 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
         expected = "success" if m["backlog"] else "skipped"
         assert result.state_of("consume", i) == expected
     summary = result.xcom("summarise")
-    assert summary["total"] == N
 
     table = _delta_rows(lake)
     # the example transformation: cancelled orders dropped, amount_cents derived
@@ -75,11 +89,34 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     assert sorted(table.column("origin_seq").to_pylist()) == [i + 1 for i in paid]
     cents = dict(zip(table.column("order_id").to_pylist(), table.column("amount_cents").to_pylist(), strict=True))
     assert all(cents[i] == round(i / 10 * 100) for i in paid)
-    per_member = {r["member"]: 0 for r in summary["rows"]}
-    for r in summary["rows"]:
-        per_member[r["member"]] += r["rows"]
-    assert per_member == {m["member"]: m["backlog"] for m in members}
+    # The summary names what it counts: messages read and landed, rows written (fewer: cancelled
+    # orders are dropped by the transformation), per member and partition.
+    assert summary["totals"] == {"messages_read": N, "messages_landed": N, "rows_written": len(paid),
+                                 "duplicates_skipped": 0, "dead_lettered": 0}, summary["totals"]
+    assert {m["member"]: sum(m["partitions"].values()) for m in summary["members"]} == \
+        {m["member"]: m["backlog"] for m in members}
     assert_exactly_once(delta_landed(str(lake)), {("ORDERS", i + 1): f"c{i % 97}" for i in paid})
+
+    # Each member's run emitted an asset event saying what it landed; the downstream DAG,
+    # scheduled on the table's Asset, ran once for them and read exactly those rows.
+    landed = [m["member"] for m in members if m["backlog"]]
+    extras = _asset_event_extras(report_dag)
+    assert sorted(e["member"] for e in extras) == landed
+    assert sum(e["messages_landed"] for e in extras) == N
+    assert all(e["table"] == f"file://{lake}" and e["format"] == "delta" and e["batch_ids"] for e in extras)
+    assert sum(r["messages"] for e in extras for r in e["origin"]["ORDERS"].values()) == N
+    # (Airflow queues the run at the first event and gives it the events up to then; the others
+    # go to the next run, so the run covers one to three members' landings.)
+    report = airflow_env.run_asset_triggered(report_dag)
+    assert report is not None and report.state == "success", report
+    out = report.xcom("new_paid_orders")
+    by_member = {e["member"]: e["origin"] for e in extras}
+    assert out["events"] >= 1 and out["ranges"] and all(by_member[m] == r for m, r in out["ranges"].items())
+    announced = [(int(p), r["first_seq"], r["last_seq"]) for o in out["ranges"].values() for p, r in o["ORDERS"].items()]
+    rows = [(pt, q, oid) for pt, q, oid in zip(table.column("partition").to_pylist(), table.column("origin_seq").to_pylist(),
+                                                table.column("order_id").to_pylist(), strict=True)
+            if any(pt == p and lo <= q <= hi for p, lo, hi in announced)]
+    assert (out["orders"], out["amount_cents"]) == (len(rows), sum(cents[oid] for _, _, oid in rows)) and rows
 
     # A second run finds nothing left: every member is skipped without starting Spark.
     again = airflow_env.run_dag(dag, run_conf=conf)

@@ -32,7 +32,7 @@ def shipped(airflow_env, monkeypatch):
     bag = DagBag(dag_folder=str(example_dags_folder()))
     assert not bag.import_errors, bag.import_errors
     assert set(bag.dags) == {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout",
-                             "cg_overflow_scaleout_sensor"}
+                             "cg_overflow_scaleout_sensor", "cg_paid_orders_report"}
     return bag.dags
 
 
@@ -77,7 +77,7 @@ def test_no_dag_runs_once_per_past_interval_when_unpaused(shipped):
 
 def test_every_landing_task_checks_for_work_before_starting_spark(shipped):
     tasks = [(dag_id, t) for dag_id, dag in shipped.items() for t in _landing_tasks(dag)]
-    assert {dag_id for dag_id, _ in tasks} == set(shipped), tasks
+    assert {dag_id for dag_id, _ in tasks} == set(shipped) - {"cg_paid_orders_report"}, tasks
     for dag_id, task in tasks:
         assert _fields(task).get("check_backlog", True) is True, (dag_id, task.task_id)
 
@@ -109,3 +109,17 @@ def test_the_backfill_window_is_the_params_or_the_data_interval(shipped):
         got = tuple(env.from_string(getattr(task, f)).render(params=params, **interval)
                     for f in ("backfill_start", "backfill_end"))
         assert got == expected
+
+
+def test_every_landing_task_announces_its_table_and_the_report_listens(shipped):
+    """Each landing task's outlet is the table it writes; the downstream DAG is scheduled on it."""
+    outlets = {}
+    for dag_id, dag in shipped.items():
+        for task in _landing_tasks(dag):
+            partial = getattr(task, "partial_kwargs", None)
+            found = (partial.get("outlets") if partial else None) or task.outlets
+            assert found, (dag_id, task.task_id)
+            outlets[dag_id] = {a.uri for a in found}
+    assert len({frozenset(v) for v in outlets.values()}) == 1, outlets  # one table: paid_orders
+    report = shipped["cg_paid_orders_report"]
+    assert {a.uri for a in report.timetable.asset_condition.objects} == outlets["cg_backfill"]

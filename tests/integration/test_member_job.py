@@ -57,8 +57,8 @@ async def test_two_members_land_50k_messages_in_parquet_exactly_once(nc, nats_se
     summaries = [_assert_ok(r) for r in results]
 
     assert_exactly_once(parquet_landed(lake), expected)
-    assert sum(s["committed"] for s in summaries) == 50_000
-    assert all(s["consumed"] > 0 and s["duplicates_skipped"] == 0 for s in summaries)
+    assert sum(s["rows_written"] for s in summaries) == 50_000
+    assert all(s["messages_read"] > 0 and s["duplicates_skipped"] == 0 for s in summaries)
     # m1 and m2 share the four partitions: each landed its own two
     parts = [set(s["partitions"]) for s in summaries]
     assert parts[0].isdisjoint(parts[1]) and parts[0] | parts[1] == {"0", "1", "2", "3"}
@@ -77,7 +77,7 @@ async def test_two_members_land_in_postgres_exactly_once(nc, nats_server, member
     summaries = [_assert_ok(r) for r in await _wait_jobs(*jobs)]
 
     assert_exactly_once(postgres_landed(postgres_db.conn_params(), "orders"), expected)
-    assert sum(s["committed"] for s in summaries) == n
+    assert sum(s["rows_written"] for s in summaries) == n
     assert all(s["batches"] >= 2 for s in summaries)
     assert await wq_messages(nc, STREAM, GROUP) == 0
     for r in summaries:
@@ -98,8 +98,8 @@ async def test_two_instances_of_one_member_only_one_consumes(nc, nats_server, me
     # the loser waits as a standby: not-pinned, or empty once the winner released the pin at its end
     assert outcomes[0] == "committed" and outcomes[1] in ("empty", "not-pinned"), [r.summary for r in results]
     winner, loser = sorted((r.summary for r in results), key=lambda s: s["result"] != "committed")
-    assert winner["committed"] == 5_000 and winner["pin_id"]
-    assert loser["consumed"] == loser["committed"] == 0
+    assert winner["rows_written"] == 5_000 and winner["pin_id"]
+    assert loser["messages_read"] == loser["rows_written"] == 0
     assert_exactly_once(parquet_landed(lake), expected)
     assert await wq_messages(nc, STREAM, GROUP) == 0
 
@@ -124,7 +124,7 @@ async def test_poison_message_is_dead_lettered_and_the_rest_commits(nc, nats_ser
     summary = _assert_ok(result)
     deliveries = 1 if read == "auto" else 3
     assert summary["dead_lettered"] == 1 and summary["poison_deliveries"] == deliveries, summary
-    assert summary["committed"] == n - 1
+    assert summary["rows_written"] == n - 1
     assert_exactly_once(parquet_landed(lake), expected)
     assert await wq_messages(nc, STREAM, GROUP) == 0
 
@@ -199,12 +199,12 @@ async def test_static_group_keeps_its_position_across_runs(nc, nats_server, memb
     expected = await publish(500, 1)
     (r1,) = await _wait_jobs(start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="ST",
                                               group="g", member="m1", sink_path=lake))
-    assert _assert_ok(r1)["consumed"] == 500
+    assert _assert_ok(r1)["messages_read"] == 500
     info = await JsApi(nc).consumer_info("ST", "g-m1")
     assert info is not None and not info["config"].get("inactive_threshold"), info["config"]
     expected |= await publish(30, 501)
     (r2,) = await _wait_jobs(start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="ST",
                                               group="g", member="m1", sink_path=lake))
     s2 = _assert_ok(r2)
-    assert s2["consumed"] == 30 and s2["duplicates_skipped"] == 0, s2
+    assert s2["messages_read"] == 30 and s2["duplicates_skipped"] == 0, s2
     assert_exactly_once(parquet_landed(lake), expected)

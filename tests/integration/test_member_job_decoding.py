@@ -166,7 +166,7 @@ async def test_json_decoded_by_spark_into_postgres_one_row_per_message(nc, nats_
         args=["--pg-table", "pj_events", "--payload-format", "json", "--json-schema", "id BIGINT NOT NULL",
               "--batch-size", "150"], env={"CG_PG_DSN": postgres_db.dsn}).wait, 240)
     assert r.returncode == 0 and "Traceback" not in r.output, r.describe()
-    assert r.summary["committed"] == 399 and r.summary["dead_lettered"] == 1, r.summary
+    assert r.summary["rows_written"] == 399 and r.summary["dead_lettered"] == 1, r.summary
     with psycopg2.connect(**postgres_db.conn_params()) as conn, conn.cursor() as cur:
         cur.execute("SELECT origin_seq, key, (value->>'id')::bigint FROM pj_events ORDER BY origin_seq")
         rows = cur.fetchall()

@@ -90,13 +90,13 @@ async def test_sigkill_at_each_step_of_a_batch_then_rerun(nc, nats_server, membe
         assert await wq_messages(nc, cases[point], GROUP) == 0, point
     a, b, c = summaries["after_prepare"], summaries["mid_ack"], summaries["before_commit"]
     assert (a["recovered_aborted"], a["recovered_committed"]) == (1, 0), a
-    assert a["committed"] == n and a["duplicates_skipped"] == 0, a
+    assert a["rows_written"] == n and a["duplicates_skipped"] == 0, a
     assert (b["recovered_aborted"], b["recovered_committed"]) == (0, 1), b
     # the recovered batch landed all 1000 rows; its unacked part came back and was acked as
     # landed at once (no second write of it)
-    assert b["committed"] == n and b["consumed"] == n - batch and b["duplicates_skipped"] == 0, b
+    assert b["rows_written"] == n and b["messages_read"] == n - batch and b["duplicates_skipped"] == 0, b
     assert (c["recovered_aborted"], c["recovered_committed"]) == (0, 1), c
-    assert c["committed"] == n and c["consumed"] == n - batch and c["duplicates_skipped"] == 0, c
+    assert c["rows_written"] == n and c["messages_read"] == n - batch and c["duplicates_skipped"] == 0, c
 
 
 async def test_sigkill_between_two_partition_purges_then_rerun(nc, nats_server, member_job_zip, tmp_path):
@@ -132,7 +132,7 @@ async def test_sigkill_between_two_partition_purges_then_rerun(nc, nats_server, 
     (rerun,) = await _wait(job())
     s = _ok(rerun)
     assert (s["recovered_aborted"], s["recovered_committed"]) == (0, 1), s
-    assert s["committed"] == len(mine) and s["consumed"] == len(mine) - purged, s
+    assert s["rows_written"] == len(mine) and s["messages_read"] == len(mine) - purged, s
     assert s["duplicates_skipped"] == batch - purged, s  # the unpurged part of the recovered batch
     assert_exactly_once(parquet_landed(lake), mine)
     assert await wq_messages(nc, "D", GROUP) == theirs
@@ -151,7 +151,7 @@ async def test_step_down_mid_run_then_second_run_finishes(nc, nats_server, membe
     (r1,) = await _wait(first)
     s1 = _ok(r1)
     assert s1["stop_reason"] == "pin lost", s1
-    assert 0 < s1["consumed"] < n and s1["batches"] >= 2, s1
+    assert 0 < s1["messages_read"] < n and s1["batches"] >= 2, s1
 
     second = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                               member="m1", sink_path=lake, args=[*args, "--batch-size", "5000"])
@@ -159,7 +159,7 @@ async def test_step_down_mid_run_then_second_run_finishes(nc, nats_server, membe
     s2 = _ok(r2)
     assert s2["result"] == "committed" and s2["pin_id"] != s1["pin_id"], s2
     assert_exactly_once(parquet_landed(lake), expected)
-    assert s1["committed"] + s2["committed"] == n
+    assert s1["rows_written"] + s2["rows_written"] == n
     assert await wq_messages(nc, "O", GROUP) == 0
 
 
@@ -184,7 +184,7 @@ async def test_suspended_past_ack_wait_while_another_instance_takes_over(nc, nat
     (r1,) = await _wait(first)
     s1, s2 = _ok(r1), _ok(r2)
     assert s2["result"] == "committed" and s2["pin_id"] != s1["pin_id"], s2
-    assert s2["consumed"] >= left_at_stop - 1_000, (left_at_stop, s2)  # it took over the rest
+    assert s2["messages_read"] >= left_at_stop - 1_000, (left_at_stop, s2)  # it took over the rest
     assert s1["stop_reason"] in ("pin lost", "taken over by another instance"), s1
     assert_exactly_once(parquet_landed(lake), expected)
     assert await wq_messages(nc, "O", GROUP) == 0
@@ -239,8 +239,8 @@ async def test_suspended_in_prepare_its_write_is_rolled_back_by_the_new_instance
     s1, s2 = _ok(r1), _ok(r2)
     # a half-prepared write is not reported as recovered: it is dropped as never prepared
     assert (s2["recovered_aborted"], s2["recovered_committed"]) == (int(point == "after_prepare"), 0), s2
-    assert s2["committed"] == n and s2["result"] == "committed", s2
-    assert s1["committed"] == 0 and s1["stop_reason"] in ("taken over by another instance", "pin lost"), s1
+    assert s2["rows_written"] == n and s2["result"] == "committed", s2
+    assert s1["rows_written"] == 0 and s1["stop_reason"] in ("taken over by another instance", "pin lost"), s1
     lost = "was rolled back by another instance" if point == "after_prepare" else "was removed by another instance"
     assert lost in r1.output, r1.describe()
     assert_exactly_once(parquet_landed(lake), expected)

@@ -46,7 +46,7 @@ async def test_two_members_land_into_one_delta_table_on_local_disk(nc, nats_serv
     expected = await publish_orders(nc, STREAM, GROUP, 20_000, 300)
     table = str(tmp_path / "orders_delta")
     results = await _two_members(member_job_zip, tmp_path, nats_server, {}, ("delta", table))
-    assert sum(_ok(r)["committed"] for r in results) == 20_000
+    assert sum(_ok(r)["rows_written"] for r in results) == 20_000
     assert_exactly_once(delta_landed(table), expected)
     # Spark's own Delta reader (delta-spark) agrees: every row once, and each version adds
     # whole batches (no version shows part of one), versions counted as delta-rs counts them
@@ -91,7 +91,7 @@ async def test_one_member_lands_into_an_iceberg_table(nc, nats_server, member_jo
         member="m1", sink="iceberg", args=["--batch-size", "3000", "--iceberg-table", "lake.orders",
                                            "--iceberg-catalog-uri", catalog,
                                            "--iceberg-warehouse", str(tmp_path / "warehouse")])
-    assert _ok(result)["committed"] == 8_000
+    assert _ok(result)["rows_written"] == 8_000
     assert_exactly_once(iceberg_landed(catalog, "lake.orders"), expected)
 
 

@@ -116,8 +116,8 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
 
     assert result.state_of("consume") == "success"
     summary = result.xcom("consume")
-    assert summary["result"] == "committed" and summary["committed"] == 500
-    assert sum(p["count"] for p in summary["partitions"].values()) == 500
+    assert summary["result"] == "committed" and summary["rows_written"] == 500
+    assert sum(p["messages"] for p in summary["partitions"].values()) == 500
     from airflow_provider_cg.core.landing.sinks import read_committed
 
     assert read_committed(lake).num_rows == 500
@@ -145,9 +145,46 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     assert "******" not in cmd and "--py-files" in cmd, cmd
 
 
+@pytest.fixture
+def openlineage_events(tmp_path, monkeypatch):
+    """Airflow's OpenLineage provider on, writing its events to a file: ``read()`` -> events."""
+    from airflow.providers.openlineage import conf
+    from airflow.providers.openlineage.plugins.listener import get_openlineage_listener
+
+    path = tmp_path / "openlineage.jsonl"
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT",
+                       json.dumps({"type": "file", "log_file_path": str(path), "append": True}))
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "cg-tests")
+
+    def reset():
+        for name in dir(conf):
+            getattr(getattr(conf, name), "cache_clear", lambda: None)()
+        get_openlineage_listener().adapter._client = None
+
+    reset()
+    # the provider's plugin registers its listener when Airflow loads plugins, if OpenLineage is
+    # configured then; this session started without it, so register the same listener now
+    from airflow.sdk.listener import get_listener_manager
+
+    listeners = get_listener_manager()
+    listener = get_openlineage_listener()
+    added = not listeners.pm.is_registered(listener)
+    listeners.add_listener(listener)
+
+    def read() -> list[dict]:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    yield read
+    if added:
+        listeners.pm.unregister(listener)
+    monkeypatch.undo()
+    reset()
+
+
 @pytest.mark.spark
 def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, nats, shim, tmp_path, capfd, caplog,
-                                                                    minio_server, s3_bucket, monkeypatch):
+                                                                    minio_server, s3_bucket, monkeypatch,
+                                                                    openlineage_events, auth_server):
     """sink="delta" into s3:// with aws_conn_id: the keys come from the Airflow connection only
     (none in this process's environment), reach the driver and the Spark tasks that write the
     transformed batch's files, and show up in no command line, log, XCom or rendered field."""
@@ -166,7 +203,7 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
     finally:
         airflow_env.remove_connection("lake_s3")
     assert result.state_of("consume") == "success"
-    assert result.xcom("consume")["committed"] == 300
+    assert result.xcom("consume")["rows_written"] == 300
     from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
     from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
 
@@ -181,6 +218,18 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
                         ("XCom / rendered fields", _all_xcoms_and_rendered("cg_spark_delta_s3"))):
         assert minio_server.password not in text, f"the object store's secret key leaked into the {where}"
     assert "AWS_SECRET_ACCESS_KEY=" not in argv
+
+    # Lineage (Airflow's OpenLineage provider, its real listener): the stream in, the table out.
+    complete = [e for e in openlineage_events() if e["eventType"] == "COMPLETE"
+                and e["job"]["name"].endswith("cg_spark_delta_s3.consume")]
+    assert complete, openlineage_events()
+    (event,) = complete
+    assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [(f"nats://127.0.0.1:{auth_server.port}", STREAM)]
+    (out,) = event["outputs"]
+    assert (out["namespace"], out["name"]) == (f"s3://{s3_bucket}", "orders")
+    assert out["outputFacets"]["outputStatistics"]["rowCount"] == 300
+    assert minio_server.password not in json.dumps(openlineage_events()) and PASSWORD not in json.dumps(
+        openlineage_events())
 
 
 @pytest.mark.spark
@@ -199,7 +248,7 @@ def test_iceberg_with_its_catalog_in_postgresql_from_a_postgres_connection(airfl
     finally:
         airflow_env.remove_connection("pg_catalog")
     assert result.state_of("consume") == "success"
-    assert result.xcom("consume")["committed"] == 300
+    assert result.xcom("consume")["rows_written"] == 300
     p = postgres_db
     landed = iceberg_landed(f"postgresql+psycopg2://{p.user}:{p.password}@{p.host}:{p.port}/{p.dbname}", "lake.orders")
     assert sorted(r.origin_seq for r in landed) == list(range(1, 301))
@@ -241,7 +290,7 @@ def test_avro_payloads_bring_sparks_avro_package(airflow_env, nats, shim, tmp_pa
     result = airflow_env.run_dag(_dag("cg_spark_avro", sink_path=str(lake), payload_format="avro",
                                       avro_schema=json.dumps(schema)))
     assert result.state_of("consume") == "success"
-    assert result.xcom("consume")["committed"] == 200
+    assert result.xcom("consume")["rows_written"] == 200
     values = read_committed(lake).column("value").to_pylist()
     assert sorted(v["id"] for v in values) == list(range(200))
     assert {v["id"]: v["tag"] for v in values}[3] == "t3"

@@ -236,7 +236,7 @@ async def run_backfill(
             msgs = [m for m in msgs[:cut] if m.timestamp_ns >= start_ns]
             if not msgs:
                 continue
-            s.consumed += len(msgs)  # counted as read here: the lander counts no messages of a backfill
+            s.messages_read += len(msgs)  # counted as read here: the lander counts no messages of a backfill
             s.bytes += sum(len(m.data) for m in msgs)
             table, kept, skipped = rows.build(msgs)
             s.skipped += skipped
@@ -256,7 +256,7 @@ async def run_backfill(
             refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
             await lander.land(batch_id, processed, table, refs, None, 0, 0)
             log.info("cg backfill %s.%s [%s, %s): batch of %d, committed %d so far",
-                     stream, group, s.window_start, s.window_end, len(kept), s.committed)
+                     stream, group, s.window_start, s.window_end, len(kept), s.rows_written)
     finally:
         await client.close()
         try:
@@ -264,6 +264,6 @@ async def run_backfill(
         except Exception as e:  # the inactive threshold removes it anyway
             log.warning("could not delete backfill consumer %s: %s", name, e)
         s.duration_s = round(time.monotonic() - started, 3)
-    s.target = s.consumed
-    s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
+    s.target = s.messages_read
+    s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
     return s

@@ -410,19 +410,24 @@ class Summary:
     """The job's result: one JSON object (``to_json``), printed after ``SUMMARY_PREFIX`` and
     written to ``--summary-file``.
 
-    Counts: ``consumed`` messages read and acknowledged, ``committed`` rows the sink wrote,
-    ``duplicates_skipped`` rows it already had, ``dead_lettered`` poison messages moved to the
-    dead-letter stream; ``partitions`` per partition the count and first/last origin sequence.
-    A backfill fills ``window_start`` / ``window_end`` and ``skipped``; a failed run
-    ``exit_code`` and ``error`` (one line, never a secret)."""
+    Counts, each named for what it counts: ``messages_read`` (read and acknowledged in the
+    batches this run committed; a backfill: read from the window), ``messages_landed`` (those
+    whose effect this run committed: read minus duplicates, dead-lettered and, in a backfill,
+    skipped), ``rows_written`` (rows the sink wrote, also for writes an earlier run left
+    prepared and this one committed: ``recovered_committed``; a transformation may write more
+    or fewer rows than messages), ``duplicates_skipped`` (messages already landed), ``dead_lettered``
+    (poison messages moved to the dead-letter stream); ``partitions``: per partition the
+    messages read and the first/last origin sequence. A backfill fills ``window_start`` /
+    ``window_end`` and ``skipped``; a failed run ``exit_code`` and ``error`` (one line, never a
+    secret)."""
 
     stream: str
     group: str
     member: str | None
     result: str = RESULT_EMPTY
     target: int = 0
-    consumed: int = 0
-    committed: int = 0
+    messages_read: int = 0
+    rows_written: int = 0
     duplicates_skipped: int = 0
     dead_lettered: int = 0
     poison_deliveries: int = 0
@@ -432,6 +437,7 @@ class Summary:
     unconfirmed_acks: int = 0
     bytes: int = 0
     partitions: dict[str, dict[str, int]] = field(default_factory=dict)
+    batch_ids: list[str] = field(default_factory=list)  # the batches this run committed (sink gids)
     stop_reason: str = ""
     pin_id: str | None = None
     duration_s: float = 0.0
@@ -442,9 +448,9 @@ class Summary:
     error: str | None = None
 
     def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int) -> None:
-        p = self.partitions.setdefault(str(partition), {"count": 0, "first_origin_seq": first_seq,
+        p = self.partitions.setdefault(str(partition), {"messages": 0, "first_origin_seq": first_seq,
                                                         "last_origin_seq": last_seq})
-        p["count"] += n
+        p["messages"] += n
         p["first_origin_seq"] = min(p["first_origin_seq"], first_seq)
         p["last_origin_seq"] = max(p["last_origin_seq"], last_seq)
 
@@ -453,8 +459,12 @@ class Summary:
         return cls(getattr(spec, "stream", None), getattr(spec, "group", None), getattr(spec, "member", None),
                    result=RESULT_FAILED, exit_code=exit_code, error=error)
 
+    @property
+    def messages_landed(self) -> int:
+        return max(self.messages_read - self.duplicates_skipped - self.dead_lettered - self.skipped, 0)
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "messages_landed": self.messages_landed}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)

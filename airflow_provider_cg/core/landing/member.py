@@ -70,10 +70,10 @@ class Progress:
             return
         self.last = now
         s = self.summary
-        rate = s.consumed / max(now - self.start, 1e-9)
-        left = max(s.target - s.consumed, 0)
-        log.info("cg progress member=%s consumed=%d committed=%d rate=%.0f msg/s backlog_left=%d",
-                 s.member, s.consumed, s.committed, rate, left)
+        rate = s.messages_read / max(now - self.start, 1e-9)
+        left = max(s.target - s.messages_read, 0)
+        log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s backlog_left=%d",
+                 s.member, s.messages_read, s.rows_written, rate, left)
 
 
 class MemberRun:
@@ -142,7 +142,7 @@ class MemberRun:
                     return s
                 log.info("cg member=%s: continuing with partitions %s", o.member, self.partitions)
         except ConsumerGone as e:
-            if s.consumed or s.committed:
+            if s.messages_read or s.rows_written:
                 raise
             # A membership change deleted the member's consumer before this instance landed
             # anything (typically while it waited as a standby): nothing of ours is in flight.
@@ -176,14 +176,14 @@ class MemberRun:
             s.target = min(s.target, o.max_messages)
         if backlog == 0 and not _pinned_id(info):
             await self.lander.recover(self.partitions)
-            s.result, s.stop_reason = (RESULT_COMMITTED if s.consumed else RESULT_EMPTY), "empty backlog"
+            s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_EMPTY), "empty backlog"
             return
         watcher = asyncio.create_task(self._watch_membership())
         try:
             first = await self._acquire_pin()
             if first is None:
                 if self.revoked is not None:  # a standby: the pinned instance hands the consumer over
-                    s.result, s.stop_reason = (RESULT_COMMITTED if s.consumed else RESULT_REVOKED), self.revoked
+                    s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_REVOKED), self.revoked
                 elif _pinned_id(await self.client.consumer_info()):
                     s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
                 else:
@@ -210,7 +210,7 @@ class MemberRun:
                 await reads.consume(held)
         finally:
             watcher.cancel()
-        s.result = RESULT_COMMITTED if s.consumed else RESULT_EMPTY
+        s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
         if self.revoked is None:
             await self._release_pin()
 
@@ -258,7 +258,7 @@ class MemberRun:
         except GroupNotFound:
             cfg = None
         if cfg is None or not in_membership(cfg, o.member) or not partitioning.member_partitions(cfg, o.member):
-            if not s.consumed:
+            if not s.messages_read:
                 s.result = RESULT_REVOKED
             return False
         if self.limit_reached() not in (None, self.revoked):

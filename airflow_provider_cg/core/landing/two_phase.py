@@ -59,8 +59,7 @@ def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, sum
                 aborted += 1
                 continue
             committed.append(prepared)
-            summary.committed += res.rows_written
-            summary.duplicates_skipped += res.duplicates_skipped
+            summary.rows_written += res.rows_written  # an earlier run read (and counted) its messages
         else:
             aborted += 1
     summary.recovered_committed += len(committed)
@@ -107,7 +106,6 @@ class TwoPhaseLander:
         before any ack was sent, so none can take effect: roll the write back and leave the
         messages for the re-created consumer."""
         s = self.summary
-        s.duplicates_skipped += processed.skipped
         try:
             prepared = await self._prepare(batch_id, processed, refs)
         except PreparedWriteLost:
@@ -139,9 +137,10 @@ class TwoPhaseLander:
         failpoint("before_commit")
         result = await asyncio.to_thread(self.sink.commit, prepared)
         s.batches += 1
-        s.committed += result.rows_written
-        s.duplicates_skipped += result.duplicates_skipped
-        s.consumed += n_msgs
+        s.batch_ids.append(batch_id.gid)
+        s.rows_written += result.rows_written
+        s.duplicates_skipped += processed.skipped + result.duplicates_skipped
+        s.messages_read += n_msgs
         s.bytes += n_bytes
         for p, first, last, n in partition_ranges(inputs):
             s.count_partition(p, first, last, n)

@@ -130,8 +130,11 @@ def test_summary_format_and_failed_summary():
     s.count_partition(3, 10, 20, 5)
     s.count_partition(3, 5, 12, 2)
     d = json.loads(s.to_json())
-    assert d["partitions"] == {"3": {"count": 7, "first_origin_seq": 5, "last_origin_seq": 20}}
-    assert set(d) == {f.name for f in dataclasses.fields(contract.Summary)}
+    assert d["partitions"] == {"3": {"messages": 7, "first_origin_seq": 5, "last_origin_seq": 20}}
+    assert set(d) == {f.name for f in dataclasses.fields(contract.Summary)} | {"messages_landed"}
+    # messages landed: read, less what was already there, dead-lettered or (backfill) skipped
+    s.messages_read, s.duplicates_skipped, s.dead_lettered, s.skipped = 100, 7, 2, 1
+    assert json.loads(s.to_json())["messages_landed"] == 90
     failed = contract.Summary.failed(MemberJobSpec.build(BASE), contract.EXIT_INVALID, "transform: boom")
     assert (failed.result, failed.exit_code, failed.error) == ("failed", 1, "transform: boom")
     assert contract.RESULT_FAILED not in contract.SKIP_RESULTS

@@ -40,8 +40,8 @@ def test_a_batch_lands_once_and_is_counted(tmp_path):
 
     assert land(lander, range(1, 11), 1, ack) is True
     assert calls == ["ack"] and committed_seqs(lake) == list(range(1, 11))
-    assert (s.batches, s.committed, s.consumed, s.unconfirmed_acks) == (1, 10, 10, 2)
-    assert sum(p["count"] for p in s.partitions.values()) == 10
+    assert (s.batches, s.rows_written, s.messages_read, s.unconfirmed_acks) == (1, 10, 10, 2)
+    assert sum(p["messages"] for p in s.partitions.values()) == 10
     assert land(lander, range(5, 15), 2) is True  # a backfill's batch: no ack step; dedupe by origin key
     assert committed_seqs(lake) == list(range(1, 15)) and s.duplicates_skipped == 6
 
@@ -75,7 +75,7 @@ def test_recovery_commits_what_may_have_been_acked_and_rolls_back_the_rest(tmp_p
     done = recover_writes(ParquetLakeSink(lake), "ORDERS", "g", "m1", s)
     assert [w.batch_id.batch_seq for w in done] == [2]
     assert committed_seqs(lake) == [4, 5, 6]
-    assert (s.recovered_committed, s.recovered_aborted, s.committed) == (1, 1, 3)
+    assert (s.recovered_committed, s.recovered_aborted, s.rows_written) == (1, 1, 3)
     assert quiet.batch_id.gid not in {w.batch_id.gid for w in sink.recover("ORDERS", "g", "m1")}
     # a dropped member's orphan is finished by whoever fences one of its partitions
     lander = TwoPhaseLander(ParquetLakeSink(lake), Summary("ORDERS", "g", "m1"), "ORDERS", "g", "m1")

@@ -76,6 +76,15 @@ class ObjectStoreSettings:
             out["session_token"] = self.session_token
         return out
 
+    def pyarrow_filesystem(self):
+        """A pyarrow ``S3FileSystem`` for the same store (readers of the table's data files)."""
+        import pyarrow.fs as pafs
+
+        scheme, _, host = (self.endpoint or "https://").partition("://")
+        return pafs.S3FileSystem(access_key=self.access_key_id, secret_key=self.secret_access_key,
+                                 session_token=self.session_token, region=self.region or "us-east-1",
+                                 scheme=scheme, endpoint_override=host.rstrip("/") or None)
+
 
 class Storage(abc.ABC):
     """Files of one lake location, addressed by '/'-separated paths relative to it."""

@@ -1,0 +1,158 @@
+"""Landed data as Airflow Assets: the table a landing task writes, and what one run landed.
+
+A landing task declares its table as an outlet Asset (``table_asset``; the operator does it
+by itself when the table's location is not templated) and each successful run attaches to
+its asset event what it landed (``landed_extra``): per origin stream and partition the
+origin sequence range of the messages it committed, the counts, the batch ids. A DAG
+scheduled on the Asset reads exactly those rows with ``landed_rows`` (rows keep
+``origin_stream``, ``origin_seq`` and ``partition``; a transformation must keep them too).
+No secret ever goes into an extra: an Iceberg catalog URI with a password is refused by the
+job's contract, and a catalog from a connection is left out.
+
+The range of a partition covers the messages the run committed in it, in stream order; a
+message inside it that an earlier path landed (a backfill, a run that crashed after its
+commit) has its row once in the table and is included.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+#: the asset event extra's layout version
+EXTRA_VERSION = 1
+
+
+def table_uri(sink: str, *, sink_path: str | None = None, iceberg_table: str | None = None,
+              iceberg_catalog_uri: str | None = None, pg_table: str | None = None) -> str:
+    """The Asset URI of a landing table: ``file:///abs/path`` or ``s3://bucket/prefix`` (Delta,
+    Parquet), ``iceberg://<catalog host or sqlite>/<namespace>/<table>``, ``postgres:///<table>``."""
+    if sink in ("delta", "parquet"):
+        if not sink_path:
+            raise ValueError("sink_path is needed for a delta or parquet table's asset")
+        if "://" in sink_path:
+            return sink_path.rstrip("/")
+        return "file://" + quote(os.path.abspath(sink_path))
+    if sink == "iceberg":
+        if not iceberg_table or "." not in iceberg_table:
+            raise ValueError("iceberg_table (namespace.table) is needed for an iceberg table's asset")
+        namespace, _, table = iceberg_table.rpartition(".")
+        where = "sqlite" if (iceberg_catalog_uri or "").startswith("sqlite") else "catalog"
+        if iceberg_catalog_uri and not iceberg_catalog_uri.startswith("sqlite"):
+            where = iceberg_catalog_uri.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0] or "catalog"
+        return f"iceberg://{where}/{namespace.replace('.', '/')}/{table}"
+    if sink == "postgres":
+        return f"postgres:///{pg_table or 'cg_landed'}"
+    raise ValueError(f"no asset for sink {sink!r}")
+
+
+def table_asset(name: str | None = None, **location: Any):
+    """An Airflow ``Asset`` for the table (``table_uri``'s arguments); named ``name`` or its URI."""
+    from airflow.sdk import Asset
+
+    uri = table_uri(**location)
+    return Asset(name=name or uri, uri=uri)
+
+
+def landed_extra(spec: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """The asset event's extra for one landing run (a ``MemberJobSpec`` and its summary)."""
+    ranges = {str(p): {"first_seq": int(r["first_origin_seq"]), "last_seq": int(r["last_origin_seq"]),
+                       "messages": int(r.get("messages", 0))}
+              for p, r in sorted((summary.get("partitions") or {}).items(), key=lambda kv: int(kv[0]))}
+    extra: dict[str, Any] = {
+        "cg_extra_version": EXTRA_VERSION,
+        "format": spec.sink,
+        "table": table_uri(spec.sink, sink_path=spec.sink_path, iceberg_table=spec.iceberg_table,
+                           iceberg_catalog_uri=spec.iceberg_catalog_uri, pg_table=spec.pg_table),
+        "stream": spec.stream, "group": spec.group, "member": summary.get("member"),
+        "origin": {spec.stream: ranges} if ranges else {},
+        **{k: int(summary.get(k) or 0) for k in ("messages_read", "messages_landed", "rows_written",
+                                                 "duplicates_skipped", "dead_lettered")},
+        "batch_ids": list(summary.get("batch_ids") or []),
+    }
+    if spec.sink == "iceberg":
+        extra["iceberg_table"] = spec.iceberg_table
+        if spec.iceberg_catalog_uri:  # never a password: the contract refuses one in it
+            extra["iceberg_catalog_uri"] = spec.iceberg_catalog_uri
+    if spec.sink in ("delta", "parquet"):
+        extra["sink_path"] = spec.sink_path
+    if spec.backfill:
+        extra["window"] = [summary.get("window_start"), summary.get("window_end")]
+    return extra
+
+
+def landed_rows(extras: list[dict[str, Any]], columns: list[str] | None = None, *,
+                storage_options: dict[str, str] | None = None, iceberg_catalog_uri: str | None = None):
+    """The rows the runs behind ``extras`` (asset events of one table) landed, as a pyarrow
+    table: the table read once (delta-rs, pyiceberg or the Parquet lake's commit log) and
+    filtered to each event's partitions and origin ranges."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    extras = [e for e in extras if e and e.get("origin")]
+    if not extras:
+        return None
+    first = extras[0]
+    if any((e["format"], e["table"]) != (first["format"], first["table"]) for e in extras):
+        raise ValueError("landed_rows reads one table at a time: the events name several")
+    table = _read_table(first, storage_options, iceberg_catalog_uri)
+    mask = pa.array([False] * table.num_rows)
+    stream, part, seq = (table.column(c) for c in ("origin_stream", "partition", "origin_seq"))
+    for e in extras:
+        for origin, ranges in e["origin"].items():
+            for p, r in ranges.items():
+                hit = pc.and_(pc.and_(pc.equal(stream, origin), pc.equal(part, int(p))),
+                              pc.and_(pc.greater_equal(seq, r["first_seq"]), pc.less_equal(seq, r["last_seq"])))
+                mask = pc.or_(mask, hit)
+    out = table.filter(mask).sort_by([("origin_stream", "ascending"), ("origin_seq", "ascending")])
+    return out.select(columns) if columns else out
+
+
+def read_table(fmt: str, *, sink_path: str | None = None, iceberg_table: str | None = None,
+               iceberg_catalog_uri: str | None = None, storage_options: dict[str, str] | None = None,
+               columns: list[str] | None = None):
+    """A landed table as a reader without Spark sees it (delta-rs's file list read by pyarrow,
+    pyiceberg, the Parquet lake's commit log); ``s3://`` locations with ``AWS_*`` settings."""
+    if fmt == "delta":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+
+        from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+
+        remote = sink_path.startswith("s3://")
+        store = ObjectStoreSettings.from_env() if remote else None  # AWS_* (an aws connection's)
+        if remote and storage_options is None:
+            storage_options = store.object_store_options()
+        dt = DeltaTable(sink_path, storage_options=storage_options)
+        schema = pa.schema(dt.schema().to_arrow())
+        if columns:
+            schema = pa.schema([schema.field(c) for c in columns])
+        uris = dt.file_uris()
+        if not uris:
+            return schema.empty_table()
+        # (not to_pyarrow_dataset(): its scan threads abort the interpreter at exit, delta-rs #2184)
+        if remote:
+            return pq.read_table([u[len("s3://"):] for u in uris], schema=schema,
+                                 filesystem=store.pyarrow_filesystem())
+        return pq.read_table(uris, schema=schema)
+    if fmt == "iceberg":
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        uri = iceberg_catalog_uri or os.environ.get("CG_ICEBERG_CATALOG_URI")
+        if not uri:
+            raise ValueError("iceberg_catalog_uri: no catalog named")
+        scan = SqlCatalog("default", uri=uri).load_table(iceberg_table)
+        return (scan.scan(selected_fields=tuple(columns)) if columns else scan.scan()).to_arrow()
+    if fmt == "parquet":
+        from airflow_provider_cg.core.landing.sinks import read_committed
+
+        return read_committed(sink_path, columns=columns)
+    raise ValueError(f"cannot read a {fmt!r} table")
+
+
+def _read_table(extra: dict[str, Any], storage_options: dict[str, str] | None, catalog_uri: str | None):
+    return read_table(extra["format"], sink_path=extra.get("sink_path"), iceberg_table=extra.get("iceberg_table"),
+                      iceberg_catalog_uri=catalog_uri or extra.get("iceberg_catalog_uri"),
+                      storage_options=storage_options)

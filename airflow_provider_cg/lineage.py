@@ -1,0 +1,60 @@
+"""OpenLineage for the landing operator, when Airflow's OpenLineage provider is installed.
+
+Input: the group's origin stream, ``Dataset(namespace="nats://<host>:<port>", name=<stream>)``
+(the first server of the connection, without credentials; OpenLineage has no NATS naming
+yet, so this follows its Kafka one: the broker as namespace, the topic as name). Output: the
+table, in OpenLineage's naming for its storage: ``file`` + absolute path, ``s3://bucket`` +
+key, ``iceberg://<catalog>`` + ``namespace.table``, ``postgres://host:port`` +
+``database.schema.table``; with the rows the run wrote as output statistics. The provider's
+classes are imported here only, when the provider asks for lineage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow_provider_cg.assets import table_uri
+
+
+def stream_dataset_name(servers: list[str], stream: str) -> tuple[str, str]:
+    """``(namespace, name)`` of an origin stream: ``nats://host:port`` (no credentials)."""
+    url = urlsplit(servers[0] if "://" in servers[0] else f"nats://{servers[0]}")
+    return f"nats://{url.hostname or 'localhost'}:{url.port or 4222}", stream
+
+
+def table_dataset_name(spec: Any, pg_location: tuple[str, str] | None = None) -> tuple[str, str]:
+    """``(namespace, name)`` of the table a ``MemberJobSpec`` lands into."""
+    if spec.sink == "postgres":
+        where, db = pg_location or ("localhost:5432", "postgres")
+        table = spec.pg_table if "." in (spec.pg_table or "") else f"public.{spec.pg_table}"
+        return f"postgres://{where}", f"{db}.{table}"
+    uri = table_uri(spec.sink, sink_path=spec.sink_path, iceberg_table=spec.iceberg_table,
+                    iceberg_catalog_uri=spec.iceberg_catalog_uri)
+    if uri.startswith("file://"):
+        return "file", urlsplit(uri).path
+    if uri.startswith("iceberg://"):
+        return f"iceberg://{urlsplit(uri).netloc}", spec.iceberg_table
+    parts = urlsplit(uri)
+    return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
+
+
+def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | None,
+                     pg_location: tuple[str, str] | None = None):
+    """The provider's ``OperatorLineage`` for one landing run."""
+    from airflow.providers.common.compat.openlineage.facet import (
+        InputDataset,
+        OutputDataset,
+        OutputStatisticsOutputDatasetFacet,
+    )
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    namespace, name = stream_dataset_name(servers, spec.stream)
+    out_namespace, out_name = table_dataset_name(spec, pg_location)
+    output_facets = {}
+    if summary and summary.get("rows_written") is not None:
+        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(summary["rows_written"]))
+    return OperatorLineage(
+        inputs=[InputDataset(namespace=namespace, name=name)],
+        outputs=[OutputDataset(namespace=out_namespace, name=out_name, outputFacets=output_facets)],
+    )

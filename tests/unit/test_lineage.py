@@ -1,0 +1,28 @@
+"""OpenLineage names of the landing operator's input (the stream) and output (the table)."""
+
+from __future__ import annotations
+
+from airflow_provider_cg.core.landing.contract import MemberJobSpec
+from airflow_provider_cg.lineage import stream_dataset_name, table_dataset_name
+
+BASE = {"stream": "ORDERS", "group": "g", "member": "m1"}
+
+
+def test_the_stream_is_named_by_its_first_server_without_credentials():
+    assert stream_dataset_name(["nats://lake:s3cr3t@nats-1.example:4223", "nats://nats-2:4222"], "ORDERS") == (
+        "nats://nats-1.example:4223", "ORDERS")
+    assert stream_dataset_name(["tls://nats-1"], "O") == ("nats://nats-1:4222", "O")
+
+
+def test_tables_are_named_as_openlineage_names_their_storage():
+    def name(**values):
+        return table_dataset_name(MemberJobSpec.build({**BASE, **values}))
+
+    assert name(sink="delta", sink_path="/lake/paid_orders") == ("file", "/lake/paid_orders")
+    assert name(sink="delta", sink_path="s3://bucket/wh/paid_orders") == ("s3://bucket", "wh/paid_orders")
+    assert name(sink="parquet", sink_path="/lake/raw") == ("file", "/lake/raw")
+    assert name(sink="iceberg", iceberg_table="lake.paid_orders", iceberg_catalog_uri="sqlite:////tmp/c.db") == (
+        "iceberg://sqlite", "lake.paid_orders")
+    pg = table_dataset_name(MemberJobSpec.build({**BASE, "sink": "postgres", "pg_table": "landed"}),
+                            ("db.example:5432", "lake"))
+    assert pg == ("postgres://db.example:5432", "lake.public.landed")
