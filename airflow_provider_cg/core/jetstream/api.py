@@ -106,6 +106,16 @@ class JsApi:
             raise
         return reply.get("message")
 
+    async def next_msg(self, stream: str, seq: int, subject: str) -> dict | None:
+        """The first stored message at or after ``seq`` on ``subject`` (wildcards allowed), or None."""
+        try:
+            reply = await self.request(f"STREAM.MSG.GET.{stream}", {"seq": seq, "next_by_subj": subject})
+        except JetStreamApiError as e:
+            if e.err_code == ERR_NO_MESSAGE_FOUND or e.code == 404:
+                return None
+            raise
+        return reply.get("message")
+
     # --- consumers -----------------------------------------------------------------------
 
     async def create_consumer(self, stream: str, config: dict, action: str | None = "create") -> dict:

@@ -1,0 +1,110 @@
+"""How far behind each member of a group is: its backlog and the age of its oldest pending
+message (what users alert on), next to the pin holder. Read-only, no Airflow import.
+
+An elastic member's pending messages are its partitions' messages in the work-queue stream
+(acknowledged ones are deleted): the oldest is the first stored on ``<partition>.>``. A
+static member's are the origin stream's messages after its consumer's ack floor on its
+partitions' subjects. One direct get per partition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups.admin import ConsumerGroups, GroupStatus
+from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
+
+
+@dataclass
+class MemberLag:
+    member: str
+    partitions: list[int]
+    backlog: int
+    num_ack_pending: int
+    oldest_pending_age_s: float | None  # None: nothing pending
+    pin_holder: str | None
+    pinned_since: str | None
+    active: bool  # its consumer exists
+
+
+@dataclass
+class GroupLag:
+    stream: str
+    group: str
+    kind: str
+    max_members: int
+    backlog: int
+    oldest_pending_age_s: float | None
+    members: list[MemberLag] = field(default_factory=list)
+    unassigned_partitions: list[int] = field(default_factory=list)
+    source_lag: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def message_time(msg: dict) -> float:
+    """Epoch seconds of a stored message's ``time`` (RFC 3339, nanoseconds)."""
+    raw = msg["time"].replace("Z", "+00:00")
+    head, _, rest = raw.partition(".")
+    if rest:  # fromisoformat takes at most microseconds
+        digits = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(digits):]
+        raw = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
+    return dt.datetime.fromisoformat(raw).timestamp()
+
+
+async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PREFIX,
+                    now: float | None = None) -> GroupLag:
+    cg = ConsumerGroups(nc, js_prefix=js_prefix)
+    status: GroupStatus = await cg.status(stream, group)
+    api = JsApi(nc, prefix=js_prefix)
+    now = time.time() if now is None else now
+    oldest: dict[int, float] = {}
+    if status.kind == "elastic":
+        wq = cgconfig.work_queue_stream(stream, group)
+        for p, n in status.partitions.items():
+            if n:
+                msg = await api.next_msg(wq, 1, f"{p}.>")
+                if msg:
+                    oldest[p] = message_time(msg)
+    members = []
+    for m in status.members:
+        if not m.in_membership and not m.consumer_exists:
+            continue
+        if status.kind == "static" and m.consumer_exists and (m.num_pending or m.num_ack_pending):
+            floor = await _ack_floor(api, stream, m.consumer)
+            for p in m.partitions:
+                msg = await api.next_msg(stream, floor + 1, f"{p}.>")
+                if msg:
+                    oldest[p] = min(oldest.get(p, float("inf")), message_time(msg))
+        times = [oldest[p] for p in m.partitions if p in oldest]
+        members.append(MemberLag(
+            member=m.member, partitions=list(m.partitions), backlog=int(m.backlog if status.kind == "elastic"
+                                                                      else m.num_pending + m.num_ack_pending),
+            num_ack_pending=m.num_ack_pending, oldest_pending_age_s=round(now - min(times), 3) if times else None,
+            pin_holder=m.pinned_id, pinned_since=m.pinned_since, active=m.consumer_exists))
+    ages = [x.oldest_pending_age_s for x in members if x.oldest_pending_age_s is not None]
+    return GroupLag(stream=stream, group=group, kind=status.kind, max_members=status.max_members,
+                    backlog=status.backlog, oldest_pending_age_s=max(ages) if ages else None, members=members,
+                    unassigned_partitions=list(status.unassigned_partitions), source_lag=status.source_lag)
+
+
+async def _ack_floor(api: JsApi, stream: str, consumer: str) -> int:
+    info = await api.consumer_info(stream, consumer)
+    return int(((info or {}).get("ack_floor") or {}).get("stream_seq", 0))
+
+
+async def all_groups_lag(nc, *, js_prefix: str = DEFAULT_PREFIX) -> list[GroupLag | dict]:
+    """``group_lag`` of every group (a group that cannot be read: ``{"stream", "group", "error"}``)."""
+    out: list[GroupLag | dict] = []
+    for kind, stream, group in await ConsumerGroups(nc, js_prefix=js_prefix).list():
+        try:
+            out.append(await group_lag(nc, stream, group, js_prefix=js_prefix))
+        except Exception as e:  # one broken group must not hide the others
+            out.append({"stream": stream, "group": group, "kind": kind, "error": str(e).splitlines()[0][:300]})
+    return out

@@ -1,0 +1,220 @@
+"""The provider in Airflow's own UI, in a real browser: the ``nats`` connection form and the
+consumer-groups page, served by a real ``airflow api-server`` (simple auth manager, signed
+in through its login form) against a real nats-server, driven by Debian's Chromium through
+Playwright. Screenshots go to the test's temp folder."""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import quote
+
+import pytest
+
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
+
+pytest_plugins = ["tests.airflow_conftest"]
+pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.ui]
+
+STREAM, GROUP, N = "ORDERS", "lake", 600
+DOWN_PASSWORD = "pw-UI-MARKER-51d0c2"  # of a connection to a server that is not there
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    from tests.support.airflow_ui import ensure_chromium
+
+    path = ensure_chromium()
+    if path is None:
+        pytest.fail("Debian's chromium is not installed and cannot be (apt-get as root): the UI tests need it")
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A nats-server with an elastic group of 3 members over 6 partitions, N messages queued,
+    and member m1's consumer pinned by a client holding one unacknowledged message."""
+    from tests.integration.test_groups import Puller
+    from tests.integration.test_operators_groups import NatsThread
+
+    server = EmbeddedNatsServer(tmp_path_factory.mktemp("nats")).start()
+    t = NatsThread(NatsConnectionSettings(servers=[server.url]))
+    try:
+        t.run(t.api.add_stream({"name": STREAM, "subjects": ["orders.>"], "storage": "file"}))
+        cfg = ElasticGroupConfig(6, (PartitioningFilter("orders.*", (1,)),), members=("m1", "m2", "m3"))
+        t.run(t.cg.create(STREAM, GROUP, cfg.validate()))
+        t.publish([f"orders.c{i % 17}" for i in range(N)])
+        deadline = time.monotonic() + 30
+        while t.run(t.cg.status(STREAM, GROUP)).backlog < N and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # a job's ack wait of 5 minutes: the pin (and the consumer) outlive the test without pulls
+        cstream, consumer = t.run(t.cg.ensure_member_consumer(STREAM, GROUP, "m1", ack_wait=300))
+        puller = Puller(t.nc, cstream, consumer)
+        held = t.run(puller.pull(1))
+        assert held and puller.pin, "m1's consumer was not pinned"
+        status = t.run(t.cg.status(STREAM, GROUP))
+        yield server, status, puller.pin
+    finally:
+        t.run(t.nc.close())
+        t.loop.call_soon_threadsafe(t.loop.stop)
+        server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def ui(airflow_session_env, world):
+    """The API server; it also knows connection ``nats_env`` from its environment only."""
+    from tests.support.airflow_ui import AirflowUI
+
+    env_conn = json.dumps({"conn_type": "nats", "host": "127.0.0.1", "port": world[0].port})
+    server = AirflowUI.start(airflow_session_env.home, extra_env={"AIRFLOW_CONN_NATS_ENV": env_conn})
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def page(chromium, ui, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    from tests.support.airflow_ui import browser
+
+    with sync_playwright() as p:
+        b = browser(p)
+        context = b.new_context(viewport={"width": 1400, "height": 1000})
+        yield context.new_page()
+        context.close()
+        b.close()
+
+
+def sign_in(page, ui, user: str, then: str) -> None:
+    from tests.support.airflow_ui import USERS
+
+    page.goto(ui.url + then)
+    page.get_by_label("Username").fill(user)
+    page.get_by_label("Password").fill(USERS[user][1])
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**{then}", timeout=60_000)
+
+
+def test_the_nats_connection_form(page, ui, world, tmp_path):
+    """Extra fields are plain text inputs (no autocomplete) with their example shown under them,
+    secrets are password inputs, PEM fields text areas; a connection saved from the form works."""
+    server, _, _ = world
+    sign_in(page, ui, "admin", "/connections")
+    page.get_by_role("button", name="Add Connection").click()
+    page.get_by_label("Connection ID").fill("nats_form")
+    page.get_by_label("Connection Type").fill("NATS")
+    page.get_by_text("NATS JetStream", exact=True).click()
+    page.get_by_label("Host(s)").fill("127.0.0.1")
+    page.get_by_label("Port").fill(str(server.port))
+    page.get_by_text("Extra Fields", exact=True).click()
+    servers, name = page.locator("#element_servers"), page.locator("#element_name")
+    servers.wait_for()
+    for field in (servers, name):
+        assert field.evaluate("e => e.tagName") == "INPUT" and field.get_attribute("list") is None
+        assert (field.get_attribute("placeholder") or "") == "" and field.get_attribute("type") in (None, "text")
+    helper = {f: page.locator(f"#{page.locator(f'#element_{f}').get_attribute('aria-describedby')}".replace(":", "\\:"))
+              .inner_text() for f in ("servers", "name")}
+    assert "Example: nats://nats-1:4222,tls://nats-2:4222" in helper["servers"] and "Example: airflow" in helper["name"]
+    assert "Start typing" not in page.content()
+    for secret in ("token", "nkey_seed", "creds", "tls_key"):
+        assert page.locator(f"#element_{secret}").get_attribute("type") == "password", secret
+    assert page.locator("#element_tls_ca").evaluate("e => e.tagName") == "TEXTAREA"
+    name.fill("airflow-ui-test")
+    shot = tmp_path / "nats-connection-form.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
+    page.get_by_role("button", name="Save").click()
+    page.get_by_text("nats_form").first.wait_for(timeout=30_000)
+
+    status, body = ui.api("GET", "/api/v2/connections/nats_form")
+    assert status == 200 and body["conn_type"] == "nats", body
+    assert (body["host"], body["port"]) == ("127.0.0.1", server.port)
+    assert json.loads(body["extra"])["name"] == "airflow-ui-test"
+    status, body = ui.api("POST", "/api/v2/connections/test", {"connection_id": "nats_form", "conn_type": "nats",
+                                                              "host": "127.0.0.1", "port": server.port})
+    assert status in (200, 403), body  # 403: connection testing is off by default in Airflow 3
+
+
+def _announce_landing(ui, airflow_session_env, tmp_path) -> dict:
+    """An asset event for m1's landing, as a landing task sends it (through the REST API)."""
+    from airflow.sdk import DAG
+    from airflow.sdk.bases.operator import BaseOperator
+
+    from airflow_provider_cg.assets import landed_extra, table_asset
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec, Summary
+
+    table = str(tmp_path / "paid_orders")
+    asset = table_asset(sink="delta", sink_path=table)
+    with DAG("cg_ui_landing", schedule=None) as dag:
+        BaseOperator(task_id="land", outlets=[asset])
+    airflow_session_env.sync_dag(dag)
+    status, body = ui.api("GET", f"/api/v2/assets?uri_pattern={quote(asset.uri)}")
+    assert status == 200 and body["assets"], body
+    s = Summary(STREAM, GROUP, "m1", result="committed", messages_read=120, rows_written=117)
+    s.count_partition(0, 3, 590, 70)
+    s.count_partition(1, 1, 598, 50)
+    s.batch_ids.append(f"cg:{STREAM}:{GROUP}:m1:7:0a0b0c0d")
+    spec = MemberJobSpec.build({"stream": STREAM, "group": GROUP, "member": "m1", "sink": "delta",
+                                "sink_path": table})
+    extra = landed_extra(spec, s.to_dict())
+    status, body = ui.api("POST", "/api/v2/assets/events", {"asset_id": body["assets"][0]["id"], "extra": extra})
+    assert status == 200, body
+    return extra
+
+
+def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path):
+    server, status, pin = world
+    for conn_id, port, password in (("nats_groups", server.port, None), ("nats_down", 1, DOWN_PASSWORD)):
+        body = {"connection_id": conn_id, "conn_type": "nats", "host": "127.0.0.1", "port": port,
+                "extra": json.dumps({"connect_timeout": 1})}
+        if password:
+            body.update(login="u", password=password)
+        code, answer = ui.api("POST", "/api/v2/connections", body)
+        assert code in (201, 409), answer
+    extra = _announce_landing(ui, airflow_session_env, tmp_path)
+
+    # Through Airflow's navigation: Browse -> Consumer groups (the page in the UI's frame).
+    sign_in(page, ui, "admin", "/plugin/nats-consumer-groups")
+    frame = page.frame_locator("iframe").first
+    frame.locator("h1").wait_for(timeout=30_000)
+    assert frame.locator("h1").inner_text() == "NATS consumer groups"
+
+    page.goto(f"{ui.url}/cg/?conn_id=nats_groups")
+    table = page.locator(f"#group-{STREAM}-{GROUP} + p + table")
+    rows = {r.get_attribute("data-member"): r.locator("td").all_inner_texts() for r in table.locator("tr[data-member]").all()}
+    assert set(rows) == {"m1", "m2", "m3"}, rows
+    members = {m.member: m for m in status.members}
+    for member, cells in rows.items():
+        m = members[member]
+        assert cells[1] == str(m.partitions) and cells[4] == str(m.backlog), (member, cells)
+        assert cells[6].endswith((" s", " min")), cells  # the oldest pending message's age
+    assert rows["m1"][2] == pin and rows["m1"][5] == "1", (rows, members["m1"])  # pinned, one message in flight
+    assert rows["m2"][2] == "-" and rows["m3"][7] == "-"
+    assert "120" not in rows["m2"][7] and f"{extra['messages_landed']} messages" in rows["m1"][7]
+    assert "0-" not in rows["m1"][7] and '"0": "3-590"' in rows["m1"][7]
+    page.screenshot(path=str(tmp_path / "consumer-groups.png"), full_page=True)
+
+    # The same as JSON; a connection that cannot reach NATS says so, without its password.
+    api = page.request.get(f"{ui.url}/cg/api/groups?conn_id=nats_groups").json()
+    assert api["conn_id"] == "nats_groups" and api["error"] is None
+    (group,) = [g for g in api["groups"] if g["group"] == GROUP]
+    assert sum(m["backlog"] for m in group["members"]) == status.backlog == N
+    page.goto(f"{ui.url}/cg/?conn_id=nats_down")
+    error = page.locator("#error").inner_text()
+    assert "cannot reach NATS through 'nats_down'" in error and DOWN_PASSWORD not in page.content()
+    assert {"nats_groups", "nats_down"} <= set(page.locator("select option").all_inner_texts())
+    # a connection kept in the API server's environment (or a secrets backend), when named
+    page.goto(f"{ui.url}/cg/?conn_id=nats_env")
+    assert page.locator(f"#group-{STREAM}-{GROUP}").is_visible()
+
+
+def test_the_page_is_behind_airflows_auth(page, ui, world):
+    anonymous = page.request.get(f"{ui.url}/cg/api/groups")
+    assert anonymous.status == 401
+    # a viewer may not read connections (simple auth manager: connections are for ops)
+    sign_in(page, ui, "viewer", "/plugin/nats-consumer-groups")
+    page.goto(f"{ui.url}/cg/")
+    assert page.locator("#no-connections").is_visible()
+    assert page.request.get(f"{ui.url}/cg/api/groups?conn_id=nats_groups").status == 404
