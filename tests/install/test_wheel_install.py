@@ -7,6 +7,7 @@ Slow (a venv and an Airflow DB migration): one test, marked ``install``."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,17 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path):
     probe = _run([py, "-c", _ONE_PYSPARK], cwd=tmp_path, env=env).stdout
     assert str(venv) in probe and str(ROOT) not in probe.split("\n")[0], probe
 
+    # The README's way to get the example DAGs: Airflow's own provider example bundle (one
+    # bundle, every shipped DAG parsing in the stock Airflow), and the UI plugin registered.
+    home = tmp_path / "airflow-home"
+    home.mkdir()
+    airflow_env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "True"}
+    found = json.loads(_run([py, "-c", _BUNDLES], cwd=tmp_path, env=airflow_env).stdout.strip().splitlines()[-1])
+    assert found["ours"] == [str(venv)] and found["errors"] == {}, found
+    assert {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout", "cg_paid_orders_report"} <= set(
+        found["dags"]), found
+    assert "nats_consumer_groups" in found["plugins"], found
+
     demo = _run([py, "-m", "airflow_provider_cg.demo", "--dir", tmp_path / "demo", "--messages", "5000",
                  "--customers", "50"], cwd=tmp_path, env=env, timeout=1200)
     assert "[demo] OK" in demo.stdout, demo.stdout[-3000:]
@@ -81,4 +93,18 @@ for row in csv.reader(md.distribution("pyspark-client").read_text("RECORD").spli
             changed.append(path)
 assert not changed, f"{len(changed)} pyspark files replaced by another version: {changed[:5]}"
 print("one pyspark", pyspark.__version__)
+"""
+
+
+_BUNDLES = r"""
+import json, sys
+from airflow.dag_processing.bundles.manager import DagBundlesManager
+from airflow.dag_processing.dagbag import DagBag
+from airflow import plugins_manager
+bundles = {b.name: str(b.path) for b in DagBundlesManager().get_all_dag_bundles()}
+ours = [n for n, p in bundles.items() if "airflow_provider_cg" in p]
+assert ours == ["airflow-provider-cg-example-dags"], bundles
+bag = DagBag(dag_folder=bundles[ours[0]])
+names = [p["name"] for p in plugins_manager.get_plugin_info()]
+print(json.dumps({"ours": [sys.prefix], "errors": bag.import_errors, "dags": sorted(bag.dags), "plugins": names}))
 """
