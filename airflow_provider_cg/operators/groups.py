@@ -30,6 +30,7 @@ from airflow_provider_cg.core.groups.admin import (
     STATIC,
     ConsumerGroups,
     GroupInfo,
+    check_assignment,
     parse_mappings,
     parse_members,
 )
@@ -384,19 +385,27 @@ class _MembershipOperator(_ConsumerGroupOperator):
 
 
 class _MembersOperator(_MembershipOperator):
-    """A change that names members: a list, or one comma-separated string (templated)."""
+    """A change that names members: a list, or one comma-separated string (templated).
 
-    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "members")
+    :param assignment: ``"block"`` (default: contiguous blocks, orbit's ``members``) or
+        ``"sticky"`` (only the partitions that must move do; stored as ``member_mappings``).
+    """
 
-    def __init__(self, *, stream: str, group: str, members: Sequence[str] | str, **kwargs: Any) -> None:
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "members", "assignment")
+
+    def __init__(self, *, stream: str, group: str, members: Sequence[str] | str, assignment: str = "block",
+                 **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
-        self.members = members
+        self.members, self.assignment = members, assignment
         if not _templated(members):
             parse_members("members", members)
+        if not _templated(assignment):
+            check_assignment(assignment)
 
     def _validate(self) -> None:
         super()._validate()
         parse_members("members", self.members)
+        check_assignment(self.assignment)
 
 
 class AddMembersOperator(_MembersOperator):
@@ -408,7 +417,8 @@ class AddMembersOperator(_MembersOperator):
     action = "add members"
 
     def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
-        return cg.add_members(self.stream, self.group, parse_members("members", self.members))
+        return cg.add_members(self.stream, self.group, parse_members("members", self.members),
+                              assignment=self.assignment)
 
 
 class DropMembersOperator(_MembersOperator):
@@ -420,7 +430,8 @@ class DropMembersOperator(_MembersOperator):
     action = "drop members"
 
     def _change(self, cg: ConsumerGroups) -> Awaitable[GroupInfo]:
-        return cg.drop_members(self.stream, self.group, parse_members("members", self.members))
+        return cg.drop_members(self.stream, self.group, parse_members("members", self.members),
+                               assignment=self.assignment)
 
 
 class SetMemberMappingsOperator(_MembershipOperator):

@@ -144,6 +144,9 @@ def test_bad_membership_and_step_down_arguments_fail_at_construction(airflow_env
         SetMemberMappingsOperator(task_id="s", stream="S", group="g", mappings={"m1": ["x"]})
     assert e.value.field.startswith("member_mappings")
     with pytest.raises(ConfigError) as e:
+        AddMembersOperator(task_id="a", stream="S", group="g", members=["m1"], assignment="nearest")
+    assert e.value.field == "assignment"
+    with pytest.raises(ConfigError) as e:
         StepDownMemberOperator(task_id="d", stream="S", group="g", member="a.b")
     assert e.value.field == "member"
     # templates are checked after rendering
@@ -341,6 +344,18 @@ def test_membership_operators_change_the_assignment_and_the_member_consumers(air
     stored = json.loads(bg.kv(ELASTIC_BUCKET, "ORDERS.workers"))
     assert "member_mappings" not in stored and "members" not in stored
     assert filters("m1") is None  # no longer a member: its consumer is gone
+
+    @dag(dag_id="cg_op_sticky", schedule=None)
+    def d_sticky():
+        add = AddMembersOperator(task_id="add", members=["a", "b"], assignment="sticky", **common)
+        add_c = AddMembersOperator(task_id="add_c", members="c", assignment="{{ 'sticky' }}", **common)
+        add >> add_c
+
+    result = airflow_env.run_dag(d_sticky())
+    assert result.state == "success", result.ti_states
+    assert result.xcom("add")["assignment"] == {"a": [0, 1], "b": [2, 3]}
+    assert result.xcom("add_c")["assignment"] == {"a": [0, 1], "b": [2], "c": [3]}  # one partition moved
+    assert "members" not in json.loads(bg.kv(ELASTIC_BUCKET, "ORDERS.workers"))  # orbit's member_mappings
 
     @dag(dag_id="cg_op_delete_elastic", schedule=None)
     def d3():

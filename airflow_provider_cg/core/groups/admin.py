@@ -531,22 +531,37 @@ class ConsumerGroups:
 
     # --- membership -------------------------------------------------------------------------
 
-    async def add_members(self, stream: str, group: str, members: Iterable[str]) -> GroupInfo:
+    async def add_members(self, stream: str, group: str, members: Iterable[str], *,
+                          assignment: str = "block") -> GroupInfo:
+        """Add members. ``assignment="sticky"`` moves only the partitions the new members
+        take (stored as orbit-readable ``member_mappings``); ``"block"`` re-distributes the
+        members' contiguous blocks (orbit's own ``members``)."""
         members = parse_members("members", members)
+        check_assignment(assignment)
 
         def change(cfg: GroupConfig) -> GroupConfig:
+            if assignment == "sticky":
+                return _sticky(cfg, [*current_members(cfg), *members])
             if cfg.member_mappings:
-                raise ConfigError("members", "the group uses member_mappings; delete them before adding members")
+                raise ConfigError("members", "the group uses member_mappings; delete them before adding members "
+                                             "(or add with assignment 'sticky')")
             return cgconfig.with_members(cfg, list(dict.fromkeys([*cfg.members, *members])))
 
         return await self._change_membership(stream, group, change, "members")
 
-    async def drop_members(self, stream: str, group: str, members: Iterable[str]) -> GroupInfo:
+    async def drop_members(self, stream: str, group: str, members: Iterable[str], *,
+                           assignment: str = "block") -> GroupInfo:
+        """Drop members (``assignment`` as for :meth:`add_members`: sticky moves only the
+        dropped members' partitions)."""
         members = parse_members("members", members)
+        check_assignment(assignment)
 
         def change(cfg: GroupConfig) -> GroupConfig:
+            if assignment == "sticky":
+                return _sticky(cfg, [m for m in current_members(cfg) if m not in set(members)])
             if cfg.member_mappings:
-                raise ConfigError("members", "the group uses member_mappings; delete them before dropping members")
+                raise ConfigError("members", "the group uses member_mappings; delete them before dropping members "
+                                             "(or drop with assignment 'sticky')")
             return cgconfig.with_members(cfg, [m for m in cfg.members if m not in set(members)])
 
         return await self._change_membership(stream, group, change, "members")
@@ -915,6 +930,29 @@ class ConsumerGroups:
                 st.inactive_members.append(m.member)
         st.unassigned_partitions = [p for p in range(cfg.max_members) if p not in assigned]
         return st
+
+
+ASSIGNMENTS = ("block", "sticky")
+
+
+def check_assignment(assignment: str) -> None:
+    if assignment not in ASSIGNMENTS:
+        raise ConfigError("assignment", f"must be one of {', '.join(ASSIGNMENTS)} (got {assignment!r})")
+
+
+def current_members(cfg: GroupConfig) -> list[str]:
+    """The group's members, from its member list or its mappings."""
+    return list(cfg.members) if cfg.members else [mm.member for mm in cfg.member_mappings]
+
+
+def _sticky(cfg: GroupConfig, members: list[str]) -> GroupConfig:
+    """``cfg`` with ``members`` assigned stickily (members left without a partition, when
+    there are more members than partitions, are not in the mappings)."""
+    members = list(dict.fromkeys(members))
+    if not members:
+        return cgconfig.with_members(cfg, [])
+    assigned = partitioning.sticky_distribute(partitioning.assign_partitions(cfg), members, cfg.max_members)
+    return cgconfig.with_mappings(cfg, {m: ps for m, ps in assigned.items() if ps})
 
 
 # --- module helpers -----------------------------------------------------------------------

@@ -139,6 +139,51 @@ def distribute(members: Iterable[str], max_members: int) -> dict[str, list[int]]
     return result
 
 
+def sticky_distribute(previous: Mapping[str, Iterable[int]], members: Iterable[str],
+                      max_members: int) -> dict[str, list[int]]:
+    """``{member: [partitions]}`` balanced within one partition that moves the fewest
+    partitions away from ``previous`` (Kafka's sticky assignors do the same for consumers).
+
+    Each member keeps what it holds up to its share (``q`` or ``q + 1`` of ``max_members``
+    over the members; the ``q + 1`` shares go to the members holding the most), returning
+    its highest partitions beyond that; the partitions of departed members and those returned
+    go, lowest first, to the members under their share, in member order. A member beyond
+    ``max_members`` (more members than partitions) gets none, preferring those holding some.
+    """
+    if max_members < 1:
+        raise ValueError("max_members must be >= 1")
+    ordered = sorted(set(members))
+    result: dict[str, list[int]] = {m: [] for m in ordered}
+    seen: set[int] = set()
+    held: dict[str, list[int]] = {}
+    for m in ordered:
+        keep = []
+        for p in previous.get(m, ()):
+            if 0 <= p < max_members and p not in seen:
+                seen.add(p)
+                keep.append(p)
+        held[m] = sorted(keep)
+    active = sorted(ordered, key=lambda m: (-len(held[m]), m))[:max_members]
+    if not active:
+        return result
+    q, r = divmod(max_members, len(active))
+    share = {m: q + (1 if i < r else 0) for i, m in enumerate(active)}  # active is by holdings, largest first
+    free = [p for p in range(max_members) if p not in seen]
+    for m in ordered:
+        if m not in share:
+            free += held[m]
+        elif len(held[m]) > share[m]:
+            free += held[m][share[m]:]
+            held[m] = held[m][:share[m]]
+    free.sort()
+    for m in ordered:
+        if m in share:
+            need = share[m] - len(held[m])
+            held[m], free = held[m] + free[:need], free[need:]
+            result[m] = sorted(held[m])
+    return result
+
+
 def assign_partitions(cfg: GroupConfig) -> dict[str, list[int]]:
     """``{member: [partitions]}`` from the members (distributed) or the explicit mappings.
 

@@ -44,11 +44,20 @@ def test_plan_next_members_lists_the_moves():
         {"partition": 2, "from": "m2", "to": "m3"},
         {"partition": 3, "from": "m2", "to": "m4"},
     ]
+    assert data["moved"] == {"block": 3, "sticky": 2}
     rc, out, _ = run("plan", "--max-members", "4", "--members", "m1,m2", "--next-members", "m1,m2,m3,m4")
     lines = out.splitlines()
-    assert lines[:3] == ["MEMBER  PARTITIONS  NEXT", "m1      0-1         0", "m2      2-3         1"]
-    assert "3 of 4 partitions move:" in lines
+    assert lines[:3] == ["MEMBER  PARTITIONS  NEXT (BLOCK)  NEXT (STICKY)", "m1      0-1         0             0",
+                         "m2      2-3         1             2"]
+    assert "partitions that move: block 3, sticky 2 (of 4)" in lines and "block: 3 of 4 partitions move:" in lines
     assert lines[-3:] == ["1          m1    m2", "2          m2    m3", "3          m2    m4"]
+
+
+def test_plan_sticky_moves_only_what_must_move():
+    data = json.loads(run("plan", "--max-members", "12", "--members", "m1,m2,m3", "--next-members", "m1,m2,m3,m4",
+                          "--assignment", "sticky", "--json")[1])
+    assert data["next_assignment"] == {"m1": [0, 1, 2], "m2": [4, 5, 6], "m3": [8, 9, 10], "m4": [3, 7, 11]}
+    assert [m["to"] for m in data["moves"]] == ["m4"] * 3 and data["moved"] == {"block": 6, "sticky": 3}
 
 
 def test_plan_with_mappings_and_nothing_moving():
