@@ -167,6 +167,87 @@ def test_members_status_step_down_reconcile(url):
     assert js("members", "O", "g", *s)[0]["num_pending"] == 20
 
 
+def test_sticky_membership_changes_move_only_what_must_move(url):
+    s = ("-s", url)
+    ok("create", "elastic", "O", "g", "--max-members", "6", "--filter", "foo.*", "--wildcards", "1",
+       "--members", "m1,m2,m3", *s)
+
+    def owners(assignment):
+        return {p: m for m, ps in assignment.items() for p in ps}
+
+    before = owners(js("info", "O", "g", *s)["assignment"])
+    added = js("add", "O", "g", "m4", "--assignment", "sticky", *s)
+    after = owners(added["assignment"])
+    assert sorted(after) == list(range(6)) and sum(before[p] != after[p] for p in range(6)) == 1  # block: 3
+    assert [mm["member"] for mm in added["config"]["member_mappings"]] == ["m1", "m2", "m3", "m4"]
+    dropped = js("drop", "O", "g", "m2", "--assignment", "sticky", *s)
+    final = owners(dropped["assignment"])
+    assert {p for p in range(6) if after[p] != final.get(p)} == {p for p in range(6) if after[p] == "m2"}
+    assert sorted(len(ps) for ps in dropped["assignment"].values()) == [2, 2, 2]
+
+    async def stored(nc):  # what orbit reads: member_mappings, no members
+        kv = await nc.jetstream().key_value("elastic-consumer-groups")
+        return json.loads((await kv.get("O.g")).value)
+
+    cfg = on_server(url, stored)
+    assert "members" not in cfg and {mm["member"] for mm in cfg["member_mappings"]} == {"m1", "m3", "m4"}
+    rc, _, err = run("add", "O", "g", "m9", "--assignment", "nearest", *s)
+    assert rc == 1 and "assignment" in err
+
+
+def test_lag_per_member_with_the_oldest_pending_age(url):
+    """Elastic: the oldest message still in a member's partitions of the work queue; static:
+    the oldest after the member consumer's ack floor. Ages measured against the publish time."""
+    import time
+
+    s = ("-s", url)
+    ok("create", "elastic", "O", "g", "--max-members", "2", "--filter", "foo.*", "--wildcards", "1",
+       "--members", "m1,m2", *s)
+    ok("create", "static", "S", "st", "--max-members", "2", "--filter", "bar.*", "--members", "a,b", *s)
+
+    async def publish(nc):
+        cg = ConsumerGroups(nc)
+        for k in range(20):
+            await nc.jetstream().publish(f"foo.{k}", b"x")
+            await nc.jetstream().publish(f"bar.{k}", b"y")
+        await cg.ensure_member_consumer("S", "st", "a")
+        api = JsApi(nc)
+        for _ in range(100):
+            if (await api.stream_info("O-g"))["state"]["messages"] == 20:
+                return time.time()
+            await asyncio.sleep(0.05)
+
+    published = on_server(url, publish)
+    time.sleep(1.2)
+    lag = js("lag", "O", "g", *s)
+    assert lag["backlog"] == 20 and [(m["member"], m["backlog"]) for m in lag["members"]] == [("m1", 10), ("m2", 10)]
+    for m in lag["members"]:
+        assert 1.2 <= m["oldest_pending_age_s"] <= time.time() - published + 2.0, m
+    static = js("lag", "S", "st", *s)
+    by = {m["member"]: m for m in static["members"]}
+    assert by["a"]["backlog"] == 10 and by["a"]["oldest_pending_age_s"] >= 1.2
+    assert by["b"]["active"] is False  # no consumer yet: nothing read, no age to tell
+
+    # once m1 has acknowledged everything, only m2's partition is old
+    async def drain_m1(nc):
+        from tests.integration.test_groups import Puller
+
+        cstream, consumer = await ConsumerGroups(nc).ensure_member_consumer("O", "g", "m1")
+        assert await Puller(nc, cstream, consumer).drain() == 10
+        for _ in range(100):  # the work queue deletes what was acknowledged
+            if (await JsApi(nc).stream_info("O-g"))["state"]["messages"] == 10:
+                return
+            await asyncio.sleep(0.05)
+
+    on_server(url, drain_m1)
+    lag = js("lag", "O", "g", *s)
+    assert [(m["member"], m["backlog"], m["oldest_pending_age_s"] is None) for m in lag["members"]] == [
+        ("m1", 0, True), ("m2", 10, False)]
+    out = ok("lag", "O", "g", *s)
+    assert out.splitlines()[3].split()[:6] == ["MEMBER", "PARTITIONS", "BACKLOG", "IN_FLIGHT", "OLDEST_PENDING",
+                                              "PINNED"]
+
+
 @pytest.mark.parametrize(
     "argv, field",
     [

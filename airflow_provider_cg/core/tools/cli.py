@@ -264,7 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = kinded(sg(cmd("rm", "delete a group (config, work-queue stream / member consumers)")))
     p.add_argument("--force", action="store_true", help="also remove a stored config that is invalid")
     for name, help in (("add", "add members (elastic)"), ("drop", "drop members (elastic)")):
-        sg(cmd(name, help)).add_argument("members", nargs="+", metavar="MEMBER")
+        p = sg(cmd(name, help))
+        p.add_argument("members", nargs="+", metavar="MEMBER")
+        p.add_argument("--assignment", choices=("block", "sticky"), default="block",
+                       help="block: re-distribute contiguous blocks (orbit's members); sticky: move only the "
+                            "partitions that must move (stored as orbit's member_mappings)")
     p = cmd("mapping", "set or remove explicit member -> partitions mappings (elastic)")
     msub = p.add_subparsers(dest="mapping_command", metavar="{set,rm}", parser_class=_Parser)
     msub.required = True
@@ -273,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg(cmd("step-down", "unpin a member's active instance")).add_argument("member", metavar="MEMBER")
     kinded(sg(cmd("members", "member consumers: partitions, pin, pending")))
     kinded(sg(cmd("status", "backlog per partition and member")))
+    sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder"))
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
 
     p = cmd("plan", "offline: partitions per member, and what moves with --next-members", parents=(offline,))
@@ -281,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mappings", metavar="JSON")
     p.add_argument("--next-members", action="append", metavar="a,b,c,d")
     p.add_argument("--next-mappings", metavar="JSON")
+    p.add_argument("--assignment", choices=("block", "sticky"), default="block",
+                   help="the algorithm whose moves are listed (both are counted)")
 
     p = cmd("hash", "offline: the partition of subjects (SUBJECT... or - for stdin)", parents=(offline,))
     p.add_argument("--partitions", type=int, required=True, metavar="N")
@@ -319,17 +326,25 @@ def cmd_plan(args, out: TextIO) -> int:
         nxt = cgconfig.ElasticGroupConfig(
             max_members=args.max_members, **_membership("next_members", args.next_members, args.next_mappings)
         ).validate()
-        nassign = {m: sorted(p) for m, p in partitioning.assign_partitions(nxt).items()}
+        block = {m: sorted(p) for m, p in partitioning.assign_partitions(nxt).items()}
+        sticky = {m: p for m, p in partitioning.sticky_distribute(
+            assignment, nxt.members or [mm.member for mm in nxt.member_mappings], cfg.max_members).items()}
+        if nxt.member_mappings:  # explicit next mappings: both are what was given
+            sticky = block
+        nassign = sticky if args.assignment == "sticky" else block
         moves = _moves(assignment, nassign)
-        data.update(next_assignment=nassign, moves=moves)
+        data.update(next_assignment=nassign, moves=moves, assignment_algorithm=args.assignment,
+                    moved={"block": len(_moves(assignment, block)), "sticky": len(_moves(assignment, sticky))})
         rows = [
-            (m, ranges(assignment.get(m, [])), ranges(nassign.get(m, [])))
-            for m in sorted(set(assignment) | set(nassign))
+            (m, ranges(assignment.get(m, [])), ranges(block.get(m, [])), ranges(sticky.get(m, [])))
+            for m in sorted(set(assignment) | set(block) | set(sticky))
         ]
-        lines.append(table(["MEMBER", "PARTITIONS", "NEXT"], rows))
+        lines.append(table(["MEMBER", "PARTITIONS", "NEXT (BLOCK)", "NEXT (STICKY)"], rows))
         lines.append("")
+        lines.append(f"partitions that move: block {data['moved']['block']}, sticky {data['moved']['sticky']} "
+                     f"(of {cfg.max_members})")
         if moves:
-            lines.append(f"{len(moves)} of {cfg.max_members} partitions move:")
+            lines.append(f"{args.assignment}: {len(moves)} of {cfg.max_members} partitions move:")
             lines.append(table(["PARTITION", "FROM", "TO"], [(mv["partition"], mv["from"] or "-", mv["to"] or "-")
                                                              for mv in moves]))
         else:
@@ -505,9 +520,9 @@ async def _online(args, out: TextIO) -> int:
                   f"deleted {info.kind} group {args.group} on stream {args.stream}", out)
         elif c in ("add", "drop", "mapping"):
             if c == "add":
-                info = await cg.add_members(args.stream, args.group, args.members)
+                info = await cg.add_members(args.stream, args.group, args.members, assignment=args.assignment)
             elif c == "drop":
-                info = await cg.drop_members(args.stream, args.group, args.members)
+                info = await cg.drop_members(args.stream, args.group, args.members, assignment=args.assignment)
             elif args.mapping_command == "set":
                 info = await cg.set_mappings(args.stream, args.group, args.mappings)
             else:
@@ -524,6 +539,11 @@ async def _online(args, out: TextIO) -> int:
         elif c == "status":
             st = await cg.status(args.stream, args.group, args.kind)
             _emit(args, st.to_dict(), _status_text(st), out)
+        elif c == "lag":
+            from airflow_provider_cg.core.groups.lag import group_lag
+
+            lag = await group_lag(nc, args.stream, args.group, js_prefix=args.js_prefix)
+            _emit(args, lag.to_dict(), _lag_text(lag), out)
         elif c == "reconcile":
             done = await cg.reconcile(args.stream, args.group)
             _emit(args, done, f"deleted: {', '.join(done['deleted']) or '-'}\n"
@@ -551,6 +571,24 @@ def _status_text(st) -> str:
     lines += ["", table(["PARTITION", "MEMBER", label], [(p, owner.get(p, "-"), n) for p, n in sorted(st.partitions.items())])]
     if st.members:
         lines += ["", _members_table(st.members)]
+    return "\n".join(lines)
+
+
+def _age(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.1f}s"
+
+
+def _lag_text(lag) -> str:
+    lines = [f"group:        {lag.group} on stream {lag.stream} ({lag.kind})",
+             f"backlog:      {lag.backlog}  oldest pending {_age(lag.oldest_pending_age_s)}"
+             + (f"  source lag {lag.source_lag}" if lag.source_lag is not None else "")]
+    if lag.unassigned_partitions:
+        lines.append(f"unassigned:   partitions {ranges(lag.unassigned_partitions)}")
+    rows = [(m.member, ranges(m.partitions), m.backlog, m.num_ack_pending, _age(m.oldest_pending_age_s),
+             m.pin_holder or "-", m.pinned_since or "-") for m in lag.members]
+    if rows:
+        lines += ["", table(["MEMBER", "PARTITIONS", "BACKLOG", "IN_FLIGHT", "OLDEST_PENDING", "PINNED", "SINCE"],
+                            rows)]
     return "\n".join(lines)
 
 
