@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-services lint bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=20
+
+# The README's run sequence under `airflow standalone` from the wheel (several minutes).
+test-services: $(STAMP)
+	$(BIN)/python -m pytest -q -ra -m services --timeout 1800
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[all,test,bench]'

@@ -1,0 +1,148 @@
+"""The README's run sequence, as written, under real Airflow services (``airflow standalone``:
+scheduler, triggerer, dag-processor, api-server, LocalExecutor, SQLite) in a fresh virtual
+environment with the provider installed from its wheel: connections added with the CLI, the
+example DAGs found through Airflow's own provider example bundle, DAG 1 unpaused and
+triggered, every run successful, the table read back with the README's own command.
+
+Marked ``services`` (several minutes on two cores): ``make test-services`` runs it; the
+default ``make test`` leaves it out to stay in its time budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
+from tests.install.test_wheel_install import _run
+
+pytestmark = [pytest.mark.install, pytest.mark.services]
+
+ROOT = Path(__file__).resolve().parents[2]
+DAG_ID = "cg_scheduled_consumption"
+
+
+def readme_sequence() -> list[str]:
+    """The commands of the README's run sequence (continuation lines joined, comments cut)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Running the DAGs under a real Airflow", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands, current = [], ""
+    for line in block.splitlines():
+        line = re.sub(r"\s+#.*$", "", line) if not line.lstrip().startswith("#") else ""
+        current += line.rstrip("\\").strip() + " " if line.strip() else ""
+        if line.strip() and not line.rstrip().endswith("\\"):
+            commands.append(current.strip())
+            current = ""
+    return commands
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_readme_sequence_under_airflow_standalone(tmp_path):
+    commands = readme_sequence()
+    verbs = [" ".join(c.split()[:3]) for c in commands]
+    assert verbs[:2] == ["pip install 'airflow-provider-cg[all]'", "airflow standalone"], verbs
+    assert "airflow dags unpause" in verbs and "airflow dags trigger" in verbs and "airflow dags list-runs" in verbs
+
+    # pip install: the wheel, into a fresh venv
+    dist = tmp_path / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, ROOT], cwd=tmp_path)
+    (wheel,) = dist.glob("airflow_provider_cg-*.whl")
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(
+        ("AIRFLOW", "CG_", "PYSPARK", "SPARK_"))}
+    env["PATH"] = str(venv / "bin") + os.pathsep + env.get("PATH", "")
+    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", f"{wheel}[all]"], cwd=tmp_path, env=env)
+    home = tmp_path / "airflow"
+    port = _free_port()
+    env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "True",  # standalone's default, said explicitly
+                "PYSPARK_PYTHON": str(venv / "bin" / "python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin" / "python")})
+
+    nats = EmbeddedNatsServer(tmp_path / "nats").start()
+    standalone = None
+    try:
+        from airflow_provider_cg.demo import _prepare
+
+        _, paid = asyncio.run(_prepare(nats.url, 3000, 40))
+        standalone = subprocess.Popen([venv / "bin" / "airflow", "standalone"], cwd=tmp_path, env=env,
+                                      stdout=open(tmp_path / "standalone.log", "wb"), stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+        _wait(lambda: _healthy(port), 240, "the api-server's health", tmp_path / "standalone.log")
+        for command in commands[2:]:
+            argv = shlex.split(command)
+            if argv[:3] == ["airflow", "connections", "add"] and argv[3] == "nats_default":
+                argv = ["airflow", "connections", "add", "nats_default", "--conn-type", "nats",
+                        "--conn-host", "127.0.0.1", "--conn-port", str(nats.port)]  # this test's server
+            if argv[0] == "python":
+                continue  # the read, below, once the runs are done
+            if argv[:3] == ["airflow", "dags", "unpause"]:
+                _wait(lambda: DAG_ID in _airflow(venv, env, "dags", "list", "-o", "plain"), 300,
+                      f"{DAG_ID} parsed from the provider's example bundle", tmp_path / "standalone.log")
+            argv[0] = str(venv / "bin" / argv[0])
+            _run(argv, cwd=tmp_path, env=env)
+
+        def done() -> bool:
+            runs = json.loads(_airflow(venv, env, "dags", "list-runs", DAG_ID, "-o", "json") or "[]")
+            return bool(runs) and all(r["state"] in ("success", "failed") for r in runs)
+
+        _wait(done, 900, f"{DAG_ID}'s runs", tmp_path / "standalone.log")
+        runs = json.loads(_airflow(venv, env, "dags", "list-runs", DAG_ID, "-o", "json"))
+        assert runs and all(r["state"] == "success" for r in runs), runs
+        bundles = _airflow(venv, env, "dags", "list", "-o", "json")
+        ours = [d for d in json.loads(bundles) if d["dag_id"] == DAG_ID]
+        assert [d.get("bundle_name") for d in ours] == ["airflow-provider-cg-example-dags"], ours
+
+        (read,) = [c for c in commands if c.startswith("python -c")]
+        argv = shlex.split(read.replace("\\$", "$"))
+        argv[0] = str(venv / "bin" / "python")
+        rows = int(_run(argv, cwd=tmp_path, env=env).stdout.strip().splitlines()[-1])
+        assert rows == len(paid)
+    finally:
+        if standalone is not None and standalone.poll() is None:
+            os.killpg(standalone.pid, signal.SIGTERM)
+            try:
+                standalone.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(standalone.pid, signal.SIGKILL)
+        nats.stop()
+
+
+def _airflow(venv: Path, env: dict, *args: str) -> str:
+    r = subprocess.run([venv / "bin" / "airflow", *args], env=env, capture_output=True, text=True, timeout=300)
+    return r.stdout if r.returncode == 0 else ""
+
+
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=3) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _wait(predicate, timeout: float, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(3)
+    tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+    raise AssertionError(f"{what}: not within {timeout:.0f} s\n{tail}")
