@@ -35,7 +35,7 @@ def _config(request, **overrides) -> ChaosConfig:
 
 
 async def test_randomized_faults_into_parquet(request, nc, nats_server, member_job_zip, tmp_path):
-    run = ChaosRun(_config(request, seconds=28.0, messages=60_000), nc, [nats_server], tmp_path, member_job_zip)
+    run = ChaosRun(_config(request, seconds=22.0, messages=50_000), nc, [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()
     print(run.report(), stats)
@@ -55,7 +55,7 @@ async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request,
 
     nc = await NatsConnectionSettings(servers=nats_cluster.urls).connect()
     try:
-        cfg = _config(request, replicas=3, seconds=24.0, messages=40_000, server_restarts=2)
+        cfg = _config(request, replicas=3, seconds=20.0, messages=40_000, server_restarts=2)
         run = ChaosRun(cfg, nc, nats_cluster.servers, tmp_path, member_job_zip)
         await run.run()
         stats = await run.check()
@@ -72,7 +72,7 @@ async def test_randomized_faults_into_a_lake_table(request, sink, storage, nc, n
     pytest.importorskip("deltalake" if sink == "delta" else "pyiceberg")
     store = request.getfixturevalue("minio_server") if storage == "s3" else None
     bucket = request.getfixturevalue("s3_bucket") if storage == "s3" else None
-    cfg = _config(request, sink=sink, seconds=14.0, messages=16_000, server_restarts=1,
+    cfg = _config(request, sink=sink, seconds=10.0, messages=12_000, server_restarts=1,
                   store_restarts=2 if store else 0)
     run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip, object_store=store, bucket=bucket)
     await run.run()

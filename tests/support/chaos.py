@@ -83,6 +83,7 @@ class ChaosRun:
         self.restarts_left = self.config.server_restarts
         self.groups = ConsumerGroups(self.nc)
         self.store_restarts_left = self.config.store_restarts
+        self.started: float | None = None
         self.lake = self.workdir / "lake"
         self.catalog_uri = f"sqlite:///{self.workdir}/catalog.db"
         if self.object_store is not None:
@@ -164,6 +165,15 @@ class ChaosRun:
         kind = self.rng.choices(["kill", "stop", "step-down", "membership", "restart", "store", "none"],
                                 weights=[30, 20, 18, 12, 6 if self.restarts_left else 0,
                                          6 if self.store_restarts_left else 0, 14])[0]
+        # Server and store restarts happen in every run, however short: one that is still
+        # owed when its share of the time is up comes now.
+        owed = [(k, left, total) for k, left, total in (
+            ("restart", self.restarts_left, self.config.server_restarts),
+            ("store", self.store_restarts_left, self.config.store_restarts)) if left]
+        for k, left, total in owed:
+            if self._elapsed() >= (total - left + 1) / (total + 1):
+                kind = k
+                break
         running = [j for j in self.running() if j.pid not in self.suspended]
         if kind == "kill" and running:
             job = self.rng.choice(running)
@@ -256,9 +266,14 @@ class ChaosRun:
 
     # --- the run ---------------------------------------------------------------------------
 
+    def _elapsed(self) -> float:
+        """The share of the fault phase gone by (0 to 1)."""
+        return min(1.0, (time.monotonic() - self.started) / self.config.seconds) if self.started else 0.0
+
     async def run(self) -> None:
         cfg = self.config
         await self.setup()
+        self.started = time.monotonic()
         chunk = cfg.messages // cfg.chunks
         publish_every = cfg.seconds / (cfg.chunks + 1)
         next_publish = time.monotonic()
