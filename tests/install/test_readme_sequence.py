@@ -1,5 +1,6 @@
-"""The README's run sequence, as written, under real Airflow services (``airflow standalone``:
-scheduler, triggerer, dag-processor, api-server, LocalExecutor, SQLite) in a fresh virtual
+"""The README's run sequence, as written, under real Airflow services (what ``airflow
+standalone`` runs: scheduler, triggerer, dag-processor, api-server; LocalExecutor, SQLite, all
+on 127.0.0.1) in a fresh virtual
 environment with the provider installed from its wheel: connections added with the CLI, the
 example DAGs found through Airflow's own provider example bundle, DAG 1 unpaused and
 triggered, every run successful, the table read back with the README's own command.
@@ -32,6 +33,7 @@ pytestmark = [pytest.mark.install, pytest.mark.services]
 
 ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "cg_scheduled_consumption"
+REPORT_ID = "cg_paid_orders_report"
 
 
 def readme_sequence() -> list[str]:
@@ -73,7 +75,10 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
     home = tmp_path / "airflow"
     port = _free_port()
     env.update({"AIRFLOW_HOME": str(home), "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(port),
+                "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "True",  # standalone's default, said explicitly
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "PYSPARK_PYTHON": str(venv / "bin" / "python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin" / "python")})
 
     nats = EmbeddedNatsServer(tmp_path / "nats").start()
@@ -82,9 +87,14 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
         from airflow_provider_cg.demo import _prepare
 
         _, paid = asyncio.run(_prepare(nats.url, 3000, 40))
-        standalone = subprocess.Popen([venv / "bin" / "airflow", "standalone"], cwd=tmp_path, env=env,
-                                      stdout=open(tmp_path / "standalone.log", "wb"), stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        # `airflow standalone` is these services; run one by one, so that none listens beyond
+        # 127.0.0.1 (standalone's scheduler and triggerer serve their logs on every interface)
+        _run([venv / "bin" / "airflow", "db", "migrate"], cwd=tmp_path, env=env)
+        log = open(tmp_path / "standalone.log", "wb")
+        standalone = [subprocess.Popen([venv / "bin" / "airflow", *service], cwd=tmp_path, env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True) for service in (
+            ["api-server", "--host", "127.0.0.1", "--port", str(port)], ["scheduler", "--skip-serve-logs"],
+            ["dag-processor"], ["triggerer", "--skip-serve-logs"])]
         _wait(lambda: _healthy(port), 240, "the api-server's health", tmp_path / "standalone.log")
         for command in commands[2:]:
             argv = shlex.split(command)
@@ -94,20 +104,29 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
             if argv[0] == "python":
                 continue  # the read, below, once the runs are done
             if argv[:3] == ["airflow", "dags", "unpause"]:
-                _wait(lambda: DAG_ID in _airflow(venv, env, "dags", "list", "-o", "plain"), 300,
-                      f"{DAG_ID} parsed from the provider's example bundle", tmp_path / "standalone.log")
+                dag_id = argv[3]
+                _wait(lambda d=dag_id: d in _airflow(venv, env, "dags", "list", "-o", "plain"), 300,
+                      f"{dag_id} parsed from the provider's example bundle", tmp_path / "standalone.log")
             argv[0] = str(venv / "bin" / argv[0])
             _run(argv, cwd=tmp_path, env=env)
 
         def done() -> bool:
-            runs = json.loads(_airflow(venv, env, "dags", "list-runs", DAG_ID, "-o", "json") or "[]")
+            runs = _json(_airflow(venv, env, "dags", "list-runs", DAG_ID, "-o", "json"))
             return bool(runs) and all(r["state"] in ("success", "failed") for r in runs)
 
         _wait(done, 900, f"{DAG_ID}'s runs", tmp_path / "standalone.log")
-        runs = json.loads(_airflow(venv, env, "dags", "list-runs", DAG_ID, "-o", "json"))
-        assert runs and all(r["state"] == "success" for r in runs), runs
+        # (the */5 schedule the README sets may have started another run since: count the finished)
+        runs = [r for r in _json(_airflow(venv, env, "dags", "list-runs", DAG_ID, "-o", "json"))
+                if r["state"] not in ("queued", "running")]
+        assert len(runs) >= 2 and all(r["state"] == "success" for r in runs), runs
+        # the downstream DAG ran on the asset events of DAG 1's landings (scheduler, not a clock)
+        _wait(lambda: any(r["state"] == "success" for r in _json(_airflow(
+            venv, env, "dags", "list-runs", REPORT_ID, "-o", "json"))), 300, f"{REPORT_ID}'s run",
+              tmp_path / "standalone.log")
+        reports = _json(_airflow(venv, env, "dags", "list-runs", REPORT_ID, "-o", "json"))
+        assert all(r["run_id"].startswith("asset_triggered__") for r in reports), reports
         bundles = _airflow(venv, env, "dags", "list", "-o", "json")
-        ours = [d for d in json.loads(bundles) if d["dag_id"] == DAG_ID]
+        ours = [d for d in _json(bundles) if d["dag_id"] == DAG_ID]
         assert [d.get("bundle_name") for d in ours] == ["airflow-provider-cg-example-dags"], ours
 
         (read,) = [c for c in commands if c.startswith("python -c")]
@@ -116,18 +135,26 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
         rows = int(_run(argv, cwd=tmp_path, env=env).stdout.strip().splitlines()[-1])
         assert rows == len(paid)
     finally:
-        if standalone is not None and standalone.poll() is None:
-            os.killpg(standalone.pid, signal.SIGTERM)
+        for proc in standalone or []:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in standalone or []:
             try:
-                standalone.wait(60)
+                proc.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(standalone.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
         nats.stop()
 
 
 def _airflow(venv: Path, env: dict, *args: str) -> str:
     r = subprocess.run([venv / "bin" / "airflow", *args], env=env, capture_output=True, text=True, timeout=300)
     return r.stdout if r.returncode == 0 else ""
+
+
+def _json(out: str) -> list:
+    """The JSON list an ``airflow ... -o json`` command printed (after any log lines)."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("[")]
+    return json.loads(lines[-1]) if lines else []
 
 
 def _healthy(port: int) -> bool:
