@@ -20,6 +20,8 @@ import os
 from typing import Any
 from urllib.parse import quote
 
+from airflow_provider_cg.core.landing.contract import COUNTS
+
 #: the asset event extra's layout version
 EXTRA_VERSION = 1
 
@@ -67,8 +69,7 @@ def landed_extra(spec: Any, summary: dict[str, Any]) -> dict[str, Any]:
                            iceberg_catalog_uri=spec.iceberg_catalog_uri, pg_table=spec.pg_table),
         "stream": spec.stream, "group": spec.group, "member": summary.get("member"),
         "origin": {spec.stream: ranges} if ranges else {},
-        **{k: int(summary.get(k) or 0) for k in ("messages_read", "messages_landed", "rows_written",
-                                                 "duplicates_skipped", "dead_lettered")},
+        **{k: int(summary.get(k) or 0) for k in COUNTS},
         "batch_ids": list(summary.get("batch_ids") or []),
     }
     if spec.sink == "iceberg":
@@ -85,9 +86,9 @@ def landed_extra(spec: Any, summary: dict[str, Any]) -> dict[str, Any]:
 def landed_rows(extras: list[dict[str, Any]], columns: list[str] | None = None, *,
                 storage_options: dict[str, str] | None = None, iceberg_catalog_uri: str | None = None):
     """The rows the runs behind ``extras`` (asset events of one table) landed, as a pyarrow
-    table: the table read once (delta-rs, pyiceberg or the Parquet lake's commit log) and
-    filtered to each event's partitions and origin ranges."""
-    import pyarrow as pa
+    table: the table read once (delta-rs, pyiceberg or the Parquet lake's commit log) with
+    each event's partitions and origin ranges as the row filter (pushed down to the Parquet
+    reader for Delta tables)."""
     import pyarrow.compute as pc
 
     extras = [e for e in extras if e and e.get("origin")]
@@ -96,24 +97,26 @@ def landed_rows(extras: list[dict[str, Any]], columns: list[str] | None = None, 
     first = extras[0]
     if any((e["format"], e["table"]) != (first["format"], first["table"]) for e in extras):
         raise ValueError("landed_rows reads one table at a time: the events name several")
-    table = _read_table(first, storage_options, iceberg_catalog_uri)
-    mask = pa.array([False] * table.num_rows)
-    stream, part, seq = (table.column(c) for c in ("origin_stream", "partition", "origin_seq"))
+    stream, part, seq = pc.field("origin_stream"), pc.field("partition"), pc.field("origin_seq")
+    wanted = None
     for e in extras:
         for origin, ranges in e["origin"].items():
             for p, r in ranges.items():
-                hit = pc.and_(pc.and_(pc.equal(stream, origin), pc.equal(part, int(p))),
-                              pc.and_(pc.greater_equal(seq, r["first_seq"]), pc.less_equal(seq, r["last_seq"])))
-                mask = pc.or_(mask, hit)
-    out = table.filter(mask).sort_by([("origin_stream", "ascending"), ("origin_seq", "ascending")])
+                hit = ((stream == origin) & (part == int(p))
+                       & (seq >= r["first_seq"]) & (seq <= r["last_seq"]))
+                wanted = hit if wanted is None else wanted | hit
+    table = _read_table(first, storage_options, iceberg_catalog_uri, wanted)
+    out = table.filter(wanted).sort_by([("origin_stream", "ascending"), ("origin_seq", "ascending")])
     return out.select(columns) if columns else out
 
 
 def read_table(fmt: str, *, sink_path: str | None = None, iceberg_table: str | None = None,
                iceberg_catalog_uri: str | None = None, storage_options: dict[str, str] | None = None,
-               columns: list[str] | None = None):
+               columns: list[str] | None = None, row_filter=None):
     """A landed table as a reader without Spark sees it (delta-rs's file list read by pyarrow,
-    pyiceberg, the Parquet lake's commit log); ``s3://`` locations with ``AWS_*`` settings."""
+    pyiceberg, the Parquet lake's commit log); ``s3://`` locations with ``AWS_*`` settings.
+    ``row_filter`` (a pyarrow expression) is pushed down to the Delta table's Parquet files;
+    the other formats return every row."""
     if fmt == "delta":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -135,8 +138,8 @@ def read_table(fmt: str, *, sink_path: str | None = None, iceberg_table: str | N
         # (not to_pyarrow_dataset(): its scan threads abort the interpreter at exit, delta-rs #2184)
         if remote:
             return pq.read_table([u[len("s3://"):] for u in uris], schema=schema,
-                                 filesystem=store.pyarrow_filesystem())
-        return pq.read_table(uris, schema=schema)
+                                 filesystem=store.pyarrow_filesystem(), filters=row_filter)
+        return pq.read_table(uris, schema=schema, filters=row_filter)
     if fmt == "iceberg":
         from pyiceberg.catalog.sql import SqlCatalog
 
@@ -152,7 +155,8 @@ def read_table(fmt: str, *, sink_path: str | None = None, iceberg_table: str | N
     raise ValueError(f"cannot read a {fmt!r} table")
 
 
-def _read_table(extra: dict[str, Any], storage_options: dict[str, str] | None, catalog_uri: str | None):
+def _read_table(extra: dict[str, Any], storage_options: dict[str, str] | None, catalog_uri: str | None,
+                row_filter=None):
     return read_table(extra["format"], sink_path=extra.get("sink_path"), iceberg_table=extra.get("iceberg_table"),
                       iceberg_catalog_uri=catalog_uri or extra.get("iceberg_catalog_uri"),
-                      storage_options=storage_options)
+                      storage_options=storage_options, row_filter=row_filter)

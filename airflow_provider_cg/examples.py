@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from airflow_provider_cg.core.landing.contract import COUNTS
+
 TABLE_FORMATS = ("delta", "iceberg", "parquet")
 ORDERS_JSON_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"
 ORDERS_TRANSFORM = "cg_order_transforms:paid_orders"
@@ -68,8 +70,6 @@ def orders_landing(env_prefix: str) -> dict[str, Any]:
     return out
 
 
-#: what a member job's summary counts (``core/landing/contract.py``: ``Summary``), in report order
-COUNTS = ("messages_read", "messages_landed", "rows_written", "duplicates_skipped", "dead_lettered")
 
 
 def landing_report(summaries: list[dict[str, Any]]) -> dict[str, Any]:

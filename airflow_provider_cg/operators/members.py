@@ -22,6 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.lag import member_backlog
 from airflow_provider_cg.hooks.nats import NatsHook
 
 UI_COLOR = "#fce5cd"
@@ -41,15 +42,6 @@ def member_states(hook: NatsHook, stream: str, group: str) -> Any:
         return await ConsumerGroups(nc).status(stream, group)
 
     return hook.run(go)
-
-
-def member_backlog(status: Any, member: Any) -> int:
-    """Messages waiting for ``member``: its partitions' stored messages for an elastic group
-    (the work queue holds only unacked ones), its consumer's pending + ack pending for a
-    static group (the whole partition count while the consumer does not exist yet)."""
-    if status.kind == "static" and member.consumer_exists:
-        return int(member.num_pending + member.num_ack_pending)
-    return int(member.backlog)
 
 
 def settled_states(hook: NatsHook, stream: str, group: str, settle_timeout: float) -> Any:

@@ -256,13 +256,12 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self.log.info("member %s: %s (%s)", spec.member, summary.get("result"), summary.get("stop_reason", ""))
         self.log.info("%s", describe_counts(summary))
         self._summary = summary
-        if summary.get("result") not in contract.SKIP_RESULTS:
-            self._announce(context, spec, summary)
         if summary.get("result") in contract.SKIP_RESULTS:
             _push_summary(context, summary)
             raise AirflowSkipException(
                 f"member {spec.member}: {summary['result']} ({summary.get('stop_reason') or 'nothing consumed'})"
             )
+        self._announce(context, spec, summary)
         return summary
 
     def _announce(self, context: Any, spec: MemberJobSpec, summary: dict[str, Any]) -> None:
@@ -421,10 +420,7 @@ def _table_outlets(sink: Any, sink_path: Any, iceberg_table: Any, iceberg_catalo
 
 def describe_counts(summary: dict[str, Any]) -> str:
     """One line naming each count of a summary (``contract.Summary``) for what it counts."""
-    names = (("messages_read", "messages read"), ("messages_landed", "messages landed"),
-             ("rows_written", "rows written"), ("duplicates_skipped", "duplicates skipped"),
-             ("dead_lettered", "dead-lettered"), ("batches", "batches"))
-    return ", ".join(f"{summary.get(k) or 0} {label}" for k, label in names)
+    return ", ".join(f"{summary.get(k) or 0} {k.replace('_', ' ')}" for k in (*contract.COUNTS, "batches"))
 
 
 def _read_summary(path: str) -> dict[str, Any] | None:

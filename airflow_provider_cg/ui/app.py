@@ -61,12 +61,11 @@ async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
         settings = settings_from_connection(conn, conn.extra_dejson or {})
         nc = await asyncio.wait_for(settings.connect(), CONNECT_TIMEOUT + 1)
     except Exception as e:
-        return [], scrub(f"cannot reach NATS through {conn_id!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-                         settings)
+        return [], scrub(f"cannot reach NATS through {conn_id!r}: {_first_line(e)}", settings)
     try:
         groups = await all_groups_lag(nc)
     except Exception as e:
-        return [], scrub(f"cannot list the groups: {str(e).splitlines()[0] if str(e) else type(e).__name__}", settings)
+        return [], scrub(f"cannot list the groups: {_first_line(e)}", settings)
     finally:
         await nc.close()
     out = [g.to_dict() if isinstance(g, GroupLag) else {**g, "error": scrub(g["error"], settings)} for g in groups]
@@ -75,6 +74,10 @@ async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
         for m in g.get("members") or []:
             m["last_landed"] = landed.get((g["stream"], g["group"], m["member"]))
     return out, None
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def last_landed() -> dict[tuple[str, str, str], dict[str, Any]]:

@@ -123,6 +123,7 @@ class MemberState:
     in_membership: bool = True
     filters_current: bool = True  # False: the consumer's filters are stale (transition pending)
     backlog: int = 0  # messages stored in the member's partitions (see GroupStatus.partitions)
+    ack_floor: int = 0  # its consumer's acknowledged-through stream sequence
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -866,6 +867,7 @@ class ConsumerGroups:
                 st.num_ack_pending = int(c.get("num_ack_pending", 0))
                 st.num_redelivered = int(c.get("num_redelivered", 0))
                 st.num_waiting = int(c.get("num_waiting", 0))
+                st.ack_floor = int((c.get("ack_floor") or {}).get("stream_seq", 0))
                 st.filters_current = sorted(_filters_of(c["config"])) == sorted(
                     self._member_filters(info.config, member)
                 )

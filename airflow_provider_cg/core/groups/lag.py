@@ -4,7 +4,7 @@ message (what users alert on), next to the pin holder. Read-only, no Airflow imp
 An elastic member's pending messages are its partitions' messages in the work-queue stream
 (acknowledged ones are deleted): the oldest is the first stored on ``<partition>.>``. A
 static member's are the origin stream's messages after its consumer's ack floor on its
-partitions' subjects. One direct get per partition.
+partitions' subjects. One direct get per partition with pending messages.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups.admin import ConsumerGroups, GroupStatus
+from airflow_provider_cg.core.groups.admin import ConsumerGroups, GroupStatus, MemberState
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 
 
@@ -58,6 +58,15 @@ def message_time(msg: dict) -> float:
     return dt.datetime.fromisoformat(raw).timestamp()
 
 
+def member_backlog(status: GroupStatus, member: MemberState) -> int:
+    """Messages waiting for ``member``: its partitions' stored messages for an elastic group
+    (the work queue holds only unacked ones), its consumer's pending + ack pending for a
+    static group (the whole partition count while the consumer does not exist yet)."""
+    if status.kind == "static" and member.consumer_exists:
+        return int(member.num_pending + member.num_ack_pending)
+    return int(member.backlog)
+
+
 async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PREFIX,
                     now: float | None = None) -> GroupLag:
     cg = ConsumerGroups(nc, js_prefix=js_prefix)
@@ -77,26 +86,19 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
         if not m.in_membership and not m.consumer_exists:
             continue
         if status.kind == "static" and m.consumer_exists and (m.num_pending or m.num_ack_pending):
-            floor = await _ack_floor(api, stream, m.consumer)
             for p in m.partitions:
-                msg = await api.next_msg(stream, floor + 1, f"{p}.>")
+                msg = await api.next_msg(stream, m.ack_floor + 1, f"{p}.>")
                 if msg:
                     oldest[p] = min(oldest.get(p, float("inf")), message_time(msg))
         times = [oldest[p] for p in m.partitions if p in oldest]
         members.append(MemberLag(
-            member=m.member, partitions=list(m.partitions), backlog=int(m.backlog if status.kind == "elastic"
-                                                                      else m.num_pending + m.num_ack_pending),
+            member=m.member, partitions=list(m.partitions), backlog=member_backlog(status, m),
             num_ack_pending=m.num_ack_pending, oldest_pending_age_s=round(now - min(times), 3) if times else None,
             pin_holder=m.pinned_id, pinned_since=m.pinned_since, active=m.consumer_exists))
     ages = [x.oldest_pending_age_s for x in members if x.oldest_pending_age_s is not None]
     return GroupLag(stream=stream, group=group, kind=status.kind, max_members=status.max_members,
                     backlog=status.backlog, oldest_pending_age_s=max(ages) if ages else None, members=members,
                     unassigned_partitions=list(status.unassigned_partitions), source_lag=status.source_lag)
-
-
-async def _ack_floor(api: JsApi, stream: str, consumer: str) -> int:
-    info = await api.consumer_info(stream, consumer)
-    return int(((info or {}).get("ack_floor") or {}).get("stream_seq", 0))
 
 
 async def all_groups_lag(nc, *, js_prefix: str = DEFAULT_PREFIX) -> list[GroupLag | dict]:
@@ -106,5 +108,5 @@ async def all_groups_lag(nc, *, js_prefix: str = DEFAULT_PREFIX) -> list[GroupLa
         try:
             out.append(await group_lag(nc, stream, group, js_prefix=js_prefix))
         except Exception as e:  # one broken group must not hide the others
-            out.append({"stream": stream, "group": group, "kind": kind, "error": str(e).splitlines()[0][:300]})
+            out.append({"stream": stream, "group": group, "kind": kind, "error": (str(e).splitlines() or [type(e).__name__])[0][:300]})
     return out

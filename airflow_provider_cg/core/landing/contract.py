@@ -405,6 +405,10 @@ def _plain(v: Any) -> str:
 # --- the answer ---------------------------------------------------------------------------------
 
 
+#: a summary's counts of messages and rows, in the order reports show them (``Summary``)
+COUNTS = ("messages_read", "messages_landed", "rows_written", "duplicates_skipped", "dead_lettered")
+
+
 @dataclass
 class Summary:
     """The job's result: one JSON object (``to_json``), printed after ``SUMMARY_PREFIX`` and
