@@ -89,7 +89,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         connection). Each message's effect lands once, whatever the transformation does.
     :param transform_sql: or a Spark SQL statement over the temporary view ``batch`` (templated).
     :param batch_size, max_messages, max_bytes, max_seconds, standby_timeout, ack_wait,
-        max_deliver, idle_timeout, progress_interval, read: the member job's options; ``None``
+        max_ack_pending, max_deliver, idle_timeout, progress_interval, read: the member job's options; ``None``
         (the default) is the job's default. Their types, defaults and rules are the job's
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
@@ -153,6 +153,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         max_seconds: float | str | None = None,
         standby_timeout: float | str | None = None,
         ack_wait: float | str | None = None,
+        max_ack_pending: int | str | None = None,
         max_deliver: int | str | None = None,
         idle_timeout: float | str | None = None,
         progress_interval: float | str | None = None,
@@ -183,7 +184,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             "avro_schema": avro_schema, "transform": transform, "transform_sql": transform_sql,
             "batch_size": batch_size, "max_messages": max_messages, "max_bytes": max_bytes,
             "max_seconds": max_seconds, "standby_timeout": standby_timeout, "ack_wait": ack_wait,
-            "max_deliver": max_deliver, "idle_timeout": idle_timeout, "progress_interval": progress_interval,
+            "max_ack_pending": max_ack_pending, "max_deliver": max_deliver, "idle_timeout": idle_timeout, "progress_interval": progress_interval,
             "read": read, "backfill_start": backfill_start, "backfill_end": backfill_end,
             "iceberg_table": iceberg_table, "iceberg_catalog_uri": iceberg_catalog_uri,
             "iceberg_warehouse": iceberg_warehouse,

@@ -17,22 +17,32 @@ def cache_dir() -> Path:
 
 def go_build(name: str, module: str, version: str, package: str, binary: str, *, timeout: float = 600) -> Path:
     """Path of ``package``'s binary from ``module@version``, built on first use (needs ``go``)."""
-    cache = cache_dir()
-    out = cache / f"{name}-{version}" / binary
+    out = cache_dir() / f"{name}-{version}" / binary
     if out.is_file():
         return out
+    work = fresh_dir(f"{name}-build-{version}")
+    run_go(name, work, ["mod", "init", f"{name}build"], ["get", f"{module}@{version}"],
+           ["build", "-o", str(out), package], timeout=timeout)
+    shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def fresh_dir(name: str) -> Path:
+    work = cache_dir() / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    return work
+
+
+def run_go(name: str, cwd: Path, *commands: list[str], timeout: float = 600) -> None:
+    """Run ``go <command>`` for each of ``commands`` in ``cwd``, modules from the proxy into the cache."""
     go = shutil.which("go") or ("/usr/local/go/bin/go" if os.path.exists("/usr/local/go/bin/go") else None)
     if go is None:
         raise RuntimeError(f"the Go toolchain (go) is needed to build {name} for the tests")
-    work = cache / f"{name}-build-{version}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    cache = cache_dir()
     env = {**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=mod", "GOPATH": str(cache / "gopath"),
            "GOMODCACHE": str(cache / "gopath" / "pkg" / "mod"), "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
-    for cmd in ([go, "mod", "init", f"{name}build"], [go, "get", f"{module}@{version}"],
-                [go, "build", "-o", str(out), package]):
-        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    for cmd in commands:
+        r = subprocess.run([go, *cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
-            raise RuntimeError(f"building {name} failed at {' '.join(cmd[1:])}: {r.stderr[-2000:]}")
-    shutil.rmtree(work, ignore_errors=True)
-    return out
+            raise RuntimeError(f"building {name} failed at go {' '.join(cmd)}: {r.stderr[-2000:]}")

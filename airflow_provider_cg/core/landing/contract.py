@@ -82,6 +82,10 @@ class BatchOptions:
     ack_wait: float | None = _opt(None, float, "ack wait (s) of a member consumer the job creates (default: "
                                   f"orbit's {ELASTIC_ACK_WAIT:g} s for elastic groups, {STATIC_ACK_WAIT:g} s for "
                                   "static ones); an existing one is used as it is", positive=True)
+    max_ack_pending: int | None = _opt(None, int, "max_ack_pending of a member consumer the job creates (default: "
+                                       "none for elastic groups, as orbit's library; for static ones 3 batches, at "
+                                       "least 1000). To share a member with orbit's cg CLI, which uses 1 with ack "
+                                       "wait 2 s, give both; an existing one is used as it is", positive=True)
     max_deliver: int = _opt(5, int, "deliveries of a poison message before it is dead-lettered (>= 2)",
                             positive=True)
     idle_timeout: float = _opt(2.0, float, "a pull this long with nothing ends the run", positive=True)

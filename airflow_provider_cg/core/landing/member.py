@@ -91,6 +91,7 @@ class MemberRun:
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
         self.owner = f"{options.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
         self.lander = TwoPhaseLander(sink, self.summary, options.stream, options.group, options.member)
+        self.lander.holds_pin = self.still_pinned
         self.batch_size = options.batch_size  # lowered to fit an existing consumer's max_ack_pending
         self.consumer_ack_wait = options.consumer_ack_wait(True)  # the consumer's own (it may predate this run)
         self.landing_msgs: list = []  # the consumer path's batch being landed (kept in progress)
@@ -108,7 +109,7 @@ class MemberRun:
         # an existing one is used as it is.
         self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
             o.stream, o.group, o.member, ack_wait=self.ack_wait,
-            **({} if elastic else {"max_ack_pending": max(3 * self.batch_size, 1000)}),
+            max_ack_pending=o.max_ack_pending or (None if elastic else max(3 * self.batch_size, 1000)),
         )
         existing = await self.api.consumer_info(self.consumer_stream, consumer)
         if existing is None:
@@ -272,6 +273,19 @@ class MemberRun:
             await client.close()
         if reader is not None:
             await reader.close()
+
+    async def still_pinned(self) -> bool:
+        """Whether this run's pin is still the member consumer's current one. Asked before every
+        batch's acks; when the answer cannot be had (consumer deleted, server unreachable) it is
+        no: the batch is rolled back, which is always safe before an ack."""
+        client = self.client
+        if client is None:
+            return False
+        try:
+            return await client.holds_pin()
+        except Exception as e:  # noqa: BLE001 - any doubt means: do not ack
+            log.warning("cg member=%s: could not confirm the pin before the ack (%s)", self.options.member, e)
+            return False
 
     async def _release_pin(self) -> None:
         """After a run that ended normally, hand the pin back at once (a standby, or the next

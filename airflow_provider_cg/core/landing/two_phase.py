@@ -75,13 +75,19 @@ class TwoPhaseLander:
     ``fence`` is set once the writer holds its member's pin (``take_over``); every write it
     prepares carries it, so a newer pin holder's fence refuses its acking mark. ``taken_over``
     turns true when that happens (or when another run rolled back one of its writes): nothing
-    of the batch was acked, and the writer must stop."""
+    of the batch was acked, and the writer must stop.
+
+    ``holds_pin``, when set, is asked right before a batch's acks are sent: an instance that is
+    not ours (orbit's, which our fences do not stop) may have been pinned meanwhile and been
+    delivered the same messages, so a writer that lost the pin rolls the batch back instead of
+    acknowledging and committing what the other may process too."""
 
     def __init__(self, sink: TwoPhaseSink, summary: Summary, stream: str, group: str, member: str) -> None:
         self.sink, self.summary = sink, summary
         self.stream, self.group, self.member = stream, group, member
         self.fence: Fence | None = None
         self.taken_over = False
+        self.holds_pin: Callable[[], Awaitable[bool]] | None = None
 
     async def take_over(self, owner: str, partitions: tuple[int, ...]) -> list:
         """As the new pin holder, before landing anything: fence the member's partitions, then
@@ -133,6 +139,12 @@ class TwoPhaseLander:
             await asyncio.to_thread(self.sink.abort, prepared)
             return False
         if ack is not None:
+            if self.holds_pin is not None and not await self.holds_pin():
+                log.warning("cg batch %s: the member's pin moved to another instance before the ack; rolling "
+                            "back (no ack was sent, the messages stay for the pin holder)", batch_id.gid)
+                self.taken_over = True
+                await asyncio.to_thread(self.sink.abort, prepared)
+                return False
             s.unconfirmed_acks += await ack()
         failpoint("before_commit")
         result = await asyncio.to_thread(self.sink.commit, prepared)

@@ -1,0 +1,219 @@
+"""Sharing one member between our member job and orbit v0.2.1's own instances: its real ``cg``
+CLI (``consume``: ack wait 2 s, ``max_ack_pending`` 1) and a consumer on its real library at
+its defaults (``tests/support/orbit_library``), both built from orbit's source.
+
+In every order the invariant is the same: every message is processed once, by orbit (its log
+of double-acked messages) or by us (the lake), never by both, and what we land is in per-key
+order. Where a consumer config lets orbit adopt ours, orbit must not replace it. Where it
+cannot (orbit's CLI beside a job at the library's defaults: orbit deletes and re-creates the
+consumer, which no config of ours can stop), our job must notice before its ack and roll the
+batch back.
+
+Our job runs as the plain Python driver (``spark=False``): the protocol is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_cg.core.jetstream.api import JsApi
+from tests.support.member_job import assert_exactly_once, create_group, parquet_landed, publish_orders, start_member_job
+from tests.support.orbit import OrbitCli, build_orbit_cg_source, build_orbit_library_program, stop
+
+pytestmark = [pytest.mark.integration]
+
+KEYS = 30
+MESSAGES = 800
+#: what orbit's CLI gives the consumers it creates; our job creates the same with these options
+ORBIT_CLI_OPTIONS = ("--ack-wait", "2", "--max-ack-pending", "1")
+
+
+@pytest.fixture(scope="session")
+def orbit_cli_binary():
+    return build_orbit_cg_source()
+
+
+@pytest.fixture(scope="session")
+def orbit_library_binary():
+    return build_orbit_library_program()
+
+
+class Peer:
+    """One running orbit instance of member m1 and what it reports it processed."""
+
+    def __init__(self, kind: str, proc: subprocess.Popen, log: Path) -> None:
+        self.kind, self.proc, self.log = kind, proc, log
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def acked_origin_seqs(self) -> set[int]:
+        text = self.text()
+        if self.kind == "library":
+            return {int(m.group(1)) for m in re.finditer(r"origin=\S+ (\d+) acked$", text, re.M)}
+        # the CLI prints the work-queue sequence, equal to the origin's here (one source, no gaps)
+        seqs = set()
+        for record in re.split(r"(?=\[[^\]\s]+\] subject=)", text):
+            m = re.search(r"\bseq=(\d+)", record)
+            if m and re.search(r"\backed\s*$", record) and "could not" not in record:
+                seqs.add(int(m.group(1)))
+        return seqs
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+
+def _start_peer(kind: str, cli_binary, library_binary, url: str, tmp_path: Path, sleep: str = "5ms") -> Peer:
+    log = tmp_path / f"orbit-{kind}-{time.monotonic_ns()}.log"
+    if kind == "cli":
+        cli = OrbitCli.for_server(cli_binary, url, tmp_path)
+        return Peer(kind, cli.start("elastic", "--sleep", sleep, "consume", "ORDERS", "g", "m1", log=log), log)
+    f = open(log, "wb")  # noqa: SIM115 - owned by the process
+    proc = subprocess.Popen([str(library_binary), url, "ORDERS", "g", "m1", sleep], stdout=f,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    return Peer(kind, proc, log)
+
+
+def _job(zip_path, tmp_path, url, *args, env=None):
+    return start_member_job(zip_path, tmp_path / "jobs", nats_servers=url, stream="ORDERS", group="g", member="m1",
+                            sink_path=tmp_path / "lake", spark=False, env=env,
+                            args=["--idle-timeout", "2", "--standby-timeout", "10", *args])
+
+
+async def _created(api: JsApi) -> str | None:
+    info = await api.consumer_info("ORDERS-g", "m1")
+    return info["created"] if info else None
+
+
+async def _pinned(api: JsApi) -> str | None:
+    info = await api.consumer_info("ORDERS-g", "m1")
+    for g in (info or {}).get("priority_groups") or []:
+        if g.get("pinned_client_id"):
+            return g["pinned_client_id"]
+    return None
+
+
+async def _wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        await asyncio.sleep(0.1)
+
+
+async def _resume_until_done(job, timeout: float):
+    """The failpoint suspends the job at every batch's prepare: resume it until it ends."""
+    deadline = time.monotonic() + timeout
+    while job.running() and time.monotonic() < deadline:
+        job.signal(signal.SIGCONT)
+        await asyncio.sleep(0.2)
+    return await asyncio.to_thread(job.wait, 5)
+
+
+async def _finish(nc, api, peer: Peer, zip_path, tmp_path, url, expected, job_args=()) -> None:
+    """Let the peer drain what it holds, stop it, let one more job of ours land any rest, then
+    check: each message processed once, by orbit or by us, and ours in per-key order."""
+    async def drained() -> bool:
+        return int((await api.stream_info("ORDERS-g"))["state"]["messages"]) == 0
+    try:
+        await _wait_until(drained, 60, f"the work queue is drained ({peer.text()[-1500:]})")
+    finally:
+        peer.stop()
+    last = await asyncio.to_thread(_job(zip_path, tmp_path, url, *job_args).wait, 120)
+    assert last.returncode == 0, last.describe()
+    theirs = peer.acked_origin_seqs()
+    landed = parquet_landed(tmp_path / "lake")
+    ours = {r.origin_seq for r in landed}
+    assert not theirs & ours, f"processed by both orbit and us: {sorted(theirs & ours)[:10]}"
+    assert theirs | ours == {seq for (_, seq) in expected}, (
+        f"lost: {sorted({seq for (_, seq) in expected} - theirs - ours)[:10]}")
+    assert_exactly_once(landed, {k: v for k, v in expected.items() if k[1] in ours})
+
+
+@pytest.mark.parametrize("peer_kind,job_args,adoptable", [
+    ("cli", ORBIT_CLI_OPTIONS, True),      # our consumer equals orbit CLI's: it joins it
+    ("library", (), True),                 # the job's defaults are the library's
+    ("cli", (), False),                    # orbit's CLI replaces a consumer of the library's config
+])
+async def test_our_job_first_then_orbit(nc, nats_server, member_job_zip, tmp_path, orbit_cli_binary,
+                                        orbit_library_binary, peer_kind, job_args, adoptable):
+    """Our job holds m1 and has a batch prepared (suspended there) when orbit's instance starts.
+    An adoptable consumer is kept (same ``created``); otherwise orbit replaces it and our job,
+    resumed, finds the pin gone before its ack and rolls the batch back."""
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
+    expected = await publish_orders(nc, "ORDERS", "g", MESSAGES, KEYS)
+    api = JsApi(nc)
+    job = _job(member_job_zip, tmp_path, nats_server.url, "--batch-size", "200", *job_args,
+               env={"CG_FAILPOINT": "stop:after_prepare"})
+    peer = None
+    try:
+        assert await asyncio.to_thread(job.wait_for_log, "failpoint stop:after_prepare", 60), job.wait(5).describe()
+        ours_created = await _created(api)
+        assert ours_created is not None
+        peer = _start_peer(peer_kind, orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path)
+        if adoptable:
+            await asyncio.sleep(1.5)  # orbit joins at once: a create-only request, then standby pulls
+            assert peer.proc.poll() is None, peer.text()
+            assert await _created(api) == ours_created, "orbit replaced a consumer it could have joined"
+            assert not peer.acked_origin_seqs(), "orbit processed messages while our job held the pin"
+        else:
+            async def replaced() -> bool:
+                return await _created(api) not in (None, ours_created) and await _pinned(api) is not None
+            await _wait_until(replaced, 30, f"orbit replaced the consumer ({peer.text()[-1500:]})")
+            async def processing() -> bool:
+                return bool(peer.acked_origin_seqs())
+            await _wait_until(processing, 30, "orbit processes messages")
+        r = await _resume_until_done(job, 60)
+        assert r.returncode == 0 and "Traceback" not in r.output, r.describe()
+        if not adoptable:
+            assert "pin moved to another instance before the ack; rolling back" in r.output, r.describe()
+            assert r.summary["rows_written"] == 0, r.summary
+        await _finish(nc, api, peer, member_job_zip, tmp_path, nats_server.url, expected, job_args)
+    finally:
+        job.kill()
+        if peer is not None:
+            peer.stop()
+
+
+@pytest.mark.parametrize("peer_kind,job_args", [("cli", ()), ("library", ())])
+async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_path, orbit_cli_binary,
+                                        orbit_library_binary, peer_kind, job_args):
+    """orbit's instance creates and holds m1's consumer; our job uses it as it is (whatever its
+    ack wait and limits), waits as a standby without replacing it, and once orbit stops lands
+    the rest."""
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
+    api = JsApi(nc)
+    expected = await publish_orders(nc, "ORDERS", "g", MESSAGES, KEYS)
+    peer = _start_peer(peer_kind, orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "10ms")
+    try:
+        await _wait_until(lambda: _pinned(api), 30, f"orbit's instance is pinned ({peer.text()[-1500:]})")
+    except BaseException:
+        peer.stop()
+        raise
+    created = await _created(api)
+    try:
+        standby = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server.url, "--standby-timeout", "3",
+                                               *job_args).wait, 60)
+        assert standby.returncode == 0 and standby.summary["result"] == "not-pinned", standby.describe()
+        assert await _created(api) == created, "our job replaced orbit's consumer"
+        assert peer.proc.poll() is None, peer.text()[-1500:]
+        await asyncio.sleep(1.0)  # orbit processes part of the backlog (~10 ms a message)
+    finally:
+        peer.stop()
+    ours = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server.url, *job_args).wait, 120)
+    assert ours.returncode == 0 and ours.summary["result"] == "committed", ours.describe()
+    assert int((await api.stream_info("ORDERS-g"))["state"]["messages"]) == 0
+    theirs = peer.acked_origin_seqs()
+    landed = parquet_landed(tmp_path / "lake")
+    mine = {r.origin_seq for r in landed}
+    assert theirs and mine, (len(theirs), len(mine))
+    assert not theirs & mine, f"processed by both orbit and us: {sorted(theirs & mine)[:10]}"
+    assert theirs | mine == {seq for (_, seq) in expected}
+    assert_exactly_once(landed, {k: v for k, v in expected.items() if k[1] in mine})
