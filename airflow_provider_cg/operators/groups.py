@@ -506,6 +506,63 @@ class StepDownMemberOperator(_ConsumerGroupOperator):
         return {"stream": self.stream, "group": self.group, "member": self.member, "unpinned_id": unpinned}
 
 
+class ResetConsumerGroupOperator(_ConsumerGroupOperator):
+    """Move a group's (or one member's) position, as ``cg reset`` does
+    (``core/groups/reset.py``): give exactly one of ``to_datetime`` (ISO 8601), ``by_duration``
+    (``15m``, ``1h30m``), ``to_earliest``, ``to_latest``, ``to_seq`` or ``shift_by``.
+
+    A plan by default (``dry_run=True``: nothing changes; the task's XCom says per member and
+    partition the position now and after, and the messages read again or skipped); with
+    ``dry_run=False`` the plan is applied. Refused while an affected member has a pinned
+    instance (the task fails and is retried as configured), unless ``force``, which steps them
+    down first. Returns the plan (``executed`` says whether it was applied).
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "member", "to_datetime", "by_duration",
+                                      "to_seq", "shift_by")
+
+    def __init__(self, *, stream: str, group: str, member: str | None = None, to_datetime: Any = None,
+                 by_duration: Any = None, to_earliest: bool = False, to_latest: bool = False, to_seq: Any = None,
+                 shift_by: Any = None, dry_run: bool = True, force: bool = False, **kwargs: Any) -> None:
+        super().__init__(stream=stream, group=group, **kwargs)
+        self.member, self.to_datetime, self.by_duration, self.to_earliest = member, to_datetime, by_duration, to_earliest
+        self.to_latest, self.to_seq, self.shift_by = to_latest, to_seq, shift_by
+        self.dry_run, self.force = dry_run, force
+        if not any(_templated(v) for v in (member, to_datetime, by_duration, to_seq, shift_by)):
+            self._target()
+        if member is not None and not _templated(member):
+            cgconfig.validate_name("member", member, "member")
+
+    def _target(self):
+        from airflow_provider_cg.core.groups.reset import ResetTarget
+
+        return ResetTarget.parse(to_datetime=self.to_datetime, by_duration=self.by_duration,
+                                 to_earliest=self.to_earliest, to_latest=self.to_latest, to_seq=self.to_seq,
+                                 shift_by=self.shift_by)
+
+    def _validate(self) -> None:
+        super()._validate()
+        if self.member is not None:
+            cgconfig.validate_name("member", self.member, "member")
+        self._target()
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_provider_cg.core.groups.reset import GroupReset
+
+        async def go(nc) -> dict[str, Any]:
+            resets = GroupReset(nc)
+            plan = await resets.plan(self.stream, self.group, self._target(), self.member)
+            if not self.dry_run:
+                plan = await resets.execute(plan, force=self.force)
+            return plan.to_dict()
+
+        plan = self._run(go)
+        self.log.info("Reset %s of %s: %d message(s) read again, %d skipped%s", plan["target"],
+                      self.member or f"group {self.group}", plan["replay"], plan["skip"],
+                      "" if plan["executed"] else " (dry run: nothing changed)")
+        return plan
+
+
 class ConsumerGroupStatusOperator(_ConsumerGroupOperator):
     """Push ``GroupStatus.to_dict()`` to XCom: backlog per partition and member, pins, totals."""
 

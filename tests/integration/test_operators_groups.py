@@ -448,3 +448,51 @@ def test_status_then_step_down_moves_the_pin(airflow_env, nats_conn_id, bg):
     [state] = [s for s in bg.run(bg.cg.member_info("ORDERS", "workers")) if s.member == "m1"]
     assert state.pinned_id == b.pin
     assert bg.run(a.pull(batch=1, expires=0.3, _retry=False)) == [] and a.last_status == "423"
+
+
+# --- reset ---------------------------------------------------------------------------------
+
+
+def test_reset_operator_plans_then_applies(airflow_env, nats_conn_id, bg):
+    from airflow.sdk import dag
+
+    from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator, ResetConsumerGroupOperator
+
+    @dag(dag_id="cg_op_create_for_reset", schedule=None)
+    def setup():
+        CreateConsumerGroupOperator(
+            task_id="create", **elastic_kwargs(nats_conn_id, max_members=2, members=["m1", "m2"])
+        )
+
+    assert airflow_env.run_dag(setup()).state == "success"
+    bg.publish([f"orders.k{i}" for i in range(30)])
+
+    async def sourced() -> int:
+        for _ in range(200):
+            n = (await bg.api.stream_info("ORDERS-workers"))["state"]["messages"]
+            if n >= 30:
+                return n
+            await asyncio.sleep(0.05)
+        return n
+
+    assert bg.run(sourced()) == 30
+
+    @dag(dag_id="cg_op_reset", schedule=None)
+    def d():
+        common = {"stream": "ORDERS", "group": "workers", "nats_conn_id": nats_conn_id}
+        ResetConsumerGroupOperator(task_id="plan", to_latest=True, **common) >> ResetConsumerGroupOperator(
+            task_id="apply", member="{{ 'm1' }}", to_latest=True, dry_run=False, **common)
+
+    result = airflow_env.run_dag(d())
+    assert result.state == "success"
+    plan, applied = result.xcom("plan"), result.xcom("apply")
+    assert plan["executed"] is False and plan["skip"] == 30 and plan["member"] is None
+    assert applied["executed"] is True and applied["member"] == "m1"
+    m1_skip = applied["skip"]
+    assert 0 < m1_skip < 30 and {c["member"] for c in applied["changes"]} == {"m1"}
+    # m1's partition is empty now, m2's kept its messages
+    assert bg.run(bg.api.stream_info("ORDERS-workers"))["state"]["messages"] == 30 - m1_skip
+    with pytest.raises(ConfigError, match="reset: give exactly one of"):
+        from airflow_provider_cg.operators.groups import ResetConsumerGroupOperator as Op
+
+        Op(task_id="x", stream="ORDERS", group="workers", to_latest=True, to_earliest=True)

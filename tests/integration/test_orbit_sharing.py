@@ -24,7 +24,13 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cg.core.jetstream.api import JsApi
-from tests.support.member_job import assert_exactly_once, create_group, parquet_landed, publish_orders, start_member_job
+from tests.support.member_job import (
+    assert_exactly_once,
+    create_group,
+    parquet_landed,
+    publish_orders,
+    start_member_job,
+)
 from tests.support.orbit import OrbitCli, build_orbit_cg_source, build_orbit_library_program, stop
 
 pytestmark = [pytest.mark.integration]
@@ -217,3 +223,36 @@ async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_pat
     assert not theirs & mine, f"processed by both orbit and us: {sorted(theirs & mine)[:10]}"
     assert theirs | mine == {seq for (_, seq) in expected}
     assert_exactly_once(landed, {k: v for k, v in expected.items() if k[1] in mine})
+
+
+async def test_orbit_reads_and_consumes_a_group_after_our_reset(nc, nats_server, tmp_path, orbit_cli_binary,
+                                                                orbit_library_binary):
+    """After ``cg reset`` moved an elastic group back (its work queue re-sourced), orbit's CLI
+    still describes the group and orbit's library consumes exactly the replayed window."""
+    from airflow_provider_cg.core.tools.cli import main as our_cg
+
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
+    expected = await publish_orders(nc, "ORDERS", "g", 200, KEYS)
+    api = JsApi(nc)
+
+    async def drained() -> bool:
+        return int((await api.stream_info("ORDERS-g"))["state"]["messages"]) == 0
+
+    first = _start_peer("library", orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "0s")
+    try:
+        await _wait_until(drained, 60, "orbit drained the group")
+    finally:
+        first.stop()
+    assert first.acked_origin_seqs() == {seq for (_, seq) in expected}
+    # a stopped instance's pin lingers up to its priority timeout: --force clears it
+    code = await asyncio.to_thread(our_cg, ["reset", "ORDERS", "g", "--to-seq", "101", "--execute", "--force",
+                                            "--server", nats_server.url])
+    assert code == 0
+    info = OrbitCli.for_server(orbit_cli_binary, nats_server.url, tmp_path).run("elastic", "info", "ORDERS", "g")
+    assert "m1" in info.stdout, info.stdout
+    second = _start_peer("library", orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "0s")
+    try:
+        await _wait_until(drained, 60, "orbit drained the replay")
+    finally:
+        second.stop()
+    assert second.acked_origin_seqs() == set(range(101, 201))

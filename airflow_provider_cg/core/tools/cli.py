@@ -1,7 +1,7 @@
 """The ``cg`` command: administer partitioned consumer groups (orbit ``pcgroups`` compatible).
 
 Server commands: ``create``, ``info``, ``ls``, ``rm``, ``add``, ``drop``, ``mapping set|rm``,
-``step-down``, ``members``, ``status``, ``reconcile``. Offline: ``plan`` (which member gets
+``step-down``, ``members``, ``status``, ``lag``, ``reset``, ``reconcile``. Offline: ``plan`` (which member gets
 which partition, and what moves on a membership change) and ``hash`` (the partition of
 subjects, as the server computes it).
 
@@ -34,6 +34,7 @@ from airflow_provider_cg.core.errors import (
 )
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups.reset import ResetRefused
 from airflow_provider_cg.core.jetstream.connection import ENV_PREFIX, NatsConnectionSettings
 
 EXIT_OK, EXIT_INPUT, EXIT_SERVER = 0, 1, 2
@@ -279,6 +280,16 @@ def build_parser() -> argparse.ArgumentParser:
     kinded(sg(cmd("status", "backlog per partition and member")))
     sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder"))
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
+    p = sg(cmd("reset", "move a group's (or a member's) position: a plan by default, --execute to apply"))
+    p.add_argument("--member", metavar="MEMBER", help="only this member's partitions")
+    p.add_argument("--to-datetime", metavar="ISO8601", help="the first message at or after this time")
+    p.add_argument("--by-duration", metavar="DURATION", help="that long ago: 90s, 15m, 1h30m, 2d")
+    p.add_argument("--to-earliest", action="store_true", help="the origin stream's first message")
+    p.add_argument("--to-latest", action="store_true", help="after the last message (skip the backlog)")
+    p.add_argument("--to-seq", metavar="SEQ", help="this origin stream sequence")
+    p.add_argument("--shift-by", metavar="N", help="N messages forward (negative: back; static groups)")
+    p.add_argument("--execute", action="store_true", help="apply the plan (default: show it, change nothing)")
+    p.add_argument("--force", action="store_true", help="step down pinned instances first instead of refusing")
 
     p = cmd("plan", "offline: partitions per member, and what moves with --next-members", parents=(offline,))
     p.add_argument("--max-members", type=int, required=True, metavar="N")
@@ -491,6 +502,13 @@ async def _online(args, out: TextIO) -> int:
     if args.command == "create":  # check the input before touching the network
         created_cfg = _create_config(args)
         created_cfg.validate(args.stream, args.group)
+    if args.command == "reset":
+        from airflow_provider_cg.core.groups.reset import MODES, ResetTarget
+
+        cgconfig.validate_names(args.stream, args.group)
+        if args.member is not None:
+            cgconfig.validate_name("member", args.member, "member")
+        target = ResetTarget.parse(**{m: getattr(args, m) for m in MODES})
     nc = await settings.connect(max_reconnect_attempts=1)
     try:
         cg = ConsumerGroups(nc, js_prefix=args.js_prefix, timeout=args.timeout)
@@ -544,6 +562,14 @@ async def _online(args, out: TextIO) -> int:
 
             lag = await group_lag(nc, args.stream, args.group, js_prefix=args.js_prefix)
             _emit(args, lag.to_dict(), _lag_text(lag), out)
+        elif c == "reset":
+            from airflow_provider_cg.core.groups.reset import GroupReset
+
+            resets = GroupReset(nc, js_prefix=args.js_prefix)
+            plan = await resets.plan(args.stream, args.group, target, args.member)
+            if args.execute:
+                plan = await resets.execute(plan, force=args.force)
+            _emit(args, plan.to_dict(), reset_text(plan), out)
         elif c == "reconcile":
             done = await cg.reconcile(args.stream, args.group)
             _emit(args, done, f"deleted: {', '.join(done['deleted']) or '-'}\n"
@@ -592,6 +618,24 @@ def _lag_text(lag) -> str:
     return "\n".join(lines)
 
 
+def reset_text(plan) -> str:
+    who = f"member {plan.member}" if plan.member else "every member"
+    rows = [(c.member, ranges(c.partitions), c.current, c.new, c.replay, c.skip) for c in plan.changes]
+    lines = [f"reset {plan.target} of {who} of {plan.kind} group {plan.group} on stream {plan.stream} "
+             f"(origin sequences {plan.origin_first_seq}..{plan.origin_last_seq})", "",
+             table(["MEMBER", "PARTITIONS", "POSITION", "NEW_POSITION", "REPLAY", "SKIP"], rows) if rows
+             else "no partitions", "",
+             f"{plan.replay} message(s) will be read again (sinks drop those they hold), {plan.skip} skipped"]
+    if plan.executed:
+        lines.append("done: the positions were moved")
+    else:
+        if plan.pinned:
+            lines.append("running (pinned): " + ", ".join(sorted(plan.pinned)) + " -- --execute refuses unless "
+                         "--force (steps them down)")
+        lines.append("dry run: nothing changed (--execute applies it)")
+    return "\n".join(lines)
+
+
 # --- entry point ------------------------------------------------------------------------------
 
 
@@ -624,6 +668,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     except GroupNotFound as e:
         _error(err, "group", str(e))
         return EXIT_INPUT
+    except ResetRefused as e:
+        _error(err, "reset", str(e).removeprefix("reset: "))
+        return EXIT_SERVER
     except (JetStreamApiError, ServerUnavailable, ConnectionError, ConsumerGroupError) as e:
         _error(err, "server", str(e))
         return EXIT_SERVER

@@ -1,0 +1,550 @@
+"""Moving a group's (or one member's) position, as ``kafka-consumer-groups --reset-offsets`` does.
+
+A partition's *position* is the origin sequence of the next message its member will process.
+``plan_reset`` says what a reset would do (per member and partition: position now and after,
+messages that will be processed again or skipped) and changes nothing; ``execute_reset``
+applies a plan after checking it still holds.
+
+- Static groups: a member's durable consumer has one position over all its partitions; it
+  moves with ``$JS.API.CONSUMER.RESET`` (nats-server 2.14+; older servers are refused, naming
+  their version). A shift moves it by that many messages of the member's partitions.
+- Elastic groups: what is stored in the work-queue stream is pending. Forward, a filtered purge
+  per partition removes the messages skipped. Backward, the messages are no longer in the
+  work queue: sourcing is stopped, the work queue purged, the origin re-sourced from the lowest
+  new position, and each partition purged up to its own position (partitions not reset keep
+  theirs). Messages landed before and replayed now are no-ops in every sink (they drop
+  ``(origin_stream, origin_seq)`` they hold). A shift moves only forward here: an elastic
+  origin does not carry the partition, so "N messages back in partition p" has no cheap answer;
+  ``to_seq`` / ``to_datetime`` move back.
+
+As in Kafka, the group must be inactive: a reset is refused while an instance of an affected
+member is pinned, unless ``force``, which steps them down first (a job that loses its pin rolls
+its batch back before acknowledging it). orbit's instances cannot be stepped down for good (an
+orbit instance re-creates its member consumer): stop them before a reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups.admin import (
+    ELASTIC,
+    PRIORITY_GROUP,
+    ConsumerGroups,
+    consumer_name_of,
+    consumer_stream_of,
+    priority_group_of,
+)
+from airflow_provider_cg.core.jetstream.api import JsApi
+
+MODES = ("to_datetime", "by_duration", "to_earliest", "to_latest", "to_seq", "shift_by")
+RESET_API_VERSION = (2, 14, 0)  # $JS.API.CONSUMER.RESET
+_SOURCE = re.compile(rb"Nats-Stream-Source: *[^ \r]+ (\d+)")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
+_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class ResetRefused(ConsumerGroupError):
+    """A reset that must not run now (an active instance, a server without the API)."""
+
+
+def flag(mode: str) -> str:
+    return "--" + mode.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class ResetTarget:
+    """Where to move: one of ``MODES`` and its value."""
+
+    mode: str
+    value: Any = None
+
+    @classmethod
+    def parse(cls, **given: Any) -> ResetTarget:
+        """From options named as ``MODES`` (exactly one given): ``ConfigError`` naming the option."""
+        unknown = set(given) - set(MODES)
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], "is not a reset option")
+        chosen = {k: v for k, v in given.items() if v is not None and v is not False}
+        if len(chosen) != 1:
+            raise ConfigError("reset", "give exactly one of " + ", ".join(flag(m) for m in MODES))
+        mode, value = chosen.popitem()
+        if mode in ("to_earliest", "to_latest"):
+            return cls(mode)
+        if mode == "to_datetime":
+            return cls(mode, parse_datetime(value))
+        if mode == "by_duration":
+            return cls(mode, parse_duration(value))
+        n = _int(mode, value)
+        if mode == "to_seq" and n < 1:
+            raise ConfigError(mode, "must be a stream sequence >= 1")
+        if mode == "shift_by" and n == 0:
+            raise ConfigError(mode, "must not be 0 (negative: back, positive: forward)")
+        return cls(mode, n)
+
+    def describe(self) -> str:
+        if self.value is None:
+            return flag(self.mode)
+        value = self.value.isoformat() if isinstance(self.value, dt.datetime) else self.value
+        return f"{flag(self.mode)} {value}"
+
+
+def _int(field_name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(field_name, f"must be an integer (got {value!r})")
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(field_name, f"must be an integer (got {value!r})") from None
+
+
+def parse_datetime(value: Any) -> dt.datetime:
+    if isinstance(value, dt.datetime):
+        out = value
+    else:
+        try:
+            out = dt.datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError("to_datetime", "must be an ISO 8601 date-time such as 2026-11-25T09:00:00Z "
+                              f"(got {value!r})") from None
+    return (out if out.tzinfo else out.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``90s``, ``15m``, ``1h30m``, ``2d`` (or a number of seconds), > 0."""
+    text = str(value).strip().lower()
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = _DURATION.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ConfigError("by_duration", f"must be a duration such as 90s, 15m, 1h30m or 2d (got {value!r})") \
+                from None
+        seconds = sum(float(n) * _UNIT[u] for n, u in parts)
+    if not seconds > 0:
+        raise ConfigError("by_duration", "must be > 0")
+    return seconds
+
+
+@dataclass
+class PositionChange:
+    """One position a reset moves: an elastic partition, or a static member (all its partitions)."""
+
+    member: str
+    partitions: list[int]
+    current: int  # origin sequence of the next message to process
+    new: int
+    replay: int  # messages between the new and the current position, read again (landed ones are no-ops)
+    skip: int  # messages from the current position up to the new one, never read
+
+
+@dataclass
+class ResetPlan:
+    stream: str
+    group: str
+    kind: str
+    member: str | None  # None: the whole group
+    target: str
+    origin_first_seq: int
+    origin_last_seq: int
+    changes: list[PositionChange] = field(default_factory=list)
+    pinned: dict[str, str] = field(default_factory=dict)  # member -> pinned client id
+    executed: bool = False
+
+    @property
+    def replay(self) -> int:
+        return sum(c.replay for c in self.changes)
+
+    @property
+    def skip(self) -> int:
+        return sum(c.skip for c in self.changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "replay": self.replay, "skip": self.skip}
+
+
+class GroupReset:
+    """Plans and executes resets on one connection (``js_prefix`` as the rest of ``core``)."""
+
+    def __init__(self, nc, js_prefix: str = "$JS.API") -> None:
+        self.nc = nc
+        self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
+        self.api = JsApi(nc, prefix=js_prefix)
+
+    # --- planning ----------------------------------------------------------------------------
+
+    async def plan(self, stream: str, group: str, target: ResetTarget, member: str | None = None) -> ResetPlan:
+        info = await self.groups.get(stream, group)
+        cfg = info.config
+        if member is not None and not cgconfig.in_membership(cfg, member):
+            raise ConfigError("member", f"{member!r} is not a member of group {group!r} on stream {stream!r}")
+        members = [member] if member is not None else sorted(partitioning.assign_partitions(cfg))
+        origin = (await self.api.stream_info(stream))["state"]
+        first, last = int(origin.get("first_seq", 1)), int(origin.get("last_seq", 0))
+        plan = ResetPlan(stream, group, info.kind, member, target.describe(), first, last)
+        cstream = consumer_stream_of(info.kind, stream, group)
+        for m in members:
+            c = await self.api.consumer_info(cstream, consumer_name_of(info.kind, group, m))
+            pin = _pinned_id(c)
+            if pin:
+                plan.pinned[m] = pin
+        absolute = await self._absolute(stream, target, first, last)
+        if info.kind == ELASTIC:
+            await self._plan_elastic(plan, cfg, members, target, absolute)
+        else:
+            await self._plan_static(plan, cfg, members, target, absolute)
+        return plan
+
+    async def _absolute(self, stream: str, target: ResetTarget, first: int, last: int) -> int | None:
+        """The origin sequence a target names for every partition (None for a shift)."""
+        if target.mode == "to_earliest":
+            return first
+        if target.mode == "to_latest":
+            return last + 1
+        if target.mode == "to_seq":
+            return min(max(target.value, first), last + 1)
+        if target.mode in ("to_datetime", "by_duration"):
+            when = target.value if target.mode == "to_datetime" else \
+                dt.datetime.now(dt.UTC) - dt.timedelta(seconds=target.value)
+            try:
+                msg = await self.api.request(f"STREAM.MSG.GET.{stream}",
+                                             {"start_time": when.isoformat().replace("+00:00", "Z")})
+            except JetStreamApiError as e:
+                if e.code == 404:
+                    return last + 1  # nothing stored at or after that time
+                raise
+            return int(msg["message"]["seq"])
+        return None
+
+    async def _count(self, pending_from, lo: int, hi: int) -> int:
+        """Messages with sequence in ``[lo, hi)``, from ``pending_from(seq)``: how many are stored
+        from ``seq`` on (the server counts)."""
+        if hi <= lo:
+            return 0
+        return await pending_from(lo) - await pending_from(hi)
+
+    def _origin_pending(self, stream: str, filters: list[str]):
+        """``pending_from`` over the origin: an ephemeral consumer's pending (it sees every filter
+        at once; never on a work queue, which refuses a consumer overlapping its members')."""
+        async def pending_from(seq: int) -> int:
+            reply = await self.api.request(f"CONSUMER.CREATE.{stream}", {"stream_name": stream, "config": {
+                "deliver_policy": "by_start_sequence", "opt_start_seq": max(seq, 1), "ack_policy": "none",
+                "filter_subjects": filters, "inactive_threshold": 10 * 10**9, "mem_storage": True,
+                "num_replicas": 1}})
+            try:
+                return int(reply.get("num_pending", 0))
+            finally:
+                await self.api.delete_consumer(stream, reply["name"])
+        return pending_from
+
+    def _wq_pending(self, wq: str, partition: int):
+        """``pending_from`` over one partition of a work queue: a batched direct get of one
+        message answers with ``Nats-Num-Pending`` (those after it)."""
+        async def pending_from(seq: int) -> int:
+            msg = await self.nc.request(f"{self.api.prefix}.DIRECT.GET.{wq}", json.dumps(
+                {"seq": max(seq, 1), "next_by_subj": f"{partition}.>", "batch": 1}).encode(), timeout=5.0)
+            headers = msg.headers or {}
+            if headers.get("Status"):  # 404: nothing from there on
+                return 0
+            return int(headers.get("Nats-Num-Pending", 0)) + 1
+        return pending_from
+
+    async def _plan_static(self, plan: ResetPlan, cfg, members: list[str], target: ResetTarget,
+                           absolute: int | None) -> None:
+        cstream = plan.stream
+        for m in members:
+            filters = list(partitioning.member_filter_subjects(cfg, m))
+            c = await self.api.consumer_info(cstream, consumer_name_of(plan.kind, plan.group, m))
+            if c is None:  # no consumer yet: it will start at the stream's first message
+                current = plan.origin_first_seq
+            elif int(c.get("num_pending", 0)) + int(c.get("num_ack_pending", 0)) == 0:
+                current = plan.origin_last_seq + 1  # caught up
+            else:
+                current = max(int(c["ack_floor"]["stream_seq"]) + 1, plan.origin_first_seq)
+            pending = self._origin_pending(cstream, filters)
+            new = absolute if absolute is not None else await self._shift(pending, current, target.value,
+                                                                          plan.origin_last_seq)
+            plan.changes.append(PositionChange(
+                m, sorted(partitioning.member_partitions(cfg, m)), current, new,
+                replay=await self._count(pending, new, current), skip=await self._count(pending, current, new)))
+
+    async def _shift(self, pending_from, current: int, by: int, last: int) -> int:
+        """The sequence ``by`` messages from ``current``: the lowest from which exactly that many
+        fewer (more, backward) messages are pending (``pending_from`` does not grow with seq)."""
+        want = await pending_from(current) - by
+        lo, hi = (current, last + 1) if by > 0 else (1, current)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if await pending_from(mid) > want:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    async def _plan_elastic(self, plan: ResetPlan, cfg, members: list[str], target: ResetTarget,
+                            absolute: int | None) -> None:
+        wq = cgconfig.work_queue_stream(plan.stream, plan.group)
+        sourced = await self._sourced_through(wq, plan.origin_last_seq)
+        assignment = partitioning.assign_partitions(cfg)
+        last_wq = int((await self.api.stream_info(wq))["state"].get("last_seq", 0))
+        moves: list[tuple[str, int, int, int]] = []
+        for m in members:
+            for p in sorted(assignment.get(m, [])):
+                first = await self._first_in(wq, p, 0)
+                current = first[1] if first else sourced + 1
+                if absolute is not None:
+                    new = absolute
+                elif target.value < 0:
+                    raise ConfigError("shift_by", "an elastic group moves back with --to-seq or --to-datetime (its "
+                                      "origin stream does not record partitions, so a shift back has no position)")
+                else:
+                    at = await self._shift(self._wq_pending(wq, p), first[0] if first else last_wq + 1, target.value,
+                                           last_wq)
+                    nth = await self._first_in(wq, p, at)
+                    new = nth[1] if nth else sourced + 1
+                moves.append((m, p, current, new))
+        back = [(p, c, n) for _, p, c, n in moves if n < c]
+        replayed = await self._origin_partitions(plan.stream, cfg, min(n for *_, n in back),
+                                                 max(c for _, c, _ in back)) if back else {}
+        for m, p, current, new in moves:
+            skip = await self._count(self._wq_pending(wq, p), *await self._wq_range(wq, p, current, new)) \
+                if new > current else 0
+            replay = sum(1 for seq, part in replayed.items() if part == p and new <= seq < current)
+            plan.changes.append(PositionChange(m, [p], current, new, replay, skip))
+
+    async def _sourced_through(self, wq: str, origin_last: int) -> int:
+        """The highest origin sequence the work queue has sourced (its source's lag behind the origin)."""
+        si = await self.api.stream_info(wq)
+        sources = si.get("sources") or []
+        lag = int(sources[0].get("lag", 0)) if sources else 0
+        return origin_last - lag
+
+    async def _first_in(self, wq: str, partition: int, from_wq_seq: int) -> tuple[int, int] | None:
+        """``(work-queue seq, origin seq)`` of the partition's first stored message from ``from_wq_seq``."""
+        msg = await self.api.next_msg(wq, max(from_wq_seq, 1), f"{partition}.>")
+        if msg is None:
+            return None
+        return int(msg["seq"]), _origin_seq(msg)
+
+    async def _wq_range(self, wq: str, partition: int, current: int, new: int) -> tuple[int, int]:
+        """Work-queue sequences ``[lo, hi)`` of the partition's messages with origin seq in
+        ``[current, new)``."""
+        lo = await self._wq_seq_at(wq, partition, current)
+        hi = await self._wq_seq_at(wq, partition, new)
+        return lo, hi
+
+    async def _wq_seq_at(self, wq: str, partition: int, origin_seq: int) -> int:
+        """The work-queue sequence of the partition's first message whose origin seq is ``>=
+        origin_seq`` (one past the stream's end if none): origin sequences grow with work-queue
+        ones, so a binary search of direct reads."""
+        state = (await self.api.stream_info(wq))["state"]
+        lo, hi = int(state.get("first_seq", 1)), int(state.get("last_seq", 0)) + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            found = await self._first_in(wq, partition, mid)
+            if found is None:
+                hi = mid
+            elif found[1] >= origin_seq:
+                hi = mid
+            else:
+                lo = found[0] + 1
+        return lo
+
+    async def _origin_partitions(self, stream: str, cfg, lo: int, hi: int) -> dict[int, int]:
+        """``{origin seq: partition}`` of the group's messages with sequence in ``[lo, hi)``:
+        subjects only (headers-only reads), partitioned as the server does."""
+        if hi <= lo:
+            return {}
+        rules = partitioning.key_rules(cfg)
+        filters = [f for f, _ in rules] or [">"]
+        js = self.nc.jetstream()
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        sub = await js.pull_subscribe_bind(
+            (await js.add_consumer(stream, ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=lo, ack_policy=AckPolicy.NONE,
+                headers_only=True, filter_subjects=filters, inactive_threshold=10.0, mem_storage=True))).name,
+            stream=stream)
+        out: dict[int, int] = {}
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(5000, timeout=1.0)
+                except TimeoutError:
+                    return out
+                for msg in msgs:
+                    seq = msg.metadata.sequence.stream
+                    if seq >= hi:
+                        return out
+                    out[seq] = _partition(msg.subject, cfg, rules)
+        finally:
+            await sub.unsubscribe()
+
+    # --- execution ---------------------------------------------------------------------------
+
+    async def execute(self, plan: ResetPlan, *, force: bool = False) -> ResetPlan:
+        """Apply ``plan`` (made again first, so it is current). Refused while an affected member
+        is pinned, unless ``force``: then each is stepped down first."""
+        target = ResetTarget(*_target_of(plan.target))
+        fresh = await self.plan(plan.stream, plan.group, target, plan.member)
+        if fresh.pinned:
+            if not force:
+                raise ResetRefused("reset: member(s) " + ", ".join(sorted(fresh.pinned)) + " have a running "
+                                   "(pinned) instance; stop them, or --force to step them down first")
+            await self._step_down(fresh)
+            fresh = await self.plan(plan.stream, plan.group, target, plan.member)
+        if fresh.kind == ELASTIC:
+            await self._execute_elastic(fresh)
+        else:
+            await self._execute_static(fresh)
+        fresh.executed = True
+        return fresh
+
+    async def _step_down(self, plan: ResetPlan) -> None:
+        """Unpin every affected member and wait until no instance is pinned (a standby may be
+        pinned in its place: unpinned again, for up to 30 s)."""
+        cstream = consumer_stream_of(plan.kind, plan.stream, plan.group)
+        deadline = asyncio.get_running_loop().time() + 30
+        pending = dict(plan.pinned)
+        while pending:
+            for m in list(pending):
+                name = consumer_name_of(plan.kind, plan.group, m)
+                c = await self.api.consumer_info(cstream, name)
+                if not _pinned_id(c):
+                    del pending[m]
+                    continue
+                await self.api.unpin(cstream, name, priority_group_of(c["config"]) or PRIORITY_GROUP)
+            if pending:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ResetRefused("reset: member(s) " + ", ".join(sorted(pending)) + " were pinned again "
+                                       "after a step-down; stop their instances")
+                await asyncio.sleep(0.5)
+
+    async def _execute_static(self, plan: ResetPlan) -> None:
+        version = await self._server_version()
+        if version < RESET_API_VERSION:
+            raise ResetRefused(f"reset: a static group's durables move with $JS.API.CONSUMER.RESET, which needs "
+                               f"nats-server 2.14+ (this server is {'.'.join(map(str, version))})")
+        for c in plan.changes:
+            name = consumer_name_of(plan.kind, plan.group, c.member)
+            if await self.api.consumer_info(plan.stream, name) is None:
+                await self.groups.ensure_member_consumer(plan.stream, plan.group, c.member)
+            await self.api.request(f"CONSUMER.RESET.{plan.stream}.{name}", {"seq": c.new})
+
+    async def _server_version(self) -> tuple[int, ...]:
+        text = (getattr(self.nc, "_server_info", None) or {}).get("version", "0.0.0")
+        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+
+    async def _execute_elastic(self, plan: ResetPlan) -> None:
+        wq = cgconfig.work_queue_stream(plan.stream, plan.group)
+        back = [c for c in plan.changes if c.new < c.current]
+        if not back:
+            for c in plan.changes:
+                if c.new > c.current:
+                    await self._purge_below(wq, c.partitions[0], c.new)
+            return
+        # Backward: stop sourcing; every partition's position, now fixed; purge; re-source from
+        # the lowest; each partition purged up to its own position.
+        si = await self.api.stream_info(wq)
+        config = si["config"]
+        source = dict((config.get("sources") or [None])[0] or {})
+        if not source:
+            raise ResetRefused(f"reset: the work-queue stream {wq!r} has no source (another reset stopped "
+                               "part way?); run the reset again with --to-seq")
+        await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": []})
+        restart_from = None
+        try:
+            info = await self.groups.get(plan.stream, plan.group)
+            cfg = info.config
+            origin_last = int((await self.api.stream_info(plan.stream))["state"].get("last_seq", 0))
+            sourced = await self._sourced_through_stopped(wq, source, origin_last)
+            moved = {c.partitions[0]: c.new for c in plan.changes}
+            positions = {}
+            for p in range(cfg.max_members):
+                first = await self._first_in(wq, p, 0)
+                positions[p] = moved.get(p, first[1] if first else sourced + 1)
+            restart_from = min(positions.values())
+            await self.api.request(f"STREAM.PURGE.{wq}", {})
+            await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": [
+                {**{k: v for k, v in source.items() if k not in ("opt_start_time",)}, "opt_start_seq": restart_from}]})
+            restart_from = None  # sourcing runs again
+            await self._await_sourced(wq, sourced)
+            for p, new in positions.items():
+                await self._purge_below(wq, p, new)
+        finally:
+            if restart_from is not None:  # stopped part way: source again (a replay at worst, never a gap)
+                await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": [
+                    {**source, "opt_start_seq": restart_from}]})
+            elif not (await self.api.stream_info(wq))["config"].get("sources"):
+                await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": [source]})
+
+    async def _sourced_through_stopped(self, wq: str, source: dict, origin_last: int) -> int:
+        """With sourcing stopped: the highest origin seq in the work queue, or (empty) the origin's
+        last seq minus the lag the source had."""
+        state = (await self.api.stream_info(wq))["state"]
+        if int(state.get("messages", 0)):
+            last = await self.api.get_msg(wq, int(state["last_seq"]))
+            if last is not None:
+                return _origin_seq(last)
+        return await self._sourced_through(wq, origin_last) if source.get("lag") else origin_last
+
+    async def _await_sourced(self, wq: str, through: int, timeout: float = 120.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            state = (await self.api.stream_info(wq))["state"]
+            if int(state.get("messages", 0)):
+                last = await self.api.get_msg(wq, int(state["last_seq"]))
+                if last is not None and _origin_seq(last) >= through:
+                    return
+            elif through < 1:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise ResetRefused(f"reset: the work queue {wq!r} did not re-source through origin seq {through} "
+                                   f"within {timeout:.0f}s; sourcing is running again, run the same reset again")
+            await asyncio.sleep(0.1)
+
+    async def _purge_below(self, wq: str, partition: int, origin_seq: int) -> None:
+        keep_from = await self._wq_seq_at(wq, partition, origin_seq)
+        await self.api.request(f"STREAM.PURGE.{wq}", {"filter": f"{partition}.>", "seq": keep_from})
+
+
+def _pinned_id(info: dict | None) -> str | None:
+    for g in (info or {}).get("priority_groups") or []:
+        if g.get("pinned_client_id"):
+            return g["pinned_client_id"]
+    return None
+
+
+def _origin_seq(msg: dict) -> int:
+    hdrs = base64.b64decode(msg.get("hdrs") or b"")
+    m = _SOURCE.search(hdrs)
+    if m is None:
+        raise ConsumerGroupError(f"work-queue message {msg.get('seq')} has no Nats-Stream-Source header")
+    return int(m.group(1))
+
+
+def _partition(subject: str, cfg, rules) -> int:
+    for filt, wildcards in rules:
+        try:
+            return partitioning.partition_of(subject, cfg.max_members, wildcards, filt)
+        except ValueError:
+            continue
+    return partitioning.partition_of(subject, cfg.max_members)
+
+
+def _target_of(described: str) -> tuple[str, Any]:
+    name, _, value = described.partition(" ")
+    mode = name[2:].replace("-", "_")
+    if not value:
+        return mode, None
+    parsed = ResetTarget.parse(**{mode: value})
+    return parsed.mode, parsed.value
