@@ -241,9 +241,12 @@ def postgres_landed(conn_params: dict, table: str = "cg_events") -> list[Landed]
     return rows
 
 
-def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], str]) -> None:
+def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], str], *,
+                        resized_after: int | None = None) -> None:
     """Every expected ``(origin_stream, origin_seq) -> key`` landed once, nothing else landed,
-    and within every key the rows appear in the sink's commit order by increasing origin_seq."""
+    and within every key the rows appear in the sink's commit order by increasing origin_seq.
+    Each key stays in one partition (with ``resized_after``: one up to that origin sequence,
+    one after it)."""
     seen: dict[tuple[str, int], int] = {}
     for r in landed:
         seen[(r.origin_stream, r.origin_seq)] = seen.get((r.origin_stream, r.origin_seq), 0) + 1
@@ -255,9 +258,11 @@ def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], st
     assert not extra, f"{len(extra)} unexpected rows, e.g. {extra[:5]}"
     wrong_key = [(r.origin_seq, r.key) for r in landed if expected[(r.origin_stream, r.origin_seq)] != r.key]
     assert not wrong_key, f"rows with the wrong key: {wrong_key[:5]}"
-    partition_of_key: dict[str, int] = {}
+    partition_of_key: dict[tuple[str, bool], int] = {}
     for r in landed:
-        assert partition_of_key.setdefault(r.key, r.partition) == r.partition, f"key {r.key!r} in two partitions"
+        era = resized_after is not None and r.origin_seq > resized_after
+        assert partition_of_key.setdefault((r.key, era), r.partition) == r.partition, \
+            f"key {r.key!r} in two partitions"
     last: dict[str, int] = {}
     for r in landed:
         prev = last.get(r.key)
@@ -281,9 +286,10 @@ async def create_group(nc, stream: str, group: str, *, partitions: int, members:
 
 
 async def publish_orders(nc, stream: str, group: str, n: int, keys: int, *, subjects_prefix: str = "orders",
-                         payload=None) -> dict[tuple[str, int], str]:
+                         payload=None, wait_sourced: bool = True) -> dict[tuple[str, int], str]:
     """Publish ``n`` JSON messages round-robin over ``keys`` keys (acked by JetStream), wait until
-    the group's work-queue stream sourced all of them; return ``{(stream, seq): key}``."""
+    the group's work-queue stream sourced all of them (unless not ``wait_sourced``); return
+    ``{(stream, seq): key}``."""
     import asyncio
 
     from airflow_provider_cg.core.jetstream.api import JsApi
@@ -295,6 +301,8 @@ async def publish_orders(nc, stream: str, group: str, n: int, keys: int, *, subj
     res = await publish_many(nc, ((f"{subjects_prefix}.k{i % keys}", payload(i)) for i in range(n)))
     assert res.published == n and res.first_seq == first, res
     expected = {(stream, first + i): f"k{i % keys}" for i in range(n)}
+    if not wait_sourced:
+        return expected
     wq = f"{stream}-{group}"
     want = len(expected) + first - 1
     deadline = asyncio.get_running_loop().time() + 60

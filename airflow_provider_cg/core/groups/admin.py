@@ -52,7 +52,7 @@ from airflow_provider_cg.core.errors import (
     StoredConfigInvalid,
 )
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.jetstream.api import (
     DEFAULT_PREFIX,
@@ -431,7 +431,8 @@ class ConsumerGroups:
             if e.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
         have = (await self.api.stream_info(want["name"]))["config"]
-        sources = have.get("sources") or []
+        stopped = sourcing.stopped_state(have)
+        sources = [stopped.source] if stopped is not None else have.get("sources") or []  # a reset/resize runs
         same = (
             have.get("retention") == "workqueue"
             and len(sources) == 1
@@ -611,6 +612,18 @@ class ConsumerGroups:
             await self.reconcile(stream, group, leave_pinned=True)
             return GroupInfo(info.kind, new, revision, stream, group)
         raise ConsumerGroupError(f"could not update {stream}.{group}: {CAS_ATTEMPTS} concurrent changes in a row")
+
+    async def write_partition_count(self, stream: str, group: str, new: ElasticGroupConfig, last: int) -> int:
+        """Store a config whose ``max_members`` changed (only ``resize`` may: it has stopped and
+        drained the work queue first), compare-and-set on revision ``last``; the new revision."""
+        new.validate(stream, group)
+        kv = await self._kv(ELASTIC)
+        async with _nats_errors():
+            try:
+                return await kv.update(cgconfig.config_key(stream, group), new.to_json(), last=last)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                raise ConsumerGroupError(f"the config of {stream}.{group} changed while resizing; run the resize "
+                                         "again") from None
 
     async def reconcile(
         self, stream: str, group: str, *, pause: float | None = None, leave_pinned: bool = False

@@ -26,7 +26,6 @@ orbit instance re-creates its member consumer): stop them before a reset.
 from __future__ import annotations
 
 import asyncio
-import base64
 import datetime as dt
 import json
 import re
@@ -35,7 +34,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.admin import (
     ELASTIC,
     PRIORITY_GROUP,
@@ -48,7 +47,6 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 
 MODES = ("to_datetime", "by_duration", "to_earliest", "to_latest", "to_seq", "shift_by")
 RESET_API_VERSION = (2, 14, 0)  # $JS.API.CONSUMER.RESET
-_SOURCE = re.compile(rb"Nats-Stream-Source: *[^ \r]+ (\d+)")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -322,18 +320,19 @@ class GroupReset:
             plan.changes.append(PositionChange(m, [p], current, new, replay, skip))
 
     async def _sourced_through(self, wq: str, origin_last: int) -> int:
-        """The highest origin sequence the work queue has sourced (its source's lag behind the origin)."""
-        si = await self.api.stream_info(wq)
-        sources = si.get("sources") or []
-        lag = int(sources[0].get("lag", 0)) if sources else 0
-        return origin_last - lag
+        """The highest origin sequence the work queue has sourced (the cut, if stopped)."""
+        stopped = await sourcing.current_stop(self.api, wq)
+        if stopped is not None:
+            return stopped.cut
+        last = await sourcing.last_sourced(self.api, wq)
+        return origin_last if last is None else last
 
     async def _first_in(self, wq: str, partition: int, from_wq_seq: int) -> tuple[int, int] | None:
         """``(work-queue seq, origin seq)`` of the partition's first stored message from ``from_wq_seq``."""
         msg = await self.api.next_msg(wq, max(from_wq_seq, 1), f"{partition}.>")
         if msg is None:
             return None
-        return int(msg["seq"]), _origin_seq(msg)
+        return int(msg["seq"]), sourcing.origin_seq(msg)
 
     async def _wq_range(self, wq: str, partition: int, current: int, new: int) -> tuple[int, int]:
         """Work-queue sequences ``[lo, hi)`` of the partition's messages with origin seq in
@@ -446,71 +445,34 @@ class GroupReset:
 
     async def _execute_elastic(self, plan: ResetPlan) -> None:
         wq = cgconfig.work_queue_stream(plan.stream, plan.group)
-        back = [c for c in plan.changes if c.new < c.current]
-        if not back:
+        if not any(c.new < c.current for c in plan.changes):
             for c in plan.changes:
                 if c.new > c.current:
                     await self._purge_below(wq, c.partitions[0], c.new)
             return
         # Backward: stop sourcing; every partition's position, now fixed; purge; re-source from
         # the lowest; each partition purged up to its own position.
-        si = await self.api.stream_info(wq)
-        config = si["config"]
-        source = dict((config.get("sources") or [None])[0] or {})
-        if not source:
-            raise ResetRefused(f"reset: the work-queue stream {wq!r} has no source (another reset stopped "
-                               "part way?); run the reset again with --to-seq")
-        await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": []})
-        restart_from = None
+        stopped = await sourcing.stop(self.api, wq, {"op": "reset", "target": plan.target})
+        resume_from = stopped.cut + 1  # until the queue is purged, nothing needs sourcing again
         try:
-            info = await self.groups.get(plan.stream, plan.group)
-            cfg = info.config
-            origin_last = int((await self.api.stream_info(plan.stream))["state"].get("last_seq", 0))
-            sourced = await self._sourced_through_stopped(wq, source, origin_last)
+            cfg = (await self.groups.get(plan.stream, plan.group)).config
             moved = {c.partitions[0]: c.new for c in plan.changes}
             positions = {}
             for p in range(cfg.max_members):
                 first = await self._first_in(wq, p, 0)
-                positions[p] = moved.get(p, first[1] if first else sourced + 1)
-            restart_from = min(positions.values())
+                positions[p] = moved.get(p, first[1] if first else stopped.cut + 1)
+            resume_from = min(positions.values())
+            # where a killed run must resume (a replay, never a gap), before anything is purged
+            stopped = await sourcing.record(self.api, wq, stopped, resume_from=resume_from)
             await self.api.request(f"STREAM.PURGE.{wq}", {})
-            await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": [
-                {**{k: v for k, v in source.items() if k not in ("opt_start_time",)}, "opt_start_seq": restart_from}]})
-            restart_from = None  # sourcing runs again
-            await self._await_sourced(wq, sourced)
+            await sourcing.resume(self.api, wq, stopped, resume_from)
+            resume_from = None
+            await sourcing.await_sourced(self.api, wq, stopped.cut)
             for p, new in positions.items():
                 await self._purge_below(wq, p, new)
         finally:
-            if restart_from is not None:  # stopped part way: source again (a replay at worst, never a gap)
-                await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": [
-                    {**source, "opt_start_seq": restart_from}]})
-            elif not (await self.api.stream_info(wq))["config"].get("sources"):
-                await self.api.request(f"STREAM.UPDATE.{wq}", {**config, "sources": [source]})
-
-    async def _sourced_through_stopped(self, wq: str, source: dict, origin_last: int) -> int:
-        """With sourcing stopped: the highest origin seq in the work queue, or (empty) the origin's
-        last seq minus the lag the source had."""
-        state = (await self.api.stream_info(wq))["state"]
-        if int(state.get("messages", 0)):
-            last = await self.api.get_msg(wq, int(state["last_seq"]))
-            if last is not None:
-                return _origin_seq(last)
-        return await self._sourced_through(wq, origin_last) if source.get("lag") else origin_last
-
-    async def _await_sourced(self, wq: str, through: int, timeout: float = 120.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            state = (await self.api.stream_info(wq))["state"]
-            if int(state.get("messages", 0)):
-                last = await self.api.get_msg(wq, int(state["last_seq"]))
-                if last is not None and _origin_seq(last) >= through:
-                    return
-            elif through < 1:
-                return
-            if asyncio.get_running_loop().time() > deadline:
-                raise ResetRefused(f"reset: the work queue {wq!r} did not re-source through origin seq {through} "
-                                   f"within {timeout:.0f}s; sourcing is running again, run the same reset again")
-            await asyncio.sleep(0.1)
+            if resume_from is not None:  # stopped part way: source again
+                await sourcing.resume(self.api, wq, stopped, resume_from)
 
     async def _purge_below(self, wq: str, partition: int, origin_seq: int) -> None:
         keep_from = await self._wq_seq_at(wq, partition, origin_seq)
@@ -522,14 +484,6 @@ def _pinned_id(info: dict | None) -> str | None:
         if g.get("pinned_client_id"):
             return g["pinned_client_id"]
     return None
-
-
-def _origin_seq(msg: dict) -> int:
-    hdrs = base64.b64decode(msg.get("hdrs") or b"")
-    m = _SOURCE.search(hdrs)
-    if m is None:
-        raise ConsumerGroupError(f"work-queue message {msg.get('seq')} has no Nats-Stream-Source header")
-    return int(m.group(1))
 
 
 def _partition(subject: str, cfg, rules) -> int:

@@ -117,6 +117,7 @@ class MemberRun:
         self.priority_group = priority_group_of(existing.get("config") or {}) or PRIORITY_GROUP
         self.sourced = isinstance(self.config, ElasticGroupConfig)
         self.partitions = tuple(partitioning.member_partitions(self.config, o.member))
+        self.lander.partition_count = self.config.max_members
         self.filters = partitioning.member_filter_subjects(self.config, o.member)
         self.reader: PartitionReader | None = None
         if self.sourced and o.read == "auto":

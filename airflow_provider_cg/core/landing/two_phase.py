@@ -42,7 +42,7 @@ AckStep = Callable[[], Awaitable[int]]
 
 
 def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, summary: Summary,
-                   partitions: tuple[int, ...] = ()) -> list:
+                   partitions: tuple[int, ...] = (), partition_count: int | None = None) -> list:
     """Finish prepared writes that earlier runs left behind: ``member``'s, and (with
     ``partitions``, after fencing them) any member's that touch them, e.g. a dropped member's.
 
@@ -51,7 +51,7 @@ def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, sum
     ``mark_acking``: if its mark came first, the write is committed instead. Returns the
     writes committed here (their ``refs`` say which messages they covered)."""
     committed, aborted = [], 0
-    for prepared in sink.recover(stream, group, member, partitions):
+    for prepared in sink.recover(stream, group, member, partitions, partition_count):
         if prepared.acking or sink.abort_unless_acking(prepared) is WriteState.PREPARED:
             try:
                 res = sink.commit(prepared)
@@ -88,17 +88,18 @@ class TwoPhaseLander:
         self.fence: Fence | None = None
         self.taken_over = False
         self.holds_pin: Callable[[], Awaitable[bool]] | None = None
+        self.partition_count: int | None = None  # the group's max_members, for fences and recovery
 
     async def take_over(self, owner: str, partitions: tuple[int, ...]) -> list:
         """As the new pin holder, before landing anything: fence the member's partitions, then
         finish what earlier holders left prepared there. Returns the writes recovery committed."""
-        self.fence = Fence(owner, partitions)
+        self.fence = Fence(owner, partitions, self.partition_count)
         await asyncio.to_thread(self.sink.fence, self.stream, self.group, self.fence)
         return await self.recover(partitions)
 
     async def recover(self, partitions: tuple[int, ...] = ()) -> list:
         return await asyncio.to_thread(recover_writes, self.sink, self.stream, self.group, self.member,
-                                       self.summary, partitions)
+                                       self.summary, partitions, self.partition_count)
 
     async def discard(self, processed: ProcessedBatch) -> None:
         await asyncio.to_thread(self.sink.discard, processed.rows)

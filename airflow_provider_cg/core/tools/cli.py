@@ -1,7 +1,7 @@
 """The ``cg`` command: administer partitioned consumer groups (orbit ``pcgroups`` compatible).
 
 Server commands: ``create``, ``info``, ``ls``, ``rm``, ``add``, ``drop``, ``mapping set|rm``,
-``step-down``, ``members``, ``status``, ``lag``, ``reset``, ``reconcile``. Offline: ``plan`` (which member gets
+``step-down``, ``members``, ``status``, ``lag``, ``reset``, ``resize``, ``reconcile``. Offline: ``plan`` (which member gets
 which partition, and what moves on a membership change) and ``hash`` (the partition of
 subjects, as the server computes it).
 
@@ -35,6 +35,8 @@ from airflow_provider_cg.core.errors import (
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.reset import ResetRefused
+from airflow_provider_cg.core.groups.resize import ResizeIncomplete
+from airflow_provider_cg.core.groups.sourcing import SourcingError
 from airflow_provider_cg.core.jetstream.connection import ENV_PREFIX, NatsConnectionSettings
 
 EXIT_OK, EXIT_INPUT, EXIT_SERVER = 0, 1, 2
@@ -280,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
     kinded(sg(cmd("status", "backlog per partition and member")))
     sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder"))
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
+    p = sg(cmd("resize", "change an elastic group's partition count (max_members): a plan by default, "
+                         "--execute to stop sourcing, let the members drain the old partitions, switch and resume"))
+    p.add_argument("--max-members", type=int, required=True, metavar="N", help="the new number of partitions")
+    p.add_argument("--mappings", metavar="JSON", help="new member mappings, if the group maps members explicitly")
+    p.add_argument("--execute", action="store_true", help="apply it (default: show the plan, change nothing)")
+    p.add_argument("--drain-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long to wait for the members to land the old partitions (then: run it again)")
     p = sg(cmd("reset", "move a group's (or a member's) position: a plan by default, --execute to apply"))
     p.add_argument("--member", metavar="MEMBER", help="only this member's partitions")
     p.add_argument("--to-datetime", metavar="ISO8601", help="the first message at or after this time")
@@ -570,6 +579,16 @@ async def _online(args, out: TextIO) -> int:
             if args.execute:
                 plan = await resets.execute(plan, force=args.force)
             _emit(args, plan.to_dict(), reset_text(plan), out)
+        elif c == "resize":
+            from airflow_provider_cg.core.groups.resize import GroupResize
+
+            resizes = GroupResize(nc, js_prefix=args.js_prefix)
+            if args.execute:
+                plan = await resizes.execute(args.stream, args.group, args.max_members, args.mappings,
+                                             drain_timeout=args.drain_timeout)
+            else:
+                plan = await resizes.plan(args.stream, args.group, args.max_members, args.mappings)
+            _emit(args, plan.to_dict(), resize_text(plan), out)
         elif c == "reconcile":
             done = await cg.reconcile(args.stream, args.group)
             _emit(args, done, f"deleted: {', '.join(done['deleted']) or '-'}\n"
@@ -615,6 +634,24 @@ def _lag_text(lag) -> str:
     if rows:
         lines += ["", table(["MEMBER", "PARTITIONS", "BACKLOG", "IN_FLIGHT", "OLDEST_PENDING", "PINNED", "SINCE"],
                             rows)]
+    return "\n".join(lines)
+
+
+def resize_text(plan) -> str:
+    members = sorted(set(plan.partitions) | set(plan.new_partitions))
+    rows = [(m, ranges(plan.partitions.get(m, [])) or "-", ranges(plan.new_partitions.get(m, [])) or "-")
+            for m in members]
+    lines = [f"resize of elastic group {plan.group} on stream {plan.stream}: {plan.max_members} -> "
+             f"{plan.new_max_members} partitions", "",
+             table(["MEMBER", "PARTITIONS", "NEW_PARTITIONS"], rows), ""]
+    if plan.state == "done":
+        lines.append(f"done: sourcing stopped after origin sequence {plan.cut}, the old partitions drained, the "
+                     "group switched and sourcing resumed with the new partitions")
+    else:
+        lines += [f"{plan.backlog} message(s) in the work queue land in the old partitions first"
+                  + (f" (sourcing stopped after origin sequence {plan.cut})" if plan.in_progress else ""),
+                  "dry run: nothing changed (--execute stops sourcing, waits for the members' jobs to drain the "
+                  "work queue, switches, resumes)"]
     return "\n".join(lines)
 
 
@@ -670,6 +707,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         return EXIT_INPUT
     except ResetRefused as e:
         _error(err, "reset", str(e).removeprefix("reset: "))
+        return EXIT_SERVER
+    except (ResizeIncomplete, SourcingError) as e:
+        _error(err, "resize" if isinstance(e, ResizeIncomplete) else "sourcing", str(e))
         return EXIT_SERVER
     except (JetStreamApiError, ServerUnavailable, ConnectionError, ConsumerGroupError) as e:
         _error(err, "server", str(e))

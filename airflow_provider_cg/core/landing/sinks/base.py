@@ -87,10 +87,12 @@ class CommitResult:
 @dataclass(frozen=True)
 class Fence:
     """Who may ack writes of some partitions of a group: ``owner`` is one job instance's id
-    (unique per run), ``partitions`` the member's partitions it fenced."""
+    (unique per run), ``partitions`` the member's partitions it fenced, numbered among
+    ``partition_count`` (the group's ``max_members`` then; a resize renumbers them)."""
 
     owner: str
     partitions: tuple[int, ...]
+    partition_count: int | None = None
 
     def __post_init__(self) -> None:
         if not self.owner:
@@ -98,11 +100,14 @@ class Fence:
         object.__setattr__(self, "partitions", tuple(sorted({int(p) for p in self.partitions})))
 
     def to_dict(self) -> dict:
-        return {"owner": self.owner, "partitions": list(self.partitions)}
+        out: dict[str, Any] = {"owner": self.owner, "partitions": list(self.partitions)}
+        if self.partition_count is not None:
+            out["partition_count"] = self.partition_count
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Fence | None:
-        return cls(data["owner"], tuple(data["partitions"])) if data else None
+        return cls(data["owner"], tuple(data["partitions"]), data.get("partition_count")) if data else None
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,9 +189,11 @@ class TwoPhaseSink(abc.ABC):
         ``PreparedWriteLost``; once ``mark_acking`` returned, this never aborts."""
 
     @abc.abstractmethod
-    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = ()) -> list[PreparedWrite]:
+    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = (),
+                partition_count: int | None = None) -> list[PreparedWrite]:
         """Writes that are prepared and neither committed nor aborted, oldest first: this
-        member's, and any member's of the group whose fence shares one of ``partitions``."""
+        member's, any member's of the group whose fence shares one of ``partitions``, and (given
+        ``partition_count``) any whose fence numbered partitions among another count."""
 
     @abc.abstractmethod
     def state(self, prepared: PreparedWrite) -> WriteState:
@@ -364,13 +371,19 @@ def isin_sorted(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
 
 
 def recovered_by(batch_id: BatchId, fence: Fence | None, stream: str, group: str, member: str,
-                 partitions: frozenset[int]) -> bool:
-    """Whether ``recover(stream, group, member, partitions)`` must finish this write: it is
-    the member's own, or its fence shares a partition the caller fenced (e.g. a dropped
-    member's orphan, or a write of the partition's previous owner)."""
+                 partitions: frozenset[int], partition_count: int | None = None) -> bool:
+    """Whether ``recover(stream, group, member, partitions, partition_count)`` must finish this
+    write: it is the member's own, or its fence shares a partition the caller fenced (e.g. a
+    dropped member's orphan, or a write of the partition's previous owner), or its fence
+    numbered partitions among another count (a write from before a resize: any of its keys may
+    be the caller's now)."""
     if batch_id.stream != stream or batch_id.group != group:
         return False
     if batch_id.member == member:
         return True
-    return fence is not None and not partitions.isdisjoint(fence.partitions)
+    if fence is None:
+        return False
+    if partition_count is not None and fence.partition_count not in (None, partition_count):
+        return True
+    return not partitions.isdisjoint(fence.partitions)
 

@@ -627,7 +627,8 @@ class LakeSink(TwoPhaseSink):
             return WriteState.PREPARED
         return WriteState.ABORTED
 
-    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = ()) -> list[PreparedWrite]:
+    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = (),
+                partition_count: int | None = None) -> list[PreparedWrite]:
         """Prepared writes this caller must finish (see ``recovered_by``). Also rolls forward
         every committed-but-unpublished write (of any member), deletes aborted staging and this
         member's half-prepared staging (another member's finishes its manifest, or is fenced)."""
@@ -658,7 +659,7 @@ class LakeSink(TwoPhaseSink):
                         manifest = json.loads(self.store.read(f"{path}/{MANIFEST}"))
                     batch = BatchId(**manifest["batch"])
                     fence = Fence.from_dict(manifest.get("fence"))
-                    if not recovered_by(batch, fence, stream, group, member, fenced):
+                    if not recovered_by(batch, fence, stream, group, member, fenced, partition_count):
                         continue
                     found.append((manifest.get("prepared_at", ""), PreparedWrite(
                         batch,

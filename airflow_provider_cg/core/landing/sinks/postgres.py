@@ -728,7 +728,8 @@ class PostgresSink(TwoPhaseSink):
 
     # -- recovery --------------------------------------------------------------------------------
 
-    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = ()) -> list[PreparedWrite]:
+    def recover(self, stream: str, group: str, member: str, partitions: Iterable[int] = (),
+                partition_count: int | None = None) -> list[PreparedWrite]:
         """Prepared writes this caller must finish (see ``recovered_by``; from
         ``pg_prepared_xacts``, oldest first) with their refs; also deletes such writes' refs
         rows whose write is not prepared (never was, or finished)."""
@@ -754,7 +755,7 @@ class PostgresSink(TwoPhaseSink):
             def mine(gid: str) -> bool:
                 info = refs.get(gid)
                 return recovered_by(BatchId.parse(gid), Fence.from_dict(info[4]) if info else None,
-                                    stream, group, member, fenced)
+                                    stream, group, member, fenced, partition_count)
 
             prepared = set(gids)
             orphans = [g for g in refs if g not in prepared and mine(g)]
