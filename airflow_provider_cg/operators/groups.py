@@ -563,18 +563,78 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
         return plan
 
 
+class ResizeConsumerGroupOperator(_ConsumerGroupOperator):
+    """Change an elastic group's partition count (``max_members``), as ``cg resize`` does
+    (``core/groups/resize.py``): stop sourcing at a cut, wait up to ``drain_timeout`` seconds
+    for the members' jobs to land the old partitions, switch, resume. Nothing is lost,
+    duplicated or landed out of per-key order.
+
+    A plan by default (``dry_run=True``: the partitions per member now and after, and the
+    messages still to land under the old numbering). With ``dry_run=False`` the resize runs;
+    if the work queue does not drain in time the task fails with sourcing still stopped, and
+    its retry (or any later run of the same resize) goes on from there. The members' jobs must
+    run meanwhile (another DAG, or a DAG run after this task started). ``mappings``: new
+    member mappings, required when the group maps members explicitly. Returns the plan.
+    """
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "max_members", "mappings")
+
+    def __init__(self, *, stream: str, group: str, max_members: int | str, mappings: Any = None,
+                 dry_run: bool = True, drain_timeout: float = 300.0, **kwargs: Any) -> None:
+        super().__init__(stream=stream, group=group, **kwargs)
+        self.max_members, self.mappings = max_members, mappings
+        self.dry_run, self.drain_timeout = dry_run, drain_timeout
+        if not _templated(max_members):
+            self._count()
+        if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, int | float) or drain_timeout <= 0:
+            raise ConfigError("drain_timeout", "must be a number of seconds > 0")
+
+    def _count(self) -> int:
+        value = _literal("max_members", self.max_members)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError("max_members", f"must be an integer >= 1 (got {self.max_members!r})")
+        return value
+
+    def _validate(self) -> None:
+        super()._validate()
+        self._count()
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow_provider_cg.core.groups.resize import GroupResize
+
+        async def go(nc) -> dict[str, Any]:
+            resizes = GroupResize(nc)
+            mappings = _literal("mappings", self.mappings)
+            if self.dry_run:
+                return (await resizes.plan(self.stream, self.group, self._count(), mappings)).to_dict()
+            return (await resizes.execute(self.stream, self.group, self._count(), mappings,
+                                          drain_timeout=self.drain_timeout)).to_dict()
+
+        plan = self._run(go)
+        self.log.info("Resize of group %s on %s: %s -> %s partitions, %s", self.group, self.stream,
+                      plan["max_members"], plan["new_max_members"],
+                      "done" if plan["state"] == "done" else f"dry run ({plan['backlog']} message(s) to land first)")
+        return plan
+
+
 class ConsumerGroupStatusOperator(_ConsumerGroupOperator):
-    """Push ``GroupStatus.to_dict()`` to XCom: backlog per partition and member, pins, totals."""
+    """Push ``GroupStatus.to_dict()`` to XCom: backlog per partition and member, pins, totals,
+    and the lag users alert on: ``oldest_pending_age_s`` of the group and of each member."""
 
     ui_color = "#d9ead3"
 
     def execute(self, context: Any) -> dict[str, Any]:
-        async def go(nc):
-            return await ConsumerGroups(nc).status(self.stream, self.group)
+        from airflow_provider_cg.core.groups.lag import group_lag
 
-        st = self._run(go)
+        async def go(nc):
+            st = await ConsumerGroups(nc).status(self.stream, self.group)
+            return st, await group_lag(nc, self.stream, self.group, status=st)
+
+        st, lag = self._run(go)
         self.log.info(
-            "%s group %s on %s: backlog %s, pending %s, ack pending %s, inactive members %s",
-            st.kind, self.group, self.stream, st.backlog, st.num_pending, st.num_ack_pending, st.inactive_members,
+            "%s group %s on %s: backlog %s, pending %s, ack pending %s, oldest pending %ss, inactive members %s%s",
+            st.kind, self.group, self.stream, st.backlog, st.num_pending, st.num_ack_pending,
+            lag.oldest_pending_age_s, st.inactive_members,
+            f", sourcing stopped by an unfinished {st.sourcing_stopped.get('op')}" if st.sourcing_stopped else "",
         )
-        return st.to_dict()
+        return lag.add_to(st.to_dict())

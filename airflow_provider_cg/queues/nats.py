@@ -23,7 +23,7 @@ The keyword arguments are :class:`~airflow_provider_cg.triggers.overflow.GroupOv
 
 The deprecated queue-URI form is accepted too::
 
-    MessageQueueTrigger(queue="nats-cg://<conn_id>/<stream>/<group>[/<member>]?min_pending=N&min_ack_pending=M&poke_interval=S")
+    MessageQueueTrigger(queue="nats-cg://<conn_id>/<stream>/<group>[/<member>]?min_pending=N&min_ack_pending=M&max_oldest_age=A&poke_interval=S")
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.triggers.overflow import GroupOverflowTrigger
 
 _INT_PARAMS = ("min_pending", "min_ack_pending")
-_FLOAT_PARAMS = ("poke_interval",)
+_FLOAT_PARAMS = ("poke_interval", "max_oldest_age")
 
 
 def parse_queue_uri(queue: str) -> dict[str, Any]:
@@ -56,7 +56,7 @@ def parse_queue_uri(queue: str) -> dict[str, Any]:
         out["nats_conn_id"] = unquote(parsed.netloc)
     for name, values in parse_qs(parsed.query, keep_blank_values=True).items():
         if name not in _INT_PARAMS + _FLOAT_PARAMS:
-            raise ConfigError(name, "unknown query parameter (use min_pending, min_ack_pending, poke_interval)")
+            raise ConfigError(name, "unknown query parameter (use min_pending, min_ack_pending, max_oldest_age, poke_interval)")
         try:
             out[name] = int(values[-1]) if name in _INT_PARAMS else float(values[-1])
         except ValueError:

@@ -12,7 +12,6 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, ServerUnavailable
-from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.hooks.nats import NatsHook
 from airflow_provider_cg.triggers.overflow import (
     ONCE,
@@ -20,12 +19,12 @@ from airflow_provider_cg.triggers.overflow import (
     check_thresholds,
     event_payload,
     exceeds,
-    measure,
+    read_figures,
 )
 
 
 class GroupOverflowSensor(BaseSensorOperator):
-    """Succeed once ``min_pending`` or ``min_ack_pending`` is reached (either one; OR).
+    """Succeed once ``min_pending``, ``min_ack_pending`` or ``max_oldest_age`` is reached (any one; OR).
 
     Figures as in :mod:`airflow_provider_cg.triggers.overflow`; the event payload (pending,
     ack_pending, backlog, partitions, ...) is pushed to XCom in both modes.
@@ -35,6 +34,7 @@ class GroupOverflowSensor(BaseSensorOperator):
     :param member: watch one member; ``None`` (default) watches the whole group.
     :param min_pending: messages waiting for delivery (int >= 1).
     :param min_ack_pending: messages delivered and not yet acknowledged (int >= 1).
+    :param max_oldest_age: the oldest pending message older than this many seconds (> 0).
     :param nats_conn_id: Airflow connection of type ``nats``.
     :param deferrable: wait in the triggerer (default) instead of a worker slot. The
         trigger enforces ``timeout`` itself and it is also passed to ``defer``.
@@ -58,6 +58,7 @@ class GroupOverflowSensor(BaseSensorOperator):
         member: str | None = None,
         min_pending: int | None = None,
         min_ack_pending: int | None = None,
+        max_oldest_age: float | None = None,
         nats_conn_id: str = NatsHook.default_conn_name,
         deferrable: bool = True,
         poke_interval: timedelta | float = 10,
@@ -68,7 +69,7 @@ class GroupOverflowSensor(BaseSensorOperator):
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
             raise ConfigError("poke_interval", "must be a number of seconds > 0 (or a timedelta)")
         super().__init__(poke_interval=poke_interval, **kwargs)
-        check_thresholds(min_pending, min_ack_pending)
+        check_thresholds(min_pending, min_ack_pending, max_oldest_age)
         if max_failures is not None and (isinstance(max_failures, bool) or not isinstance(max_failures, int)
                                          or max_failures < 1):
             raise ConfigError("max_failures", "must be an integer >= 1 (or None)")
@@ -81,6 +82,7 @@ class GroupOverflowSensor(BaseSensorOperator):
         self.member = member
         self.min_pending = min_pending
         self.min_ack_pending = min_ack_pending
+        self.max_oldest_age = max_oldest_age
         self.nats_conn_id = nats_conn_id
         self.deferrable = deferrable
 
@@ -94,6 +96,7 @@ class GroupOverflowSensor(BaseSensorOperator):
                 member=self.member,
                 min_pending=self.min_pending,
                 min_ack_pending=self.min_ack_pending,
+                max_oldest_age=self.max_oldest_age,
                 poke_interval=self.poke_interval,
                 nats_conn_id=self.nats_conn_id,
                 mode=ONCE,
@@ -128,12 +131,11 @@ class GroupOverflowSensor(BaseSensorOperator):
 
         hook = self.hook
 
-        async def _status(nc):
-            return await ConsumerGroups(nc).status(self.stream, self.group)
+        async def _read(nc):
+            return await read_figures(nc, self.stream, self.group, self.member, self.max_oldest_age)
 
         try:
-            status = hook.run(_status)
-            figures = measure(status, self.member)
+            status, figures = hook.run(_read)
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
         except (ServerUnavailable, ConnectionError, ConsumerGroupError) as e:
@@ -145,14 +147,15 @@ class GroupOverflowSensor(BaseSensorOperator):
             return False
         self._failures = 0
         self.log.info(
-            "pending=%s ack_pending=%s backlog=%s (min_pending=%s, min_ack_pending=%s)",
-            figures["pending"], figures["ack_pending"], figures["backlog"], self.min_pending, self.min_ack_pending,
+            "pending=%s ack_pending=%s backlog=%s oldest pending=%ss (min_pending=%s, min_ack_pending=%s, "
+            "max_oldest_age=%s)", figures["pending"], figures["ack_pending"], figures["backlog"],
+            figures.get("oldest_pending_age_s"), self.min_pending, self.min_ack_pending, self.max_oldest_age,
         )
-        if not exceeds(figures, self.min_pending, self.min_ack_pending):
+        if not exceeds(figures, self.min_pending, self.min_ack_pending, self.max_oldest_age):
             return False
         payload = event_payload(
             "overflow", self.stream, self.group, self.member, self.min_pending, self.min_ack_pending,
-            figures, status.ts,
+            figures, status.ts, max_oldest_age=self.max_oldest_age,
         )
         self._log_hit(payload)
         return PokeReturnValue(is_done=True, xcom_value=payload)

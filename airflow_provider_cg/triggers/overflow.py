@@ -38,6 +38,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.groups.admin import ELASTIC, ConsumerGroups, GroupStatus, MemberState
+from airflow_provider_cg.core.groups.lag import GroupLag, group_lag
 from airflow_provider_cg.hooks.nats import NatsHook
 
 ONCE, CROSSING = "once", "crossing"
@@ -47,10 +48,11 @@ CLOSE_TIMEOUT = 5.0  # seconds: closing must not hang the triggerer while the se
 CLASSPATH = "airflow_provider_cg.triggers.overflow.GroupOverflowTrigger"
 
 
-def check_thresholds(min_pending: Any, min_ack_pending: Any) -> None:
-    """Raise ``ConfigError`` unless at least one threshold is given and each is an int >= 1."""
-    if min_pending is None and min_ack_pending is None:
-        raise ConfigError("min_pending", "give min_pending and/or min_ack_pending")
+def check_thresholds(min_pending: Any, min_ack_pending: Any, max_oldest_age: Any = None) -> None:
+    """Raise ``ConfigError`` unless at least one threshold is given, the counts ints >= 1 and
+    the age a number of seconds > 0."""
+    if min_pending is None and min_ack_pending is None and max_oldest_age is None:
+        raise ConfigError("min_pending", "give min_pending, min_ack_pending and/or max_oldest_age")
     for name, value in (("min_pending", min_pending), ("min_ack_pending", min_ack_pending)):
         if value is None:
             continue
@@ -58,14 +60,18 @@ def check_thresholds(min_pending: Any, min_ack_pending: Any) -> None:
             raise ConfigError(name, "must be an integer")
         if value < 1:
             raise ConfigError(name, "must be >= 1")
+    if max_oldest_age is not None and (isinstance(max_oldest_age, bool) or not isinstance(max_oldest_age, int | float)
+                                       or not max_oldest_age > 0):
+        raise ConfigError("max_oldest_age", "must be a number of seconds > 0")
 
 
 def _member_pending(m: MemberState) -> int:
     return m.num_pending if m.consumer_exists else m.backlog
 
 
-def measure(status: GroupStatus, member: str | None = None) -> dict[str, Any]:
-    """``pending``, ``ack_pending``, ``backlog`` and per-partition counts of a group or member.
+def measure(status: GroupStatus, member: str | None = None, lag: GroupLag | None = None) -> dict[str, Any]:
+    """``pending``, ``ack_pending``, ``backlog`` and per-partition counts of a group or member;
+    with ``lag``, also ``oldest_pending_age_s`` (seconds; ``None``: nothing pending).
 
     Raises ``ConfigError("member", ...)`` when ``member`` is not in the group's membership.
     """
@@ -85,19 +91,36 @@ def measure(status: GroupStatus, member: str | None = None) -> dict[str, Any]:
         m = found[0]
         pending, ack_pending, parts = _member_pending(m), m.num_ack_pending, m.partitions
         backlog = m.backlog if status.kind == ELASTIC else pending + ack_pending
-    return {
+    figures = {
         "pending": int(pending),
         "ack_pending": int(ack_pending),
         "backlog": int(backlog),
         "partitions": {str(p): int(status.partitions.get(p, 0)) for p in parts},
     }
+    if lag is not None:
+        ages = [m.oldest_pending_age_s for m in lag.members if member is None or m.member == member]
+        ages = [a for a in ages if a is not None]
+        figures["oldest_pending_age_s"] = max(ages) if ages else None
+    return figures
 
 
-def exceeds(figures: dict[str, Any], min_pending: int | None, min_ack_pending: int | None) -> bool:
-    """Whether either threshold is reached (OR, as JetStream's overflow pulls)."""
+def exceeds(figures: dict[str, Any], min_pending: int | None, min_ack_pending: int | None,
+            max_oldest_age: float | None = None) -> bool:
+    """Whether any threshold is reached (OR, as JetStream's overflow pulls): a count, or the
+    age of the oldest pending message."""
+    age = figures.get("oldest_pending_age_s")
     return (min_pending is not None and figures["pending"] >= min_pending) or (
         min_ack_pending is not None and figures["ack_pending"] >= min_ack_pending
-    )
+    ) or (max_oldest_age is not None and age is not None and age > max_oldest_age)
+
+
+async def read_figures(nc, stream: str, group: str, member: str | None,
+                       max_oldest_age: float | None) -> tuple[GroupStatus, dict[str, Any]]:
+    """One poll: the group's status and the figures of the group or member (the oldest
+    pending message's age only when an age threshold needs it: a direct get per partition)."""
+    status = await ConsumerGroups(nc).status(stream, group)
+    lag = await group_lag(nc, stream, group, status=status) if max_oldest_age is not None else None
+    return status, measure(status, member, lag)
 
 
 def event_payload(
@@ -134,6 +157,8 @@ class GroupOverflowTrigger(BaseEventTrigger):
     :param member: watch one member; ``None`` watches the whole group.
     :param min_pending: fire when at least this many messages wait for delivery.
     :param min_ack_pending: fire when at least this many are delivered but not acknowledged.
+    :param max_oldest_age: fire when the oldest pending message is older than this many
+        seconds (the freshness users alert on; one direct get per partition a poll).
     :param poke_interval: seconds between polls.
     :param nats_conn_id: Airflow connection of type ``nats``.
     :param mode: ``"crossing"`` (asset watchers, default) or ``"once"`` (sensors).
@@ -145,8 +170,8 @@ class GroupOverflowTrigger(BaseEventTrigger):
 
     Event payload: ``status`` (``overflow``, ``timeout`` or ``error``), ``stream``, ``group``,
     ``member``, ``pending``, ``ack_pending``, ``backlog``, ``partitions`` (``{"<p>": n}``),
-    ``min_pending``, ``min_ack_pending``, ``ts`` (epoch seconds of the measurement); an
-    ``error`` event also has ``error``.
+    ``min_pending``, ``min_ack_pending``, ``max_oldest_age`` (with it, ``oldest_pending_age_s``),
+    ``ts`` (epoch seconds of the measurement); an ``error`` event also has ``error``.
     """
 
     def __init__(
@@ -162,12 +187,13 @@ class GroupOverflowTrigger(BaseEventTrigger):
         mode: str = CROSSING,
         deadline: float | None = None,
         max_failures: int | None = None,
+        max_oldest_age: float | None = None,
     ) -> None:
         super().__init__()
         if max_failures is not None and (isinstance(max_failures, bool) or not isinstance(max_failures, int)
                                          or max_failures < 1):
             raise ConfigError("max_failures", "must be an integer >= 1 (or None)")
-        check_thresholds(min_pending, min_ack_pending)
+        check_thresholds(min_pending, min_ack_pending, max_oldest_age)
         if mode not in MODES:
             raise ConfigError("mode", f"must be one of {', '.join(MODES)}")
         if isinstance(poke_interval, bool) or not isinstance(poke_interval, int | float) or poke_interval <= 0:
@@ -179,6 +205,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
         self.member = member
         self.min_pending = min_pending
         self.min_ack_pending = min_ack_pending
+        self.max_oldest_age = max_oldest_age
         self.poke_interval = float(poke_interval)
         self.nats_conn_id = nats_conn_id
         self.mode = mode
@@ -199,13 +226,13 @@ class GroupOverflowTrigger(BaseEventTrigger):
                 "mode": self.mode,
                 "deadline": self.deadline,
                 "max_failures": self.max_failures,
+                "max_oldest_age": self.max_oldest_age,
             },
         )
 
     def _payload(self, status: str, figures: dict[str, Any] | None, ts: float, **extra: Any) -> dict[str, Any]:
-        return event_payload(
-            status, self.stream, self.group, self.member, self.min_pending, self.min_ack_pending, figures, ts, **extra
-        )
+        return event_payload(status, self.stream, self.group, self.member, self.min_pending, self.min_ack_pending,
+                             figures, ts, max_oldest_age=self.max_oldest_age, **extra)
 
     def _where(self) -> str:
         who = f"member {self.member!r} of " if self.member else ""
@@ -219,13 +246,12 @@ class GroupOverflowTrigger(BaseEventTrigger):
         hook = NatsHook(nats_conn_id=self.nats_conn_id)
         settings = None
         nc = None
-        cg: ConsumerGroups | None = None
         armed = True
         failures = 0
         last: dict[str, Any] | None = None
         self.log.info(
-            "Watching %s (mode %s): min_pending=%s min_ack_pending=%s every %ss",
-            self._where(), self.mode, self.min_pending, self.min_ack_pending, self.poke_interval,
+            "Watching %s (mode %s): min_pending=%s min_ack_pending=%s max_oldest_age=%s every %ss",
+            self._where(), self.mode, self.min_pending, self.min_ack_pending, self.max_oldest_age, self.poke_interval,
         )
         try:
             while True:
@@ -236,10 +262,8 @@ class GroupOverflowTrigger(BaseEventTrigger):
                     if nc is None or nc.is_closed:
                         settings = await hook.aget_settings()
                         nc = await settings.connect()
-                        cg = ConsumerGroups(nc)
-                    assert cg is not None
-                    status = await cg.status(self.stream, self.group)
-                    figures = measure(status, self.member)
+                    status, figures = await read_figures(nc, self.stream, self.group, self.member,
+                                                         self.max_oldest_age)
                 except (ConfigError, GroupNotFound, AirflowNotFoundException) as e:
                     message = scrub(f"{type(e).__name__}: {e}", settings)
                     if self.mode == ONCE:
@@ -270,11 +294,12 @@ class GroupOverflowTrigger(BaseEventTrigger):
                     continue
                 failures = 0
                 last = figures
-                if exceeds(figures, self.min_pending, self.min_ack_pending):
+                if exceeds(figures, self.min_pending, self.min_ack_pending, self.max_oldest_age):
                     if armed:
                         self.log.info(
-                            "Threshold reached on %s: pending=%s ack_pending=%s backlog=%s",
+                            "Threshold reached on %s: pending=%s ack_pending=%s backlog=%s oldest pending=%ss",
                             self._where(), figures["pending"], figures["ack_pending"], figures["backlog"],
+                            figures.get("oldest_pending_age_s"),
                         )
                         yield TriggerEvent(self._payload("overflow", figures, status.ts))
                         if self.mode == ONCE:

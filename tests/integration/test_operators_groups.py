@@ -496,3 +496,34 @@ def test_reset_operator_plans_then_applies(airflow_env, nats_conn_id, bg):
         from airflow_provider_cg.operators.groups import ResetConsumerGroupOperator as Op
 
         Op(task_id="x", stream="ORDERS", group="workers", to_latest=True, to_earliest=True)
+
+
+def test_resize_operator_plans_then_resizes(airflow_env, nats_conn_id, bg):
+    from airflow.sdk import dag
+
+    from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator, ResizeConsumerGroupOperator
+
+    @dag(dag_id="cg_op_create_for_resize", schedule=None)
+    def setup():
+        CreateConsumerGroupOperator(
+            task_id="create", **elastic_kwargs(nats_conn_id, max_members=2, members=["m1", "m2"])
+        )
+
+    assert airflow_env.run_dag(setup()).state == "success"
+
+    @dag(dag_id="cg_op_resize", schedule=None)
+    def d():
+        common = {"stream": "ORDERS", "group": "workers", "nats_conn_id": nats_conn_id}
+        ResizeConsumerGroupOperator(task_id="plan", max_members=4, **common) >> ResizeConsumerGroupOperator(
+            task_id="apply", max_members="{{ 2 * 2 }}", dry_run=False, drain_timeout=10, **common)
+
+    result = airflow_env.run_dag(d())
+    assert result.state == "success"
+    plan, applied = result.xcom("plan"), result.xcom("apply")
+    assert plan["state"] == "planned" and plan["new_partitions"] == {"m1": [0, 1], "m2": [2, 3]}
+    assert applied["state"] == "done" and applied["new_max_members"] == 4
+    assert bg.run(bg.cg.get("ORDERS", "workers")).config.max_members == 4
+    wq = bg.run(bg.api.stream_info("ORDERS-workers"))["config"]
+    assert wq["sources"][0]["subject_transforms"][0]["dest"].startswith("{{Partition(4,")
+    with pytest.raises(ConfigError, match="max_members"):
+        ResizeConsumerGroupOperator(task_id="x", stream="ORDERS", group="workers", max_members=0)

@@ -260,3 +260,25 @@ def test_a_datetime_is_read_as_utc():
     t = ResetTarget.parse(to_datetime="2026-11-25T09:00:00")
     assert t.value == dt.datetime(2026, 11, 25, 9, tzinfo=dt.UTC)
     assert ResetTarget.parse(by_duration="1h30m").value == 5400
+
+
+async def test_a_reset_killed_after_stopping_sourcing_is_finished_by_the_next(nc, nats_server, member_job_zip,
+                                                                              tmp_path):
+    from airflow_provider_cg.core.groups import sourcing
+
+    url = nats_server.url
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
+    expected = await publish_orders(nc, "ORDERS", "g", 100, KEYS)
+    await _land(member_job_zip, tmp_path, url, "ORDERS", "g", ("m1",))
+    # a reset that died right after it stopped sourcing (as a SIGKILLed cg would leave it)
+    await sourcing.stop(JsApi(nc), "ORDERS-g", {"op": "reset", "target": "--to-seq 51"})
+    more = await publish_orders(nc, "ORDERS", "g", 20, KEYS, wait_sourced=False)
+    code, out, err = await _cg(url, "status", "ORDERS", "g")
+    assert "STOPPED after origin sequence 100 by a reset (--to-seq 51)" in out, out
+    plan = await _reset(url, "ORDERS", "g", "--to-seq", "51", "--execute")
+    assert plan["executed"] and plan["replay"] == 50
+    wq = await JsApi(nc).stream_info("ORDERS-g")
+    assert "metadata" not in wq["config"] or sourcing.STOPPED_KEY not in wq["config"]["metadata"]
+    after = await _land(member_job_zip, tmp_path, url, "ORDERS", "g", ("m1",))
+    assert after[0]["messages_read"] == 70 and after[0]["duplicates_skipped"] == 50
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), {**expected, **more})

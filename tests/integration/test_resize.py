@@ -207,3 +207,36 @@ async def test_a_write_left_acking_before_a_resize_lands_before_newer_messages_o
     r1 = await asyncio.to_thread(job("m1").wait, 60)
     assert r1.returncode == 0, r1.describe()
     assert_exactly_once(parquet_landed(tmp_path / "lake"), {**expected, **newer}, resized_after=cut)
+
+
+async def test_a_resize_that_did_not_drain_is_finished_by_running_it_again(nc, nats_server, member_job_zip, tmp_path):
+    url = nats_server.url
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1", "m2"))
+    expected = await publish_orders(nc, "ORDERS", "g", 300, KEYS)
+    code, out, err = await _cg(url, "resize", "ORDERS", "g", "--max-members", "3", "--execute", "--drain-timeout", "1")
+    assert code == 2 and err.startswith("cg: error: resize: the work queue still holds 300 message(s)"), err
+    assert "run the same resize again" in err and err.count("\n") == 1
+    code, out, err = await _cg(url, "status", "ORDERS", "g")
+    assert code == 0 and "STOPPED after origin sequence 300 by a resize to 3 partitions" in out, out
+    # what DAG 1 does on every run: create the group with its config (still the old one) succeeds
+    from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+    info = await ConsumerGroups(nc).create("ORDERS", "g", ElasticGroupConfig(
+        2, (PartitioningFilter("orders.*", (1,)),), members=("m1", "m2")))
+    assert not info.created
+    # messages published meanwhile wait in the origin
+    later = await publish_orders(nc, "ORDERS", "g", 50, KEYS, wait_sourced=False)
+    for m in ("m1", "m2"):  # the members drain the old partitions
+        r = await asyncio.to_thread(start_member_job(
+            member_job_zip, tmp_path / "jobs", nats_servers=url, stream="ORDERS", group="g", member=m,
+            sink_path=tmp_path / "lake", spark=False, args=["--idle-timeout", "1"]).wait, 60)
+        assert r.returncode == 0, r.describe()
+    code, out, err = await _cg(url, "resize", "ORDERS", "g", "--max-members", "3", "--execute", "--json")
+    assert code == 0 and json.loads(out)["state"] == "done", err
+    code, out, err = await _cg(url, "resize", "ORDERS", "g", "--max-members", "3")
+    assert code == 1 and "has 3 partitions already" in err
+    for m in ("m1", "m2"):
+        r = await asyncio.to_thread(start_member_job(
+            member_job_zip, tmp_path / "jobs", nats_servers=url, stream="ORDERS", group="g", member=m,
+            sink_path=tmp_path / "lake", spark=False, args=["--idle-timeout", "1"]).wait, 60)
+        assert r.returncode == 0, r.describe()
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), {**expected, **later}, resized_after=300)

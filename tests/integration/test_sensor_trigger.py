@@ -88,6 +88,7 @@ def test_trigger_validates_and_serializes(airflow_env):
     assert kwargs == {
         "stream": "O", "group": "g", "member": "m1", "min_pending": None, "min_ack_pending": 3,
         "poke_interval": 2.0, "nats_conn_id": "c", "mode": "crossing", "deadline": None, "max_failures": None,
+        "max_oldest_age": None,
     }
     again = import_string(classpath)(**kwargs)
     assert again.serialize() == (classpath, kwargs)
@@ -101,6 +102,9 @@ def test_trigger_validates_and_serializes(airflow_env):
         ({"min_pending": 1, "poke_interval": 0}, "poke_interval"),
         ({"min_pending": 1, "deadline": 5.0}, "deadline"),
         ({"min_pending": 1, "max_failures": 0}, "max_failures"),
+        ({"max_oldest_age": 0}, "max_oldest_age"),
+        ({"max_oldest_age": "10"}, "max_oldest_age"),
+        ({"max_oldest_age": True}, "max_oldest_age"),
     ]:
         with pytest.raises(ConfigError) as e:
             GroupOverflowTrigger(stream="O", group="g", **bad)
@@ -139,6 +143,31 @@ async def test_crossing_fires_once_per_crossing_and_rearms_below(airflow_env, na
     finally:
         await events.stop()
     assert len(connects) == 1  # one connection for all those polls
+
+
+async def test_max_oldest_age_fires_when_the_oldest_pending_message_is_old_enough(airflow_env, nats_conn_id, nc):
+    """Freshness: no count threshold, only the age of the oldest pending message; it fires
+    once that message is older than the threshold, re-arms once the backlog is landed."""
+    cg = ConsumerGroups(nc)
+    await origin(nc)
+    await cg.create("O", "g", elastic(2, ("m1",)))
+    await cg.ensure_member_consumer("O", "g", "m1")
+    events = Events(trigger(nats_conn_id, max_oldest_age=1.5))
+    try:
+        await publish_keys(nc, ["a", "b", "c"])
+        published = asyncio.get_running_loop().time()
+        ev = await events.next(timeout=10)
+        waited = asyncio.get_running_loop().time() - published
+        assert ev["status"] == "overflow" and ev["max_oldest_age"] == 1.5 and ev["pending"] == 3
+        assert 1.5 < ev["oldest_pending_age_s"] < 5 and waited > 1.2, (ev, waited)
+        await events.none_within(0.5)  # still old: no second event
+        assert await Puller(nc, "O-g", "m1").drain() == 3
+        await events.none_within(0.5)  # nothing pending: re-armed
+        await publish_keys(nc, ["d"])
+        ev = await events.next(timeout=10)
+        assert ev["pending"] == 1 and ev["oldest_pending_age_s"] > 1.5
+    finally:
+        await events.stop()
 
 
 async def test_once_mode_on_a_member_without_consumer_counts_its_partitions(airflow_env, nats_conn_id, nc):
@@ -298,7 +327,7 @@ def test_sensor_rejects_bad_thresholds(airflow_env):
     from airflow_provider_cg.sensors.overflow import GroupOverflowSensor
 
     for bad, field in [({}, "min_pending"), ({"min_pending": 5, "min_ack_pending": 0}, "min_ack_pending"),
-                       ({"min_pending": "5"}, "min_pending")]:
+                       ({"min_pending": "5"}, "min_pending"), ({"max_oldest_age": -1}, "max_oldest_age")]:
         with pytest.raises(ConfigError) as e:
             GroupOverflowSensor(task_id="s", stream="O", group="g", **bad)
         assert e.value.field == field
@@ -428,3 +457,28 @@ def test_timeouts_soft_fail_and_errors(airflow_env, nats_conn_id, bg):
     assert "timed out" in str(seen["deferred_hard"])
     assert result.state_of("missing_group") == "failed"
     assert "GroupNotFound: consumer group 'nope' on stream 'O' does not exist" in str(seen["missing_group"])
+
+
+def test_poke_mode_sensor_on_the_oldest_pending_age(airflow_env, nats_conn_id, bg):
+    from airflow.sdk import dag
+
+    from airflow_provider_cg.sensors.overflow import GroupOverflowSensor
+
+    _setup_elastic(bg)
+    bg.publish(["foo.k1", "foo.k2"])
+
+    @dag(dag_id="cg_sensor_oldest_age", schedule=None)
+    def d():
+        GroupOverflowSensor(task_id="wait", stream="O", group="g", max_oldest_age=1.0, mode="poke",
+                            deferrable=False, poke_interval=0.3, timeout=30, nats_conn_id=nats_conn_id)
+
+    result = airflow_env.run_dag(d())
+    assert result.state_of("wait") == "success"
+    ev = result.xcom("wait")
+    assert ev["status"] == "overflow" and ev["oldest_pending_age_s"] > 1.0 and ev["max_oldest_age"] == 1.0
+
+
+def test_queue_uri_takes_max_oldest_age(airflow_env):
+    from airflow_provider_cg.queues.nats import parse_queue_uri
+
+    assert parse_queue_uri("nats-cg://c/O/g?max_oldest_age=90")["max_oldest_age"] == 90.0

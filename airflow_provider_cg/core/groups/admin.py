@@ -156,6 +156,7 @@ class GroupStatus:
     max_buffered_msgs: int | None = None
     max_buffered_bytes: int | None = None
     source_lag: int | None = None
+    sourcing_stopped: dict | None = None  # a reset or resize stopped sourcing: {"op", "cut", ...}
     revision: int = 0
     ts: float = 0.0
 
@@ -926,6 +927,9 @@ class ConsumerGroups:
             st.max_buffered_bytes = cfg.max_buffered_bytes or None
             sources = si.get("sources") or []
             st.source_lag = int(sources[0].get("lag", 0)) if sources else None
+            stopped = sourcing.stopped_state(si.get("config") or {})
+            if stopped is not None:
+                st.sourcing_stopped = {**stopped.intent, "cut": stopped.cut}
         else:
             for f in cfg.filters or [">"]:
                 try:

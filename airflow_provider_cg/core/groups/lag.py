@@ -42,9 +42,16 @@ class GroupLag:
     members: list[MemberLag] = field(default_factory=list)
     unassigned_partitions: list[int] = field(default_factory=list)
     source_lag: int | None = None
+    sourcing_stopped: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def add_to(self, status: dict[str, Any]) -> dict[str, Any]:
+        """A status dict (``GroupStatus.to_dict()``) with this lag's ages: the group's and each member's."""
+        ages = {m.member: m.oldest_pending_age_s for m in self.members}
+        return {**status, "oldest_pending_age_s": self.oldest_pending_age_s,
+                "members": [{**m, "oldest_pending_age_s": ages.get(m["member"])} for m in status["members"]]}
 
 
 def message_time(msg: dict) -> float:
@@ -68,9 +75,10 @@ def member_backlog(status: GroupStatus, member: MemberState) -> int:
 
 
 async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PREFIX,
-                    now: float | None = None) -> GroupLag:
-    cg = ConsumerGroups(nc, js_prefix=js_prefix)
-    status: GroupStatus = await cg.status(stream, group)
+                    now: float | None = None, status: GroupStatus | None = None) -> GroupLag:
+    """The group's lag; ``status``: one the caller read already."""
+    if status is None:
+        status = await ConsumerGroups(nc, js_prefix=js_prefix).status(stream, group)
     api = JsApi(nc, prefix=js_prefix)
     now = time.time() if now is None else now
     oldest: dict[int, float] = {}
@@ -98,7 +106,8 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
     ages = [x.oldest_pending_age_s for x in members if x.oldest_pending_age_s is not None]
     return GroupLag(stream=stream, group=group, kind=status.kind, max_members=status.max_members,
                     backlog=status.backlog, oldest_pending_age_s=max(ages) if ages else None, members=members,
-                    unassigned_partitions=list(status.unassigned_partitions), source_lag=status.source_lag)
+                    unassigned_partitions=list(status.unassigned_partitions), source_lag=status.source_lag,
+                    sourcing_stopped=status.sourcing_stopped)
 
 
 async def all_groups_lag(nc, *, js_prefix: str = DEFAULT_PREFIX) -> list[GroupLag | dict]:

@@ -92,8 +92,11 @@ class ResetTarget:
     def describe(self) -> str:
         if self.value is None:
             return flag(self.mode)
-        value = self.value.isoformat() if isinstance(self.value, dt.datetime) else self.value
-        return f"{flag(self.mode)} {value}"
+        if isinstance(self.value, dt.datetime):
+            return f"{flag(self.mode)} {self.value.isoformat().replace('+00:00', 'Z')}"
+        if self.mode == "by_duration":
+            return f"{flag(self.mode)} {self.value:g}s"
+        return f"{flag(self.mode)} {self.value}"
 
 
 def _int(field_name: str, value: Any) -> int:
@@ -394,6 +397,8 @@ class GroupReset:
         """Apply ``plan`` (made again first, so it is current). Refused while an affected member
         is pinned, unless ``force``: then each is stepped down first."""
         target = ResetTarget(*_target_of(plan.target))
+        if plan.kind == ELASTIC:
+            await self._finish_interrupted(cgconfig.work_queue_stream(plan.stream, plan.group))
         fresh = await self.plan(plan.stream, plan.group, target, plan.member)
         if fresh.pinned:
             if not force:
@@ -407,6 +412,18 @@ class GroupReset:
             await self._execute_static(fresh)
         fresh.executed = True
         return fresh
+
+    async def _finish_interrupted(self, wq: str) -> None:
+        """A reset killed after it stopped sourcing: source again from where it recorded (a
+        replay of what may have been purged, never a gap). A resize in progress is its own."""
+        stopped = await sourcing.current_stop(self.api, wq)
+        if stopped is None:
+            return
+        if stopped.intent.get("op") != "reset":
+            raise ResetRefused(f"reset: a resize to {stopped.intent.get('max_members')} partitions is in progress "
+                               "on this group; run it again to finish it first")
+        await sourcing.resume(self.api, wq, stopped, int(stopped.intent.get("resume_from", stopped.cut + 1)))
+        await sourcing.await_sourced(self.api, wq, stopped.cut)  # before positions are read again
 
     async def _step_down(self, plan: ResetPlan) -> None:
         """Unpin every affected member and wait until no instance is pinned (a standby may be

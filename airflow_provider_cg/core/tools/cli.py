@@ -564,8 +564,11 @@ async def _online(args, out: TextIO) -> int:
             states = await cg.member_info(args.stream, args.group, args.kind)
             _emit(args, [s.to_dict() for s in states], _members_table(states) if states else "no members", out)
         elif c == "status":
+            from airflow_provider_cg.core.groups.lag import group_lag
+
             st = await cg.status(args.stream, args.group, args.kind)
-            _emit(args, st.to_dict(), _status_text(st), out)
+            lag = await group_lag(nc, args.stream, args.group, js_prefix=args.js_prefix, status=st)
+            _emit(args, lag.add_to(st.to_dict()), _status_text(st, lag), out)
         elif c == "lag":
             from airflow_provider_cg.core.groups.lag import group_lag
 
@@ -598,10 +601,21 @@ async def _online(args, out: TextIO) -> int:
         await nc.close()
 
 
-def _status_text(st) -> str:
+def _stopped_text(stopped: dict | None) -> list[str]:
+    if not stopped:
+        return []
+    what = (f"a resize to {stopped.get('max_members')} partitions" if stopped.get("op") == "resize"
+            else f"a reset ({stopped.get('target')})")
+    return [f"sourcing:     STOPPED after origin sequence {stopped['cut']} by {what} that has not finished: run it "
+            "again (--execute) to finish it"]
+
+
+def _status_text(st, lag=None) -> str:
     lines = [f"group:        {st.group} on stream {st.stream} ({st.kind}, revision {st.revision})",
              f"backlog:      {st.backlog}  pending {st.num_pending}  ack pending {st.num_ack_pending}  "
-             f"redelivered {st.num_redelivered}"]
+             f"redelivered {st.num_redelivered}"
+             + (f"  oldest pending {_age(lag.oldest_pending_age_s)}" if lag is not None else "")]
+    lines += _stopped_text(st.sourcing_stopped)
     if st.kind == cgconfig.ELASTIC:
         fill = st.buffer_fill
         lines.append(f"buffer:       {st.buffered_msgs} msgs / {st.buffered_bytes} bytes"
@@ -627,6 +641,7 @@ def _lag_text(lag) -> str:
     lines = [f"group:        {lag.group} on stream {lag.stream} ({lag.kind})",
              f"backlog:      {lag.backlog}  oldest pending {_age(lag.oldest_pending_age_s)}"
              + (f"  source lag {lag.source_lag}" if lag.source_lag is not None else "")]
+    lines += _stopped_text(lag.sourcing_stopped)
     if lag.unassigned_partitions:
         lines.append(f"unassigned:   partitions {ranges(lag.unassigned_partitions)}")
     rows = [(m.member, ranges(m.partitions), m.backlog, m.num_ack_pending, _age(m.oldest_pending_age_s),
