@@ -24,51 +24,13 @@ import sys
 
 
 def _build_sink(spec):
-    from airflow_provider_cg.core.errors import ConfigError
+    from airflow_provider_cg.core.landing.sinks.opening import open_sink
 
-    extra = {"delta": "deltalake", "iceberg": "pyiceberg"}.get(spec.sink)
-    if extra:
-        import importlib.util
-
-        for module in (extra, "obstore"):
-            if importlib.util.find_spec(module) is None:
-                raise ConfigError("sink", f"the {spec.sink} sink needs {module} on the driver: "
-                                          f"pip install 'airflow-provider-cg[{spec.sink}]'")
-
-    if spec.sink == "parquet":
-        from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
-
-        try:
-            return ParquetLakeSink(spec.sink_path)
-        except OSError as e:
-            raise ConfigError("sink_path", f"cannot create the lake in {spec.sink_path!r} ({e.strerror})") from None
-    if spec.sink == "delta":
-        from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
-
-        try:
-            return DeltaLakeSink(spec.sink_path)
-        except PermissionError as e:
-            raise ConfigError("sink_path", f"cannot create the table in {spec.sink_path!r} ({e.strerror})") from None
-    if spec.sink == "iceberg":
-        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
-
-        uri = spec.iceberg_catalog_uri or os.environ.get("CG_ICEBERG_CATALOG_URI")
-        if not uri:
-            raise ConfigError("iceberg_catalog_uri", "required for the iceberg sink (or CG_ICEBERG_CATALOG_URI)")
-        return IcebergSink(uri, spec.iceberg_table, warehouse=spec.iceberg_warehouse)
-    from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
-
-    dsn = os.environ.get("CG_PG_DSN")
-    if not dsn and os.environ.get("CG_PG_DSN_FILE"):
-        try:
-            with open(os.environ["CG_PG_DSN_FILE"], encoding="utf-8") as f:
-                dsn = f.read().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError("CG_PG_DSN_FILE", f"cannot read the file it names ({type(e).__name__})") from None
-    if not dsn:
-        raise ConfigError("CG_PG_DSN", "the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
-    sink = PostgresSink(dsn, table=spec.pg_table, transformed=spec.transforming)
-    sink.check()  # an unreachable database fails here, before the pin is taken
+    sink = open_sink(spec.sink, sink_path=spec.sink_path, pg_table=spec.pg_table, iceberg_table=spec.iceberg_table,
+                     iceberg_catalog_uri=spec.iceberg_catalog_uri, iceberg_warehouse=spec.iceberg_warehouse,
+                     transformed=spec.transforming)
+    if spec.sink == "postgres":
+        sink.check()  # an unreachable database fails here, before the pin is taken
     return sink
 
 

@@ -333,3 +333,42 @@ def test_auth_secrets_from_files_and_env(tmp_path, monkeypatch):
                   "--json") == "[]\n"
     finally:
         tok_server.cleanup()
+
+
+async def test_lag_shows_each_members_last_committed_batch_from_the_sink(nc, nats_server, member_job_zip, tmp_path):
+    """``cg lag --sink parquet --sink-path`` reads each member's last committed batch (time,
+    rows, origin sequence range) from the lake the jobs land into."""
+    import io
+    import json as _json
+
+    from airflow_provider_cg.core.tools.cli import main as cg
+    from tests.support.member_job import create_group, publish_orders, start_member_job
+
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1", "m2"))
+    await publish_orders(nc, "ORDERS", "g", 200, 10)
+    r = await asyncio.to_thread(start_member_job(
+        member_job_zip, tmp_path / "jobs", nats_servers=nats_server.url, stream="ORDERS", group="g", member="m1",
+        sink_path=tmp_path / "lake", spark=False, args=["--batch-size", "1000", "--idle-timeout", "1"]).wait, 60)
+    assert r.returncode == 0, r.describe()
+
+    def run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        return cg(["lag", "ORDERS", "g", *args, "--server", nats_server.url], stdout=out, stderr=err), \
+            out.getvalue(), err.getvalue()
+
+    code, out, err = await asyncio.to_thread(run, "--sink", "parquet", "--sink-path", str(tmp_path / "lake"), "--json")
+    assert code == 0, err
+    members = {m["member"]: m for m in _json.loads(out)["members"]}
+    last = members["m1"]["last_commit"]
+    part = r.summary["partitions"]
+    assert last["batch_id"] == r.summary["batch_ids"][-1] and last["rows_written"] == r.summary["rows_written"]
+    assert last["origin"]["ORDERS"]["first_seq"] == min(p["first_origin_seq"] for p in part.values())
+    assert last["origin"]["ORDERS"]["last_seq"] == max(p["last_origin_seq"] for p in part.values())
+    assert members["m2"]["last_commit"] is None
+    code, out, err = await asyncio.to_thread(run, "--sink", "parquet", "--sink-path", str(tmp_path / "lake"))
+    assert code == 0 and "LAST_COMMIT (UTC)" in out and f"{r.summary['rows_written']} rows, seq" in out, out
+    code, out, err = await asyncio.to_thread(run, "--sink", "delta")
+    assert code == 1 and err.startswith("cg: error: sink_path: required for the delta sink"), err
+    code, out, err = await asyncio.to_thread(run, "--sink", "iceberg", "--iceberg-table", "a.b",
+                                             "--iceberg-catalog-uri", "postgresql://u:pw@h/db")
+    assert code == 1 and "password" in err and "pw" not in err.replace("password", ""), err

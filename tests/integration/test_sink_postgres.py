@@ -102,6 +102,24 @@ def test_commit_is_idempotent_across_instances(sink, postgres_db):
     assert len(landed(postgres_db)) == 10
 
 
+def test_last_commits_name_each_members_latest_batch(sink, postgres_db):
+    sink.commit(sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 11)), message_refs=refs_for(range(1, 11))))
+    latest = sink.prepare(BatchId("ORDERS", "g", "m1", 2), rows(range(11, 31)), message_refs=refs_for(range(11, 31)))
+    sink.commit(latest)
+    sink.commit(sink.prepare(BatchId("ORDERS", "g", "m2", 1), rows([40, 42], member="m2"),
+                             message_refs=refs_for([40, 42])))
+    other = sink.prepare(BatchId("ORDERS", "h", "m1", 1), rows([50]), message_refs=refs_for([50]))
+    sink.commit(other)  # another group: not listed
+    aborted = sink.prepare(BatchId("ORDERS", "g", "m1", 3), rows([60]), message_refs=refs_for([60]))
+    sink.abort(aborted)  # never committed: not the last commit
+    got = sink.last_commits("ORDERS", "g")
+    assert set(got) == {"m1", "m2"}
+    assert got["m1"].batch_id == latest.gid and got["m1"].rows_written == 20
+    assert got["m1"].origin == {"ORDERS": {"first_seq": 11, "last_seq": 30, "messages": 20}}
+    assert got["m2"].origin == {"ORDERS": {"first_seq": 40, "last_seq": 42, "messages": 2}}
+    assert "T" in got["m1"].committed_at and got["m1"].committed_at <= got["m2"].committed_at  # m2 committed after
+
+
 def test_abort_is_idempotent_and_final(sink, postgres_db):
     p = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 11)), message_refs=refs_for(range(1, 11)))
     assert sink.abort(p) is WriteState.ABORTED

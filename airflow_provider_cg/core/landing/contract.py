@@ -320,6 +320,34 @@ def _check_job(spec: MemberJobSpec) -> None:
             raise ConfigError("backfill_end", f"must be after backfill_start ({end.isoformat()} <= {start.isoformat()})")
     elif not spec.member:
         raise ConfigError("member", "required (unless backfill_start and backfill_end are given)")
+    check_sink(spec)
+    if spec.payload_format == "json" and not spec.json_schema:
+        raise ConfigError("json_schema", "required when payload_format is json")
+    if spec.payload_format == "avro":
+        from airflow_provider_cg.core.landing.decode import parse_avro_schema
+
+        if not spec.avro_schema:
+            raise ConfigError("avro_schema", "required when payload_format is avro")
+        parse_avro_schema(spec.avro_schema)
+    if spec.transform is not None:
+        from airflow_provider_cg.core.landing.transform import parse_spec
+
+        if spec.transform_sql is not None:
+            raise ConfigError("transform", "give transform or transform_sql, not both")
+        parse_spec(spec.transform)
+    elif spec.transform_sql is not None and not spec.transform_sql.strip():
+        raise ConfigError("transform_sql", "must not be empty")
+    if spec.no_spark:
+        if spec.transforming:
+            raise ConfigError("transform", "a transformation runs in Spark (drop no_spark)")
+        if spec.payload_format in ("json", "avro"):
+            raise ConfigError("payload_format", f"{spec.payload_format} needs Spark (drop no_spark)")
+
+
+
+def check_sink(spec: Any) -> None:
+    """The sink's options (``sink``, ``sink_path``, ``pg_table``, ``iceberg_*`` of ``spec``): the
+    member job's rules, also what ``cg lag --sink`` is held to."""
     if spec.sink in PATH_SINKS:
         if not spec.sink_path:
             raise ConfigError("sink_path", f"required for the {spec.sink} sink")
@@ -345,28 +373,6 @@ def _check_job(spec: MemberJobSpec) -> None:
         validate_identifier("pg_table", spec.pg_table)
         if spec.pg_table in OWN_TABLES:
             raise ConfigError("pg_table", f"{spec.pg_table!r} is one of the sink's own tables ({', '.join(OWN_TABLES)})")
-    if spec.payload_format == "json" and not spec.json_schema:
-        raise ConfigError("json_schema", "required when payload_format is json")
-    if spec.payload_format == "avro":
-        from airflow_provider_cg.core.landing.decode import parse_avro_schema
-
-        if not spec.avro_schema:
-            raise ConfigError("avro_schema", "required when payload_format is avro")
-        parse_avro_schema(spec.avro_schema)
-    if spec.transform is not None:
-        from airflow_provider_cg.core.landing.transform import parse_spec
-
-        if spec.transform_sql is not None:
-            raise ConfigError("transform", "give transform or transform_sql, not both")
-        parse_spec(spec.transform)
-    elif spec.transform_sql is not None and not spec.transform_sql.strip():
-        raise ConfigError("transform_sql", "must not be empty")
-    if spec.no_spark:
-        if spec.transforming:
-            raise ConfigError("transform", "a transformation runs in Spark (drop no_spark)")
-        if spec.payload_format in ("json", "avro"):
-            raise ConfigError("payload_format", f"{spec.payload_format} needs Spark (drop no_spark)")
-
 
 def _check_location(name: str, value: str, *, object_store: bool) -> None:
     """A local path, or (where allowed) an ``s3://bucket/prefix`` URL without credentials."""

@@ -23,6 +23,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any, TextIO
 
 from airflow_provider_cg.core.errors import (
@@ -280,7 +281,16 @@ def build_parser() -> argparse.ArgumentParser:
     sg(cmd("step-down", "unpin a member's active instance")).add_argument("member", metavar="MEMBER")
     kinded(sg(cmd("members", "member consumers: partitions, pin, pending")))
     kinded(sg(cmd("status", "backlog per partition and member")))
-    sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder"))
+    p = sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder, and (with "
+                      "--sink) the last committed batch"))
+    p.add_argument("--sink", choices=("parquet", "delta", "iceberg", "postgres"),
+                   help="read each member's last committed batch from this sink (the jobs' options; credentials "
+                        "from the environment as for the job: AWS_*, CG_PG_DSN, CG_ICEBERG_CATALOG_URI)")
+    p.add_argument("--sink-path", metavar="PATH")
+    p.add_argument("--pg-table", default="cg_events", metavar="TABLE")
+    p.add_argument("--iceberg-table", metavar="NAMESPACE.TABLE")
+    p.add_argument("--iceberg-catalog-uri", metavar="URI")
+    p.add_argument("--iceberg-warehouse", metavar="LOCATION")
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
     p = sg(cmd("resize", "change an elastic group's partition count (max_members): a plan by default, "
                          "--execute to stop sourcing, let the members drain the old partitions, switch and resume"))
@@ -511,6 +521,16 @@ async def _online(args, out: TextIO) -> int:
     if args.command == "create":  # check the input before touching the network
         created_cfg = _create_config(args)
         created_cfg.validate(args.stream, args.group)
+    sink_options = None
+    if args.command == "lag" and args.sink:  # the job's rules for the sink, before the network
+        from types import SimpleNamespace
+
+        from airflow_provider_cg.core.landing.contract import check_sink
+
+        sink_options = SimpleNamespace(sink=args.sink, sink_path=args.sink_path, pg_table=args.pg_table,
+                                       iceberg_table=args.iceberg_table, iceberg_catalog_uri=args.iceberg_catalog_uri,
+                                       iceberg_warehouse=args.iceberg_warehouse)
+        check_sink(sink_options)
     if args.command == "reset":
         from airflow_provider_cg.core.groups.reset import MODES, ResetTarget
 
@@ -573,7 +593,13 @@ async def _online(args, out: TextIO) -> int:
             from airflow_provider_cg.core.groups.lag import group_lag
 
             lag = await group_lag(nc, args.stream, args.group, js_prefix=args.js_prefix)
-            _emit(args, lag.to_dict(), _lag_text(lag), out)
+            commits = await asyncio.to_thread(_last_commits, sink_options, args.stream, args.group) \
+                if sink_options else None
+            data = lag.to_dict()
+            if commits is not None:
+                data["members"] = [{**m, "last_commit": asdict(commits[m["member"]]) if m["member"] in commits
+                                    else None} for m in data["members"]]
+            _emit(args, data, _lag_text(lag, commits), out)
         elif c == "reset":
             from airflow_provider_cg.core.groups.reset import GroupReset
 
@@ -637,7 +663,23 @@ def _age(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f}s"
 
 
-def _lag_text(lag) -> str:
+def _last_commits(o, stream: str, group: str) -> dict:
+    """Each member's last committed batch from the sink the jobs land into (read-only)."""
+    from airflow_provider_cg.core.landing.sinks.opening import open_sink
+
+    with open_sink(o.sink, sink_path=o.sink_path, pg_table=o.pg_table, iceberg_table=o.iceberg_table,
+                   iceberg_catalog_uri=o.iceberg_catalog_uri, iceberg_warehouse=o.iceberg_warehouse) as sink:
+        return sink.last_commits(stream, group)
+
+
+def _commit_text(c) -> str:
+    if c is None:
+        return "-"
+    seqs = ", ".join(f"{r['first_seq']}-{r['last_seq']}" for r in c.origin.values()) or "-"
+    return f"{c.committed_at[:19].replace('T', ' ')} {c.rows_written} rows, seq {seqs}"
+
+
+def _lag_text(lag, commits: dict | None = None) -> str:
     lines = [f"group:        {lag.group} on stream {lag.stream} ({lag.kind})",
              f"backlog:      {lag.backlog}  oldest pending {_age(lag.oldest_pending_age_s)}"
              + (f"  source lag {lag.source_lag}" if lag.source_lag is not None else "")]
@@ -646,9 +688,12 @@ def _lag_text(lag) -> str:
         lines.append(f"unassigned:   partitions {ranges(lag.unassigned_partitions)}")
     rows = [(m.member, ranges(m.partitions), m.backlog, m.num_ack_pending, _age(m.oldest_pending_age_s),
              m.pin_holder or "-", m.pinned_since or "-") for m in lag.members]
+    headers = ["MEMBER", "PARTITIONS", "BACKLOG", "IN_FLIGHT", "OLDEST_PENDING", "PINNED", "SINCE"]
+    if commits is not None:
+        headers.append("LAST_COMMIT (UTC)")
+        rows = [(*r, _commit_text(commits.get(m.member))) for r, m in zip(rows, lag.members, strict=True)]
     if rows:
-        lines += ["", table(["MEMBER", "PARTITIONS", "BACKLOG", "IN_FLIGHT", "OLDEST_PENDING", "PINNED", "SINCE"],
-                            rows)]
+        lines += ["", table(headers, rows)]
     return "\n".join(lines)
 
 

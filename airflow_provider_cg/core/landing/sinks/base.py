@@ -110,6 +110,23 @@ class Fence:
         return cls(data["owner"], tuple(data["partitions"]), data.get("partition_count")) if data else None
 
 
+@dataclass(frozen=True)
+class LastCommit:
+    """A member's latest committed batch, as its sink recorded it: what ``cg lag`` shows."""
+
+    member: str
+    batch_id: str
+    committed_at: str  # ISO 8601, UTC
+    rows_written: int
+    origin: dict  # origin stream -> {"first_seq", "last_seq", "messages"}
+
+
+def origin_ranges(keys: Mapping[str, np.ndarray]) -> dict:
+    """``{stream: {"first_seq", "last_seq", "messages"}}`` of sorted unique origin sequences."""
+    return {s: {"first_seq": int(q[0]), "last_seq": int(q[-1]), "messages": int(len(q))}
+            for s, q in keys.items() if len(q)}
+
+
 @dataclass(frozen=True, eq=False)
 class PreparedWrite:
     """A durable, uncommitted write. ``refs`` maps consumed stream -> sorted unique sequences."""
@@ -198,6 +215,10 @@ class TwoPhaseSink(abc.ABC):
     @abc.abstractmethod
     def state(self, prepared: PreparedWrite) -> WriteState:
         """Where a prepared write stands now."""
+
+    def last_commits(self, stream: str, group: str) -> dict[str, LastCommit]:
+        """Per member of the group: its latest committed batch ({} where the sink keeps no record)."""
+        return {}
 
     @abc.abstractmethod
     def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:

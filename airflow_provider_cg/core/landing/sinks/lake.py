@@ -61,6 +61,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,
+    LastCommit,
     MessageRefs,
     PreparedWrite,
     PreparedWriteLost,
@@ -671,6 +672,23 @@ class LakeSink(TwoPhaseSink):
                     )))
         # oldest first: a partition's earlier writes land before its later ones
         return [w for _, w in sorted(found, key=lambda t: (t[0], t[1].batch_id.batch_seq))]
+
+    def last_commits(self, stream: str, group: str) -> dict[str, LastCommit]:
+        """From the protocol log's commit records, newest first."""
+        out: dict[str, LastCommit] = {}
+        with self._lock:
+            self._log.refresh()
+            records = list(self._log.records)
+        for r in reversed(records):
+            batch = r.get("batch") or {}
+            if r["op"] != "commit" or batch.get("stream") != stream or batch.get("group") != group:
+                continue
+            member = batch.get("member") or ""
+            if member not in out:
+                out[member] = LastCommit(member, r["gid"], r.get("committed_at", ""), int(r.get("rows_written", 0)),
+                                         {s: {"first_seq": i["min"], "last_seq": i["max"], "messages": i["count"]}
+                                          for s, i in (r.get("streams") or {}).items()})
+        return out
 
     def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:
         values = np.asarray(list(seqs) if not isinstance(seqs, np.ndarray) else seqs, dtype=np.int64)

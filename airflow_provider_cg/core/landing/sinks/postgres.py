@@ -57,6 +57,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,
+    LastCommit,
     MessageRefs,
     PreparedWrite,
     PreparedWriteLost,
@@ -67,7 +68,9 @@ from airflow_provider_cg.core.landing.sinks.base import (
     conform_table,
     decode_refs,
     encode_refs,
+    keys_by_stream,
     normalize_refs,
+    origin_ranges,
     recovered_by,
 )
 
@@ -406,6 +409,7 @@ class PostgresSink(TwoPhaseSink):
                     "target text NOT NULL, rows_written bigint NOT NULL, duplicates_skipped bigint NOT NULL, "
                     "committed_at timestamptz NOT NULL DEFAULT now())"
                 )
+                cur.execute(f"ALTER TABLE {self._side(MARKERS_TABLE)} ADD COLUMN IF NOT EXISTS origin jsonb")
                 cur.execute(
                     "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
                     "AND table_name = %s",
@@ -492,6 +496,9 @@ class PostgresSink(TwoPhaseSink):
                   for s, q in (input_keys or {}).items() if len(q)]
         gid = batch_id.gid
         rows_in = table.num_rows
+        # what the batch read, for cg lag's last committed batch
+        origin = origin_ranges({st: np.asarray(q, dtype=np.int64) for st, q in inputs} if transformed
+                               else keys_by_stream(table))
 
         self._run(
             "store message refs",
@@ -559,9 +566,9 @@ class PostgresSink(TwoPhaseSink):
                     written = cur.rowcount
                 cur.execute(f"DROP TABLE {staging}")
                 cur.execute(
-                    f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped) "
-                    "VALUES (%s, %s, %s, %s)",
-                    (gid, f"{self.schema}.{self.table}", written, rows_in - written),
+                    f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
+                    "origin) VALUES (%s, %s, %s, %s, %s)",
+                    (gid, f"{self.schema}.{self.table}", written, rows_in - written, json.dumps(origin)),
                 )
                 cur.execute("PREPARE TRANSACTION %s", (gid,))
             except BaseException:
@@ -775,6 +782,28 @@ class PostgresSink(TwoPhaseSink):
             return out
 
         return self._run("recover", fn)
+
+    def last_commits(self, stream: str, group: str) -> dict[str, LastCommit]:
+        """From the commit markers of this target (the newest per member)."""
+        self.ensure_tables()
+        prefix = BatchId.group_prefix(stream, group)
+
+        def fn(cur):
+            cur.execute(
+                f"SELECT DISTINCT ON (r.member) r.member, m.gid, m.committed_at, m.rows_written, m.origin "
+                f"FROM {self._side(MARKERS_TABLE)} m JOIN LATERAL (SELECT split_part(m.gid, ':', 4) AS member) r "
+                "ON true WHERE m.target = %s AND left(m.gid, length(%s)) = %s "
+                "ORDER BY r.member, m.committed_at DESC, m.gid DESC",
+                (f"{self.schema}.{self.table}", prefix, prefix))
+            return cur.fetchall()
+
+        out = {}
+        for member, gid, at, rows, origin in self._run("last commits", fn):
+            if not BatchId.is_gid(gid):
+                continue
+            member = BatchId.parse(gid).member
+            out[member] = LastCommit(member, gid, at.isoformat(), int(rows), origin or {})
+        return out
 
     def prune_markers(self, older_than_s: float) -> int:
         """Delete commit markers older than ``older_than_s`` seconds (after that, a commit of

@@ -1,0 +1,65 @@
+"""Opening a sink by its contract name: the member job's and ``cg lag``'s one way to get one.
+
+Credentials come from the environment only (``CG_PG_DSN`` / ``CG_PG_DSN_FILE``,
+``CG_ICEBERG_CATALOG_URI``, ``AWS_*``), never from arguments.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+
+
+def open_sink(sink: str, *, sink_path: str | None = None, pg_table: str = "cg_events",
+              iceberg_table: str | None = None, iceberg_catalog_uri: str | None = None,
+              iceberg_warehouse: str | None = None, transformed: bool = False) -> TwoPhaseSink:
+    """The sink named ``sink`` (``parquet``, ``delta``, ``iceberg``, ``postgres``); ``ConfigError``
+    naming the field when it cannot be opened as asked."""
+    extra = {"delta": "deltalake", "iceberg": "pyiceberg"}.get(sink)
+    if extra:
+        for module in (extra, "obstore"):
+            if importlib.util.find_spec(module) is None:
+                raise ConfigError("sink", f"the {sink} sink needs {module} on the driver: "
+                                          f"pip install 'airflow-provider-cg[{sink}]'")
+    if sink in ("parquet", "delta") and not sink_path:
+        raise ConfigError("sink_path", f"required for the {sink} sink")
+    if sink == "parquet":
+        from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
+
+        try:
+            return ParquetLakeSink(sink_path)
+        except OSError as e:
+            raise ConfigError("sink_path", f"cannot create the lake in {sink_path!r} ({e.strerror})") from None
+    if sink == "delta":
+        from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+
+        try:
+            return DeltaLakeSink(sink_path)
+        except PermissionError as e:
+            raise ConfigError("sink_path", f"cannot create the table in {sink_path!r} ({e.strerror})") from None
+    if sink == "iceberg":
+        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+
+        uri = iceberg_catalog_uri or os.environ.get("CG_ICEBERG_CATALOG_URI")
+        if not uri:
+            raise ConfigError("iceberg_catalog_uri", "required for the iceberg sink (or CG_ICEBERG_CATALOG_URI)")
+        if not iceberg_table:
+            raise ConfigError("iceberg_table", "required for the iceberg sink")
+        return IcebergSink(uri, iceberg_table, warehouse=iceberg_warehouse)
+    if sink != "postgres":
+        raise ConfigError("sink", f"must be one of parquet, delta, iceberg, postgres (got {sink!r})")
+    from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
+
+    dsn = os.environ.get("CG_PG_DSN")
+    if not dsn and os.environ.get("CG_PG_DSN_FILE"):
+        try:
+            with open(os.environ["CG_PG_DSN_FILE"], encoding="utf-8") as f:
+                dsn = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError("CG_PG_DSN_FILE", f"cannot read the file it names ({type(e).__name__})") from None
+    if not dsn:
+        raise ConfigError("CG_PG_DSN", "the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
+    return PostgresSink(dsn, table=pg_table, transformed=transformed)
