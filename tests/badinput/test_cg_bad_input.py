@@ -22,7 +22,8 @@ BAD_NAMES = ["", " ", "a b", "a.b", "a*", "a>", "*", ">", "a/b", "a\\b", "a\tb",
 BAD_KV_NAMES = ["$JS", "a+b", "a@b", "ä", "a:b", "a,b"]  # valid JetStream names, unusable in the KV key
 GROUP_COMMANDS = [
     ("info",), ("rm",), ("add", "m9"), ("drop", "m1"), ("mapping", "set", '{"m1":[0,1,2,3]}'),
-    ("mapping", "rm"), ("step-down", "m1"), ("members",), ("status",), ("reconcile",),
+    ("mapping", "rm"), ("step-down", "m1"), ("members",), ("status",), ("reconcile",), ("lag",),
+    ("reset", "--to-latest", "--execute", "--force"), ("resize", "--max-members", "8", "--execute"),
 ]
 
 

@@ -282,3 +282,39 @@ async def test_a_reset_killed_after_stopping_sourcing_is_finished_by_the_next(nc
     after = await _land(member_job_zip, tmp_path, url, "ORDERS", "g", ("m1",))
     assert after[0]["messages_read"] == 70 and after[0]["duplicates_skipped"] == 50
     assert_exactly_once(parquet_landed(tmp_path / "lake"), {**expected, **more})
+
+
+async def test_time_modes_on_an_elastic_group(nc, nats_server, member_job_zip, tmp_path):
+    """--to-datetime and --by-duration (and --to-earliest, --by-duration on a static group
+    below): each plan's positions against the stored messages' times, each replay landing
+    nothing twice."""
+    url = nats_server.url
+    api = JsApi(nc)
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
+    early = await publish_orders(nc, "ORDERS", "g", 60, KEYS)
+    await asyncio.sleep(1.1)
+    late = await publish_orders(nc, "ORDERS", "g", 40, KEYS)
+    await _land(member_job_zip, tmp_path, url, "ORDERS", "g", ("m1",))
+    first_late = min(s for _, s in late)
+    when = (await api.get_msg("ORDERS", first_late))["time"]
+    plan = await _reset(url, "ORDERS", "g", "--to-datetime", when, "--execute")
+    assert {c["new"] for c in plan["changes"]} == {first_late} and plan["replay"] == 40
+    again = await _land(member_job_zip, tmp_path, url, "ORDERS", "g", ("m1",))
+    assert again[0]["messages_read"] == 40 and again[0]["rows_written"] == 0
+    plan = await _reset(url, "ORDERS", "g", "--by-duration", "1h")  # everything is newer: the first message
+    assert {c["new"] for c in plan["changes"]} == {1} and plan["replay"] == 100 and not plan["executed"]
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), {**early, **late})
+
+
+async def test_earliest_and_duration_on_a_static_group(nc, nats_server, member_job_zip, tmp_path):
+    url = nats_server.url
+    await _static_group(nc)
+    expected = await _publish_static(nc, 0, 30)
+    await _land(member_job_zip, tmp_path / "s", url, "S", "g", ("a", "b"))
+    for args in (("--to-earliest",), ("--by-duration", "1h")):
+        plan = await _reset(url, "S", "g", *args)
+        assert {c["new"] for c in plan["changes"]} == {1} and plan["replay"] == 30, (args, plan)
+    plan = await _reset(url, "S", "g", "--to-earliest", "--execute")
+    replayed = await _land(member_job_zip, tmp_path / "s", url, "S", "g", ("a", "b"))
+    assert sum(r["messages_read"] for r in replayed) == 30 and sum(r["rows_written"] for r in replayed) == 0
+    assert_exactly_once(parquet_landed(tmp_path / "s" / "lake"), expected)

@@ -84,3 +84,33 @@ def test_the_readme_table_is_what_the_algorithms_do():
     for n, label, block, sticky, least in rows:
         assert computed[(n, label)] == (block, sticky, least), (n, label)
         assert int(sticky) == int(least) <= int(block)
+
+
+def _brute_force_least_moves(previous: dict[str, list[int]], members: list[str], n: int) -> int:
+    """The fewest partitions moved over every balanced assignment, found by enumerating them all."""
+    import itertools
+
+    members = sorted(set(members))
+    owner = {p: m for m, ps in previous.items() for p in ps}
+    k = min(len(members), n)
+    best = n + 1
+    for choice in itertools.product(members, repeat=n):
+        sizes = [choice.count(m) for m in members]
+        active = [s for s in sizes if s]
+        if len(active) != k or max(active) - min(active) > 1:
+            continue
+        best = min(best, sum(1 for p, m in enumerate(choice) if p in owner and owner[p] != m))
+    return best
+
+
+def test_sticky_moves_equal_the_brute_force_optimum_on_small_groups():
+    rnd = random.Random(20261125)
+    names = [f"m{i}" for i in range(5)]
+    for _ in range(60):
+        n = rnd.randint(1, 6)
+        before = sorted(rnd.sample(names, rnd.randint(1, 4)))
+        after = sorted(rnd.sample(names, rnd.randint(1, 4)))
+        current = sticky_distribute({}, before, n)
+        new = sticky_distribute(current, after, n)
+        _check(new, after, n)
+        assert len(plan_moves(current, new)) == _brute_force_least_moves(current, after, n), (n, before, after)
