@@ -223,6 +223,9 @@ def test_lag_per_member_with_the_oldest_pending_age(url):
     assert lag["backlog"] == 20 and [(m["member"], m["backlog"]) for m in lag["members"]] == [("m1", 10), ("m2", 10)]
     for m in lag["members"]:
         assert 1.2 <= m["oldest_pending_age_s"] <= time.time() - published + 2.0, m
+        (p, part), = m["by_partition"].items()  # 2 partitions, one each
+        assert [int(p)] == m["partitions"] and part["stored"] == 10
+        assert part["oldest_pending_age_s"] == m["oldest_pending_age_s"]
     static = js("lag", "S", "st", *s)
     by = {m["member"]: m for m in static["members"]}
     assert by["a"]["backlog"] == 10 and by["a"]["oldest_pending_age_s"] >= 1.2
@@ -243,6 +246,7 @@ def test_lag_per_member_with_the_oldest_pending_age(url):
     lag = js("lag", "O", "g", *s)
     assert [(m["member"], m["backlog"], m["oldest_pending_age_s"] is None) for m in lag["members"]] == [
         ("m1", 0, True), ("m2", 10, False)]
+    assert list(lag["members"][0]["by_partition"].values()) == [{"stored": 0, "oldest_pending_age_s": None}]
     out = ok("lag", "O", "g", *s)
     assert out.splitlines()[3].split()[:6] == ["MEMBER", "PARTITIONS", "BACKLOG", "IN_FLIGHT", "OLDEST_PENDING",
                                               "PINNED"]

@@ -29,6 +29,7 @@ class MemberLag:
     pin_holder: str | None
     pinned_since: str | None
     active: bool  # its consumer exists
+    by_partition: dict[str, dict] = field(default_factory=dict)  # "<p>" -> stored, oldest_pending_age_s
 
 
 @dataclass
@@ -102,7 +103,10 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
         members.append(MemberLag(
             member=m.member, partitions=list(m.partitions), backlog=member_backlog(status, m),
             num_ack_pending=m.num_ack_pending, oldest_pending_age_s=round(now - min(times), 3) if times else None,
-            pin_holder=m.pinned_id, pinned_since=m.pinned_since, active=m.consumer_exists))
+            pin_holder=m.pinned_id, pinned_since=m.pinned_since, active=m.consumer_exists,
+            by_partition={str(p): {"stored": int(status.partitions.get(p, 0)),
+                                   "oldest_pending_age_s": round(now - oldest[p], 3) if p in oldest else None}
+                          for p in m.partitions}))
     ages = [x.oldest_pending_age_s for x in members if x.oldest_pending_age_s is not None]
     return GroupLag(stream=stream, group=group, kind=status.kind, max_members=status.max_members,
                     backlog=status.backlog, oldest_pending_age_s=max(ages) if ages else None, members=members,
