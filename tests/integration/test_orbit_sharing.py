@@ -36,7 +36,7 @@ from tests.support.orbit import OrbitCli, build_orbit_cg_source, build_orbit_lib
 pytestmark = [pytest.mark.integration]
 
 KEYS = 30
-MESSAGES = 800
+MESSAGES = 400
 #: what orbit's CLI gives the consumers it creates; our job creates the same with these options
 ORBIT_CLI_OPTIONS = ("--ack-wait", "2", "--max-ack-pending", "1")
 
@@ -61,22 +61,33 @@ class Peer:
         return self.log.read_text(errors="replace")
 
     def acked_origin_seqs(self) -> set[int]:
+        return self.outcomes()[0]
+
+    def outcomes(self) -> tuple[set[int], set[int]]:
+        """(messages orbit processed and double-acked, messages it was processing when stopped:
+        acked or not, unknown). The library program finishes the message in hand before it exits;
+        orbit's CLI has no signal handling, so its last record may have no outcome."""
         text = self.text()
         if self.kind == "library":
-            return {int(m.group(1)) for m in re.finditer(r"origin=\S+ (\d+) acked$", text, re.M)}
+            return {int(m.group(1)) for m in re.finditer(r"origin=\S+ (\d+) acked$", text, re.M)}, set()
         # the CLI prints the work-queue sequence, equal to the origin's here (one source, no gaps)
-        seqs = set()
-        for record in re.split(r"(?=\[[^\]\s]+\] subject=)", text):
+        acked, unsure = set(), set()
+        records = re.split(r"(?=\[[^\]\s]+\] subject=)", text)
+        for i, record in enumerate(records):
             m = re.search(r"\bseq=(\d+)", record)
-            if m and re.search(r"\backed\s*$", record) and "could not" not in record:
-                seqs.add(int(m.group(1)))
-        return seqs
+            if not m:
+                continue
+            if re.search(r"\backed\s*$", record) and "could not" not in record:
+                acked.add(int(m.group(1)))
+            elif i == len(records) - 1 and "can not be acknowledged" not in record:
+                unsure.add(int(m.group(1)))
+        return acked, unsure
 
     def stop(self) -> None:
         stop(self.proc)
 
 
-def _start_peer(kind: str, cli_binary, library_binary, url: str, tmp_path: Path, sleep: str = "5ms") -> Peer:
+def _start_peer(kind: str, cli_binary, library_binary, url: str, tmp_path: Path, sleep: str = "2ms") -> Peer:
     log = tmp_path / f"orbit-{kind}-{time.monotonic_ns()}.log"
     if kind == "cli":
         cli = OrbitCli.for_server(cli_binary, url, tmp_path)
@@ -134,12 +145,17 @@ async def _finish(nc, api, peer: Peer, zip_path, tmp_path, url, expected, job_ar
         peer.stop()
     last = await asyncio.to_thread(_job(zip_path, tmp_path, url, *job_args).wait, 120)
     assert last.returncode == 0, last.describe()
-    theirs = peer.acked_origin_seqs()
-    landed = parquet_landed(tmp_path / "lake")
+    _check_once(peer, parquet_landed(tmp_path / "lake"), expected)
+
+
+def _check_once(peer: Peer, landed, expected) -> None:
+    """Each message processed once, by orbit or by us; ours in per-key order."""
+    theirs, unsure = peer.outcomes()
     ours = {r.origin_seq for r in landed}
     assert not theirs & ours, f"processed by both orbit and us: {sorted(theirs & ours)[:10]}"
-    assert theirs | ours == {seq for (_, seq) in expected}, (
-        f"lost: {sorted({seq for (_, seq) in expected} - theirs - ours)[:10]}")
+    everything = {seq for (_, seq) in expected}
+    assert theirs | ours <= everything and everything - theirs - ours <= unsure, (
+        f"lost: {sorted(everything - theirs - ours)[:10]}, orbit's message in hand when stopped: {unsure}")
     assert_exactly_once(landed, {k: v for k, v in expected.items() if k[1] in ours})
 
 
@@ -165,10 +181,12 @@ async def test_our_job_first_then_orbit(nc, nats_server, member_job_zip, tmp_pat
         assert ours_created is not None
         peer = _start_peer(peer_kind, orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path)
         if adoptable:
-            await asyncio.sleep(1.5)  # orbit joins at once: a create-only request, then standby pulls
+            await asyncio.sleep(1.0)  # orbit joins at once: a create-only request, then standby pulls
             assert peer.proc.poll() is None, peer.text()
             assert await _created(api) == ours_created, "orbit replaced a consumer it could have joined"
-            assert not peer.acked_origin_seqs(), "orbit processed messages while our job held the pin"
+            ours = re.search(r"cg pinned member=m1 pin_id=(\S+)", job.output_so_far())
+            if ours and await _pinned(api) == ours.group(1):  # our pin has not expired while suspended
+                assert not peer.acked_origin_seqs(), "orbit processed messages while our job held the pin"
         else:
             async def replaced() -> bool:
                 return await _created(api) not in (None, ours_created) and await _pinned(api) is not None
@@ -197,7 +215,7 @@ async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_pat
     await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
     api = JsApi(nc)
     expected = await publish_orders(nc, "ORDERS", "g", MESSAGES, KEYS)
-    peer = _start_peer(peer_kind, orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "10ms")
+    peer = _start_peer(peer_kind, orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "20ms")
     try:
         await _wait_until(lambda: _pinned(api), 30, f"orbit's instance is pinned ({peer.text()[-1500:]})")
     except BaseException:
@@ -210,19 +228,15 @@ async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_pat
         assert standby.returncode == 0 and standby.summary["result"] == "not-pinned", standby.describe()
         assert await _created(api) == created, "our job replaced orbit's consumer"
         assert peer.proc.poll() is None, peer.text()[-1500:]
-        await asyncio.sleep(1.0)  # orbit processes part of the backlog (~10 ms a message)
+        await asyncio.sleep(1.0)  # orbit processes part of the backlog (~20 ms a message)
     finally:
         peer.stop()
     ours = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server.url, *job_args).wait, 120)
     assert ours.returncode == 0 and ours.summary["result"] == "committed", ours.describe()
     assert int((await api.stream_info("ORDERS-g"))["state"]["messages"]) == 0
-    theirs = peer.acked_origin_seqs()
     landed = parquet_landed(tmp_path / "lake")
-    mine = {r.origin_seq for r in landed}
-    assert theirs and mine, (len(theirs), len(mine))
-    assert not theirs & mine, f"processed by both orbit and us: {sorted(theirs & mine)[:10]}"
-    assert theirs | mine == {seq for (_, seq) in expected}
-    assert_exactly_once(landed, {k: v for k, v in expected.items() if k[1] in mine})
+    assert peer.acked_origin_seqs() and landed, (len(peer.acked_origin_seqs()), len(landed))
+    _check_once(peer, landed, expected)
 
 
 async def test_orbit_reads_and_consumes_a_group_after_our_reset(nc, nats_server, tmp_path, orbit_cli_binary,

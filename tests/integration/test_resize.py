@@ -101,8 +101,7 @@ class Runner:
             assert r.returncode == 2 and "Traceback" not in r.output, r.describe()
 
 
-@pytest.mark.parametrize("faults", [False, True], ids=["quiet", "faults"])
-async def test_resize_while_jobs_land(nc, nats_server, member_job_zip, tmp_path, faults, request):
+async def test_resize_while_jobs_land(nc, nats_server, member_job_zip, tmp_path, request, faults=True):
     seed = request.config.getoption("--chaos-seed", None) or random.randrange(1 << 30)
     print(f"resize test seed {seed}")
     rng = random.Random(seed)

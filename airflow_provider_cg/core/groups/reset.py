@@ -463,6 +463,8 @@ class GroupReset:
     async def _execute_elastic(self, plan: ResetPlan) -> None:
         wq = cgconfig.work_queue_stream(plan.stream, plan.group)
         if not any(c.new < c.current for c in plan.changes):
+            # what is still on its way into the queue must be there before the skipped part goes
+            await sourcing.await_caught_up(self.api, wq)
             for c in plan.changes:
                 if c.new > c.current:
                     await self._purge_below(wq, c.partitions[0], c.new)

@@ -146,3 +146,17 @@ async def record(api: JsApi, wq: str, stopped: Stopped, **intent: Any) -> Stoppe
 
 async def current_stop(api: JsApi, wq: str) -> Stopped | None:
     return stopped_state((await api.stream_info(wq))["config"])
+
+
+async def await_caught_up(api: JsApi, wq: str, timeout: float = 60.0) -> None:
+    """Wait until the running source reports no lag (what the origin holds is in the queue)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        sources = (await api.stream_info(wq)).get("sources") or []
+        if not sources or int(sources[0].get("lag", 0)) == 0:
+            return
+        if loop.time() > deadline:
+            raise SourcingError(f"{wq!r} is still {sources[0].get('lag')} message(s) behind its origin after "
+                                f"{timeout:.0f}s; nothing was skipped: run the reset again")
+        await asyncio.sleep(0.05)

@@ -1,6 +1,6 @@
 // A consumer on orbit's pcgroups library (ElasticConsume with the library's defaults: explicit
-// acks, ack wait 5 s), for the interop tests: it consumes one member until SIGTERM and prints one
-// line per message it processed and double-acked:
+// acks, ack wait 5 s), for the interop tests: it consumes one member until SIGTERM (finishing the
+// message in hand first) and prints one line per message it processed and double-acked:
 //
 //	processed seq=<work-queue seq> origin=<origin stream> <origin seq> acked
 //
@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -43,7 +44,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "jetstream:", err)
 		os.Exit(2)
 	}
+	var inFlight sync.Mutex // held while a message is handled: a stop waits for its outcome line
 	handler := func(msg jetstream.Msg) {
+		inFlight.Lock()
+		defer inFlight.Unlock()
 		meta, err := msg.Metadata()
 		if err != nil {
 			fmt.Println("metadata:", err)
@@ -77,4 +81,5 @@ func main() {
 		}
 	}
 	cc.Stop()
+	inFlight.Lock() // the message being handled is acked (or not) and printed before we exit
 }

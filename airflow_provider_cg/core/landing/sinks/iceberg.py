@@ -142,14 +142,35 @@ class IcebergSink(TableSink):
         return None if tbl is None else tbl.schema().as_arrow()
 
     def _create(self, schema: pa.Schema):
-        from pyiceberg.exceptions import TableAlreadyExistsError
+        """Create the namespace and the table unless there. Two members' first batches may race
+        here: pyiceberg checks, then inserts, and the loser's insert fails on the catalog's key
+        (an IntegrityError on PostgreSQL, not its AlreadyExists error); whoever created it, it is
+        there now."""
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
 
-        self.catalog.create_namespace_if_not_exists(self.namespace)
+        try:
+            self.catalog.create_namespace_if_not_exists(self.namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        except Exception:  # a lost race surfaces as the database's own error
+            if not self._namespace_exists():
+                raise
         try:
             return self.catalog.create_table(self.identifier, schema=schema, location=self.location,
                                              properties=dict(NO_RETRIES))
         except TableAlreadyExistsError:
             return self._load()
+        except Exception:
+            table = self._load()  # created by the other member meanwhile
+            if table is None:
+                raise
+            return table
+
+    def _namespace_exists(self) -> bool:
+        try:
+            return bool(self.catalog.namespace_exists(self.namespace))
+        except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
+            return False
 
     def commit_files(self, record: dict, files: list[tuple[str, int, dict]], schema: pa.Schema) -> None:
         from pyiceberg.exceptions import CommitFailedException

@@ -1,0 +1,295 @@
+"""Benchmark: how fresh the lake is. Publish at a steady rate while the members land, and measure
+per message the time from its publish to the commit of its batch.
+
+In one run, on a fresh embedded nats-server:
+
+  sourcing   the reference: the server's own sourcing of an origin into a group's work queue
+             (origin filled first with ``--reference-messages``, then the group created; the
+             rate at which the work queue fills), measured alone;
+  schedules  ``back-to-back`` (each member's next job starts when its last one ends) and
+             ``every-N-s`` (a job per member every ``--interval`` seconds, as a DAG would; one
+             still running is not doubled), each at publish rates that are fractions of the
+             sourcing rate (``--fractions``), for ``--seconds`` of publishing.
+
+A group of ``--partitions`` partitions and ``--members`` members lands into the Parquet lake; the
+jobs are the member job's plain Python driver (``--no-spark``, raw payloads: Spark's JVM start
+would add its seconds to every scheduled run; ``--spark`` runs spark-submit instead). Per
+message: freshness = commit time of its batch (the lake's commit log) - its publish time (the
+origin's timestamp), as p50 / p99 / max; landed msg/s; and whether the rate was *sustained*:
+the backlog (published - landed) in the last third of the publishing was no larger than in the
+middle third (with slack for a schedule's saw-tooth), and everything landed within
+``--interval`` + 30 s after publishing stopped. Prints a table, writes
+``benchmarks/results/freshness.json`` and ``freshness.png``. Rates are comparable within a run.
+
+    .venv/bin/python benchmarks/bench_freshness.py [--seconds 30] [--fractions 0.25,0.5,0.75,0.9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.landing.sinks.lake import CommitLog
+from airflow_provider_cg.core.landing.sinks.storage import LocalStorage
+from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path
+from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
+
+KEYS = 2000
+SIZE = 200
+RESULTS = Path(__file__).parent / "results"
+
+
+async def sourcing_rate(url: str, n: int) -> float:
+    """The server's sourcing alone: fill an origin, then create a group and time its work queue."""
+    nc = await NatsConnectionSettings(servers=[url]).connect()
+    api = JsApi(nc)
+    await api.add_stream({"name": "REF", "subjects": ["ref.*"], "storage": "file"})
+    payload = os.urandom(SIZE)
+    await publish_many(nc, ((f"ref.k{i % KEYS}", payload) for i in range(n)))
+    t = time.perf_counter()
+    await ConsumerGroups(nc).create("REF", "g", ElasticGroupConfig(6, (PartitioningFilter("ref.*", (1,)),),
+                                                                    members=("m1",)))
+    while int((await api.stream_info("REF-g"))["state"]["messages"]) < n:  # noqa: ASYNC110 - server state
+        await asyncio.sleep(0.02)
+    rate = n / (time.perf_counter() - t)
+    await api.delete_stream("REF-g")
+    await api.delete_stream("REF")
+    await nc.close()
+    return rate
+
+
+class Publisher:
+    """Publishes at ``rate`` msg/s in 20 ms ticks for ``seconds``; samples the backlog each second."""
+
+    def __init__(self, url: str, stream: str, rate: float, seconds: float) -> None:
+        self.url, self.stream, self.rate, self.seconds = url, stream, rate, seconds
+        self.published = 0
+        self.samples: list[tuple[float, int]] = []  # (t, published - landed): the backlog
+
+    async def run(self, landed) -> None:
+        nc = await NatsConnectionSettings(servers=[self.url]).connect()
+        payload = os.urandom(SIZE)
+        start = time.perf_counter()
+        next_sample = 1.0
+        try:
+            while (now := time.perf_counter() - start) < self.seconds:
+                due = int(self.rate * now) - self.published
+                if due > 0:
+                    base = self.published
+                    await publish_many(nc, ((f"{self.stream.lower()}.k{(base + i) % KEYS}", payload)
+                                            for i in range(due)))
+                    self.published += due
+                if now >= next_sample:
+                    self.samples.append((now, self.published - await landed()))
+                    next_sample += 1.0
+                await asyncio.sleep(0.02)
+        finally:
+            await nc.close()
+
+
+class Lander:
+    """Starts member jobs per schedule until stopped."""
+
+    def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
+                 spark: bool, zip_path: Path) -> None:
+        self.url, self.workdir, self.stream, self.members = url, workdir, stream, members
+        self.interval, self.spark, self.zip_path = interval, spark, zip_path
+        self.lake = workdir / f"lake-{stream}"
+        self.jobs = 0
+        self.stop = threading.Event()
+
+    def _start(self, member: str) -> subprocess.Popen:
+        env = dict(os.environ, CG_NATS_SERVERS=self.url, PYSPARK_PYTHON=sys.executable,
+                   PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+        launch = (["spark-submit", "--master", "local[2]", "--py-files", str(self.zip_path), str(member_job_path())]
+                  if self.spark else [sys.executable, str(member_job_path()), "--no-spark"])
+        self.jobs += 1
+        return subprocess.Popen([*launch, "--stream", self.stream, "--group", "g", "--member", member, "--sink",
+                                 "parquet", "--sink-path", str(self.lake), "--batch-size", "20000",
+                                 "--idle-timeout", "0.5", "--standby-timeout", "5"],
+                                env=env, cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def run(self) -> None:
+        running: dict[str, subprocess.Popen] = {}
+        next_round = 0.0
+        start = time.monotonic()
+        while not self.stop.is_set():
+            now = time.monotonic() - start
+            for m in self.members:
+                proc = running.get(m)
+                idle = proc is None or proc.poll() is not None
+                if idle and (self.interval is None or now >= next_round):
+                    running[m] = self._start(m)
+            if self.interval is not None and now >= next_round:
+                next_round += self.interval
+            time.sleep(0.05)
+        for proc in running.values():
+            proc.wait(120)
+
+
+def freshness(lake: Path, stream: str) -> np.ndarray:
+    """Seconds from publish to commit, per landed message (from the lake's commit log)."""
+    root = lake
+    log = CommitLog(LocalStorage(root, create=False))
+    log.refresh()
+    out = []
+    for record in log.records:
+        if record["op"] != "commit":
+            continue
+        committed = dt.datetime.fromisoformat(record["committed_at"]).timestamp()
+        for f in record["files"]:
+            path = root / f["path"] if (root / f["path"]).exists() else root / f["staged"]
+            ts = pq.read_table(path, columns=["timestamp"]).column("timestamp").cast("int64").to_numpy()
+            out.append(committed - ts / 1e9)
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+async def landed_so_far(api: JsApi, stream: str) -> int:
+    """Messages no longer waiting: the origin's count minus the work queue's and the source's lag."""
+    origin = int((await api.stream_info(stream))["state"]["messages"])
+    wq = await api.stream_info(f"{stream}-g")
+    lag = int((wq.get("sources") or [{}])[0].get("lag", 0))
+    return origin - int(wq["state"]["messages"]) - lag
+
+
+def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float | None, rate: float,
+             seconds: float, partitions: int, members: int, spark: bool, zip_path: Path) -> dict:
+    stream = name.upper()
+    names = [f"m{i + 1}" for i in range(members)]
+
+    async def setup() -> None:
+        nc = await NatsConnectionSettings(servers=[url]).connect()
+        await JsApi(nc).add_stream({"name": stream, "subjects": [f"{stream.lower()}.*"], "storage": "file"})
+        await ConsumerGroups(nc).create(stream, "g", ElasticGroupConfig(
+            partitions, (PartitioningFilter(f"{stream.lower()}.*", (1,)),), members=tuple(names)))
+        await nc.close()
+
+    asyncio.run(setup())
+    lander = Lander(url, workdir, stream, names, interval, spark, zip_path)
+    thread = threading.Thread(target=lander.run, daemon=True)
+    publisher = Publisher(url, stream, rate, seconds)
+
+    async def go() -> bool:
+        nc = await NatsConnectionSettings(servers=[url]).connect()
+        api = JsApi(nc)
+
+        async def landed() -> int:
+            return await landed_so_far(api, stream)
+
+        thread.start()
+        await publisher.run(landed)
+        limit = time.perf_counter() + (interval or 0) + 30
+        while await landed() < publisher.published:
+            if time.perf_counter() > limit:
+                break
+            await asyncio.sleep(0.2)
+        drained = await landed() >= publisher.published
+        lander.stop.set()
+        await nc.close()
+        return drained
+
+    t = time.perf_counter()
+    drained = asyncio.run(go())
+    elapsed = time.perf_counter() - t
+    thread.join(180)
+    f = freshness(lander.lake, stream)
+    third = max(1, len(publisher.samples) // 3)
+    middle = [b for _, b in publisher.samples[third:2 * third]] or [0]
+    last = [b for _, b in publisher.samples[2 * third:]] or [0]
+    slack = rate * (interval or 2.0)  # a schedule's saw-tooth
+    sustained = drained and max(last) <= max(middle) + slack
+    return {"schedule": schedule, "rate_target": round(rate), "published": publisher.published,
+            "landed": int(len(f)), "landed_msg_s": round(len(f) / elapsed), "jobs": lander.jobs,
+            "p50_s": round(float(np.percentile(f, 50)), 2) if len(f) else None,
+            "p99_s": round(float(np.percentile(f, 99)), 2) if len(f) else None,
+            "max_s": round(float(f.max()), 2) if len(f) else None,
+            "backlog_max": max([b for _, b in publisher.samples] or [0]), "sustained": bool(sustained)}
+
+
+def plot(rows: list[dict], reference: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for schedule in dict.fromkeys(r["schedule"] for r in rows):
+        pts = [r for r in rows if r["schedule"] == schedule]
+        x = [r["rate_target"] / 1000 for r in pts]
+        a.plot(x, [r["p99_s"] for r in pts], marker="o", label=f"{schedule} p99")
+        a.plot(x, [r["p50_s"] for r in pts], marker=".", linestyle="--", label=f"{schedule} p50")
+        b.plot(x, [r["landed_msg_s"] / 1000 for r in pts], marker="o", label=schedule)
+    for ax in (a, b):
+        ax.axvline(reference / 1000, color="#999", linestyle=":", label="server sourcing alone")
+        ax.set_xlabel("publish rate (thousand msg/s)")
+        ax.legend(fontsize=8)
+    a.set_ylabel("publish -> commit (s)")
+    a.set_title("freshness of the lake")
+    b.set_ylabel("landed (thousand msg/s)")
+    b.set_title("landed rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=30.0, help="publishing time per case")
+    p.add_argument("--fractions", default="0.25,0.5,0.75,0.9", help="publish rates, as fractions of sourcing")
+    p.add_argument("--interval", type=float, default=10.0, help="seconds between scheduled runs")
+    p.add_argument("--partitions", type=int, default=6)
+    p.add_argument("--members", type=int, default=3)
+    p.add_argument("--reference-messages", type=int, default=300_000)
+    p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
+    args = p.parse_args()
+    fractions = [float(x) for x in args.fractions.split(",")]
+    RESULTS.mkdir(exist_ok=True)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="cg-fresh-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
+        zip_path = build_core_zip(Path(d) / "cg_core.zip")
+        reference = asyncio.run(sourcing_rate(srv.url, args.reference_messages))
+        print(f"server sourcing alone: {reference:,.0f} msg/s", flush=True)
+        schedules = [("back-to-back", None), (f"every-{args.interval:g}s", args.interval)]
+        for i, (schedule, interval) in enumerate(schedules):
+            for j, frac in enumerate(fractions):
+                row = run_case(srv.url, Path(d), f"F{i}x{j}", schedule, interval, reference * frac, args.seconds,
+                               args.partitions, args.members, args.spark, zip_path)
+                row["fraction"] = frac
+                rows.append(row)
+                print(f"  {schedule} at {frac:.2f}x sourcing ({row['rate_target']:,} msg/s): p50 {row['p50_s']} s, "
+                      f"p99 {row['p99_s']} s, max {row['max_s']} s, landed {row['landed_msg_s']:,} msg/s, "
+                      f"sustained {row['sustained']}", flush=True)
+    cols = ["schedule", "fraction", "rate_target", "published", "landed", "landed_msg_s", "p50_s", "p99_s", "max_s",
+            "backlog_max", "jobs", "sustained"]
+    print("\n" + " ".join(f"{c:>13}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r.get(c, '')!s:>13}" for c in cols))
+    best = {s: max([r["rate_target"] for r in rows if r["schedule"] == s and r["sustained"]] or [0])
+            for s in dict.fromkeys(r["schedule"] for r in rows)}
+    for s, rate in best.items():
+        print(f"{s}: highest sustained publish rate {rate:,} msg/s = {rate / reference:.2f}x the server's sourcing")
+    out = {"sourcing_msg_s": round(reference), "interval_s": args.interval, "partitions": args.partitions,
+           "members": args.members, "spark": args.spark, "cases": rows, "highest_sustained": best}
+    (RESULTS / "freshness.json").write_text(json.dumps(out, indent=1) + "\n")
+    plot(rows, reference, RESULTS / "freshness.png")
+    print(f"\nwrote {RESULTS / 'freshness.json'} and {RESULTS / 'freshness.png'}")
+
+
+if __name__ == "__main__":
+    main()
