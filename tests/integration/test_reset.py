@@ -318,3 +318,19 @@ async def test_earliest_and_duration_on_a_static_group(nc, nats_server, member_j
     replayed = await _land(member_job_zip, tmp_path / "s", url, "S", "g", ("a", "b"))
     assert sum(r["messages_read"] for r in replayed) == 30 and sum(r["rows_written"] for r in replayed) == 0
     assert_exactly_once(parquet_landed(tmp_path / "s" / "lake"), expected)
+
+
+async def test_a_static_member_reset_before_its_first_job(nc, nats_server, member_job_zip, tmp_path):
+    """--to-latest before any job ran: the member's durable is created as its job would create
+    it, at the new position; its first job lands only what came after."""
+    url = nats_server.url
+    await _static_group(nc)
+    await _publish_static(nc, 0, 20)
+    plan = await _reset(url, "S", "g", "--member", "a", "--to-latest", "--execute")
+    assert plan["changes"][0]["new"] == 21 and plan["changes"][0]["skip"] > 0
+    info = await JsApi(nc).consumer_info("S", "g-a")
+    assert info["config"]["ack_wait"] == 60 * 10**9 and info["config"]["max_ack_pending"] == 300_000
+    later = await _publish_static(nc, 20, 10)
+    (summary,) = await _land(member_job_zip, tmp_path, url, "S", "g", ("a",))
+    landed = parquet_landed(tmp_path / "lake")
+    assert summary["messages_read"] == len(landed) > 0 and {r.origin_seq for r in landed} <= {s for _, s in later}

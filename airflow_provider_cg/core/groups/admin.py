@@ -74,6 +74,12 @@ MAX_CONFIG_BYTES = 1024 * 1024  # a stored config larger than this is refused on
 DEFAULT_ACK_WAIT = 5.0  # seconds: orbit's default ack wait for the consumers it creates
 IDLE_FACTOR = 1  # orbit (v0.2): an elastic member's inactive_threshold = ack_wait * 1
 MIN_PRIORITY_TIMEOUT = 1.0  # seconds: orbit's pinned TTL is max(ack_wait, 1 s)
+STATIC_ACK_WAIT = 60.0  # seconds: a static member job reads through its durable: room to land a batch
+
+
+def static_max_ack_pending(batch_size: int) -> int:
+    """``max_ack_pending`` of the static durable a member job creates: three of its batches."""
+    return max(3 * batch_size, 1000)
 TRANSITION_PAUSE = 0.5  # seconds, as the pcgroups design pauses
 CAS_ATTEMPTS = 50
 NS = 1_000_000_000

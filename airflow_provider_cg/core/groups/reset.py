@@ -38,10 +38,12 @@ from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.admin import (
     ELASTIC,
     PRIORITY_GROUP,
+    STATIC_ACK_WAIT,
     ConsumerGroups,
     consumer_name_of,
     consumer_stream_of,
     priority_group_of,
+    static_max_ack_pending,
 )
 from airflow_provider_cg.core.jetstream.api import JsApi
 
@@ -176,8 +178,9 @@ class ResetPlan:
 class GroupReset:
     """Plans and executes resets on one connection (``js_prefix`` as the rest of ``core``)."""
 
-    def __init__(self, nc, js_prefix: str = "$JS.API") -> None:
-        self.nc = nc
+    def __init__(self, nc, js_prefix: str = "$JS.API", batch_size: int = 100_000) -> None:
+        """``batch_size``: the member jobs' (it sizes a static durable this creates, as they would)."""
+        self.nc, self.batch_size = nc, batch_size
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
         self.api = JsApi(nc, prefix=js_prefix)
 
@@ -452,8 +455,9 @@ class GroupReset:
                                f"nats-server 2.14+ (this server is {'.'.join(map(str, version))})")
         for c in plan.changes:
             name = consumer_name_of(plan.kind, plan.group, c.member)
-            if await self.api.consumer_info(plan.stream, name) is None:
-                await self.groups.ensure_member_consumer(plan.stream, plan.group, c.member)
+            if await self.api.consumer_info(plan.stream, name) is None:  # no job ran yet: create its durable
+                await self.groups.ensure_member_consumer(plan.stream, plan.group, c.member, ack_wait=STATIC_ACK_WAIT,
+                                                         max_ack_pending=static_max_ack_pending(self.batch_size))
             await self.api.request(f"CONSUMER.RESET.{plan.stream}.{name}", {"seq": c.new})
 
     async def _server_version(self) -> tuple[int, ...]:

@@ -32,6 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups.admin import STATIC_ACK_WAIT
 
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
 SUMMARY_PREFIX = "CG_SUMMARY "
@@ -51,7 +52,6 @@ PATH_SINKS = ("parquet", "delta")
 PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
 READ_MODES = ("auto", "consumer")
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
-STATIC_ACK_WAIT = 60.0  # a static member reads through the consumer: room to land a batch
 ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome before it commits anyway
 
 

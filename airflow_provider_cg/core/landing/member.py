@@ -28,7 +28,12 @@ import time
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.groups import partitioning
-from airflow_provider_cg.core.groups.admin import PRIORITY_GROUP, ConsumerGroups, priority_group_of
+from airflow_provider_cg.core.groups.admin import (
+    PRIORITY_GROUP,
+    ConsumerGroups,
+    priority_group_of,
+    static_max_ack_pending,
+)
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
@@ -109,7 +114,7 @@ class MemberRun:
         # an existing one is used as it is.
         self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
             o.stream, o.group, o.member, ack_wait=self.ack_wait,
-            max_ack_pending=o.max_ack_pending or (None if elastic else max(3 * self.batch_size, 1000)),
+            max_ack_pending=o.max_ack_pending or (None if elastic else static_max_ack_pending(self.batch_size)),
         )
         existing = await self.api.consumer_info(self.consumer_stream, consumer)
         if existing is None:

@@ -138,3 +138,12 @@ def test_summary_format_and_failed_summary():
     failed = contract.Summary.failed(MemberJobSpec.build(BASE), contract.EXIT_INVALID, "transform: boom")
     assert (failed.result, failed.exit_code, failed.error) == ("failed", 1, "transform: boom")
     assert contract.RESULT_FAILED not in contract.SKIP_RESULTS
+
+
+def test_a_reset_creates_a_static_durable_as_a_default_job_would():
+    import inspect
+
+    from airflow_provider_cg.core.groups.reset import GroupReset
+
+    assert inspect.signature(GroupReset).parameters["batch_size"].default == \
+        MemberJobSpec.__dataclass_fields__["batch_size"].default

@@ -82,3 +82,31 @@ def test_recovery_commits_what_may_have_been_acked_and_rolls_back_the_rest(tmp_p
     asyncio.run(lander.take_over("m1/x", (0, 3)))
     assert other.batch_id.gid not in {w.batch_id.gid for w in sink.recover("ORDERS", "g", "m2", (0, 1, 2, 3))}
     assert committed_seqs(lake) == [4, 5, 6]  # never marked acking: rolled back, its messages come again
+
+
+def test_a_writer_whose_pin_moved_rolls_back_before_any_ack(tmp_path):
+    """Another instance (orbit's, which our fences do not stop) was pinned meanwhile: the batch
+    is rolled back with no ack sent, and the writer stops; with the pin still held it lands."""
+    lake = tmp_path / "lake"
+    s = Summary("ORDERS", "g", "m1")
+    lander = TwoPhaseLander(ParquetLakeSink(lake), s, "ORDERS", "g", "m1")
+    pinned = [True]
+    asked, acked = [], []
+
+    async def holds_pin() -> bool:
+        asked.append(1)
+        return pinned[0]
+
+    async def ack() -> int:
+        acked.append(1)
+        return 0
+
+    lander.holds_pin = holds_pin
+    assert land(lander, range(1, 6), 1, ack) is True and len(asked) == len(acked) == 1
+    pinned[0] = False
+    assert land(lander, range(6, 11), 2, ack) is False
+    assert len(asked) == 2 and len(acked) == 1 and lander.taken_over
+    assert committed_seqs(lake) == list(range(1, 6)) and s.batches == 1
+    assert lander.sink.recover("ORDERS", "g", "m1") == []  # rolled back, nothing left prepared
+    assert land(lander, range(6, 11), 3) is True  # a backfill's batch asks nothing (no ack step)
+    assert len(asked) == 2
