@@ -38,6 +38,9 @@ class ResizeIncomplete(ConsumerGroupError):
 
 @dataclass
 class ResizePlan:
+    """What a resize does (or did): partitions per member before and after, what is left to land
+    under the old numbering, and where sourcing stopped."""
+
     stream: str
     group: str
     max_members: int  # now
@@ -54,6 +57,8 @@ class ResizePlan:
 
 
 class GroupResize:
+    """Plans and executes resizes on one connection (see the module doc)."""
+
     def __init__(self, nc, js_prefix: str = "$JS.API") -> None:
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
         self.api = JsApi(nc, prefix=js_prefix)
