@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/python -m airflow_provider_cg.demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -ra --durations=20
+	$(BIN)/python -m pytest -q -ra --durations=40
 
 # The README's run sequence under `airflow standalone` from the wheel (several minutes).
 test-services: $(STAMP)

@@ -21,7 +21,7 @@ from tests.support.member_job import (
     publish_orders,
     start_member_job,
 )
-from tests.support.orbit import OrbitCli, build_orbit_cg, stop
+from tests.support.orbit import OrbitCli, build_orbit_cg
 
 pytestmark = [pytest.mark.integration]
 
@@ -160,58 +160,3 @@ async def test_groups_created_by_ours_listed_described_and_changed_by_orbit(nc, 
     r = orbit.run("elastic", "info", "ORDERS", "current", check=False)
     assert r.returncode != 0
     assert (await ConsumerGroups(nc).get("ORDERS", "current")).config.members == ("a",)
-
-
-async def test_orbit_instance_and_our_job_share_a_member_through_the_pin(nc, nats_server, orbit, member_job_zip,
-                                                                        tmp_path):
-    """orbit's ``consume`` instance creates and holds member m1's consumer; our job for m1
-    uses that consumer as it is (priority group, ack wait, limits), waits as a standby, and
-    neither deletes the other's consumer; once orbit's instance stops, our job takes the pin
-    and lands the rest. Every message is handled once: by orbit (its log) or by us (the lake)."""
-    await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.*"])
-    orbit.run("elastic", "create", "ORDERS", "g", "2", "orders.*", "1")
-    orbit.run("elastic", "add", "ORDERS", "g", "m1")
-    expected = await publish_orders(nc, "ORDERS", "g", 1000, KEYS)
-    log = tmp_path / "orbit-consume.log"
-    inst = orbit.start("elastic", "--sleep", "40ms", "consume", "ORDERS", "g", "m1", log=log)
-    try:
-        api = JsApi(nc)
-        for _ in range(100):
-            c = await api.consumer_info("ORDERS-g", "m1")
-            if c and (c.get("priority_groups") or [{}])[0].get("pinned_client_id"):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail(f"orbit's instance did not get pinned: {log.read_text()[-2000:]}")
-        created = c["created"]
-        standby = await asyncio.to_thread(
-            _job(member_job_zip, tmp_path, nats_server, "m1", "--standby-timeout", "4").wait, 60)
-        assert standby.returncode == 0 and standby.summary["result"] == "not-pinned", standby.describe()
-        assert (await api.consumer_info("ORDERS-g", "m1"))["created"] == created  # not replaced
-        assert inst.poll() is None, log.read_text()[-2000:]
-    finally:
-        stop(inst)
-    ours = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server, "m1").wait, 120)
-    assert ours.returncode == 0 and ours.summary["result"] == "committed", ours.describe()
-    orbit_seqs = _orbit_acked_seqs(log.read_text())
-    landed = parquet_landed(tmp_path / "lake")
-    ours_seqs = {r.origin_seq for r in landed}
-    assert orbit_seqs, log.read_text()[-2000:]
-    # The work-queue sequence orbit prints equals the origin sequence here (one source, no gaps).
-    assert not orbit_seqs & ours_seqs, sorted(orbit_seqs & ours_seqs)[:10]
-    assert orbit_seqs | ours_seqs == {seq for (_, seq) in expected}
-    assert_exactly_once(landed, {k: v for k, v in expected.items() if k[1] in ours_seqs})
-
-
-def _orbit_acked_seqs(text: str) -> set[int]:
-    """Sequences orbit's CLI printed as processed and acknowledged."""
-    import re
-
-    # One record per message, from its "[member] subject=" to the next one: orbit's other output
-    # (its "consuming..." line) can land in the middle of a record and push "acked" to the next line.
-    seqs = set()
-    for record in re.split(r"(?=\[[^\]\s]+\] subject=)", text):
-        m = re.search(r"\bseq=(\d+)", record)
-        if m and re.search(r"\backed\s*$", record) and "could not" not in record:
-            seqs.add(int(m.group(1)))
-    return seqs

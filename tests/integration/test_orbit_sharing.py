@@ -36,7 +36,7 @@ from tests.support.orbit import OrbitCli, build_orbit_cg_source, build_orbit_lib
 pytestmark = [pytest.mark.integration]
 
 KEYS = 30
-MESSAGES = 400
+MESSAGES = 300
 #: what orbit's CLI gives the consumers it creates; our job creates the same with these options
 ORBIT_CLI_OPTIONS = ("--ack-wait", "2", "--max-ack-pending", "1")
 

@@ -101,6 +101,7 @@ class MemberRun:
         self.consumer_ack_wait = options.consumer_ack_wait(True)  # the consumer's own (it may predate this run)
         self.landing_msgs: list = []  # the consumer path's batch being landed (kept in progress)
         self.revoked: str | None = None  # why a membership change ends the current assignment
+        self.pinned_consumer_created: str | None = None  # the member consumer this run is pinned on
 
     async def setup(self) -> None:
         o = self.options
@@ -198,6 +199,7 @@ class MemberRun:
                     s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
                 return
             s.pin_id = self.client.pin_id
+            self.pinned_consumer_created = (await self.client.consumer_info()).get("created")
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", o.member, s.pin_id,
                      self.owner, s.target, list(self.partitions))
             # fencing and recovery can take longer than the consumer's priority timeout or
@@ -281,17 +283,24 @@ class MemberRun:
             await reader.close()
 
     async def still_pinned(self) -> bool:
-        """Whether this run's pin is still the member consumer's current one. Asked before every
-        batch's acks; when the answer cannot be had (consumer deleted, server unreachable) it is
-        no: the batch is rolled back, which is always safe before an ack."""
+        """Whether no other instance can have been handed this run's messages: the member
+        consumer is the one this run was pinned on (not deleted, not re-created, as an orbit
+        instance does with a consumer of another config) and no other pin is set. (A pin that
+        lapsed with nobody taking it, e.g. after a step-down, is no other instance's.) Asked
+        before every batch's acks; when the answer cannot be had (server unreachable) it is no:
+        the batch is rolled back, which is always safe before an ack."""
         client = self.client
         if client is None:
             return False
         try:
-            return await client.holds_pin()
-        except Exception as e:  # noqa: BLE001 - any doubt means: do not ack
+            info = await client.consumer_info()
+        except Exception as e:  # noqa: BLE001 - any doubt (gone included) means: do not ack
             log.warning("cg member=%s: could not confirm the pin before the ack (%s)", self.options.member, e)
             return False
+        if info.get("created") != self.pinned_consumer_created:
+            return False
+        holder = _pinned_id(info)
+        return holder is None or holder == client.pin_id
 
     async def _release_pin(self) -> None:
         """After a run that ended normally, hand the pin back at once (a standby, or the next

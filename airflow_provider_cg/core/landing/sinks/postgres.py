@@ -409,7 +409,12 @@ class PostgresSink(TwoPhaseSink):
                     "target text NOT NULL, rows_written bigint NOT NULL, duplicates_skipped bigint NOT NULL, "
                     "committed_at timestamptz NOT NULL DEFAULT now())"
                 )
-                cur.execute(f"ALTER TABLE {self._side(MARKERS_TABLE)} ADD COLUMN IF NOT EXISTS origin jsonb")
+                # added in a later version; ALTER only when missing: even IF NOT EXISTS takes an
+                # exclusive lock, which waits behind every prepared write holding a marker row
+                cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+                            "AND column_name = 'origin'", (self.schema, MARKERS_TABLE))
+                if cur.fetchone() is None:
+                    cur.execute(f"ALTER TABLE {self._side(MARKERS_TABLE)} ADD COLUMN IF NOT EXISTS origin jsonb")
                 cur.execute(
                     "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
                     "AND table_name = %s",
