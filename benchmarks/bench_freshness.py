@@ -16,9 +16,9 @@ jobs are the member job's plain Python driver (``--no-spark``, raw payloads: Spa
 would add its seconds to every scheduled run; ``--spark`` runs spark-submit instead). Per
 message: freshness = commit time of its batch (the lake's commit log) - its publish time (the
 origin's timestamp), as p50 / p99 / max; landed msg/s; and whether the rate was *sustained*:
-the backlog (published - landed) in the last third of the publishing was no larger than in the
-middle third (with slack for a schedule's saw-tooth), and everything landed within
-``--interval`` + 30 s after publishing stopped. Prints a table, writes
+once publishing stopped, what was left landed within one ``--interval`` + 10 s (a backlog that
+grew all along takes longer), and p99 freshness was at most ``--interval`` + 30 s. The publisher (nats-py,
+in this process) has a ceiling of its own: the rate *achieved* is what counts. Prints a table, writes
 ``benchmarks/results/freshness.json`` and ``freshness.png``. Rates are comparable within a run.
 
     .venv/bin/python benchmarks/bench_freshness.py [--seconds 30] [--fractions 0.25,0.5,0.75,0.9]
@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
@@ -156,8 +157,9 @@ def freshness(lake: Path, stream: str) -> np.ndarray:
         committed = dt.datetime.fromisoformat(record["committed_at"]).timestamp()
         for f in record["files"]:
             path = root / f["path"] if (root / f["path"]).exists() else root / f["staged"]
-            ts = pq.read_table(path, columns=["timestamp"]).column("timestamp").cast("int64").to_numpy()
-            out.append(committed - ts / 1e9)
+            col = pq.read_table(path, columns=["timestamp"]).column("timestamp")
+            ns = col.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_numpy()  # stored in microseconds
+            out.append(committed - ns / 1e9)
     return np.concatenate(out) if out else np.zeros(0)
 
 
@@ -195,27 +197,30 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
 
         thread.start()
         await publisher.run(landed)
-        limit = time.perf_counter() + (interval or 0) + 30
+        stopped = time.perf_counter()
+        limit = stopped + (interval or 0) + 30
         while await landed() < publisher.published:
             if time.perf_counter() > limit:
                 break
             await asyncio.sleep(0.2)
+        drain_s = time.perf_counter() - stopped
         drained = await landed() >= publisher.published
         lander.stop.set()
         await nc.close()
-        return drained
+        return drain_s if drained else None
 
     t = time.perf_counter()
-    drained = asyncio.run(go())
+    drain_s = asyncio.run(go())
     elapsed = time.perf_counter() - t
     thread.join(180)
     f = freshness(lander.lake, stream)
-    third = max(1, len(publisher.samples) // 3)
-    middle = [b for _, b in publisher.samples[third:2 * third]] or [0]
-    last = [b for _, b in publisher.samples[2 * third:]] or [0]
-    slack = rate * (interval or 2.0)  # a schedule's saw-tooth
-    sustained = drained and max(last) <= max(middle) + slack
-    return {"schedule": schedule, "rate_target": round(rate), "published": publisher.published,
+    achieved = publisher.published / seconds
+    # kept up: once publishing stops, what is left lands within one scheduled interval (+10 s for
+    # a job's start); a backlog that grew all along takes longer
+    p99 = float(np.percentile(f, 99)) if len(f) else float("inf")
+    sustained = drain_s is not None and drain_s <= (interval or 0) + 10 and p99 <= (interval or 0) + 30
+    return {"schedule": schedule, "rate_target": round(rate), "rate_achieved": round(achieved),
+            "drain_s": None if drain_s is None else round(drain_s, 1), "published": publisher.published,
             "landed": int(len(f)), "landed_msg_s": round(len(f) / elapsed), "jobs": lander.jobs,
             "p50_s": round(float(np.percentile(f, 50)), 2) if len(f) else None,
             "p99_s": round(float(np.percentile(f, 99)), 2) if len(f) else None,
@@ -232,7 +237,7 @@ def plot(rows: list[dict], reference: float, path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for schedule in dict.fromkeys(r["schedule"] for r in rows):
         pts = [r for r in rows if r["schedule"] == schedule]
-        x = [r["rate_target"] / 1000 for r in pts]
+        x = [r["rate_achieved"] / 1000 for r in pts]
         a.plot(x, [r["p99_s"] for r in pts], marker="o", label=f"{schedule} p99")
         a.plot(x, [r["p50_s"] for r in pts], marker=".", linestyle="--", label=f"{schedule} p50")
         b.plot(x, [r["landed_msg_s"] / 1000 for r in pts], marker="o", label=schedule)
@@ -272,15 +277,16 @@ def main() -> None:
                                args.partitions, args.members, args.spark, zip_path)
                 row["fraction"] = frac
                 rows.append(row)
-                print(f"  {schedule} at {frac:.2f}x sourcing ({row['rate_target']:,} msg/s): p50 {row['p50_s']} s, "
+                print(f"  {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s published): "
+                      f"p50 {row['p50_s']} s, "
                       f"p99 {row['p99_s']} s, max {row['max_s']} s, landed {row['landed_msg_s']:,} msg/s, "
                       f"sustained {row['sustained']}", flush=True)
-    cols = ["schedule", "fraction", "rate_target", "published", "landed", "landed_msg_s", "p50_s", "p99_s", "max_s",
-            "backlog_max", "jobs", "sustained"]
+    cols = ["schedule", "fraction", "rate_target", "rate_achieved", "landed_msg_s", "p50_s", "p99_s", "max_s",
+            "backlog_max", "drain_s", "jobs", "sustained"]
     print("\n" + " ".join(f"{c:>13}" for c in cols))
     for r in rows:
         print(" ".join(f"{r.get(c, '')!s:>13}" for c in cols))
-    best = {s: max([r["rate_target"] for r in rows if r["schedule"] == s and r["sustained"]] or [0])
+    best = {s: max([r["rate_achieved"] for r in rows if r["schedule"] == s and r["sustained"]] or [0])
             for s in dict.fromkeys(r["schedule"] for r in rows)}
     for s, rate in best.items():
         print(f"{s}: highest sustained publish rate {rate:,} msg/s = {rate / reference:.2f}x the server's sourcing")
