@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import io
 import json
 import signal
 
@@ -18,7 +17,7 @@ import pytest
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import StaticGroupConfig
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.tools.cli import main as cg
+from tests.support.badinput import acg
 from tests.support.member_job import (
     assert_exactly_once,
     create_group,
@@ -32,14 +31,9 @@ pytestmark = [pytest.mark.integration]
 KEYS = 20
 
 
-def _cg_sync(url: str, *args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = cg([*args, "--server", url], stdout=out, stderr=err)
-    return code, out.getvalue(), err.getvalue()
-
-
 async def _cg(url: str, *args: str) -> tuple[int, str, str]:
-    return await asyncio.to_thread(_cg_sync, url, *args)  # cg runs its own event loop
+    a = await acg(*args, "--server", url)
+    return a.rc, a.out, a.err
 
 
 async def _reset(url: str, stream: str, group: str, *args: str) -> dict:

@@ -10,7 +10,6 @@ Jobs run as the plain Python driver (``spark=False``): the protocol is the same.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import random
 import signal
@@ -20,7 +19,7 @@ import pytest
 
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.tools.cli import main as cg
+from tests.support.badinput import acg
 from tests.support.member_job import (
     assert_exactly_once,
     create_group,
@@ -35,10 +34,8 @@ KEYS = 60
 
 
 async def _cg(url: str, *args: str) -> tuple[int, str, str]:
-    def run():
-        out, err = io.StringIO(), io.StringIO()
-        return cg([*args, "--server", url], stdout=out, stderr=err), out.getvalue(), err.getvalue()
-    return await asyncio.to_thread(run)  # cg runs its own event loop
+    a = await acg(*args, "--server", url)
+    return a.rc, a.out, a.err
 
 
 class Runner:

@@ -240,6 +240,11 @@ def _check_pinned(cstream: str, consumer_config: dict) -> None:
         )
 
 
+def pinned_id(info: dict | None) -> str | None:
+    """The pin id of the instance pinned on a member consumer (its info), or None."""
+    return _pin_state(info or {})[0]
+
+
 def _pin_state(info: dict) -> tuple[str | None, str | None]:
     group = priority_group_of(info.get("config") or {}) or PRIORITY_GROUP
     for pg in info.get("priority_groups") or []:

@@ -42,6 +42,7 @@ from airflow_provider_cg.core.groups.admin import (
     ConsumerGroups,
     consumer_name_of,
     consumer_stream_of,
+    pinned_id,
     priority_group_of,
     static_max_ack_pending,
 )
@@ -198,7 +199,7 @@ class GroupReset:
         cstream = consumer_stream_of(info.kind, stream, group)
         for m in members:
             c = await self.api.consumer_info(cstream, consumer_name_of(info.kind, group, m))
-            pin = _pinned_id(c)
+            pin = pinned_id(c)
             if pin:
                 plan.pinned[m] = pin
         absolute = await self._absolute(stream, target, first, last)
@@ -438,7 +439,7 @@ class GroupReset:
             for m in list(pending):
                 name = consumer_name_of(plan.kind, plan.group, m)
                 c = await self.api.consumer_info(cstream, name)
-                if not _pinned_id(c):
+                if not pinned_id(c):
                     del pending[m]
                     continue
                 await self.api.unpin(cstream, name, priority_group_of(c["config"]) or PRIORITY_GROUP)
@@ -500,13 +501,6 @@ class GroupReset:
     async def _purge_below(self, wq: str, partition: int, origin_seq: int) -> None:
         keep_from = await self._wq_seq_at(wq, partition, origin_seq)
         await self.api.request(f"STREAM.PURGE.{wq}", {"filter": f"{partition}.>", "seq": keep_from})
-
-
-def _pinned_id(info: dict | None) -> str | None:
-    for g in (info or {}).get("priority_groups") or []:
-        if g.get("pinned_client_id"):
-            return g["pinned_client_id"]
-    return None
 
 
 def _partition(subject: str, cfg, rules) -> int:

@@ -31,6 +31,7 @@ from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.admin import (
     PRIORITY_GROUP,
     ConsumerGroups,
+    pinned_id,
     priority_group_of,
     static_max_ack_pending,
 )
@@ -182,7 +183,7 @@ class MemberRun:
         s.target = self.taken + backlog
         if o.max_messages:
             s.target = min(s.target, o.max_messages)
-        if backlog == 0 and not _pinned_id(info):
+        if backlog == 0 and not pinned_id(info):
             await self.lander.recover(self.partitions)
             s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_EMPTY), "empty backlog"
             return
@@ -192,7 +193,7 @@ class MemberRun:
             if first is None:
                 if self.revoked is not None:  # a standby: the pinned instance hands the consumer over
                     s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_REVOKED), self.revoked
-                elif _pinned_id(await self.client.consumer_info()):
+                elif pinned_id(await self.client.consumer_info()):
                     s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
                 else:
                     await self.lander.recover(self.partitions)
@@ -299,7 +300,7 @@ class MemberRun:
             return False
         if info.get("created") != self.pinned_consumer_created:
             return False
-        holder = _pinned_id(info)
+        holder = pinned_id(info)
         return holder is None or holder == client.pin_id
 
     async def _release_pin(self) -> None:
@@ -391,10 +392,3 @@ async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, pipeli
     ``pipeline`` (``core/landing/pipeline.py``): what happens to each batch before the sink's prepare
     (decoding and the user's transformation in Spark); default: the rows as read."""
     return await MemberRun(nc, sink, options, pipeline or ArrowPipeline(), js_prefix).run()
-
-
-def _pinned_id(info: dict) -> str | None:
-    for g in info.get("priority_groups") or []:
-        if g.get("pinned_client_id"):
-            return g["pinned_client_id"]
-    return None
