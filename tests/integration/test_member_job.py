@@ -180,31 +180,44 @@ async def test_invalid_input_exit_codes_and_no_secret_in_output(member_job_zip, 
 
 
 
-async def test_static_group_keeps_its_position_across_runs(nc, nats_server, member_job_zip, tmp_path):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-gets", "consumer"])
+async def test_static_group_keeps_its_position_across_runs(direct, nc, nats_server, member_job_zip, tmp_path):
     """A static member's durable is created without an inactivity threshold (the server would
     delete it when idle, and a new one replays the stream): a second run, started right after
-    the first (which released its pin), takes only what came since, exactly once and in order."""
+    the first (which released its pin), takes only what came since, exactly once and in order.
+    With direct gets on the origin the job reads past its durable and moves it after each
+    batch; either way the durable ends where orbit's tools expect it: everything acked. The
+    stream also stores subjects outside the group (``x.st.*``, which a member holding every
+    partition's ``*.st.*`` read matches): they are not the group's and are not landed."""
     from airflow_provider_cg.core.groups.config import StaticGroupConfig
 
-    await JsApi(nc).add_stream({"name": "ST", "subjects": ["st.*"], "subject_transform": {
-        "src": "st.*", "dest": "{{Partition(2,1)}}.st.{{Wildcard(1)}}"}})
+    await JsApi(nc).add_stream({"name": "ST", "subjects": ["st.*", "x.st.*"], "allow_direct": direct,
+                                "subject_transform": {"src": "st.*", "dest": "{{Partition(2,1)}}.st.{{Wildcard(1)}}"}})
     await ConsumerGroups(nc).create("ST", "g", StaticGroupConfig(2, ("st.*",), members=("m1",)))
     lake = tmp_path / "lake"
 
-    async def publish(n: int, first: int) -> dict:
-        res = await publish_many(nc, ((f"st.k{i % 20}", b'{"i":%d}' % i) for i in range(n)))
+    async def publish(n: int, prefix: str = "st") -> dict:
+        res = await publish_many(nc, ((f"{prefix}.k{i % 20}", b'{"i":%d}' % i) for i in range(n)))
         assert res.published == n
-        return {("ST", first + i): f"st.k{i % 20}" for i in range(n)}  # static: the key is the subject
+        return {("ST", res.first_seq + i): f"st.k{i % 20}" for i in range(n)}  # static: the key is the subject
 
-    expected = await publish(500, 1)
+    async def durable_done(last: int) -> None:
+        info = await JsApi(nc).consumer_info("ST", "g-m1")
+        assert info is not None and not info["config"].get("inactive_threshold"), info["config"]
+        assert (info["num_pending"], info["num_ack_pending"], info["ack_floor"]["stream_seq"]) == (0, 0, last), info
+
+    expected = await publish(250)
+    await publish(50, "x.st")  # not the group's
+    expected |= await publish(250)
     (r1,) = await _wait_jobs(start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="ST",
-                                              group="g", member="m1", sink_path=lake))
-    assert _assert_ok(r1)["messages_read"] == 500
-    info = await JsApi(nc).consumer_info("ST", "g-m1")
-    assert info is not None and not info["config"].get("inactive_threshold"), info["config"]
-    expected |= await publish(30, 501)
+                                              group="g", member="m1", sink_path=lake, args=["--batch-size", "120"]))
+    s1 = _assert_ok(r1)
+    assert s1["messages_read"] == 500 and s1["read_path"] == ("direct" if direct else "consumer"), s1
+    await durable_done(550)
+    expected |= await publish(30)
     (r2,) = await _wait_jobs(start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="ST",
                                               group="g", member="m1", sink_path=lake))
     s2 = _assert_ok(r2)
     assert s2["messages_read"] == 30 and s2["duplicates_skipped"] == 0, s2
+    await durable_done(580)
     assert_exactly_once(parquet_landed(lake), expected)

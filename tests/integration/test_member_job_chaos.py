@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import random
+import re
+from collections import Counter
 
 import pytest
 
@@ -39,6 +41,19 @@ async def test_randomized_faults_into_parquet(request, nc, nats_server, member_j
     await run.run()
     stats = await run.check()
     print(run.report(), stats)
+
+
+async def test_randomized_faults_on_a_static_group(request, nc, nats_server, member_job_zip, tmp_path):
+    """A static group read by direct gets from its origin, each batch acknowledged by moving the
+    member's durable: kills, stalls, step-downs and server restarts must not lose, repeat or
+    reorder anything, and the durables end with nothing pending."""
+    run = ChaosRun(_config(request, static=True, seconds=20.0, messages=30_000, server_restarts=1), nc,
+                   [nats_server], tmp_path, member_job_zip)
+    await run.run()
+    stats = await run.check()
+    paths = Counter(p for _, j in run.jobs for p in re.findall(r'"read_path":"(\w+)"', j.output_so_far()))
+    assert paths["direct"], (paths, run.report())
+    print(run.report(), stats, dict(paths))
 
 
 async def test_randomized_faults_into_postgres(request, nc, nats_server, member_job_zip, tmp_path, postgres_db):

@@ -60,7 +60,8 @@ def _positions(plan: dict) -> dict[tuple[str, int], tuple[int, int]]:
 
 
 async def _static_group(nc) -> None:
-    await JsApi(nc).add_stream({"name": "S", "subjects": ["orders.*"], "storage": "file",
+    # direct gets on: the jobs read past their durables and move them, as a reset does
+    await JsApi(nc).add_stream({"name": "S", "subjects": ["orders.*"], "storage": "file", "allow_direct": True,
                                 "subject_transform": {"src": "orders.*",
                                                       "dest": "{{partition(4,1)}}.orders.{{wildcard(1)}}"}})
     await ConsumerGroups(nc).create("S", "g", StaticGroupConfig(4, ("orders.*",), members=("a", "b")))

@@ -57,6 +57,7 @@ class ChaosConfig:
     store_restarts: int = 0  # restarts of the object store (needs ``ChaosRun.object_store``)
     replicas: int = 1
     chunks: int = 8
+    static: bool = False  # a static group on an origin with direct gets (no membership changes)
 
 
 @dataclass
@@ -130,6 +131,9 @@ class ChaosRun:
         deadline = time.monotonic() + 30
         while True:  # a fresh cluster needs a moment to elect its JetStream meta leader
             try:
+                if self.config.static:
+                    await self._create_static_group()
+                    return
                 await create_group(self.nc, self.stream, self.group, partitions=self.config.partitions,
                                    members=self.config.members, subjects_prefix="ord",
                                    replicas=self.config.replicas)
@@ -139,9 +143,31 @@ class ChaosRun:
                     raise
                 await asyncio.sleep(0.3)
 
+    async def _create_static_group(self) -> None:
+        from airflow_provider_cg.core.groups.config import StaticGroupConfig
+
+        cfg = self.config
+        await JsApi(self.nc).add_stream({
+            "name": self.stream, "subjects": ["ord.*"], "num_replicas": cfg.replicas, "allow_direct": True,
+            "subject_transform": {"src": "ord.*", "dest": f"{{{{Partition({cfg.partitions},1)}}}}.ord.{{{{Wildcard(1)}}}}"}})
+        await self.groups.create(self.stream, self.group, StaticGroupConfig(cfg.partitions, ("ord.*",),
+                                                                            members=cfg.members))
+
+    async def backlog(self) -> int:
+        """Messages not yet acknowledged: the work queue's, or the static durables' pending."""
+        if not self.config.static:
+            return await wq_messages(self.nc, self.stream, self.group)
+        api, left = JsApi(self.nc), 0
+        for m in self.current:
+            info = await api.consumer_info(self.stream, f"{self.group}-{m}")
+            left += int(info["num_pending"]) + int(info["num_ack_pending"]) if info else 1
+        return left
+
     async def publish_chunk(self, n: int) -> None:
-        self.expected |= await publish_orders(self.nc, self.stream, self.group, n, self.config.keys,
-                                              subjects_prefix="ord")
+        got = await publish_orders(self.nc, self.stream, self.group, n, self.config.keys, subjects_prefix="ord",
+                                   wait_sourced=not self.config.static)
+        # a static group's key is the subject (its partition token stripped)
+        self.expected |= {k: f"ord.{v}" for k, v in got.items()} if self.config.static else got
         self.log(f"published {n} (total {len(self.expected)})")
 
     # --- faults ----------------------------------------------------------------------------
@@ -165,6 +191,8 @@ class ChaosRun:
         kind = self.rng.choices(["kill", "stop", "step-down", "membership", "restart", "store", "none"],
                                 weights=[30, 20, 18, 12, 6 if self.restarts_left else 0,
                                          6 if self.store_restarts_left else 0, 14])[0]
+        if kind == "membership" and self.config.static:  # a static group's membership is fixed
+            kind = "none"
         # Server and store restarts happen in every run, however short: one that is still
         # owed when its share of the time is up comes now.
         owed = [(k, left, total) for k, left, total in (
@@ -256,7 +284,8 @@ class ChaosRun:
         api = JsApi(self.nc)
         while True:
             try:
-                await api.stream_info(f"{self.stream}-{self.group}")
+                if not self.config.static:
+                    await api.stream_info(f"{self.stream}-{self.group}")
                 await api.stream_info(self.stream)
                 return
             except Exception:
@@ -307,13 +336,13 @@ class ChaosRun:
 
     async def drain(self, rounds: int = 6) -> None:
         for i in range(rounds):
-            left = await wq_messages(self.nc, self.stream, self.group)
+            left = await self.backlog()
             if left == 0 and i > 0:
                 return
             self.log(f"drain round {i + 1}: {left} messages left")
             for job in [self.start_job(m) for m in self.current]:
                 await asyncio.to_thread(job.wait, 240)
-        left = await wq_messages(self.nc, self.stream, self.group)
+        left = await self.backlog()
         assert left == 0, f"{left} messages left after {rounds} drain rounds\n" + self.report()
 
     # --- the verdict ---------------------------------------------------------------------------
@@ -362,7 +391,7 @@ class ChaosRun:
             assert_exactly_once(self.landed(pg_params), self.expected)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.report()}") from None
-        assert await wq_messages(self.nc, self.stream, self.group) == 0, self.report()
+        assert await self.backlog() == 0, self.report()
         tracebacks = [j for _, j in self.jobs if "Traceback" in j.output_so_far()]
         assert not tracebacks, (f"{len(tracebacks)} jobs crashed with a traceback, e.g.:\n"
                                 + tracebacks[0].result().describe() + "\n" + self.report())

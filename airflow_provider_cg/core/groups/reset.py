@@ -46,10 +46,9 @@ from airflow_provider_cg.core.groups.admin import (
     priority_group_of,
     static_max_ack_pending,
 )
-from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.api import JsApi, server_version
 
 MODES = ("to_datetime", "by_duration", "to_earliest", "to_latest", "to_seq", "shift_by")
-RESET_API_VERSION = (2, 14, 0)  # $JS.API.CONSUMER.RESET
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -450,20 +449,15 @@ class GroupReset:
                 await asyncio.sleep(0.5)
 
     async def _execute_static(self, plan: ResetPlan) -> None:
-        version = await self._server_version()
-        if version < RESET_API_VERSION:
+        if not self.api.can_reset_consumers():
             raise ResetRefused(f"reset: a static group's durables move with $JS.API.CONSUMER.RESET, which needs "
-                               f"nats-server 2.14+ (this server is {'.'.join(map(str, version))})")
+                               f"nats-server 2.14+ (this server is {'.'.join(map(str, server_version(self.nc)))})")
         for c in plan.changes:
             name = consumer_name_of(plan.kind, plan.group, c.member)
             if await self.api.consumer_info(plan.stream, name) is None:  # no job ran yet: create its durable
                 await self.groups.ensure_member_consumer(plan.stream, plan.group, c.member, ack_wait=STATIC_ACK_WAIT,
                                                          max_ack_pending=static_max_ack_pending(self.batch_size))
-            await self.api.request(f"CONSUMER.RESET.{plan.stream}.{name}", {"seq": c.new})
-
-    async def _server_version(self) -> tuple[int, ...]:
-        text = (getattr(self.nc, "_server_info", None) or {}).get("version", "0.0.0")
-        return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+            await self.api.reset_consumer(plan.stream, name, c.new)
 
     async def _execute_elastic(self, plan: ResetPlan) -> None:
         wq = cgconfig.work_queue_stream(plan.stream, plan.group)

@@ -9,6 +9,7 @@ requests to ``$JS.API.*``. Every reply is JSON; an ``error`` member becomes
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from nats.errors import NoRespondersError
@@ -25,6 +26,14 @@ ERR_NO_MESSAGE_FOUND = 10037
 ERR_WQ_CONSUMER_NOT_UNIQUE = 10100  # overlapping filters on a work-queue stream
 ERR_CONSUMER_EXISTS = 10148  # create-only on a consumer that exists with another config
 ERR_STREAM_NAME_IN_USE = 10058
+
+CONSUMER_RESET_VERSION = (2, 14, 0)  # $JS.API.CONSUMER.RESET (nats-server PR 7489)
+
+
+def server_version(nc) -> tuple[int, ...]:
+    """The connected server's version as numbers (``(0, 0, 0)`` when it did not say)."""
+    text = (getattr(nc, "_server_info", None) or {}).get("version", "0.0.0")
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
 
 
 def validate_prefix(field: str, prefix: Any) -> str:
@@ -156,3 +165,13 @@ class JsApi:
     async def unpin(self, stream: str, consumer: str, group: str) -> None:
         """Clear the pin of ``group``; the server then picks another waiting instance."""
         await self.request(f"CONSUMER.UNPIN.{stream}.{consumer}", {"group": group})
+
+    def can_reset_consumers(self) -> bool:
+        """Whether the connected server has ``$JS.API.CONSUMER.RESET`` (2.14+)."""
+        return server_version(self.nc) >= CONSUMER_RESET_VERSION
+
+    async def reset_consumer(self, stream: str, consumer: str, seq: int, timeout: float | None = None) -> dict:
+        """Move a consumer so that its next message is the first at or after stream sequence
+        ``seq``: everything below counts as acknowledged, nothing is pending or redelivered
+        (the server forgets its deliveries). A pin is left as it is."""
+        return await self.request(f"CONSUMER.RESET.{stream}.{consumer}", {"seq": seq}, timeout=timeout)

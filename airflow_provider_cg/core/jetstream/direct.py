@@ -18,8 +18,10 @@ unfiltered (``ALL``) and purges by sequence alone. That matters: the server's co
 next-by-subject read grows with the number of subjects (keys) matching the filter in each block
 (measured here: about 20 µs a message for ``0.>`` over 2,000 keys, against 5 µs unfiltered).
 
-Only work-queue streams: nothing is ever purged from an origin stream (static groups read
-through their durable consumer).
+Static groups read their origin stream the same way, but nothing is ever purged from an
+origin stream: the member's filter subjects are read from one position up to a common cut
+(``read_through``), and the landed batch is acknowledged by moving the member's durable past
+the cut (``$JS.API.CONSUMER.RESET``, see ``landing/direct_reads.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class PartitionBatch:
     data: list[bytes] = field(default_factory=list)
     last_seq: int = 0  # stream sequence of the last message (0: none)
     pending: int = 0  # messages of the partition after ``last_seq`` when the read ended
+    subject: str | None = None  # the filter read (default: the partition's, ``subject_filter``)
 
     def __len__(self) -> int:
         return len(self.hdrs)
@@ -136,7 +139,7 @@ class PartitionReader:
         req = _Request(batch, asyncio.get_running_loop().create_future())
         self._reqs[token] = req
         before = len(batch)
-        body = {"seq": max(from_seq, 1), "next_by_subj": subject_filter(batch.partition), "batch": count,
+        body = {"seq": max(from_seq, 1), "next_by_subj": batch.subject or subject_filter(batch.partition), "batch": count,
                 "max_bytes": REQUEST_BYTES}
         try:
             await self.nc.publish(self._get_subject, json.dumps(body).encode(), reply=(self._prefix + token).decode())
@@ -160,9 +163,11 @@ class PartitionReader:
         if len(batch) > before and batch.last_seq < from_seq:  # an answer without its end-of-batch
             batch.last_seq = _header_int(batch.hdrs[-1], b"Nats-Sequence:")
 
-    async def read(self, partition: int, from_seq: int, count: int, timeout: float = READ_TIMEOUT) -> PartitionBatch:
-        """Up to ``count`` messages of ``partition`` with sequence >= ``from_seq``, in order."""
-        batch = PartitionBatch(partition)
+    async def read(self, partition: int, from_seq: int, count: int, timeout: float = READ_TIMEOUT,
+                   subject: str | None = None) -> PartitionBatch:
+        """Up to ``count`` messages of ``partition`` (or of ``subject``) with sequence >=
+        ``from_seq``, in order."""
+        batch = PartitionBatch(partition, subject=subject)
         seq = from_seq
         while len(batch) < count:
             before = len(batch)
@@ -192,6 +197,30 @@ class PartitionReader:
                 b.last_seq, b.pending = (more.last_seq or b.last_seq), more.pending
                 left -= len(more)
         return [b for b in batches if len(b)]
+
+    async def read_through(self, subjects: list[str], from_seq: int, count: int,
+                           timeout: float = READ_TIMEOUT) -> tuple[list[PartitionBatch], int]:
+        """Every message of ``subjects`` from ``from_seq`` up to a cut, about ``count`` in all:
+        ``(batches, cut)``, one batch per subject that had any. Each subject is read
+        concurrently up to its share; the cut is the highest sequence through which every
+        subject was read entirely (a subject stopped by its share bounds it; the stream's last
+        sequence before the reads bounds drained ones, as a message stored meanwhile may sort
+        below what another subject returned). Messages above the cut are left for the next
+        read, so one position (``cut + 1``) describes where the reader is in all subjects."""
+        if not subjects:
+            return [], from_seq - 1
+        before = int((await self.api.stream_info(self.stream))["state"]["last_seq"])
+        share = max(1, -(-count // len(subjects)))
+        batches = list(await asyncio.gather(*(self.read(0, from_seq, share, timeout, subject=s) for s in subjects)))
+        cut = min([before, *(b.last_seq for b in batches if b.pending)])
+        for b in batches:
+            if b.last_seq > cut:
+                keep = len(b)
+                while keep and _header_int(b.hdrs[keep - 1], b"Nats-Sequence:") > cut:
+                    keep -= 1
+                del b.hdrs[keep:], b.data[keep:]
+                b.last_seq = _header_int(b.hdrs[-1], b"Nats-Sequence:") if keep else 0
+        return [b for b in batches if len(b)], max(cut, from_seq - 1)
 
     async def purge_through(self, partition: int, last_seq: int, timeout: float = 10.0) -> int:
         """Remove every message of ``partition`` up to and including ``last_seq`` (the range

@@ -433,7 +433,10 @@ class Summary:
     (poison messages moved to the dead-letter stream); ``partitions``: per partition the
     messages read and the first/last origin sequence. A backfill fills ``window_start`` /
     ``window_end`` and ``skipped``; a failed run ``exit_code`` and ``error`` (one line, never a
-    secret)."""
+    secret). ``read_path``: how the messages were read, ``direct`` (batched direct gets, a
+    range acknowledged at once) or ``consumer`` (pulls and an ack per message: the stream has
+    no direct gets, ``--read consumer``, a server without consumer resets for a static group,
+    or an earlier instance's deliveries still in flight)."""
 
     stream: str
     group: str
@@ -454,6 +457,7 @@ class Summary:
     batch_ids: list[str] = field(default_factory=list)  # the batches this run committed (sink gids)
     stop_reason: str = ""
     pin_id: str | None = None
+    read_path: str = ""
     duration_s: float = 0.0
     window_start: str | None = None
     window_end: str | None = None

@@ -1,11 +1,20 @@
-"""Reading an elastic member by direct gets, partition by partition, acked by filtered purges.
+"""Reading a member by direct gets, acknowledging each landed batch as one range.
 
 The member consumer is kept only as the exclusivity token (its pin is held by pulls that take
-no message, ``jetstream/direct.py`` says why); each partition is read from its first message in
-stream order, so an earlier holder's unacknowledged messages land before newer ones. Batch k+1
-is read while batch k lands, and its processing (Spark) may start while batch k finishes its
-two-phase steps; its own steps start only after batch k committed. A poison message goes to the
-dead-letter stream at once (a direct get is no delivery) and is acked with its range.
+no message, ``jetstream/direct.py`` says why). Batch k+1 is read while batch k lands, and its
+processing (Spark) may start while batch k finishes its two-phase steps; its own steps start
+only after batch k committed. A poison message goes to the dead-letter stream at once (a
+direct get is no delivery) and is acked with its range. Where the member is and how a range
+is acknowledged depends on the group:
+
+- elastic (``PartitionPositions``): the work-queue stream holds only what is not yet acked, so
+  each partition is read from its first message in stream order (an earlier holder's
+  unacknowledged messages land before newer ones) and a landed range goes with one filtered
+  purge per partition;
+- static (``ConsumerPosition``): nothing is ever removed from the origin stream; the member's
+  durable consumer says where it is. Its filter subjects are read from there up to a common
+  cut, and a landed batch moves the durable past the cut (``$JS.API.CONSUMER.RESET``), so the
+  durable's position stays right for orbit's tools and for the consumer read path.
 """
 
 from __future__ import annotations
@@ -14,30 +23,122 @@ import asyncio
 import logging
 import time
 
-from airflow_provider_cg.core.jetstream.direct import ALL, DirectReadError, PartitionBatch
+from airflow_provider_cg.core.jetstream.direct import ALL, DirectReadError, PartitionBatch, PartitionReader
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
 from airflow_provider_cg.core.landing.dead_letters import dead_letter_headers
 from airflow_provider_cg.core.landing.failpoints import failpoint
-from airflow_provider_cg.core.landing.rows import rows_from_batches
+from airflow_provider_cg.core.landing.rows import keep_partitions, rows_from_batches
 
 log = logging.getLogger("airflow_provider_cg.landing")
+
+
+class PartitionPositions:
+    """An elastic member's place in its work-queue stream: the next sequence to read per
+    partition (the whole stream, unfiltered, when every partition is the member's)."""
+
+    origin = None  # rows name their origin from the sourcing header
+
+    def __init__(self, reader: PartitionReader, partitions, max_members: int) -> None:
+        self.reader = reader
+        owns_all = set(partitions) == set(range(max_members))
+        self.starts = {ALL: 0} if owns_all else {p: 0 for p in partitions}
+
+    async def begin(self, first: list, info: dict) -> bool:
+        """Right after the pin: nothing to settle (the stream holds what is unacknowledged)."""
+        return True
+
+    async def read(self, count: int) -> tuple[list[PartitionBatch], None]:
+        batches = await self.reader.read_partitions(self.starts, count)
+        for b in batches:
+            self.starts[b.partition] = b.last_seq + 1
+        return batches, None
+
+    async def ack(self, batches: list[PartitionBatch], _cut: None) -> int:
+        """One filtered purge per partition; returns how many messages' acks are unknown."""
+        unknown = 0
+        for b in batches:
+            try:
+                await self.reader.purge_through(b.partition, b.last_seq, timeout=min(ACK_TIMEOUT, 10.0))
+            except Exception as e:  # the purge may or may not have taken effect
+                log.warning("cg purge of partition %d through %d: %s; checking", b.partition, b.last_seq, e)
+                deadline = asyncio.get_running_loop().time() + ACK_TIMEOUT
+                if not await self.reader.acked_through(b.partition, b.last_seq, deadline):
+                    unknown += len(b)
+            failpoint("mid_ack")
+        return unknown
+
+
+class ConsumerPosition:
+    """A static member's place in its origin stream: its durable consumer's, one sequence for
+    all of its partitions. ``subjects`` are the member's filter subjects, or ``*.<filter>``
+    when it holds every partition (one scan of the stream instead of one per partition;
+    messages of other partition tokens, which the durable's filters would not match, are
+    dropped as read, ``only_partitions``)."""
+
+    def __init__(self, reader: PartitionReader, api, stream: str, consumer: str, subjects: list[str],
+                 only_partitions: frozenset[int] | None) -> None:
+        self.reader, self.api, self.stream, self.consumer = reader, api, stream, consumer
+        self.subjects, self.only_partitions = subjects, only_partitions
+        self.origin = stream
+        self.next_seq = 0
+
+    async def begin(self, first: list, info: dict) -> bool:
+        """Right after the pin, with ``first`` the message(s) the pinning pull took: start at
+        the first of them when nothing else is in flight on the durable (else False: an earlier
+        holder's deliveries are settled through the consumer, which knows them). The durable is
+        moved back onto that message at once, so that nothing of this run stays delivered on
+        it: if the run dies, the next one finds the durable as clean as this one did."""
+        seqs = [m.stream_seq for m in first]
+        delivered = int((info.get("delivered") or {}).get("stream_seq") or 0)
+        if int(info.get("num_ack_pending") or 0) > len(first) or delivered > max(seqs):
+            return False
+        self.next_seq = min(seqs)
+        await self.api.reset_consumer(self.stream, self.consumer, self.next_seq)
+        return True
+
+    async def read(self, count: int) -> tuple[list[PartitionBatch], int]:
+        while True:
+            batches, cut = await self.reader.read_through(self.subjects, self.next_seq, count)
+            self.next_seq = cut + 1
+            if not batches or self.only_partitions is None:
+                return batches, cut
+            mine = keep_partitions(batches, self.only_partitions)
+            if mine:  # else only others' messages so far: read on (the next ack moves past them)
+                return mine, cut
+
+    async def ack(self, batches: list[PartitionBatch], cut: int) -> int:
+        """Move the durable past ``cut``; returns how many messages' acks are unknown."""
+        deadline = asyncio.get_running_loop().time() + ACK_TIMEOUT
+        while True:
+            try:
+                await self.api.reset_consumer(self.stream, self.consumer, cut + 1, timeout=min(ACK_TIMEOUT, 10.0))
+                failpoint("mid_ack")
+                return 0
+            except Exception as e:  # the move may or may not have taken effect: look
+                log.warning("cg move of %s past %d: %s; checking", self.consumer, cut, e)
+                try:
+                    info = await self.api.consumer_info(self.stream, self.consumer)
+                    if info is not None and int((info.get("ack_floor") or {}).get("stream_seq") or 0) >= cut:
+                        return 0
+                except Exception:  # noqa: BLE001 - server away: try again until the deadline
+                    pass
+                if asyncio.get_running_loop().time() > deadline:
+                    return sum(len(b) for b in batches)
+                await asyncio.sleep(0.5)
 
 
 class DirectReads:
     """The direct-get read path of one member run (``member.MemberRun``)."""
 
-    def __init__(self, run) -> None:
+    def __init__(self, run, positions: PartitionPositions | ConsumerPosition) -> None:
         self.run = run
-        self.reader = run.reader
+        self.positions = positions
 
     async def consume(self) -> None:
         """Read the member's partitions by direct gets, batch k+1 while batch k lands; the
         pin is kept by pulls that take no message. Batch k+1's processing (Spark) may start
         while batch k finishes its two-phase steps; its own steps wait for batch k's."""
         s = self.run.summary
-        # next sequence to read per partition; the whole stream if every partition is ours
-        owns_all = set(self.run.partitions) == set(range(self.run.config.max_members))
-        starts = {ALL: 0} if owns_all else {p: 0 for p in self.run.partitions}
         keeper = asyncio.create_task(self.run.keep_pin_until_lost())
         landing: asyncio.Task | None = None
         transient_deadline = None
@@ -54,7 +155,7 @@ class DirectReads:
                     s.stop_reason = reason
                     break
                 try:
-                    batches = await self.reader.read_partitions(starts, min(self.run.batch_size, s.target - self.run.taken))
+                    batches, cut = await self.positions.read(min(self.run.batch_size, s.target - self.run.taken))
                     transient_deadline = None
                 except DirectReadError as e:
                     transient_deadline = transient_deadline or time.monotonic() + max(self.run.ack_wait, 30.0)
@@ -69,12 +170,10 @@ class DirectReads:
                         landing = None
                     s.stop_reason = "backlog drained" if await self.run.client.holds_pin() else "pin lost"
                     break
-                for b in batches:
-                    starts[b.partition] = b.last_seq + 1
-                    self.run.taken += len(b)
+                self.run.taken += sum(len(b) for b in batches)
                 previous, landing = landing, None
                 if not self.run.lander.taken_over and not keeper.done():
-                    landing = asyncio.create_task(self._land_direct(batches, after=previous))
+                    landing = asyncio.create_task(self._land_direct(batches, cut, after=previous))
                 if previous is not None:
                     await self.run.await_landing(previous)
                 self.run.progress.tick()
@@ -83,13 +182,13 @@ class DirectReads:
                 await self.run.await_landing(landing)
             keeper.cancel()
 
-    async def _land_direct(self, batches: list[PartitionBatch], after: asyncio.Task | None = None) -> None:
+    async def _land_direct(self, batches: list[PartitionBatch], cut, after: asyncio.Task | None = None) -> None:
         """One batch read by direct gets: its rows and processing, then (once the batch
-        ``after`` has landed) the two-phase steps with one purge per partition as the ack of
-        the range read. Nothing of it is prepared if ``after`` failed or was taken over."""
-        o = self.run.options
+        ``after`` has landed) the two-phase steps with the ack of the range read. Nothing of
+        it is prepared if ``after`` failed or was taken over."""
+        o, positions = self.run.options, self.positions
         table, refs = await asyncio.to_thread(rows_from_batches, batches, group=o.group, member=o.member,
-                                              keys=self.run.keys)
+                                              keys=self.run.keys, origin=positions.origin)
         batch_id = self.run.next_batch_id()
         processed = await asyncio.to_thread(self.run.pipeline.process, self.run.sink, table, batch_id)
         if after is not None:
@@ -101,17 +200,7 @@ class DirectReads:
             await self._dead_letter(table, processed.bad)
 
         async def ack() -> int:
-            unknown = 0
-            for b in batches:
-                try:
-                    await self.reader.purge_through(b.partition, b.last_seq, timeout=min(ACK_TIMEOUT, 10.0))
-                except Exception as e:  # the purge may or may not have taken effect
-                    log.warning("cg purge of partition %d through %d: %s; checking", b.partition, b.last_seq, e)
-                    deadline = asyncio.get_running_loop().time() + ACK_TIMEOUT
-                    if not await self.reader.acked_through(b.partition, b.last_seq, deadline):
-                        unknown += len(b)
-                failpoint("mid_ack")
-            return unknown
+            return await positions.ack(batches, cut)
 
         await self.run.lander.land(batch_id, processed, table, {self.run.consumer_stream: refs}, ack, len(refs),
                                sum(len(d) for b in batches for d in b.data))

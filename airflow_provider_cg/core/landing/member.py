@@ -52,7 +52,7 @@ from airflow_provider_cg.core.landing.contract import (
     Summary,
 )
 from airflow_provider_cg.core.landing.dead_letters import DeadLetters
-from airflow_provider_cg.core.landing.direct_reads import DirectReads
+from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads, PartitionPositions
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
 from airflow_provider_cg.core.landing.rows import BatchId, KeySelector
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
@@ -127,9 +127,9 @@ class MemberRun:
         self.lander.partition_count = self.config.max_members
         self.filters = partitioning.member_filter_subjects(self.config, o.member)
         self.reader: PartitionReader | None = None
-        if self.sourced and o.read == "auto":
-            wq = await self.api.stream_info(self.consumer_stream)
-            if (wq.get("config") or {}).get("allow_direct"):  # orbit's own streams may lack it
+        if o.read == "auto" and (self.sourced or self.api.can_reset_consumers()):
+            read = await self.api.stream_info(self.consumer_stream)
+            if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
         self.keys = KeySelector(partitioning.key_rules(self.config))
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer, self.priority_group)
@@ -172,7 +172,7 @@ class MemberRun:
         await self.setup()
         info = await self.client.consumer_info()
         # reading by direct gets, nothing is delivered through the consumer
-        reads = ConsumerReads(self) if self.reader is None else DirectReads(self)
+        reads = ConsumerReads(self) if self.reader is None else DirectReads(self, self._positions(consumer=info["name"]))
         if isinstance(reads, ConsumerReads):
             reads.fit_batch_to(info)
         cfg = info.get("config") or {}
@@ -210,8 +210,15 @@ class MemberRun:
                 landed = await self._take_over()
             finally:
                 keeper.cancel()
+            if isinstance(reads, DirectReads) and not await reads.positions.begin(first, await self.client.consumer_info()):
+                log.info("cg member=%s: earlier deliveries are in flight on the durable; reading through it this run",
+                         o.member)
+                reads = ConsumerReads(self)
+                reads.fit_batch_to(info)
+            s.read_path = "direct" if isinstance(reads, DirectReads) else "consumer"
             if isinstance(reads, DirectReads):
-                # the stream, not the consumer, holds what earlier holders left unacknowledged
+                # the stream (elastic) or the durable's position (static), not the consumer's
+                # deliveries, says what earlier holders left unacknowledged
                 await reads.consume()
             else:
                 held = await reads.settle_predecessors(first, landed)
@@ -223,6 +230,16 @@ class MemberRun:
         s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
         if self.revoked is None:
             await self._release_pin()
+
+    def _positions(self, consumer: str) -> PartitionPositions | ConsumerPosition:
+        """Where a direct-get reader of this member reads from, and how it acks a range."""
+        if self.sourced:
+            return PartitionPositions(self.reader, self.partitions, self.config.max_members)
+        only, subjects = None, list(self.filters)
+        rests = {f.split(".", 1)[1] for f in self.filters}
+        if len(subjects) == len(rests) * self.config.max_members:  # every partition: one scan, not one each
+            only, subjects = frozenset(self.partitions), [f"*.{r}" for r in sorted(rests)]
+        return ConsumerPosition(self.reader, self.api, self.consumer_stream, consumer, subjects, only)
 
     async def _watch_membership(self) -> None:
         """Poll the group's config (whoever changes it: our operators or ``cg``, orbit's ``cg``)

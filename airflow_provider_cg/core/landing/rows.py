@@ -306,38 +306,66 @@ def _binary(chunks: list[bytes]) -> pa.Array:
     return pa.Array.from_buffers(pa.large_binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
 
 
-def rows_from_batches(batches: list, *, group: str, member: str,
-                      keys: KeySelector) -> tuple[pa.Table, np.ndarray]:
-    """Rows (``ROW_SCHEMA``) of direct-get reads of a sourced work-queue stream, partition
-    after partition, each in stream order, and the messages' sequences in that stream (the
-    refs a sink keeps for recovery). Parsed column-wise in Arrow, which releases the GIL: no
-    per-message Python work except for messages that carry headers of their own."""
+def keep_partitions(batches: list, partitions: frozenset[int]) -> list:
+    """The direct-get batches with only the messages whose partition token (the subject's first)
+    is one of ``partitions``; batches left empty go."""
+    tokens = pa.array([str(p) for p in sorted(partitions)])
+    kept = []
+    for b in batches:
+        if not len(b):
+            continue
+        subjects = pc.extract_regex(_binary(b.hdrs), _TAIL).field("subject").cast(pa.string())
+        mine = pc.is_in(pc.list_element(pc.split_pattern(subjects, ".", max_splits=1), 0), value_set=tokens)
+        mine = mine.to_numpy(zero_copy_only=False)
+        if not mine.all():
+            idx = np.flatnonzero(mine)
+            b.hdrs, b.data = [b.hdrs[i] for i in idx], [b.data[i] for i in idx]
+        if len(b):
+            kept.append(b)
+    return kept
+
+
+def rows_from_batches(batches: list, *, group: str, member: str, keys: KeySelector,
+                      origin: str | None = None) -> tuple[pa.Table, np.ndarray]:
+    """Rows (``ROW_SCHEMA``) of direct-get reads, batch after batch, each in stream order, and
+    the messages' sequences in the stream read (the refs a sink keeps for recovery). By default
+    the stream is a sourced work-queue stream (each message's ``Nats-Stream-Source`` header
+    names its origin); ``origin``: the stream read is the origin itself (a static group).
+    Parsed column-wise in Arrow, which releases the GIL: no per-message Python work except for
+    messages that carry headers of their own."""
     hdrs = [h for b in batches for h in b.hdrs]
+    data = [d for b in batches for d in b.data]
     n = len(hdrs)
     if n == 0:
         return ROW_SCHEMA.empty_table(), np.zeros(0, np.int64)
     blocks = _binary(hdrs)
     tail = pc.extract_regex(blocks, _TAIL)
-    source = pc.extract_regex(blocks, _SOURCE)
-    if tail.null_count or source.null_count:
-        raise DirectReadError("direct get answer without the expected headers (not a sourced work-queue stream?)",
-                              retryable=False)
+    if origin is None:
+        source = pc.extract_regex(blocks, _SOURCE)
+        if tail.null_count or source.null_count:
+            raise DirectReadError("direct get answer without the expected headers (not a sourced work-queue stream?)",
+                                  retryable=False)
+        origin_stream, origin_seq, server_lines = source.field("stream"), source.field("seq"), _SERVER_LINES
+    else:
+        if tail.null_count:
+            raise DirectReadError("direct get answer without the expected headers", retryable=False)
+        origin_stream = pa.array(np.broadcast_to(np.array(origin, dtype=object), n), pa.string())
+        origin_seq, server_lines = tail.field("seq"), _SERVER_LINES - 1
     subject = tail.field("subject").cast(pa.string())
     head_rest = pc.split_pattern(subject, ".", max_splits=1)
     partition = pc.list_element(head_rest, 0).cast(pa.int32())
     rest = pc.list_element(head_rest, 1)
     key = _keys(rest, keys)
     headers: pa.Array = pa.nulls(n, pa.string())
-    own = np.flatnonzero(pc.count_substring(blocks, "\r\n").to_numpy() > _SERVER_LINES)
+    own = np.flatnonzero(pc.count_substring(blocks, "\r\n").to_numpy() > server_lines)
     if len(own):
         values: list[str | None] = [None] * n
         for i in own:
             values[i] = user_headers(hdrs[i], _SERVER_HEADERS)
         headers = pa.array(values, pa.string())
     # a direct get is no delivery: the consumer's delivery count does not apply (null)
-    table = row_table(n, origin_stream=source.field("stream"), origin_seq=source.field("seq").cast(pa.string()),
-                      subject=rest, partition=partition, key=key,
-                      payload=_binary([d for b in batches for d in b.data]), headers=headers,
+    table = row_table(n, origin_stream=origin_stream, origin_seq=origin_seq.cast(pa.string()),
+                      subject=rest, partition=partition, key=key, payload=_binary(data), headers=headers,
                       timestamp=tail.field("ts").cast(pa.string()), group=group, member=member)
     return table, tail.field("seq").cast(pa.string()).cast(pa.int64()).to_numpy()
 
