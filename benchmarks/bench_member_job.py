@@ -17,8 +17,9 @@ several elastic groups source (each its own work-queue stream), then times, one 
 each member job under real ``spark-submit --master local[2]`` into the Parquet lake sink, timed
 by its own ``duration_s`` (NATS connect to last commit; JVM start-up excluded), with the peak
 RSS of its Python driver sampled from /proc. Static groups (origin streams with the partition
-token at ingest; they always read through the consumer) are measured on ``--static-messages``
-with 1 and 6 partitions. The large count runs only naive-free ``job-1p`` and ``job-6p`` (driver
+token at ingest, direct gets on; the job reads the origin and moves the member's durable after
+each batch) are measured on ``--static-messages`` with 1 and 6 partitions held of 1 and 6, and 2
+held of 6 (3 members). The large count runs only naive-free ``job-1p`` and ``job-6p`` (driver
 memory against N). It prints a table, writes ``benchmarks/results/member_job.json`` and a plot
 ``benchmarks/results/member_job.png``. Rates are only comparable within one run: use the ratios.
 
@@ -55,8 +56,8 @@ KEYS = 2000
 SIZE = 200
 RESULTS = Path(__file__).parent / "results"
 ELASTIC = {"naive": 1, "job-1p": 1, "job-2p": 2, "job-6p": 6, "job-2of6": 6, "pull-1p": 1}
-MEMBERS = {"job-2of6": ("m1", "m2", "m3")}  # the measured member is m1
-STATIC = {"static-1p": 1, "static-6p": 6}
+MEMBERS = {"job-2of6": ("m1", "m2", "m3"), "static-2of6": ("m1", "m2", "m3")}  # the measured member is m1
+STATIC = {"static-1p": 1, "static-6p": 6, "static-2of6": 6}
 
 
 async def _wait_messages(api: JsApi, stream: str, n: int) -> None:
@@ -79,9 +80,10 @@ async def prepare(url: str, n: int, groups: dict[str, int], static: dict[str, in
     rate = n / (time.perf_counter() - t)
     for g, parts in static.items():
         name = f"S-{g}"
-        await api.add_stream({"name": name, "subjects": [f"{g}.*"], "storage": "file", "subject_transform": {
+        await api.add_stream({"name": name, "subjects": [f"{g}.*"], "storage": "file", "allow_direct": True,
+                              "subject_transform": {
             "src": f"{g}.*", "dest": f"{{{{Partition({parts},1)}}}}.{g}.{{{{Wildcard(1)}}}}"}})
-        await cg.create(name, "g", StaticGroupConfig(parts, (f"{g}.*",), members=("m1",)))
+        await cg.create(name, "g", StaticGroupConfig(parts, (f"{g}.*",), members=MEMBERS.get(g, ("m1",))))
         await publish_many(nc, ((f"{g}.k{i % KEYS}", payload) for i in range(static_n)))
     for g in groups:  # the sourcing into every work-queue stream
         await _wait_messages(api, f"{STREAM}-{g}", n)
@@ -200,9 +202,10 @@ def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_
     return summary
 
 
-def run_count(n: int, large: bool, static_n: int, batch_size: int, zip_path: Path) -> list[dict]:
-    groups = {g: p for g, p in ELASTIC.items() if not large or g in ("job-1p", "job-6p")}
-    static = {} if large else STATIC
+def run_count(n: int, large: bool, static_n: int, batch_size: int, zip_path: Path,
+              only: set[str] | None = None) -> list[dict]:
+    groups = {g: p for g, p in ELASTIC.items() if (not large or g in ("job-1p", "job-6p")) and (not only or g in only)}
+    static = {g: p for g, p in STATIC.items() if not large and (not only or g in only)}
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="cg-bench-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
         publish_rate = asyncio.run(prepare(srv.url, n, groups, static, static_n))
@@ -223,7 +226,7 @@ def run_count(n: int, large: bool, static_n: int, batch_size: int, zip_path: Pat
             if s["messages_read"] != count or s["rows"] != count:
                 raise SystemExit(f"{name}: landed {s['rows']} rows / consumed {s['messages_read']}, expected {count}")
             rate = count / s["duration_s"]
-            held = 2 if name == "job-2of6" else groups.get(name) or static.get(name)
+            held = 2 if name.endswith("2of6") else groups.get(name) or static.get(name)
             rows.append({"variant": name, "messages": count, "partitions": held,
                          "msg_s": round(rate), "duration_s": s["duration_s"], "peak_rss_mb": s.get("peak_rss_mb")})
             print(f"  {name}: {rate:,.0f} msg/s, driver peak RSS {s.get('peak_rss_mb')} MB", flush=True)
@@ -231,7 +234,7 @@ def run_count(n: int, large: bool, static_n: int, batch_size: int, zip_path: Pat
     for r in rows:
         if "naive" in by:
             r["x_naive"] = round(r["msg_s"] / by["naive"], 2)
-        if "job-1p" in by and r["variant"].startswith("job"):
+        if "job-1p" in by and r["variant"].startswith(("job", "static")):
             r["x_1p"] = round(r["msg_s"] / by["job-1p"], 2)
     return rows
 
@@ -272,19 +275,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--messages", default="1000000,10000000", help="the first runs every variant, the others "
                                                                  "job-1p and job-6p only")
-    p.add_argument("--static-messages", type=int, default=200_000)
+    p.add_argument("--static-messages", type=int, default=1_000_000)
     p.add_argument("--batch-size", type=int, default=100_000)
+    p.add_argument("--variants", default="", help="comma-separated subset (default: all; job-1p is the reference)")
     args = p.parse_args()
+    only = {v for v in args.variants.split(",") if v} or None
     counts = [int(n) for n in args.messages.split(",")]
     RESULTS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="cg-bench-zip-") as d:
         zip_path = build_core_zip(Path(d) / "cg_core.zip")
         results = [r for i, n in enumerate(counts)
-                   for r in run_count(n, i > 0, args.static_messages, args.batch_size, zip_path)]
+                   for r in run_count(n, i > 0, args.static_messages, args.batch_size, zip_path, only)]
     cols = ["variant", "messages", "partitions", "msg_s", "x_naive", "x_1p", "duration_s", "peak_rss_mb"]
     print("\n" + " ".join(f"{c:>12}" for c in cols))
     for r in results:
         print(" ".join(f"{r.get(c, '')!s:>12}" for c in cols))
+    if only:  # a partial run does not replace the matrix's results
+        return
     (RESULTS / "member_job.json").write_text(json.dumps(results, indent=1) + "\n")
     plot(results, RESULTS / "member_job.png")
     print(f"\nwrote {RESULTS / 'member_job.json'} and {RESULTS / 'member_job.png'}")

@@ -207,6 +207,17 @@ def subjects_intersect(a: str, b: str) -> bool:
 # --------------------------------------------------------------------------- data classes
 
 
+def subjects_regex(subjects: Iterable[str]) -> str:
+    """A regular expression matching exactly the subjects that match any of ``subjects`` (NATS
+    wildcards: ``*`` one token, ``>`` one or more trailing tokens)."""
+    def one(subject: str) -> str:
+        out = []
+        for t in subject.split("."):
+            out.append(r"[^.]+" if t == "*" else r"[^.]+(?:\.[^.]+)*" if t == ">" else re.escape(t))
+        return r"\.".join(out)
+    return "^(?:" + "|".join(one(s) for s in subjects) + ")$"
+
+
 def _tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list | tuple) else value
 

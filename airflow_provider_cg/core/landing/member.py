@@ -35,7 +35,7 @@ from airflow_provider_cg.core.groups.admin import (
     priority_group_of,
     static_max_ack_pending,
 )
-from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership, subjects_regex
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.direct import (
@@ -236,9 +236,8 @@ class MemberRun:
         if self.sourced:
             return PartitionPositions(self.reader, self.partitions, self.config.max_members)
         only, subjects = None, list(self.filters)
-        rests = {f.split(".", 1)[1] for f in self.filters}
-        if len(subjects) == len(rests) * self.config.max_members:  # every partition: one scan, not one each
-            only, subjects = frozenset(self.partitions), [f"*.{r}" for r in sorted(rests)]
+        if set(self.partitions) == set(range(self.config.max_members)):  # one unfiltered scan, not one each
+            only, subjects = subjects_regex(self.filters), [">"]
         return ConsumerPosition(self.reader, self.api, self.consumer_stream, consumer, subjects, only)
 
     async def _watch_membership(self) -> None:

@@ -306,17 +306,15 @@ def _binary(chunks: list[bytes]) -> pa.Array:
     return pa.Array.from_buffers(pa.large_binary(), len(chunks), [None, pa.py_buffer(offsets), pa.py_buffer(blob)])
 
 
-def keep_partitions(batches: list, partitions: frozenset[int]) -> list:
-    """The direct-get batches with only the messages whose partition token (the subject's first)
-    is one of ``partitions``; batches left empty go."""
-    tokens = pa.array([str(p) for p in sorted(partitions)])
+def keep_matching(batches: list, pattern: str) -> list:
+    """The direct-get batches with only the messages whose subject matches ``pattern`` (a
+    regular expression, ``config.subjects_regex``); batches left empty go."""
     kept = []
     for b in batches:
         if not len(b):
             continue
         subjects = pc.extract_regex(_binary(b.hdrs), _TAIL).field("subject").cast(pa.string())
-        mine = pc.is_in(pc.list_element(pc.split_pattern(subjects, ".", max_splits=1), 0), value_set=tokens)
-        mine = mine.to_numpy(zero_copy_only=False)
+        mine = pc.match_substring_regex(subjects, pattern).to_numpy(zero_copy_only=False)
         if not mine.all():
             idx = np.flatnonzero(mine)
             b.hdrs, b.data = [b.hdrs[i] for i in idx], [b.data[i] for i in idx]
