@@ -234,7 +234,7 @@ class MemberRun:
     def _positions(self, consumer: str) -> PartitionPositions | ConsumerPosition:
         """Where a direct-get reader of this member reads from, and how it acks a range."""
         if self.sourced:
-            return PartitionPositions(self.reader, self.partitions, self.config.max_members)
+            return PartitionPositions(self.reader, self.partitions, self.config.max_members, self.filters)
         only, subjects = None, list(self.filters)
         if set(self.partitions) == set(range(self.config.max_members)):  # one unfiltered scan, not one each
             only, subjects = subjects_regex(self.filters), [">"]
