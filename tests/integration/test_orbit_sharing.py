@@ -270,3 +270,54 @@ async def test_orbit_reads_and_consumes_a_group_after_our_reset(nc, nats_server,
     finally:
         second.stop()
     assert second.acked_origin_seqs() == set(range(101, 201))
+
+
+async def test_a_static_member_passes_between_our_direct_reads_and_orbit(nc, nats_server, member_job_zip, tmp_path,
+                                                                        orbit_cli_binary):
+    """A static member read by direct gets keeps its durable where orbit expects it: orbit's CLI
+    joins the durable our job created (its config, ``--ack-wait 2 --max-ack-pending 1``) and
+    consumes exactly what our job did not land; then our job takes over again from where
+    orbit stopped. Every message processed once, by orbit or by us; ours in per-key order."""
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
+    from airflow_provider_cg.core.groups.config import StaticGroupConfig
+    from airflow_provider_cg.core.jetstream.publish import publish_many
+
+    api = JsApi(nc)
+    await api.add_stream({"name": "S", "subjects": ["sord.*"], "allow_direct": True, "subject_transform": {
+        "src": "sord.*", "dest": "{{Partition(2,1)}}.sord.{{Wildcard(1)}}"}})
+    await ConsumerGroups(nc).create("S", "g", StaticGroupConfig(2, ("sord.*",), members=("m1",)))
+    res = await publish_many(nc, ((f"sord.k{i % KEYS}", b"{}") for i in range(MESSAGES)))
+    expected = {("S", res.first_seq + i): f"sord.k{i % KEYS}" for i in range(MESSAGES)}
+
+    def job(*args: str):
+        return start_member_job(member_job_zip, tmp_path / "jobs", nats_servers=nats_server.url, stream="S",
+                                group="g", member="m1", sink_path=tmp_path / "lake", spark=False,
+                                args=["--idle-timeout", "2", "--standby-timeout", "10", *ORBIT_CLI_OPTIONS, *args])
+
+    async def pending() -> int:
+        info = await api.consumer_info("S", "g-m1")
+        return int(info["num_pending"]) + int(info["num_ack_pending"])
+
+    first = await asyncio.to_thread(job("--batch-size", "50", "--max-messages", "100").wait, 60)
+    assert first.returncode == 0 and first.summary["read_path"] == "direct", first.describe()
+    assert first.summary["messages_read"] == 100 and await pending() == MESSAGES - 100
+    log = tmp_path / "orbit-static.log"
+    peer = Peer("cli", OrbitCli.for_server(orbit_cli_binary, nats_server.url, tmp_path).start(
+        "static", "--sleep", "20ms", "consume", "S", "g", "m1", log=log), log)
+    try:
+        async def orbit_took_some() -> bool:
+            return len(peer.acked_origin_seqs()) >= 50
+        await _wait_until(orbit_took_some, 30, f"orbit's CLI consumes the member ({peer.text()[-1500:]})")
+    finally:
+        peer.stop()
+    assert "error" not in peer.text().lower(), peer.text()[-1500:]
+    # orbit's stopped instance may hold its last message unacked: the job settles it through the
+    # consumer this time, then lands the rest
+    rest = await asyncio.to_thread(job().wait, 120)
+    assert rest.returncode == 0 and "Traceback" not in rest.output, rest.describe()
+    print("after orbit, our job read", rest.summary["messages_read"], "by", rest.summary["read_path"])
+    assert await pending() == 0
+    landed = parquet_landed(tmp_path / "lake")
+    theirs = peer.acked_origin_seqs()
+    assert theirs and min(theirs) == 101, sorted(theirs)[:5]  # orbit started where our job's durable stood
+    _check_once(peer, landed, expected)
