@@ -26,6 +26,7 @@ test-services: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[all,test,bench]'
 	$(BIN)/python benchmarks/bench_member_job.py
+	$(BIN)/python benchmarks/bench_transform.py
 	$(BIN)/python benchmarks/bench_freshness.py
 
 lint: $(STAMP)

@@ -221,3 +221,27 @@ async def test_static_group_keeps_its_position_across_runs(direct, nc, nats_serv
     assert s2["messages_read"] == 30 and s2["duplicates_skipped"] == 0, s2
     await durable_done(580)
     assert_exactly_once(parquet_landed(lake), expected)
+
+
+async def test_a_static_durable_that_cannot_be_moved_is_read_through(nc, nats_server, member_job_zip, tmp_path):
+    """A member's durable made by someone else with ``deliver_policy: new`` refuses to be moved
+    (the server allows a reset only from ``all`` or a start sequence/time): the job reads it
+    through the consumer instead, landing what the durable delivers, exactly once."""
+    from airflow_provider_cg.core.groups.config import StaticGroupConfig
+
+    api, groups = JsApi(nc), ConsumerGroups(nc)
+    await api.add_stream({"name": "SN", "subjects": ["sn.*"], "allow_direct": True,
+                          "subject_transform": {"src": "sn.*", "dest": "{{Partition(2,1)}}.sn.{{Wildcard(1)}}"}})
+    config = StaticGroupConfig(2, ("sn.*",), members=("m1",))
+    await groups.create("SN", "g", config)
+    await publish_many(nc, ((f"sn.k{i}", b"{}") for i in range(20)))  # before the durable: not delivered
+    _, cc = groups.member_consumer_config("SN", "g", "m1", config, ack_wait=5.0)
+    await api.create_consumer("SN", {**cc, "deliver_policy": "new"})
+    res = await publish_many(nc, ((f"sn.k{i % 7}", b"{}") for i in range(90)))
+    expected = {("SN", res.first_seq + i): f"sn.k{i % 7}" for i in range(90)}
+    (r,) = await _wait_jobs(start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="SN",
+                                             group="g", member="m1", sink_path=tmp_path / "lake", spark=False))
+    s = _assert_ok(r)
+    assert s["read_path"] == "consumer" and s["messages_read"] == 90, s
+    assert "cannot be moved" in r.output, r.describe()
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 
+from airflow_provider_cg.core.errors import JetStreamApiError
 from airflow_provider_cg.core.jetstream.direct import ALL, DirectReadError, PartitionBatch, PartitionReader
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
 from airflow_provider_cg.core.landing.dead_letters import dead_letter_headers
@@ -100,7 +101,11 @@ class ConsumerPosition:
         if int(info.get("num_ack_pending") or 0) > len(first) or delivered > max(seqs):
             return False
         self.next_seq = min(seqs)
-        await self.api.reset_consumer(self.stream, self.consumer, self.next_seq)
+        try:
+            await self.api.reset_consumer(self.stream, self.consumer, self.next_seq)
+        except JetStreamApiError as e:  # e.g. a durable made with another deliver policy refuses it
+            log.info("cg: durable %s cannot be moved (%s); reading through it", self.consumer, e)
+            return False
         return True
 
     async def read(self, count: int) -> tuple[list[PartitionBatch], int]:
