@@ -1,0 +1,76 @@
+"""A class-data-sharing archive for the tests' Spark drivers: a JVM that maps Spark's classes
+from it starts about 3 s sooner (measured here: 4.6 s against 7.5 s for a trivial
+spark-submit), and the suite starts dozens of member jobs under spark-submit.
+
+The archive is a JDK dynamic archive (``-XX:ArchiveClassesAtExit``) dumped once from a small
+PySpark job that touches what the member job uses (Arrow to a DataFrame, ``from_json``,
+``mapInArrow``, Parquet), and cached per Java, PySpark and Spark-jars folder under
+``$CG_ORBIT_CACHE`` (default ``~/.cache/airflow-provider-cg``). A JVM whose class path does not
+match the archive ignores it (``-Xshare:auto``, the default). Tests only: users' Spark is theirs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from tests.support.gobuild import cache_dir
+
+_WARM_UP = r"""
+import pyarrow as pa
+from pyspark.sql import SparkSession, functions as F
+s = SparkSession.builder.getOrCreate()
+t = pa.table({"payload": pa.array([b'{"a": 1}'] * 100, pa.binary()), "k": pa.array(["x"] * 100)})
+df = s.createDataFrame(t).withColumn("v", F.from_json(F.col("payload").cast("string"), "a INT"))
+df.mapInArrow(lambda it: it, df.schema).write.mode("overwrite").parquet(__import__("sys").argv[1])
+print(s.read.parquet(__import__("sys").argv[1]).count())
+s.stop()
+"""
+
+
+def _key() -> str:
+    import pyspark
+
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr
+    jars = Path(pyspark.__file__).parent / "jars"
+    return hashlib.sha256(f"{java}|{pyspark.__version__}|{jars}|{os.stat(jars).st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+@cache
+def spark_cds_archive() -> str | None:
+    """Path of the archive (dumped on first use), or None when it cannot be made here."""
+    try:
+        path = cache_dir() / f"spark-cds-{_key()}.jsa"
+        if path.exists():
+            return str(path)
+        bindir = os.path.dirname(sys.executable)
+        with tempfile.TemporaryDirectory(prefix="cg-cds-") as d:
+            script = Path(d) / "warm_up.py"
+            script.write_text(_WARM_UP)
+            partial = Path(d) / "spark.jsa"
+            env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+            r = subprocess.run([os.path.join(bindir, "spark-submit"), "--master", "local[2]", "--driver-java-options",
+                                f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial}",
+                                "--conf", "spark.ui.enabled=false", str(script), str(Path(d) / "out")],
+                               capture_output=True, text=True, timeout=300, env=env, cwd=d)
+            if r.returncode != 0 or not partial.exists():
+                return None
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(partial, tmp)
+            tmp.replace(path)  # atomic: a concurrent session sees a whole archive or none
+        return str(path)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def spark_driver_java_options() -> str:
+    """The tests' ``--driver-java-options``: C1-only JIT (the batches are small) and the archive."""
+    archive = spark_cds_archive()
+    return "-XX:TieredStopAtLevel=1" + (f" -XX:SharedArchiveFile={archive}" if archive else "")
