@@ -96,7 +96,9 @@ class Publisher:
         next_sample = 1.0
         try:
             while (now := time.perf_counter() - start) < self.seconds:
-                due = int(self.rate * now) - self.published
+                # at most a quarter second's worth per tick, so the backlog is sampled each second
+                # even when publishing falls behind
+                due = min(int(self.rate * now) - self.published, max(1, int(self.rate / 4)))
                 if due > 0:
                     base = self.published
                     await publish_many(nc, ((f"{self.stream.lower()}.k{(base + i) % KEYS}", payload)
@@ -243,7 +245,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
             "p50_s": round(float(np.percentile(f, 50)), 2) if len(f) else None,
             "p99_s": round(float(np.percentile(f, 99)), 2) if len(f) else None,
             "max_s": round(float(f.max()), 2) if len(f) else None,
-            "backlog_max": max([b for _, b in publisher.samples] or [0]), "backlog_growth_msg_s": round(growth),
+            "backlog_max": max([b for _, b in publisher.samples] or [0]), "backlog_growth_msg_s": round(growth) if np.isfinite(growth) else None,
             "sustained": bool(sustained)}
 
 
