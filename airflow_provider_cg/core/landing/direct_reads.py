@@ -99,6 +99,7 @@ class ConsumerPosition:
         seqs = [m.stream_seq for m in first]
         delivered = int((info.get("delivered") or {}).get("stream_seq") or 0)
         if int(info.get("num_ack_pending") or 0) > len(first) or delivered > max(seqs):
+            log.info("cg: earlier deliveries are in flight on durable %s", self.consumer)
             return False
         self.next_seq = min(seqs)
         try:

@@ -211,8 +211,7 @@ class MemberRun:
             finally:
                 keeper.cancel()
             if isinstance(reads, DirectReads) and not await reads.positions.begin(first, await self.client.consumer_info()):
-                log.info("cg member=%s: earlier deliveries are in flight on the durable; reading through it this run",
-                         o.member)
+                log.info("cg member=%s: reading through the consumer this run", o.member)
                 reads = ConsumerReads(self)
                 reads.fit_batch_to(info)
             s.read_path = "direct" if isinstance(reads, DirectReads) else "consumer"
