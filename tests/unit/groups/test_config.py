@@ -584,3 +584,16 @@ def test_go_escapes_and_small_helpers():
     with pytest.raises(ConfigError) as e:
         with_members(cfg, "m1")  # one string is not a list of members
     assert e.value.field == "members"
+
+
+def test_subjects_regex_matches_as_nats_filters_do():
+    import re
+
+    from airflow_provider_cg.core.groups.config import subjects_regex
+
+    pattern = re.compile(subjects_regex(["0.orders.*", "1.orders.>", "2.a.b"]))
+    matching = ["0.orders.k1", "1.orders.eu.k2", "1.orders.x", "2.a.b"]
+    not_matching = ["0.orders", "0.orders.k1.x", "1.orders", "x.orders.k1", "3.orders.k1", "2.a.bc", "2.a.b.c",
+                    "0.ordersXk1", "10.orders.k1"]
+    assert all(pattern.match(s) for s in matching), [s for s in matching if not pattern.match(s)]
+    assert not any(pattern.match(s) for s in not_matching), [s for s in not_matching if pattern.match(s)]
