@@ -31,7 +31,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 
-from airflow_provider_cg.core.errors import ConsumerGroupError
+from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.fastpath import RawSubscription, subscribe_raw
 
@@ -213,7 +213,11 @@ class PartitionReader:
         read, so one position (``cut + 1``) describes where the reader is in all subjects."""
         if not subjects:
             return [], from_seq - 1
-        before = int((await self.api.stream_info(self.stream))["state"]["last_seq"])
+        try:
+            before = int((await self.api.stream_info(self.stream))["state"]["last_seq"])
+        except ConsumerGroupError as e:  # a restart or leader change; a deleted stream is final
+            raise DirectReadError(f"stream info of {self.stream}: {e}",
+                                  retryable=not isinstance(e, JetStreamApiError)) from None
         share = max(1, -(-count // len(subjects)))
         batches = list(await asyncio.gather(*(self.read(0, from_seq, share, timeout, subject=s) for s in subjects)))
         cut = min([before, *(b.last_seq for b in batches if b.pending)])
