@@ -282,3 +282,55 @@ async def _keep_pinned(client) -> None:
     while True:
         await asyncio.sleep(1)
         await client.keep_pin()
+
+
+async def test_sigkill_at_each_step_of_a_static_batch_read_by_direct_gets(nc, nats_server, member_job_zip, tmp_path):
+    """A static member read by direct gets, its batch acknowledged by moving its durable:
+    killed after prepare (nothing moved: rolled back), right after the move (mid_ack) and
+    before commit (moved: committed by the next run's recovery). The rerun lands the rest from
+    the durable's position; every message once, in order, the durable ending with nothing
+    pending. The plain Python driver: the protocol is the same under Spark."""
+    from airflow_provider_cg.core.groups.config import StaticGroupConfig
+    from airflow_provider_cg.core.jetstream.publish import publish_many
+
+    n, batch = 2_000, 500
+    api = JsApi(nc)
+    cases = {"after_prepare": "SA", "mid_ack": "SB", "before_commit": "SC"}
+    expected = {}
+    for point, stream in cases.items():
+        prefix = stream.lower()
+        await api.add_stream({"name": stream, "subjects": [f"{prefix}.*"], "allow_direct": True, "subject_transform": {
+            "src": f"{prefix}.*", "dest": f"{{{{Partition(2,1)}}}}.{prefix}.{{{{Wildcard(1)}}}}"}})
+        await ConsumerGroups(nc).create(stream, GROUP, StaticGroupConfig(2, (f"{prefix}.*",), members=("m1",)))
+        res = await publish_many(nc, ((f"{prefix}.k{i % 30}", b"{}") for i in range(n)))
+        expected[point] = {(stream, res.first_seq + i): f"{prefix}.k{i % 30}" for i in range(n)}
+
+    def job(point, failpoint):
+        return start_member_job(member_job_zip, tmp_path / point, nats_servers=nats_server.url, stream=cases[point],
+                                group=GROUP, member="m1", sink_path=tmp_path / point / "lake", spark=False,
+                                args=["--batch-size", str(batch), "--ack-wait", "3", "--standby-timeout", "20"],
+                                env={"CG_FAILPOINT": failpoint} if failpoint else None)
+
+    async def pending(point) -> int:
+        info = await api.consumer_info(cases[point], f"{GROUP}-m1")
+        return int(info["num_pending"]) + int(info["num_ack_pending"])
+
+    crashed = await _wait(*(job(p, p) for p in cases))
+    for point, r in zip(cases, crashed, strict=True):
+        assert r.returncode != 0 and f"cg failpoint {point}" in r.output, r.describe()
+        assert parquet_landed(tmp_path / point / "lake") == [], f"{point}: rows visible before commit"
+    assert await pending("after_prepare") == n  # the durable was not moved
+    assert await pending("mid_ack") == await pending("before_commit") == n - batch  # moved past the batch
+
+    reruns = await _wait(*(job(p, None) for p in cases))
+    summaries = {p: _ok(r) for p, r in zip(cases, reruns, strict=True)}
+    for point, s in summaries.items():
+        assert s["result"] == "committed" and s["read_path"] == "direct", (point, s)
+        assert_exactly_once(parquet_landed(tmp_path / point / "lake"), expected[point])
+        assert await pending(point) == 0, point
+    a = summaries["after_prepare"]
+    assert (a["recovered_aborted"], a["recovered_committed"], a["messages_read"]) == (1, 0, n), a
+    for point in ("mid_ack", "before_commit"):
+        s = summaries[point]
+        assert (s["recovered_aborted"], s["recovered_committed"]) == (0, 1), s
+        assert s["rows_written"] == n and s["messages_read"] == n - batch and s["duplicates_skipped"] == 0, s
