@@ -23,6 +23,7 @@ from pathlib import Path
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import StaticGroupConfig, static_consumer_name
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 from tests.support.member_job import (
@@ -144,8 +145,6 @@ class ChaosRun:
                 await asyncio.sleep(0.3)
 
     async def _create_static_group(self) -> None:
-        from airflow_provider_cg.core.groups.config import StaticGroupConfig
-
         cfg = self.config
         await JsApi(self.nc).add_stream({
             "name": self.stream, "subjects": ["ord.*"], "num_replicas": cfg.replicas, "allow_direct": True,
@@ -159,7 +158,7 @@ class ChaosRun:
             return await wq_messages(self.nc, self.stream, self.group)
         api, left = JsApi(self.nc), 0
         for m in self.current:
-            info = await api.consumer_info(self.stream, f"{self.group}-{m}")
+            info = await api.consumer_info(self.stream, static_consumer_name(self.group, m))
             left += int(info["num_pending"]) + int(info["num_ack_pending"]) if info else 1
         return left
 

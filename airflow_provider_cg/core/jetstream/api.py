@@ -9,7 +9,6 @@ requests to ``$JS.API.*``. Every reply is JSON; an ``error`` member becomes
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from nats.errors import NoRespondersError
@@ -30,10 +29,10 @@ ERR_STREAM_NAME_IN_USE = 10058
 CONSUMER_RESET_VERSION = (2, 14, 0)  # $JS.API.CONSUMER.RESET (nats-server PR 7489)
 
 
-def server_version(nc) -> tuple[int, ...]:
+def server_version(nc) -> tuple[int, int, int]:
     """The connected server's version as numbers (``(0, 0, 0)`` when it did not say)."""
-    text = (getattr(nc, "_server_info", None) or {}).get("version", "0.0.0")
-    return tuple(int(x) for x in re.findall(r"\d+", text)[:3])
+    v = nc.connected_server_version
+    return v.major, v.minor, v.patch
 
 
 def validate_prefix(field: str, prefix: Any) -> str:

@@ -200,7 +200,8 @@ class MemberRun:
                     s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
                 return
             s.pin_id = self.client.pin_id
-            self.pinned_consumer_created = (await self.client.consumer_info()).get("created")
+            pinned = await self.client.consumer_info()  # the consumer as this run was pinned on it
+            self.pinned_consumer_created = pinned.get("created")
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", o.member, s.pin_id,
                      self.owner, s.target, list(self.partitions))
             # fencing and recovery can take longer than the consumer's priority timeout or
@@ -210,7 +211,7 @@ class MemberRun:
                 landed = await self._take_over()
             finally:
                 keeper.cancel()
-            if isinstance(reads, DirectReads) and not await reads.positions.begin(first, await self.client.consumer_info()):
+            if isinstance(reads, DirectReads) and not await reads.positions.begin(first, pinned):
                 log.info("cg member=%s: reading through the consumer this run", o.member)
                 reads = ConsumerReads(self)
                 reads.fit_batch_to(info)
