@@ -42,7 +42,7 @@ def _build_pipeline(spec, spark):
 
     if spark is None:
         return ArrowPipeline(text_decoder() if spec.payload_format == "text" else None)
-    if spec.payload_format == "raw" and not spec.transforming:
+    if spec.payload_format == "raw" and not spec.transforming and spec.read != "executors":
         return ArrowPipeline()
     decoder = SparkDecoder(spark, spec.payload_format, spec.json_schema or spec.avro_schema)
     return SparkPipeline(spark, decoder, function=spec.transform, sql=spec.transform_sql)
@@ -66,6 +66,8 @@ async def _run(spec, make_sink, pipeline):
     settings.name = settings.name or f"cg-job-{spec.stream}-{spec.group}-{who}"
     nc = await settings.connect()
     try:
+        if spec.read == "executors" and not spec.backfill:
+            pipeline.read_in_tasks(settings)
         info = await ConsumerGroups(nc).get(spec.stream, spec.group)
         if not spec.backfill and not in_membership(info.config, spec.member):
             raise ConfigError("member", f"{spec.member!r} is not a member of group {spec.group!r} "

@@ -104,7 +104,7 @@ async def test_two_instances_of_one_member_only_one_consumes(nc, nats_server, me
     assert await wq_messages(nc, STREAM, GROUP) == 0
 
 
-@pytest.mark.parametrize("read", ["auto", "consumer"])
+@pytest.mark.parametrize("read", ["auto", "consumer", "executors"])
 async def test_poison_message_is_dead_lettered_and_the_rest_commits(nc, nats_server, member_job_zip, tmp_path, read):
     """Direct reads dead-letter a message that fails to decode at once (a direct get is no
     delivery; decoding is deterministic); reads through the consumer retry it up to
@@ -122,7 +122,8 @@ async def test_poison_message_is_dead_lettered_and_the_rest_commits(nc, nats_ser
                                  "--max-deliver", "3", "--batch-size", "100", "--read", read])
     (result,) = await _wait_jobs(job)
     summary = _assert_ok(result)
-    deliveries = 1 if read == "auto" else 3
+    assert summary["read_path"] == ("direct" if read == "auto" else read), summary
+    deliveries = 3 if read == "consumer" else 1
     assert summary["dead_lettered"] == 1 and summary["poison_deliveries"] == deliveries, summary
     assert summary["rows_written"] == n - 1
     assert_exactly_once(parquet_landed(lake), expected)
@@ -136,7 +137,7 @@ async def test_poison_message_is_dead_lettered_and_the_rest_commits(nc, nats_ser
     headers = base64.b64decode(msg["hdrs"]).decode()
     assert f"Cg-Origin-Seq: {poison_key[1]}" in headers
     assert f"Cg-Origin-Stream: {STREAM}" in headers
-    assert read == "auto" or "Cg-Deliveries: 3" in headers
+    assert read != "consumer" or "Cg-Deliveries: 3" in headers
     error = next(line for line in headers.splitlines() if line.startswith("Cg-Error:"))
     assert len(error) > len("Cg-Error: "), headers
 

@@ -56,6 +56,21 @@ async def test_randomized_faults_on_a_static_group(request, nc, nats_server, mem
     print(run.report(), stats, dict(paths))
 
 
+@pytest.mark.spark
+@pytest.mark.parametrize("static", [False, True], ids=["elastic", "static"])
+async def test_randomized_faults_with_spark_tasks_reading(request, static, nc, nats_server, member_job_zip, tmp_path):
+    """Every job through spark-submit with --read executors: the batches' Spark tasks read NATS
+    while their drivers are killed, stalled, stepped down and their server restarted."""
+    cfg = _config(request, static=static, read="executors", seconds=14.0, messages=16_000, server_restarts=1)
+    cfg.spark = True
+    run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip)
+    await run.run()
+    stats = await run.check()
+    paths = Counter(p for _, j in run.jobs for p in re.findall(r'"read_path":"(\w+)"', j.output_so_far()))
+    assert paths["executors"], (paths, run.report())
+    print(run.report(), stats, dict(paths))
+
+
 async def test_randomized_faults_into_postgres(request, nc, nats_server, member_job_zip, tmp_path, postgres_db):
     cfg = _config(request, sink="postgres", seconds=20.0, messages=30_000, server_restarts=1)
     run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip, sink_env={"CG_PG_DSN": postgres_db.dsn})

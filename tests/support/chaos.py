@@ -59,6 +59,7 @@ class ChaosConfig:
     replicas: int = 1
     chunks: int = 8
     static: bool = False  # a static group on an origin with direct gets (no membership changes)
+    read: str | None = None  # the jobs' --read (``executors``: Spark's tasks read; needs ``spark``)
 
 
 @dataclass
@@ -120,7 +121,8 @@ class ChaosRun:
         sink_path, sink_args = self.sink_args()
         job = start_member_job(
             self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream, group=self.group,
-            member=member, sink=self.config.sink, sink_path=sink_path, args=[*JOB_ARGS, *sink_args],
+            member=member, sink=self.config.sink, sink_path=sink_path,
+            args=[*JOB_ARGS, *sink_args, *(["--read", self.config.read] if self.config.read else [])],
             env=self.sink_env, spark=self.config.spark)
         self.jobs.append((member, job))
         return job

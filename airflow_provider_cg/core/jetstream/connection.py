@@ -264,6 +264,17 @@ class NatsConnectionSettings:
             env[ENV_PREFIX + k.upper()] = ",".join(v) if isinstance(v, list) else str(v)
         return env
 
+    def portable(self) -> NatsConnectionSettings:
+        """These settings with TLS files replaced by their PEM text (creds and nkey seeds are
+        held as content already): usable where the files are not, e.g. on Spark executors."""
+        out = NatsConnectionSettings(**self.to_dict())
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            value = getattr(out, name)
+            if value and not _is_pem(value):
+                with open(os.path.expanduser(value), encoding="utf-8") as f:
+                    setattr(out, name, f.read())
+        return out
+
     def redacted(self) -> dict[str, Any]:
         """The settings with every secret replaced by ``***`` (safe to log)."""
         out = self.to_dict(include_secrets=False)

@@ -66,6 +66,31 @@ class PartitionBatch:
         return len(self.hdrs)
 
 
+@dataclass(frozen=True)
+class ReadRange:
+    """The messages of one filter ``subject`` with sequences in ``[first_seq, last_seq]``: a
+    part of a planned batch that Spark tasks read (``landing/executor_reads.py``).
+    ``partition``: the member partition it belongs to (``ALL``, or an index for a static
+    member's subjects); ``messages``: how many it held when planned (an upper bound)."""
+
+    partition: int
+    subject: str
+    first_seq: int
+    last_seq: int
+    messages: int
+
+    def __len__(self) -> int:
+        return self.messages
+
+    def split(self, parts: int) -> list[ReadRange]:
+        """Up to ``parts`` consecutive sequence ranges covering this one, messages shared by span."""
+        span = self.last_seq - self.first_seq + 1
+        parts = max(1, min(parts, span, self.messages or 1))
+        bounds = [self.first_seq + span * i // parts for i in range(parts + 1)]
+        return [ReadRange(self.partition, self.subject, a, b - 1, -(-self.messages * (b - a) // span))
+                for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
 class _Request:
     __slots__ = ("batch", "fut", "status")
 
@@ -202,6 +227,46 @@ class PartitionReader:
                 left -= len(more)
         return [b for b in batches if len(b)]
 
+    async def count_from(self, subject: str, from_seq: int, timeout: float = 5.0) -> tuple[int, int]:
+        """``(messages, first sequence)`` of ``subject`` from ``from_seq`` on (``(0, 0)``: none),
+        by one direct get of one message: the server counts the rest in its ``Nats-Num-Pending``."""
+        batch = PartitionBatch(0, subject=subject)
+        await self._get(batch, from_seq, 1, timeout)
+        if not len(batch):
+            return 0, 0
+        return batch.pending + 1, _header_int(batch.hdrs[0], b"Nats-Sequence:")
+
+    async def read_range(self, subject: str, first_seq: int, last_seq: int, expected: int,
+                         timeout: float = READ_TIMEOUT) -> PartitionBatch:
+        """Every message of ``subject`` with a sequence in ``[first_seq, last_seq]``, in order.
+        ``expected``: about how many there are (each request asks for what is left of it, so a
+        filtered read rarely fetches past ``last_seq``; what it does fetch there is dropped)."""
+        batch = PartitionBatch(0, subject=subject)
+        seq = first_seq
+        while seq <= last_seq:
+            before = len(batch)
+            want = max(64, min(last_seq - seq + 1, int((expected - before) * 1.1) + 64))
+            await self._get(batch, seq, want, timeout)
+            if len(batch) == before:
+                break
+            if batch.last_seq >= last_seq or batch.pending == 0:
+                break
+            seq = batch.last_seq + 1
+        keep = len(batch)
+        while keep and _header_int(batch.hdrs[keep - 1], b"Nats-Sequence:") > last_seq:
+            keep -= 1
+        del batch.hdrs[keep:], batch.data[keep:]
+        batch.last_seq = min(batch.last_seq, last_seq)
+        return batch
+
+    async def last_seq(self) -> int:
+        """The stream's last sequence now (a failure to learn it is a read error)."""
+        try:
+            return int((await self.api.stream_info(self.stream))["state"]["last_seq"])
+        except ConsumerGroupError as e:  # a restart or leader change; a deleted stream is final
+            raise DirectReadError(f"stream info of {self.stream}: {e}",
+                                  retryable=not isinstance(e, JetStreamApiError)) from None
+
     async def read_through(self, subjects: list[str], from_seq: int, count: int,
                            timeout: float = READ_TIMEOUT) -> tuple[list[PartitionBatch], int]:
         """Every message of ``subjects`` from ``from_seq`` up to a cut, about ``count`` in all:
@@ -213,11 +278,7 @@ class PartitionReader:
         read, so one position (``cut + 1``) describes where the reader is in all subjects."""
         if not subjects:
             return [], from_seq - 1
-        try:
-            before = int((await self.api.stream_info(self.stream))["state"]["last_seq"])
-        except ConsumerGroupError as e:  # a restart or leader change; a deleted stream is final
-            raise DirectReadError(f"stream info of {self.stream}: {e}",
-                                  retryable=not isinstance(e, JetStreamApiError)) from None
+        before = await self.last_seq()
         share = max(1, -(-count // len(subjects)))
         batches = list(await asyncio.gather(*(self.read(0, from_seq, share, timeout, subject=s) for s in subjects)))
         cut = min([before, *(b.last_seq for b in batches if b.pending)])
@@ -257,6 +318,48 @@ class PartitionReader:
                 log.warning("purge check of partition %d failed (%s); retrying", partition, e)
                 await asyncio.sleep(0.5)
         return False
+
+
+async def plan_ranges(reader: PartitionReader, starts: dict[int, tuple[str, int]], count: int,
+                      last_seq: int, rounds: int = 16) -> tuple[list[ReadRange], int]:
+    """Plan a batch of at most ``count`` (>= 1) messages without reading it: for each
+    ``partition: (subject, first sequence to read)``, the range from its first message up to
+    one common cut, at most ``last_seq`` (the stream's last sequence when planning started).
+    The server counts (``count_from``); the cut is lowered (in proportion, then by halves)
+    until the ranges hold at most ``count`` in all. Returns ``(ranges, cut)``; no ranges when
+    nothing is stored up to ``last_seq``.
+
+    Messages from the cut on are counted before those from the start, so a message stored in
+    between is counted in the start's only: an overcount, and the batch never exceeds ``count``."""
+    found = await asyncio.gather(*(reader.count_from(subject, start) for subject, start in starts.values()))
+    firsts = {p: first for p, (_, first) in zip(starts, found, strict=True) if 0 < first <= last_seq}
+    if not firsts:
+        return [], 0
+
+    async def held_through(cut: int) -> dict[int, int]:
+        after = await asyncio.gather(*(reader.count_from(starts[p][0], cut + 1) for p in firsts))
+        total = await asyncio.gather(*(reader.count_from(starts[p][0], f) for p, f in firsts.items()))
+        return {p: max(0, t - a) for p, (t, _), (a, _) in zip(firsts, total, after, strict=True)}
+
+    low = min(firsts.values())  # a cut here holds one message: it always fits
+    fits, over, cut = low, None, last_seq
+    for _ in range(rounds):
+        held = await held_through(cut)
+        n = sum(held.values())
+        if n <= count:
+            break
+        over = cut
+        guess = low - 1 + (cut - low + 1) * count * 15 // (n * 16)  # messages spread about evenly
+        cut = guess if fits < guess < over else (fits + over) // 2
+        if cut <= fits:
+            cut = fits
+            held = await held_through(cut)
+            break
+    else:
+        cut = fits
+        held = await held_through(cut)
+    ranges = [ReadRange(p, starts[p][0], f, cut, held[p]) for p, f in firsts.items() if held[p] and f <= cut]
+    return ranges, cut
 
 
 # --- rows ------------------------------------------------------------------------------------

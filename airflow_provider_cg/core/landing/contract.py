@@ -50,7 +50,7 @@ SINKS = ("parquet", "postgres", "delta", "iceberg")
 #: sinks whose table lives at ``sink_path`` (a local path; Delta also ``s3://bucket/prefix``)
 PATH_SINKS = ("parquet", "delta")
 PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
-READ_MODES = ("auto", "consumer")
+READ_MODES = ("auto", "consumer", "executors")
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
 ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome before it commits anyway
 
@@ -90,8 +90,10 @@ class BatchOptions:
                             positive=True)
     idle_timeout: float = _opt(2.0, float, "a pull this long with nothing ends the run", positive=True)
     progress_interval: float = _opt(5.0, float, "seconds between progress lines", positive=True)
-    read: str = _opt("auto", str, "auto: an elastic group's partitions by direct gets (one purge per partition "
-                     "acks a batch); consumer: pulls and a double ack per message (static groups always)",
+    read: str = _opt("auto", str, "auto: the driver reads by batched direct gets (an elastic group's "
+                     "partitions, acked by one purge each; a static member's subjects, acked by moving its "
+                     "durable; 2.14+); executors: the same, read by the batch's Spark tasks (needs Spark); "
+                     "consumer: pulls and a double ack per message",
                      READ_MODES)
 
     def consumer_ack_wait(self, elastic: bool) -> float:
@@ -338,6 +340,8 @@ def _check_job(spec: MemberJobSpec) -> None:
     elif spec.transform_sql is not None and not spec.transform_sql.strip():
         raise ConfigError("transform_sql", "must not be empty")
     if spec.no_spark:
+        if spec.read == "executors":
+            raise ConfigError("read", "executors are Spark's (drop no_spark)")
         if spec.transforming:
             raise ConfigError("transform", "a transformation runs in Spark (drop no_spark)")
         if spec.payload_format in ("json", "avro"):
@@ -399,6 +403,7 @@ _RULE_FIELDS = {
     "json_schema": {"payload_format", "json_schema"},
     "avro_schema": {"payload_format", "avro_schema"},
     "transform": {"transform", "transform_sql", "no_spark"},
+    "read": {"read", "no_spark"},
     "transform_sql": {"transform", "transform_sql"},
     "payload_format": {"payload_format", "no_spark"},
 }

@@ -24,7 +24,15 @@ import logging
 import time
 
 from airflow_provider_cg.core.errors import JetStreamApiError
-from airflow_provider_cg.core.jetstream.direct import ALL, DirectReadError, PartitionBatch, PartitionReader
+from airflow_provider_cg.core.jetstream.direct import (
+    ALL,
+    DirectReadError,
+    PartitionBatch,
+    PartitionReader,
+    ReadRange,
+    plan_ranges,
+    subject_filter,
+)
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
 from airflow_provider_cg.core.landing.dead_letters import dead_letter_headers
 from airflow_provider_cg.core.landing.failpoints import failpoint
@@ -59,7 +67,16 @@ class PartitionPositions:
             self.starts[b.partition] = b.last_seq + 1
         return batches, None
 
-    async def ack(self, batches: list[PartitionBatch], _cut: None) -> int:
+    async def plan(self, count: int) -> tuple[list[ReadRange], int]:
+        """The next batch as ranges for Spark tasks to read (``executor_reads.py``), each
+        partition up to one cut; the next batch starts after it."""
+        starts = {p: (self.subjects.get(p) or subject_filter(p), s) for p, s in self.starts.items()}
+        ranges, cut = await plan_ranges(self.reader, starts, count, await self.reader.last_seq())
+        if ranges:
+            self.starts = {p: cut + 1 for p in self.starts}
+        return ranges, cut
+
+    async def ack(self, batches: list[PartitionBatch] | list[ReadRange], _cut: int | None) -> int:
         """One filtered purge per partition; returns how many messages' acks are unknown."""
         unknown = 0
         for b in batches:
@@ -119,7 +136,16 @@ class ConsumerPosition:
             if mine:  # else only others' messages so far: read on (the next ack moves past them)
                 return mine, cut
 
-    async def ack(self, batches: list[PartitionBatch], cut: int) -> int:
+    async def plan(self, count: int) -> tuple[list[ReadRange], int]:
+        """The next batch as ranges of the member's subjects up to one cut, for Spark tasks to
+        read (``executor_reads.py``); the next batch starts after the cut."""
+        starts = {i: (subject, self.next_seq) for i, subject in enumerate(self.subjects)}
+        ranges, cut = await plan_ranges(self.reader, starts, count, await self.reader.last_seq())
+        if ranges:
+            self.next_seq = cut + 1
+        return ranges, cut
+
+    async def ack(self, batches: list[PartitionBatch] | list[ReadRange], cut: int) -> int:
         """Move the durable past ``cut``; returns how many messages' acks are unknown."""
         deadline = asyncio.get_running_loop().time() + ACK_TIMEOUT
         while True:
@@ -168,7 +194,7 @@ class DirectReads:
                     s.stop_reason = reason
                     break
                 try:
-                    batches, cut = await self.positions.read(min(self.run.batch_size, s.target - self.run.taken))
+                    batches, cut = await self._next(min(self.run.batch_size, s.target - self.run.taken))
                     transient_deadline = None
                 except DirectReadError as e:
                     transient_deadline = transient_deadline or time.monotonic() + max(self.run.ack_wait, 30.0)
@@ -186,7 +212,7 @@ class DirectReads:
                 self.run.taken += sum(len(b) for b in batches)
                 previous, landing = landing, None
                 if not self.run.lander.taken_over and not keeper.done():
-                    landing = asyncio.create_task(self._land_direct(batches, cut, after=previous))
+                    landing = asyncio.create_task(self._land(batches, cut, after=previous))
                 if previous is not None:
                     await self.run.await_landing(previous)
                 self.run.progress.tick()
@@ -195,7 +221,10 @@ class DirectReads:
                 await self.run.await_landing(landing)
             keeper.cancel()
 
-    async def _land_direct(self, batches: list[PartitionBatch], cut, after: asyncio.Task | None = None) -> None:
+    async def _next(self, count: int) -> tuple[list[PartitionBatch], int | None]:
+        return await self.positions.read(count)
+
+    async def _land(self, batches: list[PartitionBatch], cut, after: asyncio.Task | None = None) -> None:
         """One batch read by direct gets: its rows and processing, then (once the batch
         ``after`` has landed) the two-phase steps with the ack of the range read. Nothing of
         it is prepared if ``after`` failed or was taken over."""

@@ -53,6 +53,7 @@ from airflow_provider_cg.core.landing.contract import (
 )
 from airflow_provider_cg.core.landing.dead_letters import DeadLetters
 from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads, PartitionPositions
+from airflow_provider_cg.core.landing.executor_reads import ExecutorReads
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
 from airflow_provider_cg.core.landing.rows import BatchId, KeySelector
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
@@ -127,11 +128,15 @@ class MemberRun:
         self.lander.partition_count = self.config.max_members
         self.filters = partitioning.member_filter_subjects(self.config, o.member)
         self.reader: PartitionReader | None = None
-        if o.read == "auto" and (self.sourced or self.api.can_reset_consumers()):
+        if o.read in ("auto", "executors") and (self.sourced or self.api.can_reset_consumers()):
             read = await self.api.stream_info(self.consumer_stream)
             if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
-        self.keys = KeySelector(partitioning.key_rules(self.config))
+        if self.reader is None and o.read == "executors":
+            log.info("cg member=%s: %s has no direct gets (allow_direct, or a server before 2.14 for a static "
+                     "group): the driver reads through the consumer", o.member, self.consumer_stream)
+        self.key_rules = partitioning.key_rules(self.config)
+        self.keys = KeySelector(self.key_rules)
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer, self.priority_group)
         # The server resets the pin timer (priority_timeout = ack_wait) only on a new pull that
         # carries the pin id, so a pull open longer than that loses the pin mid-pull: e.g. the
@@ -172,7 +177,7 @@ class MemberRun:
         await self.setup()
         info = await self.client.consumer_info()
         # reading by direct gets, nothing is delivered through the consumer
-        reads = ConsumerReads(self) if self.reader is None else DirectReads(self, self._positions(consumer=info["name"]))
+        reads = ConsumerReads(self) if self.reader is None else self._direct_reads(consumer=info["name"])
         if isinstance(reads, ConsumerReads):
             reads.fit_batch_to(info)
         cfg = info.get("config") or {}
@@ -215,7 +220,8 @@ class MemberRun:
                 log.info("cg member=%s: reading through the consumer this run", o.member)
                 reads = ConsumerReads(self)
                 reads.fit_batch_to(info)
-            s.read_path = "direct" if isinstance(reads, DirectReads) else "consumer"
+            s.read_path = "consumer" if isinstance(reads, ConsumerReads) else \
+                "executors" if isinstance(reads, ExecutorReads) else "direct"
             if isinstance(reads, DirectReads):
                 # the stream (elastic) or the durable's position (static), not the consumer's
                 # deliveries, says what earlier holders left unacknowledged
@@ -230,6 +236,13 @@ class MemberRun:
         s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
         if self.revoked is None:
             await self._release_pin()
+
+    def _direct_reads(self, consumer: str) -> DirectReads:
+        """Direct gets, by the driver, or (``--read executors``) by the batch's Spark tasks."""
+        positions = self._positions(consumer)
+        if self.options.read == "executors":
+            return ExecutorReads(self, positions, self.pipeline.parallelism)
+        return DirectReads(self, positions)
 
     def _positions(self, consumer: str) -> PartitionPositions | ConsumerPosition:
         """Where a direct-get reader of this member reads from, and how it acks a range."""

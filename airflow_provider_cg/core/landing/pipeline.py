@@ -16,7 +16,9 @@ output. The driver keeps the NATS work, the protocol and the commit. No Airflow 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +51,22 @@ class ProcessedBatch:
     bad: dict[int, str]  # poison rows: index in the batch as read -> why
     input_keys: dict[str, np.ndarray] | None = None  # the inputs ``rows`` stand for (Spark)
     skipped: int = 0  # inputs committed already, dropped before processing
+
+
+_POISON_FIELDS = ("origin_stream", "origin_seq", "subject", "payload", "headers", ERROR)
+_POISON_SCHEMA = pa.schema([("origin_stream", pa.string()), ("origin_seq", pa.int64()), ("subject", pa.string()),
+                            ("payload", pa.binary()), ("headers", pa.string()), (ERROR, pa.string())])
+
+
+@dataclass
+class RangesRead:
+    """What a batch's Spark tasks read (``SparkPipeline.process_ranges``), as its job reports it."""
+
+    inputs: pa.Table  # partition, origin_seq of each message read (inputs committed already excepted)
+    poison: pa.Table  # the raw messages of the poison rows (``_POISON_SCHEMA``), for the dead-letter stream
+    messages: int
+    bytes: int
+    skipped: int = 0  # inputs committed already, dropped by the tasks
 
 
 class ArrowPipeline:
@@ -84,6 +102,7 @@ class SparkPipeline:
         self.fn = load_function(function) if function else None
         self.sql = sql
         self._one_at_a_time = threading.Lock()  # the view ``batch`` is the session's: one batch at a time
+        self.parallelism = spark.sparkContext.defaultParallelism  # tasks a batch read by executors is split in
         # the batch goes to the executors as partitions of the job's data, not as a local
         # relation that the driver's optimizer would decode row by row
         spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", "0")
@@ -139,6 +158,81 @@ class SparkPipeline:
             keys = None  # decoded rows in the driver are one per message: the sink dedupes them as rows
         return ProcessedBatch(staged, bad, keys, skipped)
 
+    def read_in_tasks(self, settings) -> None:
+        """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
+        from airflow_provider_cg.core.landing.nats_source import register
+
+        register(self.spark, settings)
+
+    def process_ranges(self, sink: TwoPhaseSink, plan: Callable[[np.ndarray | None], str], origin_stream: str,
+                       batch_id: BatchId, partitions: tuple[int, ...]) -> tuple[ProcessedBatch, RangesRead]:
+        """A batch that Spark's tasks read themselves (``nats_source.py``): ``plan(skip)`` is
+        the source's plan minus the inputs in ``skip``. The inputs read come back with the
+        batch's Spark job (an observed metric), and are checked against the sink's committed
+        ones only then; in the rare batch that holds some (a batch committed whose ack did not
+        take effect), the staged result is dropped and the batch computed again without them."""
+        with self._one_at_a_time:
+            skip = np.zeros(0, np.int64)
+            for _ in range(3):
+                staged, read = self._read_ranges(sink, plan(skip if len(skip) else None), batch_id, partitions)
+                seqs = read.inputs.column("origin_seq").to_numpy()
+                committed = sink.committed_keys_exist(origin_stream, seqs) if len(seqs) else np.zeros(0, bool)
+                if not committed.any():
+                    break
+                sink.discard(staged)
+                skip = np.union1d(skip, seqs[committed])
+                log.info("cg batch %s: %d of its inputs are committed already; computing it without them",
+                         batch_id.gid, int(committed.sum()))
+            else:
+                raise ConsumerGroupError(f"batch {batch_id.gid}: inputs keep turning up committed while it is "
+                                         "computed (another writer of the same messages?)")
+            read.skipped = len(skip)
+            bad = {i: str(e) for i, e in enumerate(read.poison.column(ERROR).to_pylist())}
+            good = np.setdiff1d(seqs, read.poison.column("origin_seq").to_numpy()) if bad else np.sort(seqs)
+            keys = {origin_stream: good}
+            if self.fn is None and self.sql is None and isinstance(staged, pa.Table):
+                keys = None
+            return ProcessedBatch(staged, bad, keys, len(skip)), read
+
+    def _read_ranges(self, sink: TwoPhaseSink, plan: str, batch_id: BatchId, partitions: tuple[int, ...]):
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        from airflow_provider_cg.core.landing.nats_source import READ_FAILED, SOURCE_NAME
+
+        frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
+        decoded = self.decoder.apply(frame)
+        observation = Observation(f"cg_read_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
+        decoded = decoded.observe(
+            observation,
+            F.to_json(F.collect_list(F.array(F.col("partition").cast("long"), F.col("origin_seq")))).alias("inputs"),
+            F.coalesce(F.sum(F.length("payload")), F.lit(0)).alias("bytes"),
+            F.collect_list(F.when(F.col(ERROR).isNotNull(), F.struct(*_POISON_FIELDS))).alias("bad"))
+        good = decoded.where(F.col(ERROR).isNull()).drop(ERROR)
+        ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, partitions)
+        out = self._transform(good, ctx)
+        try:
+            staged = sink.stage(batch_id, out)
+        except SinkError:
+            raise
+        except Exception as e:
+            if READ_FAILED in str(e):  # NATS, not the data: a server error (exit 2)
+                text = str(e)
+                raise ConsumerGroupError(text[text.index(READ_FAILED):].splitlines()[0][:500]) from None
+            if self.fn is None and self.sql is None:
+                raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
+            raise _spark_failure(e) from e
+        try:
+            metrics = self._observed(observation)
+        except BaseException:
+            sink.discard(staged)
+            raise
+        pairs = np.asarray(json.loads(metrics["inputs"] or "[]"), dtype=np.int64).reshape(-1, 2)
+        inputs = pa.table({"partition": pa.array(pairs[:, 0], pa.int32()), "origin_seq": pa.array(pairs[:, 1])})
+        bad = [r.asDict() for r in metrics.get("bad") or ()]
+        poison = pa.Table.from_pylist(bad, schema=_POISON_SCHEMA) if bad else _POISON_SCHEMA.empty_table()
+        return staged, RangesRead(inputs, poison, len(pairs), int(metrics["bytes"] or 0))
+
     def _frame(self, fresh: pa.Table, rows: np.ndarray):
         """The batch as a DataFrame: columns equal on every row (the origin stream, group,
         member; an unused ``payload_text``) are not shipped to the JVM but added there."""
@@ -177,21 +271,24 @@ class SparkPipeline:
             raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
         return out
 
-    @staticmethod
-    def _poison(observation) -> dict[int, str]:
+    @classmethod
+    def _poison(cls, observation) -> dict[int, str]:
         if observation is None:
             return {}
+        return {int(r[0]): str(r[1]) for r in cls._observed(observation).get("bad") or ()}
+
+    @staticmethod
+    def _observed(observation) -> dict:
         # Observation.get blocks until the metric arrives, which it never does when the
         # transformation's result does not read the batch at all
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cg-observation")
         try:
-            metrics = pool.submit(lambda: observation.get).result(timeout=OBSERVATION_TIMEOUT)
+            return pool.submit(lambda: observation.get).result(timeout=OBSERVATION_TIMEOUT)
         except concurrent.futures.TimeoutError:
             raise TransformError("transform: its result does not read the batch (it must be computed from "
                                  "the DataFrame it is given)") from None
         finally:
             pool.shutdown(wait=False)
-        return {int(r[0]): str(r[1]) for r in metrics.get("bad") or ()}
 
 
 def _first_line(e: Exception) -> str:

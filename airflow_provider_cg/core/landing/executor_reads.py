@@ -1,0 +1,74 @@
+"""Reading a member's batches in Spark's tasks (``--read executors``).
+
+The driver plans each batch without reading it (``direct.plan_ranges``: per partition, or per
+filter subject of a static member, a sequence range up to one cut, counted by the server) and
+keeps everything that needs the pin: the fences, recovery, the two-phase steps and the ack
+(the purges, or the durable's move) of the ranges. The batch's Spark job reads the ranges
+from NATS in its tasks (``nats_source.py``), decodes, transforms and stages the result in the
+sink; the inputs it read, their bytes and the poison rows' raw messages come back with that
+job. So a member's throughput grows with its executors, not with its driver.
+
+Exactly-once is kept as on the other read paths: the committed inputs are dropped (checked
+once the job reports what it read; a batch that holds some is computed again without them),
+the sink records the batch's inputs with its output, per-key order holds because batch k+1's
+two-phase steps wait for batch k's commit, and poison messages go to the dead-letter stream
+and are acknowledged with their range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
+from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads
+from airflow_provider_cg.core.landing.nats_source import batch_plan
+
+log = logging.getLogger("airflow_provider_cg.landing")
+
+
+class ExecutorReads(DirectReads):
+    """The executor read path of one member run (``member.MemberRun``); the loop, the pin
+    keeping and the order of the two-phase steps are the direct-get path's."""
+
+    def __init__(self, run, positions, parallelism: int) -> None:
+        super().__init__(run, positions)
+        self.parallelism = max(1, parallelism)
+
+    async def _next(self, count: int) -> tuple[list[ReadRange], int]:
+        return await self.positions.plan(count)
+
+    def _plan(self, ranges: list[ReadRange], skip: np.ndarray | None) -> str:
+        run, o = self.run, self.run.options
+        static = isinstance(self.positions, ConsumerPosition)
+        return batch_plan(ranges, stream=run.consumer_stream, origin=self.positions.origin, group=o.group,
+                          member=o.member, key_rules=run.key_rules, js_prefix=run.api.prefix,
+                          only=self.positions.only if static else None, parallelism=self.parallelism, skip=skip)
+
+    async def _land(self, ranges: list[ReadRange], cut: int, after: asyncio.Task | None = None) -> None:
+        run, o, positions = self.run, self.run.options, self.positions
+        batch_id = run.next_batch_id()
+        partitions = run.partitions if any(r.partition == ALL for r in ranges) or \
+            isinstance(positions, ConsumerPosition) else tuple(sorted({r.partition for r in ranges}))
+        processed, read = await asyncio.to_thread(run.pipeline.process_ranges, run.sink,
+                                                  lambda skip: self._plan(ranges, skip), o.stream, batch_id,
+                                                  partitions)
+        if after is not None:
+            await asyncio.wait({after})
+            if after.cancelled() or after.exception() is not None or run.lander.taken_over:
+                await asyncio.to_thread(run.sink.discard, processed.rows)
+                return
+        if processed.bad:
+            await self._dead_letter(read.poison, processed.bad)
+
+        async def ack() -> int:
+            return await positions.ack(ranges, cut)
+
+        # the ranges read, as recovery's refs: besides the member's messages they cover only
+        # other partitions' or subjects' sequences, which its consumer is never delivered
+        first = min(r.first_seq for r in ranges)
+        refs = np.arange(first, cut + 1, dtype=np.int64)
+        await run.lander.land(batch_id, processed, read.inputs, {run.consumer_stream: refs}, ack,
+                              read.messages + read.skipped, read.bytes)

@@ -1,0 +1,157 @@
+"""A PySpark data source whose tasks read planned ranges of a stream from NATS.
+
+The member job's driver plans a batch (``direct.plan_ranges``: per partition, a sequence range
+up to one cut) and keeps the protocol: the pin, the fences, the two-phase steps, the ack. The
+batch's Spark job reads it through this source: each task connects to NATS, reads its ranges
+with batched direct gets and yields the rows (``ROW_SCHEMA``) as Arrow record batches, so
+decoding, the user's transformation and the sink's write follow in the same tasks and the
+driver never holds the messages.
+
+What the tasks need travels with the source, not in its options (which Spark shows in plans
+and UIs): ``register`` makes a subclass per job that carries the NATS connection settings
+(secrets included, file paths replaced by their content so that executors on other machines
+can use them), pickled by value into the job's own serialized command.
+
+Every ``(partition, first, last)`` range is read in full: a task's retry reads the same
+messages (the driver holds the pin, nothing else removes them). ``skip`` drops inputs the sink
+has committed already; ``only`` (a regular expression of the member's filter subjects) drops
+what else a static member's unfiltered read returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from airflow_provider_cg.core.jetstream.direct import DirectReadError, PartitionReader, ReadRange
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, KeySelector, keep_matching, rows_from_batches
+from airflow_provider_cg.core.landing.sinks.base import decode_seqs, encode_seqs
+
+try:  # PySpark 4.0+; a driver without it never plans executor reads
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+except ImportError:  # pragma: no cover - the member job refuses --read executors first
+    DataSource = DataSourceReader = object  # type: ignore[assignment,misc]
+    InputPartition = None  # type: ignore[assignment]
+
+SOURCE_NAME = "cg_nats_ranges"
+#: in the message of a task that could not read (the driver reports it as a server error)
+READ_FAILED = "cg-nats-read-failed"
+#: how long a task keeps retrying a read interrupted by a server restart or leader change
+READ_RETRY_SECONDS = 60.0
+SPARK_ROWS = ("origin_stream string not null, origin_seq bigint not null, subject string, `partition` int, "
+              "key string, payload binary, payload_text string, headers string, `timestamp` timestamp, "
+              "delivery_count int, `group` string, member string")
+_ARROW_ROWS = pa.schema([f.with_type(pa.binary()) if f.name == "payload" else
+                         f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f
+                         for f in ROW_SCHEMA])
+
+
+def batch_plan(ranges: list[ReadRange], *, stream: str, origin: str | None, group: str, member: str,
+               key_rules: list, js_prefix: str, only: str | None, parallelism: int,
+               skip: np.ndarray | None = None) -> str:
+    """The source's ``plan`` option: what a batch's tasks read (no secret in it). Ranges are
+    split so that about ``parallelism`` tasks share the batch."""
+    per_range = max(1, -(-parallelism // max(1, len(ranges))))
+    splits = [[r.partition, r.subject, r.first_seq, r.last_seq, r.messages]
+              for big in ranges for r in big.split(per_range)]
+    return json.dumps({
+        "stream": stream, "origin": origin, "group": group, "member": member, "js_prefix": js_prefix,
+        "keys": [[f, list(w)] for f, w in key_rules], "only": only,
+        "splits": splits, "skip": encode_seqs(np.sort(skip)) if skip is not None and len(skip) else None,
+    }, separators=(",", ":"))
+
+
+def register(spark, settings) -> None:
+    """Register the source for this job's session, carrying ``settings`` (see the module doc)."""
+    carried = settings.portable().to_dict()
+    spark.dataSource.register(type("NatsRangesOfThisJob", (NatsRangeSource,), {
+        "settings": carried, "__module__": "cg_job_dynamic"}))  # not importable: pickled by value
+
+
+class NatsRangeSource(DataSource):
+    """``spark.read.format("cg_nats_ranges").option("plan", batch_plan(...)).load()``."""
+
+    settings: dict | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        return SPARK_ROWS
+
+    def reader(self, schema) -> NatsRangeReader:
+        return NatsRangeReader(json.loads(self.options["plan"]), type(self).settings or {})
+
+
+class NatsRangeReader(DataSourceReader):
+    def __init__(self, plan: dict, settings: dict) -> None:
+        self.plan, self.settings = plan, settings
+
+    def partitions(self) -> list:
+        return [InputPartition(split) for split in self.plan["splits"]]
+
+    def read(self, partition) -> Iterator[pa.RecordBatch]:
+        yield from read_split(self.plan, self.settings, partition.value)
+
+
+def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBatch]:
+    """One task: the split's messages as rows, after ``skip`` and ``only``."""
+    rng = ReadRange(*split)
+    loop = asyncio.new_event_loop()
+    try:
+        batch = loop.run_until_complete(_read(plan, settings, rng))
+    finally:
+        loop.close()
+    if plan["only"] and len(batch):
+        kept = keep_matching([batch], plan["only"])
+        if not kept:
+            return
+    if not len(batch):
+        return
+    keys = KeySelector(plan["keys"])
+    table, _ = rows_from_batches([batch], group=plan["group"], member=plan["member"], keys=keys,
+                                 origin=plan["origin"])
+    if plan["skip"]:
+        seqs = table.column("origin_seq").to_numpy()
+        skip = decode_seqs(plan["skip"])
+        idx = np.clip(np.searchsorted(skip, seqs), 0, len(skip) - 1)
+        table = table.filter(pa.array(skip[idx] != seqs))
+    table = table.cast(_ARROW_ROWS, safe=False)  # Spark keeps microseconds
+    yield from table.to_batches(max_chunksize=8192)
+
+
+async def _read(plan: dict, settings: dict, rng: ReadRange):
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+
+    deadline = time.monotonic() + READ_RETRY_SECONDS
+    conn = NatsConnectionSettings.from_mapping({**settings, "name": f"cg-read-{plan['member']}"})
+    while True:
+        nc = None
+        try:
+            nc = await conn.connect()
+            reader = PartitionReader(nc, plan["stream"], js_prefix=plan["js_prefix"])
+            try:
+                return await reader.read_range(rng.subject, rng.first_seq, rng.last_seq, rng.messages)
+            finally:
+                await reader.close()
+        except (DirectReadError, OSError, ConnectionError, TimeoutError) as e:
+            retryable = getattr(e, "retryable", True)
+            if not retryable or time.monotonic() > deadline:
+                raise RuntimeError(f"{READ_FAILED}: {plan['stream']} {rng.subject} "
+                                   f"[{rng.first_seq}, {rng.last_seq}]: {e}") from None
+        except Exception as e:  # a refused connect (NatsConnectError) and the like: no retry helps
+            raise RuntimeError(f"{READ_FAILED}: {type(e).__name__}: {e}") from None
+        finally:
+            if nc is not None:
+                try:
+                    await nc.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection
+                    pass
+        await asyncio.sleep(0.5)
+
