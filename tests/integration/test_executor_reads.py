@@ -1,0 +1,130 @@
+"""Batches read by Spark's tasks (``--read executors``): the driver's plans against a real
+nats-server (every message in exactly one planned range, never more than asked), and through
+real spark-submit a batch whose ack did not take effect before a crash, computed again
+without its committed inputs (an aggregation: each order counted once). The randomized fault
+runs with executor reads are in ``test_member_job_chaos.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.direct import ALL, PartitionReader, plan_ranges, subject_filter
+from airflow_provider_cg.core.jetstream.publish import publish_many
+from airflow_provider_cg.core.landing.sinks.parquet import read_committed
+from tests.support.member_job import create_group, publish_orders, start_member_job, wq_messages
+
+pytestmark = [pytest.mark.integration]
+
+TRANSFORMS = Path(__file__).resolve().parents[1] / "support" / "transforms.py"
+SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING, items ARRAY<STRING>"
+
+
+async def _plan_all(reader: PartitionReader, starts: dict[int, tuple[str, int]], count: int, splits: int):
+    """Plan batch after batch until nothing is left; read every range in ``splits`` parts as
+    the tasks do. Returns the sequences read per partition, in reading order."""
+    got: dict[int, list[int]] = {p: [] for p in starts}
+    starts = dict(starts)
+    last = int((await JsApi(reader.nc).stream_info(reader.stream))["state"]["last_seq"])
+    batches = 0
+    while True:
+        ranges, cut = await plan_ranges(reader, starts, count, last)
+        if not ranges:
+            return got, batches
+        batches += 1
+        assert 0 < sum(r.messages for r in ranges) <= count
+        for r in ranges:
+            assert r.last_seq == cut and r.first_seq >= starts[r.partition][1]
+            read = 0
+            for part in r.split(splits):
+                b = await reader.read_range(part.subject, part.first_seq, part.last_seq, part.messages)
+                seqs = [int(h.split(b"Nats-Sequence: ")[1].split(b"\r\n")[0]) for h in b.hdrs]
+                assert all(part.first_seq <= q <= part.last_seq for q in seqs)
+                got[r.partition] += seqs
+                read += len(seqs)
+            assert read == r.messages  # nothing stored meanwhile: the server's count is exact
+        starts = {p: (s, cut + 1) for p, (s, _) in starts.items()}
+
+
+async def test_planned_ranges_hold_every_message_once_and_never_more_than_asked(nc):
+    await create_group(nc, "PL", "g", partitions=6, members=("m1", "m2", "m3"), subjects_prefix="pl")
+    await publish_orders(nc, "PL", "g", 5_000, 97, subjects_prefix="pl")
+    reader = PartitionReader(nc, "PL-g")
+    try:
+        # a member holding everything reads the stream unfiltered; a partial one its partitions
+        whole, batches = await _plan_all(reader, {ALL: (subject_filter(ALL), 0)}, 700, 3)
+        assert whole[ALL] == list(range(1, 5_001)) and batches == 8
+        partial, _ = await _plan_all(reader, {0: ("0.>", 0), 3: ("3.>", 0)}, 450, 2)
+        for p, seqs in partial.items():
+            b = await reader.read(p, 0, 10_000)
+            want = [int(h.split(b"Nats-Sequence: ")[1].split(b"\r\n")[0]) for h in b.hdrs]
+            assert seqs == want and want  # in stream order, each once
+        # an origin with other subjects among the member's (a static member's filter subjects)
+        await nc.jetstream().add_stream(name="ST", subjects=["st.>", "x.>"], allow_direct=True)
+        rnd = random.Random(5)
+        subjects = [rnd.choice(["st.a.1", "st.b.2", "x.c", "st.a.9"]) for _ in range(3_000)]
+        await publish_many(nc, ((s, b"%d" % i) for i, s in enumerate(subjects)))
+        origin = PartitionReader(nc, "ST")
+        try:
+            got, _ = await _plan_all(origin, {0: ("st.a.*", 0), 1: ("st.b.2", 0)}, 333, 4)
+        finally:
+            await origin.close()
+        assert got[0] == [i + 1 for i, s in enumerate(subjects) if s.startswith("st.a.")]
+        assert got[1] == [i + 1 for i, s in enumerate(subjects) if s == "st.b.2"]
+    finally:
+        await reader.close()
+
+
+def _order(i: int) -> bytes:
+    rnd = random.Random(i)
+    return json.dumps({"order_id": i, "customer": f"c{i % 30}", "amount": round(rnd.uniform(1, 100), 2),
+                       "status": "paid", "items": []}).encode()
+
+
+@pytest.mark.spark
+async def test_a_batch_whose_ack_did_not_take_effect_is_computed_again_without_its_committed_inputs(
+        nc, nats_server, member_job_zip, tmp_path):
+    """m1 holds two of four partitions: killed between their two purges, its batch is committed
+    by the next run's recovery while one partition's range is still in the work queue. The next
+    run's tasks read that range again; the batch's inputs turn out committed, and it is computed
+    without them, so every order is counted once by the per-batch aggregation."""
+    await create_group(nc, "TX", "g", partitions=4, members=("m1", "m2"), subjects_prefix="tx")
+    expected = await publish_orders(nc, "TX", "g", 1_200, 40, subjects_prefix="tx", payload=_order)
+    orders = {seq: json.loads(_order(i)) for i, (_, seq) in enumerate(sorted(expected))}
+
+    def job(member, name, failpoint=None):
+        return start_member_job(member_job_zip, tmp_path / name, nats_servers=nats_server.url, stream="TX",
+                                group="g", member=member, sink_path=tmp_path / "lake", py_files=[TRANSFORMS],
+                                args=["--payload-format", "json", "--json-schema", SCHEMA, "--batch-size", "250",
+                                      "--standby-timeout", "30", "--read", "executors",
+                                      "--transform", "transforms:totals_per_customer"],
+                                env={"CG_FAILPOINT": failpoint} if failpoint else None)
+
+    crashed = await asyncio.to_thread(job("m1", "crash", "mid_ack").wait, 240)
+    assert crashed.returncode != 0 and "cg failpoint mid_ack" in crashed.output, crashed.describe()
+    rerun, other = await asyncio.gather(asyncio.to_thread(job("m1", "rerun").wait, 240),
+                                        asyncio.to_thread(job("m2", "m2").wait, 240))
+    for r in (rerun, other):
+        assert r.returncode == 0 and "Traceback" not in r.output, r.describe()
+        assert r.summary["read_path"] == "executors", r.summary
+    assert rerun.summary["recovered_committed"] == 1 and rerun.summary["duplicates_skipped"] > 0, rerun.summary
+    assert "computing it without them" in rerun.output
+    assert await wq_messages(nc, "TX", "g") == 0
+
+    out = read_committed(tmp_path / "lake")
+    counts, totals = Counter(), Counter()
+    for c, n, t in zip(out.column("customer").to_pylist(), out.column("orders").to_pylist(),
+                       out.column("total").to_pylist(), strict=True):
+        counts[c] += n
+        totals[c] += t
+    assert counts == Counter(o["customer"] for o in orders.values())  # each order counted once
+    want = Counter()
+    for o in orders.values():
+        want[o["customer"]] += o["amount"]
+    assert all(abs(totals[c] - want[c]) < 1e-6 for c in want)
