@@ -175,7 +175,7 @@ def parquet_rows(lake: Path) -> int:
 
 
 def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_size: int, extra: list[str],
-        sink: tuple[list[str], object] | None = None) -> dict:
+        sink: tuple[list[str], object] | None = None, master: str = "local[2]") -> dict:
     """One member job under spark-submit; ``sink`` is ``(its arguments, a function counting the
     landed rows)``, by default the Parquet lake in ``workdir``."""
     env = dict(os.environ, CG_NATS_SERVERS=url, PYSPARK_PYTHON=sys.executable,
@@ -184,7 +184,7 @@ def job(url: str, workdir: Path, zip_path: Path, stream: str, group: str, batch_
         lake = workdir / f"lake-{stream}-{group}"
         sink = (["--sink", "parquet", "--sink-path", str(lake)], lambda: parquet_rows(lake))
     sink_args, count_rows = sink
-    cmd = ["spark-submit", "--master", "local[2]", "--driver-memory", "2g", "--py-files", str(zip_path),
+    cmd = ["spark-submit", "--master", master, "--driver-memory", "2g", "--py-files", str(zip_path),
            str(member_job_path()), "--stream", stream, "--group", group, "--member", "m1",
            *sink_args, "--batch-size", str(batch_size), *extra]
     started = time.perf_counter()

@@ -46,6 +46,10 @@ VARIANTS = {
     "json": ["--payload-format", "json", "--json-schema", SCHEMA],
     "transform": ["--payload-format", "json", "--json-schema", SCHEMA, "--transform", "cg_order_transforms:paid_orders"],
     "sql": ["--payload-format", "json", "--json-schema", SCHEMA, "--transform-sql", SQL],
+    # the same work with the batches read by Spark's tasks instead of the driver
+    "json-tasks": ["--payload-format", "json", "--json-schema", SCHEMA, "--read", "executors"],
+    "transform-tasks": ["--payload-format", "json", "--json-schema", SCHEMA, "--transform",
+                        "cg_order_transforms:paid_orders", "--read", "executors"],
 }
 
 
@@ -79,6 +83,8 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=100_000)
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated subset (raw is the baseline)")
     p.add_argument("--results", default="transform", help="name of the results files in benchmarks/results")
+    p.add_argument("--standalone", action="store_true",
+                   help="submit to a Spark standalone cluster on this machine (a master, 2 workers of 1 core)")
     args = p.parse_args()
     wanted = args.variants.split(",")
     for name in list(VARIANTS):
@@ -90,16 +96,27 @@ def main() -> None:
         transforms = example_dags_folder() / "cg_order_transforms.py"
         asyncio.run(prepare(srv.url, args.messages))
         print(f"{args.messages:,} orders published", flush=True)
-        for name, extra in VARIANTS.items():
-            settle(srv.pid)
-            s = job(srv.url, Path(d), f"{zip_path},{transforms}", STREAM, name, args.batch_size, extra)
-            if s["messages_read"] != args.messages:
-                raise SystemExit(f"{name}: consumed {s['messages_read']} of {args.messages}")
-            rate = s["messages_read"] / s["duration_s"]
-            rows.append({"variant": name, "messages": s["messages_read"], "rows": s["rows"], "msg_s": round(rate),
-                         "duration_s": s["duration_s"], "peak_rss_mb": s.get("peak_rss_mb")})
-            print(f"  {name}: {rate:,.0f} msg/s ({s['rows']:,} rows), driver peak RSS {s.get('peak_rss_mb')} MB",
-                  flush=True)
+        cluster = None
+        if args.standalone:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.support.spark_standalone import StandaloneCluster
+
+            cluster = StandaloneCluster(Path(d) / "spark", cores=1, workers=2).start()
+        try:
+            for name, extra in VARIANTS.items():
+                settle(srv.pid)
+                s = job(srv.url, Path(d), f"{zip_path},{transforms}", STREAM, name, args.batch_size, extra,
+                        master=cluster.master if cluster else "local[2]")
+                if s["messages_read"] != args.messages:
+                    raise SystemExit(f"{name}: consumed {s['messages_read']} of {args.messages}")
+                rate = s["messages_read"] / s["duration_s"]
+                rows.append({"variant": name, "messages": s["messages_read"], "rows": s["rows"],
+                             "msg_s": round(rate), "duration_s": s["duration_s"], "peak_rss_mb": s.get("peak_rss_mb")})
+                print(f"  {name}: {rate:,.0f} msg/s ({s['rows']:,} rows), driver peak RSS {s.get('peak_rss_mb')} MB",
+                      flush=True)
+        finally:
+            if cluster is not None:
+                cluster.stop()
     base = rows[0]["msg_s"]
     for r in rows:
         r["x_raw"] = round(r["msg_s"] / base, 2)
@@ -107,20 +124,22 @@ def main() -> None:
     for r in rows:
         print(f"{r['variant']:<10} {r['msg_s']:>10,} {r['x_raw']:>6} {r['rows']:>10,} {r['peak_rss_mb'] or '-':>7}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.results}.json").write_text(json.dumps({"batch_size": args.batch_size, "results": rows}, indent=1))
+    master = "standalone (2 workers x 1 core)" if args.standalone else "local[2]"
+    (RESULTS / f"{args.results}.json").write_text(json.dumps({"batch_size": args.batch_size, "master": master,
+                                                             "results": rows}, indent=1))
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    bars = ax.bar([r["variant"] for r in rows], [r["msg_s"] / 1000 for r in rows], color=["#999", "#3a7", "#37a", "#a73"])
+    bars = ax.bar([r["variant"] for r in rows], [r["msg_s"] / 1000 for r in rows], color=["#999", "#3a7", "#37a", "#a73", "#7a3", "#73a"][:len(rows)])
     for bar, r in zip(bars, rows, strict=True):
         ax.annotate(f"{r['msg_s'] / 1000:.0f}k\n{r['x_raw']}x raw", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("thousand messages / s")
     ax.set_ylim(top=max(r["msg_s"] for r in rows) / 1000 * 1.25)
-    ax.set_title(f"member job, {args.messages:,} JSON orders, batches of {args.batch_size:,}", fontsize=10)
+    ax.set_title(f"member job, {args.messages:,} JSON orders, batches of {args.batch_size:,}, {master}", fontsize=10)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{args.results}.png", dpi=110)
 

@@ -128,3 +128,40 @@ async def test_a_batch_whose_ack_did_not_take_effect_is_computed_again_without_i
     for o in orders.values():
         want[o["customer"]] += o["amount"]
     assert all(abs(totals[c] - want[c]) < 1e-6 for c in want)
+
+
+@pytest.mark.spark
+async def test_tasks_connect_with_the_jobs_credentials_which_spark_never_shows(member_job_zip, tmp_path):
+    """A server with a password: the tasks get the credentials with the job's pickled source,
+    not through options, properties or environment, so neither the job's output nor Spark's
+    event log (properties, plans, task metrics) holds the password."""
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+    from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
+
+    password = "pw-EXEC-" + "5e1c7a9d03b2"
+    server = EmbeddedNatsServer(tmp_path / "nats",
+                                config_extra=f'authorization {{ user: "u1", password: "{password}" }}').start()
+    try:
+        nc = await NatsConnectionSettings(servers=[server.url], user="u1", password=password).connect()
+        try:
+            await create_group(nc, "TS", "g", partitions=2, members=("m1",), subjects_prefix="ts")
+            expected = await publish_orders(nc, "TS", "g", 600, 12, subjects_prefix="ts")
+        finally:
+            await nc.close()
+        events = tmp_path / "events"
+        events.mkdir()
+        job = start_member_job(member_job_zip, tmp_path / "run", nats_servers=server.url, stream="TS", group="g",
+                               member="m1", sink_path=tmp_path / "lake",
+                               args=["--read", "executors", "--payload-format", "json", "--json-schema", "id BIGINT",
+                                     "--batch-size", "250"],
+                               env={"CG_NATS_USER": "u1", "CG_NATS_PASSWORD": password},
+                               spark_options=["--conf", "spark.eventLog.enabled=true", "--conf",
+                                              f"spark.eventLog.dir={events}", "--conf", "spark.eventLog.compress=false"])
+        result = await asyncio.to_thread(job.wait, 240)
+    finally:
+        server.cleanup()
+    assert result.returncode == 0, result.describe()
+    assert result.summary["read_path"] == "executors" and result.summary["rows_written"] == len(expected)
+    log = "".join(f.read_text(errors="replace") for f in events.rglob("*") if f.is_file())
+    assert "cg_nats_ranges" in log  # the plans are in it
+    assert password not in log and password not in result.output

@@ -14,11 +14,11 @@ from airflow_provider_cg.core.tools.server import free_port
 
 
 class StandaloneCluster:
-    def __init__(self, workdir: Path, cores: int = 2, memory: str = "2g") -> None:
+    def __init__(self, workdir: Path, cores: int = 2, memory: str = "2g", workers: int = 1) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        self.cores, self.memory = cores, memory
+        self.cores, self.memory, self.workers = cores, memory, workers
         self.procs: list[subprocess.Popen] = []
         bindir = Path(sys.executable).parent
         self.spark_class = str(bindir / "spark-class")
@@ -42,10 +42,17 @@ class StandaloneCluster:
         master_log = self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                  "--port", str(self.port), "--webui-port", str(free_port()))
         self._wait(master_log, "Starting Spark master", timeout)
-        self._start("worker", "org.apache.spark.deploy.worker.Worker", self.master, "--host", "127.0.0.1",
-                    "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
-                    "--work-dir", str(self.workdir / "work"))
+        for i in range(self.workers):
+            self._start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.master, "--host", "127.0.0.1",
+                        "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
+                        "--work-dir", str(self.workdir / f"work{i}"))
+        deadline = time.monotonic() + timeout
         self._wait(master_log, "Registering worker", timeout)
+        while master_log.read_text(errors="replace").count("Registering worker") < self.workers:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                self.stop()
+                raise RuntimeError(f"Spark standalone: not every worker registered ({master_log})")
+            time.sleep(0.5)
         return self
 
     def _wait(self, log: Path, text: str, timeout: float) -> None:
