@@ -238,26 +238,39 @@ class PartitionReader:
 
     async def read_range(self, subject: str, first_seq: int, last_seq: int, expected: int,
                          timeout: float = READ_TIMEOUT) -> PartitionBatch:
-        """Every message of ``subject`` with a sequence in ``[first_seq, last_seq]``, in order.
-        ``expected``: about how many there are (each request asks for what is left of it, so a
-        filtered read rarely fetches past ``last_seq``; what it does fetch there is dropped)."""
-        batch = PartitionBatch(0, subject=subject)
-        seq = first_seq
+        """Every message of ``subject`` with a sequence in ``[first_seq, last_seq]``, in order."""
+        out = PartitionBatch(0, subject=subject)
+        async for chunk in self.range_chunks(subject, first_seq, last_seq, expected, timeout):
+            out.hdrs += chunk.hdrs
+            out.data += chunk.data
+            out.last_seq = chunk.last_seq
+        return out
+
+    async def range_chunks(self, subject: str, first_seq: int, last_seq: int, expected: int,
+                           timeout: float = READ_TIMEOUT):
+        """``read_range`` one request's answer at a time (so a consumer works on one while the
+        next is read). ``expected``: about how many messages the range holds (each request asks
+        for what is left of it, so a filtered read rarely fetches past ``last_seq``; what it
+        does fetch there is dropped)."""
+        seq, got = first_seq, 0
         while seq <= last_seq:
-            before = len(batch)
-            want = max(64, min(last_seq - seq + 1, int((expected - before) * 1.1) + 64))
+            batch = PartitionBatch(0, subject=subject)
+            want = max(64, min(last_seq - seq + 1, int((expected - got) * 1.1) + 64))
             await self._get(batch, seq, want, timeout)
-            if len(batch) == before:
-                break
-            if batch.last_seq >= last_seq or batch.pending == 0:
-                break
+            if not len(batch):
+                return
+            done = batch.last_seq >= last_seq or batch.pending == 0
+            keep = len(batch)
+            while keep and _header_int(batch.hdrs[keep - 1], b"Nats-Sequence:") > last_seq:
+                keep -= 1
+            del batch.hdrs[keep:], batch.data[keep:]
             seq = batch.last_seq + 1
-        keep = len(batch)
-        while keep and _header_int(batch.hdrs[keep - 1], b"Nats-Sequence:") > last_seq:
-            keep -= 1
-        del batch.hdrs[keep:], batch.data[keep:]
-        batch.last_seq = min(batch.last_seq, last_seq)
-        return batch
+            batch.last_seq = min(batch.last_seq, last_seq)
+            if keep:
+                got += keep
+                yield batch
+            if done:
+                return
 
     async def last_seq(self) -> int:
         """The stream's last sequence now (a failure to learn it is a read error)."""

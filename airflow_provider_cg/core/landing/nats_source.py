@@ -101,48 +101,55 @@ class NatsRangeReader(DataSourceReader):
 
 
 def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBatch]:
-    """One task: the split's messages as rows, after ``skip`` and ``only``."""
+    """One task: the split's messages as rows (after ``skip`` and ``only``), one server answer
+    at a time, so Spark works on an answer's rows while the next is read."""
     rng = ReadRange(*split)
-    loop = asyncio.new_event_loop()
-    try:
-        batch = loop.run_until_complete(_read(plan, settings, rng))
-    finally:
-        loop.close()
-    if plan["only"] and len(batch):
-        kept = keep_matching([batch], plan["only"])
-        if not kept:
-            return
-    if not len(batch):
-        return
     keys = KeySelector(plan["keys"])
-    table, _ = rows_from_batches([batch], group=plan["group"], member=plan["member"], keys=keys,
-                                 origin=plan["origin"])
-    if plan["skip"]:
-        seqs = table.column("origin_seq").to_numpy()
-        skip = decode_seqs(plan["skip"])
-        idx = np.clip(np.searchsorted(skip, seqs), 0, len(skip) - 1)
-        table = table.filter(pa.array(skip[idx] != seqs))
-    table = table.cast(_ARROW_ROWS, safe=False)  # Spark keeps microseconds
-    yield from table.to_batches(max_chunksize=8192)
+    skip = decode_seqs(plan["skip"]) if plan["skip"] else None
+    loop = asyncio.new_event_loop()
+    chunks = _read(plan, settings, rng)
+    try:
+        while True:
+            try:
+                batch = loop.run_until_complete(chunks.__anext__())
+            except StopAsyncIteration:
+                break
+            if plan["only"] and not keep_matching([batch], plan["only"]):
+                continue
+            table, _ = rows_from_batches([batch], group=plan["group"], member=plan["member"], keys=keys,
+                                         origin=plan["origin"])
+            if skip is not None:
+                seqs = table.column("origin_seq").to_numpy()
+                idx = np.clip(np.searchsorted(skip, seqs), 0, len(skip) - 1)
+                table = table.filter(pa.array(skip[idx] != seqs))
+            yield from table.cast(_ARROW_ROWS, safe=False).to_batches(max_chunksize=8192)  # Spark keeps µs
+    finally:
+        loop.run_until_complete(chunks.aclose())
+        loop.close()
 
 
 async def _read(plan: dict, settings: dict, rng: ReadRange):
+    """The range's answers; a read interrupted by a restart or a leader change goes on from
+    where it stopped, on a new connection, for up to ``READ_RETRY_SECONDS``."""
     from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
     deadline = time.monotonic() + READ_RETRY_SECONDS
     conn = NatsConnectionSettings.from_mapping({**settings, "name": f"cg-read-{plan['member']}"})
+    seq, got = rng.first_seq, 0
     while True:
         nc = None
         try:
             nc = await conn.connect()
             reader = PartitionReader(nc, plan["stream"], js_prefix=plan["js_prefix"])
             try:
-                return await reader.read_range(rng.subject, rng.first_seq, rng.last_seq, rng.messages)
+                async for chunk in reader.range_chunks(rng.subject, seq, rng.last_seq, rng.messages - got):
+                    seq, got = chunk.last_seq + 1, got + len(chunk)
+                    yield chunk
+                return
             finally:
                 await reader.close()
         except (DirectReadError, OSError, ConnectionError, TimeoutError) as e:
-            retryable = getattr(e, "retryable", True)
-            if not retryable or time.monotonic() > deadline:
+            if not getattr(e, "retryable", True) or time.monotonic() > deadline:
                 raise RuntimeError(f"{READ_FAILED}: {plan['stream']} {rng.subject} "
                                    f"[{rng.first_seq}, {rng.last_seq}]: {e}") from None
         except Exception as e:  # a refused connect (NatsConnectError) and the like: no retry helps
@@ -154,4 +161,3 @@ async def _read(plan: dict, settings: dict, rng: ReadRange):
                 except Exception:  # noqa: BLE001 - closing a broken connection
                     pass
         await asyncio.sleep(0.5)
-

@@ -19,7 +19,7 @@ def test_a_range_splits_into_consecutive_parts_covering_it(first, last, messages
     split = r.split(parts)
     assert 1 <= len(split) <= parts
     assert split[0].first_seq == first and split[-1].last_seq == last
-    assert all(a.last_seq + 1 == b.first_seq for a, b in zip(split, split[1:]))  # no gap, no overlap
+    assert all(a.last_seq + 1 == b.first_seq for a, b in zip(split, split[1:], strict=False))  # no gap, no overlap
     assert all(p.partition == 2 and p.subject == "2.>" and p.first_seq <= p.last_seq for p in split)
     assert sum(p.messages for p in split) >= messages  # each part's estimate rounds up
     assert len(r) == messages
