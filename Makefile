@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[all,test,bench]'
 	$(BIN)/python benchmarks/bench_member_job.py
 	$(BIN)/python benchmarks/bench_transform.py
+	$(BIN)/python benchmarks/bench_transform.py --standalone --variants raw,transform,transform-tasks --results transform-standalone
 	$(BIN)/python benchmarks/bench_freshness.py
 
 lint: $(STAMP)

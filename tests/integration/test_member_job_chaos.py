@@ -61,7 +61,9 @@ async def test_randomized_faults_on_a_static_group(request, nc, nats_server, mem
 async def test_randomized_faults_with_spark_tasks_reading(request, static, nc, nats_server, member_job_zip, tmp_path):
     """Every job through spark-submit with --read executors: the batches' Spark tasks read NATS
     while their drivers are killed, stalled, stepped down and their server restarted."""
-    cfg = _config(request, static=static, read="executors", seconds=14.0, messages=16_000, server_restarts=1)
+    # two members (four JVMs at most on the test machine's two cores), ten seconds of faults
+    cfg = _config(request, static=static, read="executors", seconds=10.0, messages=10_000, server_restarts=1,
+                  members=("m1", "m2"), partitions=4)
     cfg.spark = True
     run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip)
     await run.run()

@@ -66,6 +66,12 @@ def batch_plan(ranges: list[ReadRange], *, stream: str, origin: str | None, grou
     }, separators=(",", ":"))
 
 
+def warm_up_plan(parallelism: int) -> str:
+    """A plan of ``parallelism`` empty ranges: tasks that read nothing (no connection either)."""
+    return json.dumps({"stream": "", "origin": None, "group": "", "member": "", "js_prefix": "", "keys": [],
+                       "only": None, "splits": [[0, "", 1, 0, 0]] * max(1, parallelism), "skip": None})
+
+
 def register(spark, settings) -> None:
     """Register the source for this job's session, carrying ``settings`` (see the module doc)."""
     carried = settings.portable().to_dict()
@@ -104,6 +110,8 @@ def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBat
     """One task: the split's messages as rows (after ``skip`` and ``only``), one server answer
     at a time, so Spark works on an answer's rows while the next is read."""
     rng = ReadRange(*split)
+    if rng.last_seq < rng.first_seq:
+        return
     keys = KeySelector(plan["keys"])
     skip = decode_seqs(plan["skip"]) if plan["skip"] else None
     loop = asyncio.new_event_loop()

@@ -53,6 +53,9 @@ class ProcessedBatch:
     skipped: int = 0  # inputs committed already, dropped before processing
 
 
+#: an input's partition (0 to 65,535: ``config.MAX_PARTITIONS``) in the low bits of the number
+#: the tasks report for it, its origin sequence in the others (up to 2**47)
+_PARTITION_BITS = 16
 _POISON_FIELDS = ("origin_stream", "origin_seq", "subject", "payload", "headers", ERROR)
 _POISON_SCHEMA = pa.schema([("origin_stream", pa.string()), ("origin_seq", pa.int64()), ("subject", pa.string()),
                             ("payload", pa.binary()), ("headers", pa.string()), (ERROR, pa.string())])
@@ -160,9 +163,23 @@ class SparkPipeline:
 
     def read_in_tasks(self, settings) -> None:
         """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
-        from airflow_provider_cg.core.landing.nats_source import register
+        from airflow_provider_cg.core.landing.nats_source import register, warm_up_plan
 
         register(self.spark, settings)
+        # the first job through the source starts Python workers on the executors (about 5 s on
+        # a small machine): start them now, while the driver waits for the pin and takes over
+        threading.Thread(target=self._warm_up, args=(warm_up_plan(self.parallelism),), daemon=True,
+                         name="cg-warm-up").start()
+
+    def _warm_up(self, plan: str) -> None:
+        from airflow_provider_cg.core.landing.nats_source import SOURCE_NAME
+
+        with self._one_at_a_time:
+            try:
+                frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
+                self.decoder.apply(frame).write.format("noop").mode("overwrite").save()
+            except Exception as e:  # noqa: BLE001 - only a head start; the first batch reports real failures
+                log.debug("warm-up of the tasks' Python workers failed: %s", e)
 
     def process_ranges(self, sink: TwoPhaseSink, plan: Callable[[np.ndarray | None], str], origin_stream: str,
                        batch_id: BatchId, partitions: tuple[int, ...]) -> tuple[ProcessedBatch, RangesRead]:
@@ -205,7 +222,10 @@ class SparkPipeline:
         observation = Observation(f"cg_read_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
         decoded = decoded.observe(
             observation,
-            F.to_json(F.collect_list(F.array(F.col("partition").cast("long"), F.col("origin_seq")))).alias("inputs"),
+            # one number per input (its sequence and partition), the cheapest list to gather
+            F.to_json(F.collect_list(F.shiftleft(F.col("origin_seq"), _PARTITION_BITS)
+                                     + F.coalesce(F.col("partition"), F.lit(0))))
+             .alias("inputs"),
             F.coalesce(F.sum(F.length("payload")), F.lit(0)).alias("bytes"),
             F.collect_list(F.when(F.col(ERROR).isNotNull(), F.struct(*_POISON_FIELDS))).alias("bad"))
         good = decoded.where(F.col(ERROR).isNull()).drop(ERROR)
@@ -227,11 +247,12 @@ class SparkPipeline:
         except BaseException:
             sink.discard(staged)
             raise
-        pairs = np.asarray(json.loads(metrics["inputs"] or "[]"), dtype=np.int64).reshape(-1, 2)
-        inputs = pa.table({"partition": pa.array(pairs[:, 0], pa.int32()), "origin_seq": pa.array(pairs[:, 1])})
+        packed = np.asarray(json.loads(metrics["inputs"] or "[]"), dtype=np.int64)
+        inputs = pa.table({"partition": pa.array(packed & ((1 << _PARTITION_BITS) - 1), pa.int32()),
+                           "origin_seq": pa.array(packed >> _PARTITION_BITS)})
         bad = [r.asDict() for r in metrics.get("bad") or ()]
         poison = pa.Table.from_pylist(bad, schema=_POISON_SCHEMA) if bad else _POISON_SCHEMA.empty_table()
-        return staged, RangesRead(inputs, poison, len(pairs), int(metrics["bytes"] or 0))
+        return staged, RangesRead(inputs, poison, len(packed), int(metrics["bytes"] or 0))
 
     def _frame(self, fresh: pa.Table, rows: np.ndarray):
         """The batch as a DataFrame: columns equal on every row (the origin stream, group,
