@@ -1,12 +1,14 @@
 """Batches read by Spark's tasks (``--read executors``): the driver's plans against a real
 nats-server (every message in exactly one planned range, never more than asked), and through
 real spark-submit a batch whose ack did not take effect before a crash, computed again
-without its committed inputs (an aggregation: each order counted once). The randomized fault
+without its committed inputs (an aggregation: each order counted once), a poison message
+dead-lettered by the tasks, and credentials that Spark never shows. The randomized fault
 runs with executor reads are in ``test_member_job_chaos.py``."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import random
 from collections import Counter
@@ -82,40 +84,75 @@ async def test_planned_ranges_hold_every_message_once_and_never_more_than_asked(
 
 
 def _order(i: int) -> bytes:
+    if i == POISON_AT:
+        return b'{"order_id": "not a number"'
     rnd = random.Random(i)
     return json.dumps({"order_id": i, "customer": f"c{i % 30}", "amount": round(rnd.uniform(1, 100), 2),
                        "status": "paid", "items": []}).encode()
 
 
+POISON_AT = 501
+PASSWORD = "pw-EXEC-5e1c7a9d03b2"
+
+
 @pytest.mark.spark
 async def test_a_batch_whose_ack_did_not_take_effect_is_computed_again_without_its_committed_inputs(
-        nc, nats_server, member_job_zip, tmp_path):
+        member_job_zip, tmp_path):
     """m1 holds two of four partitions: killed between their two purges, its batch is committed
     by the next run's recovery while one partition's range is still in the work queue. The next
     run's tasks read that range again; the batch's inputs turn out committed, and it is computed
-    without them, so every order is counted once by the per-batch aggregation."""
-    await create_group(nc, "TX", "g", partitions=4, members=("m1", "m2"), subjects_prefix="tx")
-    expected = await publish_orders(nc, "TX", "g", 1_200, 40, subjects_prefix="tx", payload=_order)
-    orders = {seq: json.loads(_order(i)) for i, (_, seq) in enumerate(sorted(expected))}
+    without them, so every order is counted once by the per-batch aggregation. A message that
+    is not JSON of the schema goes to the dead-letter stream from the tasks, raw. The server
+    wants a password: the tasks get it with the job's pickled source, not through options,
+    properties or environment, so neither the jobs' output nor Spark's event log (properties,
+    plans, task metrics) holds it."""
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+    from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
+
+    server = EmbeddedNatsServer(tmp_path / "nats",
+                                config_extra=f'authorization {{ user: "u1", password: "{PASSWORD}" }}').start()
+    events = tmp_path / "events"
+    events.mkdir()
 
     def job(member, name, failpoint=None):
-        return start_member_job(member_job_zip, tmp_path / name, nats_servers=nats_server.url, stream="TX",
+        env = {"CG_NATS_USER": "u1", "CG_NATS_PASSWORD": PASSWORD, **({"CG_FAILPOINT": failpoint} if failpoint else {})}
+        return start_member_job(member_job_zip, tmp_path / name, nats_servers=server.url, stream="TX",
                                 group="g", member=member, sink_path=tmp_path / "lake", py_files=[TRANSFORMS],
                                 args=["--payload-format", "json", "--json-schema", SCHEMA, "--batch-size", "250",
                                       "--standby-timeout", "30", "--read", "executors",
-                                      "--transform", "transforms:totals_per_customer"],
-                                env={"CG_FAILPOINT": failpoint} if failpoint else None)
+                                      "--transform", "transforms:totals_per_customer"], env=env,
+                                spark_options=["--conf", "spark.eventLog.enabled=true", "--conf",
+                                               f"spark.eventLog.dir={events}", "--conf", "spark.eventLog.compress=false"])
 
-    crashed = await asyncio.to_thread(job("m1", "crash", "mid_ack").wait, 240)
-    assert crashed.returncode != 0 and "cg failpoint mid_ack" in crashed.output, crashed.describe()
-    rerun, other = await asyncio.gather(asyncio.to_thread(job("m1", "rerun").wait, 240),
-                                        asyncio.to_thread(job("m2", "m2").wait, 240))
-    for r in (rerun, other):
-        assert r.returncode == 0 and "Traceback" not in r.output, r.describe()
-        assert r.summary["read_path"] == "executors", r.summary
-    assert rerun.summary["recovered_committed"] == 1 and rerun.summary["duplicates_skipped"] > 0, rerun.summary
-    assert "computing it without them" in rerun.output
-    assert await wq_messages(nc, "TX", "g") == 0
+    nc = await NatsConnectionSettings(servers=[server.url], user="u1", password=PASSWORD).connect()
+    try:
+        await create_group(nc, "TX", "g", partitions=4, members=("m1", "m2"), subjects_prefix="tx")
+        expected = await publish_orders(nc, "TX", "g", 1_200, 40, subjects_prefix="tx", payload=_order)
+        seqs = sorted(seq for _, seq in expected)
+        orders = {seq: json.loads(_order(i)) for i, seq in enumerate(seqs) if i != POISON_AT}
+
+        crashed = await asyncio.to_thread(job("m1", "crash", "mid_ack").wait, 240)
+        assert crashed.returncode != 0 and "cg failpoint mid_ack" in crashed.output, crashed.describe()
+        rerun, other = await asyncio.gather(asyncio.to_thread(job("m1", "rerun").wait, 240),
+                                            asyncio.to_thread(job("m2", "m2").wait, 240))
+        for r in (rerun, other):
+            assert r.returncode == 0 and "Traceback" not in r.output, r.describe()
+            assert r.summary["read_path"] == "executors", r.summary
+            assert PASSWORD not in r.output
+        assert rerun.summary["recovered_committed"] == 1 and rerun.summary["duplicates_skipped"] > 0, rerun.summary
+        assert "computing it without them" in rerun.output
+        assert await wq_messages(nc, "TX", "g") == 0
+
+        api = JsApi(nc)
+        assert sum(r.summary["dead_lettered"] for r in (crashed, rerun, other) if r.summary) == 1
+        dlq = await api.stream_info("TX-g-dlq")
+        assert dlq["state"]["messages"] == 1
+        msg = await api.get_msg("TX-g-dlq", dlq["state"]["first_seq"])
+        assert base64.b64decode(msg["data"]) == _order(POISON_AT)
+        assert f"Cg-Origin-Seq: {seqs[POISON_AT]}" in base64.b64decode(msg["hdrs"]).decode()
+    finally:
+        await nc.close()
+        server.cleanup()
 
     out = read_committed(tmp_path / "lake")
     counts, totals = Counter(), Counter()
@@ -128,40 +165,5 @@ async def test_a_batch_whose_ack_did_not_take_effect_is_computed_again_without_i
     for o in orders.values():
         want[o["customer"]] += o["amount"]
     assert all(abs(totals[c] - want[c]) < 1e-6 for c in want)
-
-
-@pytest.mark.spark
-async def test_tasks_connect_with_the_jobs_credentials_which_spark_never_shows(member_job_zip, tmp_path):
-    """A server with a password: the tasks get the credentials with the job's pickled source,
-    not through options, properties or environment, so neither the job's output nor Spark's
-    event log (properties, plans, task metrics) holds the password."""
-    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
-    from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
-
-    password = "pw-EXEC-" + "5e1c7a9d03b2"
-    server = EmbeddedNatsServer(tmp_path / "nats",
-                                config_extra=f'authorization {{ user: "u1", password: "{password}" }}').start()
-    try:
-        nc = await NatsConnectionSettings(servers=[server.url], user="u1", password=password).connect()
-        try:
-            await create_group(nc, "TS", "g", partitions=2, members=("m1",), subjects_prefix="ts")
-            expected = await publish_orders(nc, "TS", "g", 600, 12, subjects_prefix="ts")
-        finally:
-            await nc.close()
-        events = tmp_path / "events"
-        events.mkdir()
-        job = start_member_job(member_job_zip, tmp_path / "run", nats_servers=server.url, stream="TS", group="g",
-                               member="m1", sink_path=tmp_path / "lake",
-                               args=["--read", "executors", "--payload-format", "json", "--json-schema", "id BIGINT",
-                                     "--batch-size", "250"],
-                               env={"CG_NATS_USER": "u1", "CG_NATS_PASSWORD": password},
-                               spark_options=["--conf", "spark.eventLog.enabled=true", "--conf",
-                                              f"spark.eventLog.dir={events}", "--conf", "spark.eventLog.compress=false"])
-        result = await asyncio.to_thread(job.wait, 240)
-    finally:
-        server.cleanup()
-    assert result.returncode == 0, result.describe()
-    assert result.summary["read_path"] == "executors" and result.summary["rows_written"] == len(expected)
     log = "".join(f.read_text(errors="replace") for f in events.rglob("*") if f.is_file())
-    assert "cg_nats_ranges" in log  # the plans are in it
-    assert password not in log and password not in result.output
+    assert "cg_nats_ranges" in log and PASSWORD not in log

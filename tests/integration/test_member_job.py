@@ -104,7 +104,7 @@ async def test_two_instances_of_one_member_only_one_consumes(nc, nats_server, me
     assert await wq_messages(nc, STREAM, GROUP) == 0
 
 
-@pytest.mark.parametrize("read", ["auto", "consumer", "executors"])
+@pytest.mark.parametrize("read", ["auto", "consumer"])  # executors: test_executor_reads.py
 async def test_poison_message_is_dead_lettered_and_the_rest_commits(nc, nats_server, member_job_zip, tmp_path, read):
     """Direct reads dead-letter a message that fails to decode at once (a direct get is no
     delivery; decoding is deterministic); reads through the consumer retry it up to
