@@ -101,9 +101,10 @@ class ConsumerPosition:
     reading each partition's ``<p>.<filter>`` scans the stream once per partition."""
 
     def __init__(self, reader: PartitionReader, api, stream: str, consumer: str, subjects: list[str],
-                 only: str | None) -> None:
+                 only: str | None, filters: list[str] | None = None) -> None:
         self.reader, self.api, self.stream, self.consumer = reader, api, stream, consumer
         self.subjects, self.only = subjects, only
+        self.filters = filters or subjects  # what is the member's: counted when planning
         self.origin = stream
         self.next_seq = 0
 
@@ -139,10 +140,13 @@ class ConsumerPosition:
     async def plan(self, count: int) -> tuple[list[ReadRange], int]:
         """The next batch as ranges of the member's subjects up to one cut, for Spark tasks to
         read (``executor_reads.py``); the next batch starts after the cut."""
-        starts = {i: (subject, self.next_seq) for i, subject in enumerate(self.subjects)}
+        starts = {i: (subject, self.next_seq) for i, subject in enumerate(self.filters)}
         ranges, cut = await plan_ranges(self.reader, starts, count, await self.reader.last_seq())
         if ranges:
             self.next_seq = cut + 1
+        if ranges and self.subjects != self.filters:  # counted by filter, read unfiltered (see above)
+            ranges = [ReadRange(ALL, self.subjects[0], min(r.first_seq for r in ranges), cut,
+                                sum(r.messages for r in ranges))]
         return ranges, cut
 
     async def ack(self, batches: list[PartitionBatch] | list[ReadRange], cut: int) -> int:

@@ -251,7 +251,8 @@ class MemberRun:
         only, subjects = None, list(self.filters)
         if set(self.partitions) == set(range(self.config.max_members)):  # one unfiltered scan, not one each
             only, subjects = subjects_regex(self.filters), [">"]
-        return ConsumerPosition(self.reader, self.api, self.consumer_stream, consumer, subjects, only)
+        return ConsumerPosition(self.reader, self.api, self.consumer_stream, consumer, subjects, only,
+                                list(self.filters))
 
     async def _watch_membership(self) -> None:
         """Poll the group's config (whoever changes it: our operators or ``cg``, orbit's ``cg``)
