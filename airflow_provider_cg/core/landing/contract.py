@@ -438,8 +438,9 @@ class Summary:
     (poison messages moved to the dead-letter stream); ``partitions``: per partition the
     messages read and the first/last origin sequence. A backfill fills ``window_start`` /
     ``window_end`` and ``skipped``; a failed run ``exit_code`` and ``error`` (one line, never a
-    secret). ``read_path``: how the messages were read, ``direct`` (batched direct gets, a
-    range acknowledged at once) or ``consumer`` (pulls and an ack per message: the stream has
+    secret). ``read_path``: how the messages were read, ``direct`` (batched direct gets by the
+    driver, a range acknowledged at once), ``executors`` (the same, by the batch's Spark tasks:
+    ``--read executors``) or ``consumer`` (pulls and an ack per message: the stream has
     no direct gets, ``--read consumer``, a server without consumer resets for a static group,
     or an earlier instance's deliveries still in flight)."""
 
