@@ -72,11 +72,14 @@ def orders_landing(env_prefix: str) -> dict[str, Any]:
 
 
 
-def landing_report(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def landing_report(summaries: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
     """The landing tasks' summaries as one report: per member its result, each count under
     its own name and the messages read per partition; the totals; printed as a table (the
     task log). Messages and rows are never added up together: a transformation that drops
-    cancelled orders writes fewer rows than it reads messages."""
+    cancelled orders writes fewer rows than it reads messages. A group of one member gives
+    one summary, not a list (``xcom_pull`` of a task mapped once)."""
+    if isinstance(summaries, dict):
+        summaries = [summaries]
     members = []
     for s in sorted((s for s in summaries if s), key=lambda s: str(s.get("member"))):
         parts = {int(p): info.get("messages", 0) for p, info in (s.get("partitions") or {}).items()}

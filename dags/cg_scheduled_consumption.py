@@ -94,6 +94,9 @@ with DAG(
         "json_schema": Param(ORDERS_JSON_SCHEMA, type="string"),
         "nats_conn_id": Param("nats_default", type="string"),
         "spark_conn_id": Param("spark_default", type="string"),
+        "read": Param("auto", enum=["auto", "executors", "consumer"],
+                      description="who reads each batch from NATS: the Spark driver (auto) or the batch's Spark "
+                                  "tasks (executors: reading grows with the cluster)"),
     },
     doc_md=__doc__,
 ) as dag:
@@ -120,6 +123,7 @@ with DAG(
         json_schema="{{ params.json_schema }}",
         # your code goes here: a function of the batch (a DataFrame) and its context
         transform=ORDERS_TRANSFORM,
+        read="{{ params.read }}",
         nats_conn_id="{{ params.nats_conn_id }}",
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",

@@ -127,9 +127,10 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
 
 def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_settings, example_dag, tmp_path, monkeypatch):
     """Example DAG 1 with its Spark connection pointing at a standalone master and worker
-    (client deploy mode) and ``table_format=iceberg``: decoding, the transformation and the
-    data files' writes run on the cluster's executors; every paid order lands once, in per-key
-    order, read back through the Iceberg catalog."""
+    (client deploy mode), ``table_format=iceberg`` and ``read=executors``: reading NATS,
+    decoding, the transformation and the data files' writes run on the cluster's executors
+    (which get the NATS settings with the job, not from their environment); every paid order
+    lands once, in per-key order, read back through the Iceberg catalog."""
     from tests.support.member_job import assert_exactly_once, iceberg_landed
     from tests.support.spark_standalone import StandaloneCluster
 
@@ -144,12 +145,15 @@ def test_dag_on_a_spark_standalone_cluster(airflow_env, nats_conn_id, nats_setti
         _publish(nats_settings, N)
         catalog = f"sqlite:///{tmp_path}/catalog.db"
         conf = {"nats_conn_id": nats_conn_id, "spark_conn_id": "spark_cluster", "table_format": "iceberg",
-                "iceberg_catalog_uri": catalog, "iceberg_warehouse": str(tmp_path / "warehouse")}
+                "iceberg_catalog_uri": catalog, "iceberg_warehouse": str(tmp_path / "warehouse"), "read": "executors",
+                "members": ["m1"]}  # one spark-submit: three members are the other test's
         result = airflow_env.run_dag(example_dag("cg_scheduled_consumption.py").dag, run_conf=conf)
         assert result.state == "success", result.ti_states
         # the executors of the cluster ran the job's Spark tasks
         executors = list((tmp_path / "spark" / "work").glob("app-*/*/stderr"))
         assert executors, "no executor ran on the standalone worker"
+        summaries = [v for (task, _), v in result.xcoms.items() if task == "consume" and v]
+        assert summaries and {s["read_path"] for s in summaries} == {"executors"}, summaries
     finally:
         cluster.stop()
     expected = {("ORDERS", i + 1): f"c{i % 97}" for i in range(N) if i % 10 != 7}

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import json
 import random
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,13 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.direct import ALL, PartitionReader, plan_ranges, subject_filter
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.sinks.parquet import read_committed
-from tests.support.member_job import create_group, publish_orders, start_member_job, wq_messages
+from tests.support.member_job import (
+    assert_each_order_counted_once,
+    create_group,
+    publish_orders,
+    start_member_job,
+    wq_messages,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -155,15 +160,6 @@ async def test_a_batch_whose_ack_did_not_take_effect_is_computed_again_without_i
         server.cleanup()
 
     out = read_committed(tmp_path / "lake")
-    counts, totals = Counter(), Counter()
-    for c, n, t in zip(out.column("customer").to_pylist(), out.column("orders").to_pylist(),
-                       out.column("total").to_pylist(), strict=True):
-        counts[c] += n
-        totals[c] += t
-    assert counts == Counter(o["customer"] for o in orders.values())  # each order counted once
-    want = Counter()
-    for o in orders.values():
-        want[o["customer"]] += o["amount"]
-    assert all(abs(totals[c] - want[c]) < 1e-6 for c in want)
+    assert_each_order_counted_once(out, orders)
     log = "".join(f.read_text(errors="replace") for f in events.rglob("*") if f.is_file())
     assert "cg_nats_ranges" in log and PASSWORD not in log

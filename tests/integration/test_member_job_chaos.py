@@ -37,7 +37,7 @@ def _config(request, **overrides) -> ChaosConfig:
 
 
 async def test_randomized_faults_into_parquet(request, nc, nats_server, member_job_zip, tmp_path):
-    run = ChaosRun(_config(request, seconds=22.0, messages=50_000), nc, [nats_server], tmp_path, member_job_zip)
+    run = ChaosRun(_config(request, seconds=15.0, messages=35_000), nc, [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()
     print(run.report(), stats)
@@ -63,7 +63,7 @@ async def test_randomized_faults_with_spark_tasks_reading(request, nc, nats_serv
     also picks the group: elastic (the tasks read the work queue, the driver purges) or static
     (they read the origin, the driver moves the durables); a JVM per job makes both in one run
     too slow for the suite, and ``--chaos-seed`` replays either."""
-    cfg = _config(request, read="executors", seconds=10.0, messages=10_000, server_restarts=1,
+    cfg = _config(request, read="executors", seconds=7.0, messages=7_000, server_restarts=1,
                   members=("m1", "m2"), partitions=4)  # at most four JVMs on the test machine's two cores
     cfg.spark, cfg.static = True, bool(cfg.seed % 2)
     print("group:", "static" if cfg.static else "elastic")

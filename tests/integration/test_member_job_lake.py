@@ -43,20 +43,20 @@ async def _two_members(zip_path, tmp_path, nats_server, env, sink_args):
 
 async def test_two_members_land_into_one_delta_table_on_local_disk(nc, nats_server, member_job_zip, tmp_path):
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
-    expected = await publish_orders(nc, STREAM, GROUP, 20_000, 300)
+    expected = await publish_orders(nc, STREAM, GROUP, 10_000, 300)
     table = str(tmp_path / "orders_delta")
     results = await _two_members(member_job_zip, tmp_path, nats_server, {}, ("delta", table))
-    assert sum(_ok(r)["rows_written"] for r in results) == 20_000
+    assert sum(_ok(r)["rows_written"] for r in results) == 10_000
     assert_exactly_once(delta_landed(table), expected)
     # Spark's own Delta reader (delta-spark) agrees: every row once, and each version adds
     # whole batches (no version shows part of one), versions counted as delta-rs counts them
     from tests.support.member_job import read_delta
 
     seen = spark_read_delta(table, tmp_path)
-    assert seen["rows"] == seen["distinct"] == 20_000, seen
+    assert seen["rows"] == seen["distinct"] == 10_000, seen
     assert {"origin_stream", "origin_seq", "key", "partition"} <= set(seen["columns"])
     rows_at = {version: read_delta(table, ["origin_seq"], version=version).num_rows for version in seen["per_version"]}
-    assert seen["per_version"] == rows_at and seen["per_version"][max(rows_at)] == 20_000
+    assert seen["per_version"] == rows_at and seen["per_version"][max(rows_at)] == 10_000
     counts = [rows_at[v] for v in sorted(rows_at)]
     growing = sum(1 for a, b in zip([0, *counts], counts, strict=False) if b > a)
     assert growing == sum(r.summary["batches"] for r in results), (counts, [r.summary for r in results])

@@ -1,8 +1,9 @@
 """The user's transformation inside the exactly-once boundary, through real spark-submit:
 a filter, an explode, a join with reference data, a per-batch aggregation and a SQL
 statement each land every message's effect once (row-wise ones in per-key order) when the job
-is SIGKILLed at steps of a batch (every step meets two kinds), from outside at a random moment,
-through a takeover and a server restart; a failing transformation fails the batch before any acknowledgement."""
+is SIGKILLed at steps of a batch (every step meets two kinds), from outside at a random moment
+(the kinds whose output is not one row per input: explode, aggregation), through a takeover
+and a server restart; a failing transformation fails the batch before any acknowledgement."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ import pyarrow.compute as pc
 import pytest
 
 from airflow_provider_cg.core.landing.sinks.parquet import read_committed
-from tests.support.member_job import create_group, publish_orders, start_member_job, wq_messages
+from tests.support.member_job import (
+    assert_each_order_counted_once,
+    create_group,
+    publish_orders,
+    start_member_job,
+    wq_messages,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -52,20 +59,32 @@ STEPS = ("mid_prepare", "after_prepare", "mid_ack", "before_commit")
 #: Every step is the same two-phase code (core/landing/two_phase.py) whatever the transformation;
 #: what a kind changes is what lands (output rows, input keys). So each kind is killed at one
 #: step, every step at one kind (4 crash runs instead of 16: the chain of JVM starts is what
-#: these tests cost), then SIGKILLed from outside at a random moment.
+#: these tests cost); the kinds whose rows are not one per input (explode, the aggregation) are
+#: then SIGKILLed from outside at a random moment too.
 STEPS_OF = {"filter": ("mid_prepare",), "explode": ("after_prepare",), "join": ("mid_ack",),
             "aggregation": ("before_commit",)}
 assert Counter(s for steps in STEPS_OF.values() for s in steps) == dict.fromkeys(STEPS, 1)
 
 
-async def _through_every_fault(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed, steps):
+async def _through_every_fault(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed, steps,
+                               outside_kill: bool = True):
     """SIGKILL at the given steps of a batch (one run per step, each recovering the previous one's
-    write), then a run SIGKILLed from outside at a random moment once it is landing, then a
-    run to the end: every message acknowledged, no traceback."""
+    write), then (``outside_kill``) a run SIGKILLed from outside at a random moment once it is
+    landing, then a run to the end: every message acknowledged, no traceback."""
     for step in steps:
         crashed = await asyncio.to_thread(_job(zip_path, tmp_path, nats_server, stream, transform_args, step,
                                                f"crash-{step}").wait, 240)
         assert crashed.returncode != 0 and f"cg failpoint {step}" in crashed.output, crashed.describe()
+    if outside_kill:
+        await _killed_at_random(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed)
+    rerun = await asyncio.to_thread(_job(zip_path, tmp_path, nats_server, stream, transform_args, None,
+                                         "rerun").wait, 240)
+    assert rerun.returncode == 0 and "Traceback" not in rerun.output, rerun.describe()
+    assert await wq_messages(nc, stream, "g") == 0  # every message acknowledged
+    return rerun.summary
+
+
+async def _killed_at_random(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed):
     rnd = random.Random(seed)
     left = await wq_messages(nc, stream, "g")
     victim = _job(zip_path, tmp_path, nats_server, stream, transform_args, None, "killed")
@@ -76,11 +95,6 @@ async def _through_every_fault(nc, nats_server, zip_path, tmp_path, stream, tran
     await asyncio.sleep(rnd.uniform(0, 0.5))
     victim.signal(signal.SIGKILL)
     await asyncio.to_thread(victim.wait, 60)
-    rerun = await asyncio.to_thread(_job(zip_path, tmp_path, nats_server, stream, transform_args, None,
-                                         "rerun").wait, 240)
-    assert rerun.returncode == 0 and "Traceback" not in rerun.output, rerun.describe()
-    assert await wq_messages(nc, stream, "g") == 0  # every message acknowledged
-    return rerun.summary
 
 
 def _per_key_order(out) -> None:
@@ -94,7 +108,7 @@ def _per_key_order(out) -> None:
 async def test_filter_with_a_derived_column_through_every_fault(nc, nats_server, member_job_zip, tmp_path):
     orders = await _setup(nc, "TF")
     await _through_every_fault(nc, nats_server, member_job_zip, tmp_path, "TF", ["--transform", "transforms:keep_paid"],
-                               11, STEPS_OF["filter"])
+                               11, STEPS_OF["filter"], outside_kill=False)
     out = read_committed(tmp_path / "lake")
     seqs = out.column("origin_seq").to_pylist()
     assert sorted(seqs) == sorted(s for s, o in orders.items() if o["status"] != "cancelled")  # once each
@@ -117,7 +131,7 @@ async def test_explode_through_every_fault(nc, nats_server, member_job_zip, tmp_
 async def test_join_with_reference_data_through_every_fault(nc, nats_server, member_job_zip, tmp_path):
     orders = await _setup(nc, "TJ")
     await _through_every_fault(nc, nats_server, member_job_zip, tmp_path, "TJ",
-                               ["--transform", "transforms:join_regions"], 13, STEPS_OF["join"])
+                               ["--transform", "transforms:join_regions"], 13, STEPS_OF["join"], outside_kill=False)
     out = read_committed(tmp_path / "lake")
     seqs = out.column("origin_seq").to_pylist()
     assert sorted(seqs) == sorted(orders)
@@ -134,18 +148,10 @@ async def test_per_batch_aggregation_through_every_fault(nc, nats_server, member
                                 "FROM batch GROUP BY value.customer"])
     # the SQL statement runs the same path as the function: one step is enough for it
     await _through_every_fault(nc, nats_server, member_job_zip, tmp_path, stream, args, 14,
-                               STEPS_OF["aggregation"] if kind == "function" else ("mid_ack",))
+                               STEPS_OF["aggregation"] if kind == "function" else ("mid_ack",),
+                               outside_kill=kind == "function")
     out = read_committed(tmp_path / "lake")
-    counts, totals = Counter(), Counter()
-    for c, n, t in zip(out.column("customer").to_pylist(), out.column("orders").to_pylist(),
-                       out.column("total").to_pylist(), strict=True):
-        counts[c] += n
-        totals[c] += t
-    assert counts == Counter(o["customer"] for o in orders.values())  # each order counted once
-    want = Counter()
-    for o in orders.values():
-        want[o["customer"]] += o["amount"]
-    assert all(abs(totals[c] - want[c]) < 1e-6 for c in want)
+    assert_each_order_counted_once(out, orders)
     if kind == "function":
         assert pc.count_distinct(out.column("batch_id")).as_py() >= N // 300
 

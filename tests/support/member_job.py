@@ -273,6 +273,23 @@ def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], st
         last[r.key] = r.origin_seq
 
 
+def assert_each_order_counted_once(out, orders: dict) -> None:
+    """A per-batch aggregation's rows (``customer``, ``orders``, ``total``: the example
+    ``totals_per_customer``) add up to every order of ``orders`` (origin seq -> order) once."""
+    from collections import Counter
+
+    counts, totals = Counter(), Counter()
+    for c, n, t in zip(out.column("customer").to_pylist(), out.column("orders").to_pylist(),
+                       out.column("total").to_pylist(), strict=True):
+        counts[c] += n
+        totals[c] += t
+    assert counts == Counter(o["customer"] for o in orders.values())  # each order counted once
+    want = Counter()
+    for o in orders.values():
+        want[o["customer"]] += o["amount"]
+    assert all(abs(totals[c] - want[c]) < 1e-6 for c in want)
+
+
 # --- test data ---------------------------------------------------------------------------------
 
 async def create_group(nc, stream: str, group: str, *, partitions: int, members: tuple[str, ...],

@@ -45,7 +45,7 @@ class StandaloneCluster:
         for i in range(self.workers):
             self._start(f"worker{i}", "org.apache.spark.deploy.worker.Worker", self.master, "--host", "127.0.0.1",
                         "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
-                        "--work-dir", str(self.workdir / f"work{i}"))
+                        "--work-dir", str(self.workdir / "work"))  # executors get their own dirs in it
         deadline = time.monotonic() + timeout
         self._wait(master_log, "Registering worker", timeout)
         while master_log.read_text(errors="replace").count("Registering worker") < self.workers:

@@ -138,20 +138,8 @@ class SparkPipeline:
         ranges = {p: (first, last) for p, first, last, _ in partition_ranges(fresh)}
         ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, tuple(sorted(ranges)),
                            ranges)
-        out = self._transform(good, ctx)
-        try:
-            staged = sink.stage(batch_id, out)  # the batch's one Spark job
-        except SinkError:
-            raise
-        except Exception as e:  # in the user's code, or (without any) in Spark itself
-            if self.fn is None and self.sql is None:
-                raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
-            raise _spark_failure(e) from e
-        try:
-            bad = self._poison(observation)
-        except BaseException:
-            sink.discard(staged)
-            raise
+        staged, metrics = self._stage(sink, batch_id, self._transform(good, ctx), observation)
+        bad = {int(r[0]): str(r[1]) for r in metrics.get("bad") or ()}
         keep = np.ones(fresh.num_rows, dtype=bool)
         if bad:
             keep[np.searchsorted(rows, np.fromiter(bad, np.int64, len(bad)))] = False
@@ -215,7 +203,7 @@ class SparkPipeline:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        from airflow_provider_cg.core.landing.nats_source import READ_FAILED, SOURCE_NAME
+        from airflow_provider_cg.core.landing.nats_source import SOURCE_NAME
 
         frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
         decoded = self.decoder.apply(frame)
@@ -230,23 +218,7 @@ class SparkPipeline:
             F.collect_list(F.when(F.col(ERROR).isNotNull(), F.struct(*_POISON_FIELDS))).alias("bad"))
         good = decoded.where(F.col(ERROR).isNull()).drop(ERROR)
         ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, partitions)
-        out = self._transform(good, ctx)
-        try:
-            staged = sink.stage(batch_id, out)
-        except SinkError:
-            raise
-        except Exception as e:
-            if READ_FAILED in str(e):  # NATS, not the data: a server error (exit 2)
-                text = str(e)
-                raise ConsumerGroupError(text[text.index(READ_FAILED):].splitlines()[0][:500]) from None
-            if self.fn is None and self.sql is None:
-                raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
-            raise _spark_failure(e) from e
-        try:
-            metrics = self._observed(observation)
-        except BaseException:
-            sink.discard(staged)
-            raise
+        staged, metrics = self._stage(sink, batch_id, self._transform(good, ctx), observation)
         packed = np.asarray(json.loads(metrics["inputs"] or "[]"), dtype=np.int64)
         inputs = pa.table({"partition": pa.array(packed & ((1 << _PARTITION_BITS) - 1), pa.int32()),
                            "origin_seq": pa.array(packed >> _PARTITION_BITS)})
@@ -292,11 +264,26 @@ class SparkPipeline:
             raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
         return out
 
-    @classmethod
-    def _poison(cls, observation) -> dict[int, str]:
-        if observation is None:
-            return {}
-        return {int(r[0]): str(r[1]) for r in cls._observed(observation).get("bad") or ()}
+    def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out, observation) -> tuple[Any, dict]:
+        """Run the batch's one Spark job (``sink.stage``); its result and observed metrics."""
+        from airflow_provider_cg.core.landing.nats_source import READ_FAILED
+
+        try:
+            staged = sink.stage(batch_id, out)
+        except SinkError:
+            raise
+        except Exception as e:  # in the user's code, in the tasks' reads, or in Spark itself
+            if READ_FAILED in str(e):  # NATS, not the data: a server error (exit 2)
+                text = str(e)
+                raise ConsumerGroupError(text[text.index(READ_FAILED):].splitlines()[0][:500]) from None
+            if self.fn is None and self.sql is None:
+                raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
+            raise _spark_failure(e) from e
+        try:
+            return staged, ({} if observation is None else self._observed(observation))
+        except BaseException:
+            sink.discard(staged)
+            raise
 
     @staticmethod
     def _observed(observation) -> dict:
