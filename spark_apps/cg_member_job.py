@@ -88,6 +88,8 @@ async def _run(spec, make_sink, pipeline):
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLineLibraryErrors())
     logging.getLogger("py4j").setLevel(logging.WARNING)
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # TLS transport chatter on failed handshakes
     from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound
@@ -143,6 +145,22 @@ def main(argv: list[str] | None = None) -> int:
         _write_atomically(spec.summary_file, line)
     print(contract.SUMMARY_PREFIX + line, flush=True)
     return contract.EXIT_OK
+
+
+class OneLineLibraryErrors(logging.Filter):
+    """A library's log record with a traceback as one line: the job's output never shows a
+    traceback for what it handles (pyiceberg logs its failed clean-up of a lost commit's files
+    with one, e.g. while the object store restarts; the job then retries the batch)."""
+
+    OWN = ("airflow_provider_cg", "cg")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and not record.name.startswith(self.OWN):
+            exc = record.exc_info[1]
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {first})", None
+            record.exc_info = record.exc_text = None
+        return True
 
 
 def _shown(e) -> str:
