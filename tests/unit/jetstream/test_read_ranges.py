@@ -34,3 +34,20 @@ def test_the_plan_carries_splits_keys_and_skipped_inputs_but_no_secret():
     assert plan["keys"] == [["orders.*", [1]]]
     assert decode_seqs(plan["skip"]).tolist() == [3, 5, 7]
     assert set(plan) == {"stream", "origin", "group", "member", "js_prefix", "keys", "only", "splits", "skip"}
+
+
+def test_settings_carried_to_executors_hold_tls_files_as_their_content(tmp_path):
+    """``portable()``: what the tasks get instead of paths that exist only on the driver."""
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+    from tests.support.nats_auth import make_tls
+
+    tls = make_tls(tmp_path / "tls")
+    here = NatsConnectionSettings(servers=["tls://127.0.0.1:4222"], token="t0k", tls_ca=str(tls["ca"]),
+                                  tls_cert=str(tls["client_cert"]), tls_key=str(tls["client_key"]))
+    there = here.portable()
+    for name, key in (("tls_ca", "ca"), ("tls_cert", "client_cert"), ("tls_key", "client_key")):
+        assert getattr(there, name) == tls[key].read_text() and getattr(here, name) == str(tls[key])
+    assert there.token == "t0k"
+    for path in tls.values():
+        path.unlink()
+    assert there.connect_options()["tls"] is not None  # usable without the files
