@@ -512,7 +512,10 @@ class LakeSink(TwoPhaseSink):
         }
 
     def data_file_name(self, batch_id: BatchId, tag: str, i: int) -> str:
-        return f"part-{batch_id.uid}-b{batch_id.batch_seq}-{tag}{f'-{i}' if i else ''}.parquet"
+        """The ``i``-th file of a batch: names sort in the batch's order (its input's order), as
+        readers that list a commit's files by name see them. Recorded in the commit record, so
+        a retried commit uses the names its first attempt chose."""
+        return f"part-{batch_id.uid}-b{batch_id.batch_seq}-{tag}-{i:05d}.parquet"
 
     def _commit_record(self, batch_id: BatchId, current: dict) -> dict:
         keys_dir = f"{KEYS_DIR}/{fs_name(batch_id.gid)}"

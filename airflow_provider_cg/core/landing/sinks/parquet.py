@@ -2,7 +2,7 @@
 
 Layout of a dataset directory ``root``: the protocol's ``_cg_*`` folders (``lake.py``) and::
 
-    data/part-<uid>-b<batch>-<rand>.parquet     committed files (read this directory)
+    data/part-<uid>-b<batch>-<rand>-<i>.parquet committed files (read this directory)
 
 Publishing hard-links a committed record's staged files into ``data/``, then drops the
 staging. The commit log is the source of truth: ``read_committed(root)`` returns exactly the

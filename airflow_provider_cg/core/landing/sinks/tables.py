@@ -135,7 +135,9 @@ WRITE_FAILED = "cg-sink: writing a data file failed"
 class _PartWriter:
     """Runs in Spark's Python workers (``mapInArrow``): writes each task's rows as one Parquet
     file under the write's staging and yields (file, rows). The store is rebuilt in the worker
-    from the location and the worker's environment, so no credential travels in a task."""
+    from the location and the worker's environment, so no credential travels in a task. A file
+    is named by the Spark partition it holds, so a batch's files list (and are committed) in
+    the order of its input: per-key order within a batch, for rows one per input."""
 
     def __init__(self, location: str, folder: str, compression: str) -> None:
         self.location, self.folder, self.compression = location, folder, compression
@@ -160,7 +162,10 @@ class _PartWriter:
         if writer is None:
             return
         writer.close()
-        name = f"{self.folder}/part-{secrets.token_hex(8)}.parquet"
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        name = f"{self.folder}/part-{task.partitionId() if task else 0:05d}-{secrets.token_hex(8)}.parquet"
         try:
             open_storage(self.location, fsync=True).write(name, buf.getvalue())
         except Exception as e:  # noqa: BLE001 - any storage failure; the message says which
