@@ -355,22 +355,20 @@ async def plan_ranges(reader: PartitionReader, starts: dict[int, tuple[str, int]
         return {p: max(0, t - a) for p, (t, _), (a, _) in zip(firsts, total, after, strict=True)}
 
     low = min(firsts.values())  # a cut here holds one message: it always fits
-    fits, over, cut = low, None, last_seq
+    cut = last_seq
     for _ in range(rounds):
         held = await held_through(cut)
         n = sum(held.values())
         if n <= count:
             break
-        over = cut
         guess = low - 1 + (cut - low + 1) * count * 15 // (n * 16)  # messages spread about evenly
-        cut = guess if fits < guess < over else (fits + over) // 2
-        if cut <= fits:
-            cut = fits
-            held = await held_through(cut)
+        cut = guess if low < guess < cut else (low + cut) // 2
+        if cut <= low:
             break
     else:
-        cut = fits
-        held = await held_through(cut)
+        cut = low
+    if cut <= low:
+        cut, held = low, await held_through(low)
     ranges = [ReadRange(p, starts[p][0], f, cut, held[p]) for p, f in firsts.items() if held[p] and f <= cut]
     return ranges, cut
 

@@ -46,6 +46,7 @@ class PartitionPositions:
     partition (the whole stream, unfiltered, when every partition is the member's)."""
 
     origin = None  # rows name their origin from the sourcing header
+    only = None  # every message read is the member's
 
     def __init__(self, reader: PartitionReader, partitions, max_members: int, filters: list[str]) -> None:
         self.reader = reader

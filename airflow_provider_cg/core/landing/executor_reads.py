@@ -18,15 +18,12 @@ and are acknowledged with their range.
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import numpy as np
 
 from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
 from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads
 from airflow_provider_cg.core.landing.nats_source import batch_plan
-
-log = logging.getLogger("airflow_provider_cg.landing")
 
 
 class ExecutorReads(DirectReads):
@@ -42,10 +39,9 @@ class ExecutorReads(DirectReads):
 
     def _plan(self, ranges: list[ReadRange], skip: np.ndarray | None) -> str:
         run, o = self.run, self.run.options
-        static = isinstance(self.positions, ConsumerPosition)
         return batch_plan(ranges, stream=run.consumer_stream, origin=self.positions.origin, group=o.group,
                           member=o.member, key_rules=run.key_rules, js_prefix=run.api.prefix,
-                          only=self.positions.only if static else None, parallelism=self.parallelism, skip=skip)
+                          only=self.positions.only, parallelism=self.parallelism, skip=skip)
 
     async def _land(self, ranges: list[ReadRange], cut: int, after: asyncio.Task | None = None) -> None:
         run, o, positions = self.run, self.run.options, self.positions
@@ -71,4 +67,4 @@ class ExecutorReads(DirectReads):
         first = min(r.first_seq for r in ranges)
         refs = np.arange(first, cut + 1, dtype=np.int64)
         await run.lander.land(batch_id, processed, read.inputs, {run.consumer_stream: refs}, ack,
-                              read.messages + read.skipped, read.bytes)
+                              read.messages + processed.skipped, read.bytes)

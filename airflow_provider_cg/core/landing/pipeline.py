@@ -67,9 +67,8 @@ class RangesRead:
 
     inputs: pa.Table  # partition, origin_seq of each message read (inputs committed already excepted)
     poison: pa.Table  # the raw messages of the poison rows (``_POISON_SCHEMA``), for the dead-letter stream
-    messages: int
+    messages: int  # read, inputs committed already excepted (``ProcessedBatch.skipped`` counts those)
     bytes: int
-    skipped: int = 0  # inputs committed already, dropped by the tasks
 
 
 class ArrowPipeline:
@@ -191,7 +190,6 @@ class SparkPipeline:
             else:
                 raise ConsumerGroupError(f"batch {batch_id.gid}: inputs keep turning up committed while it is "
                                          "computed (another writer of the same messages?)")
-            read.skipped = len(skip)
             bad = {i: str(e) for i, e in enumerate(read.poison.column(ERROR).to_pylist())}
             good = np.setdiff1d(seqs, read.poison.column("origin_seq").to_numpy()) if bad else np.sort(seqs)
             keys = {origin_stream: good}
