@@ -492,3 +492,48 @@ def test_race_mark_acking_vs_fence(postgres_db):
             s.close()
     assert wins["acking"] + wins["fence"] == 30
     assert prepared_gids(postgres_db) == []
+
+
+# -- writers of the same inputs (live members, backfills, replays) --------------------------------
+
+
+def test_writer_of_inputs_another_write_holds_waits_and_is_refused(postgres_db):
+    """PostgreSQL serializes writers of the same inputs: a prepare of inputs that another
+    prepared write holds waits for it; once that one commits, the prepare is refused with
+    exactly the shared inputs and leaves nothing prepared. Computed again without them, it lands
+    the rest, each input's row once."""
+    from airflow_provider_cg.core.landing.sinks import InputsTaken
+
+    with PostgresSink(postgres_db.conn_params(), transformed=True) as first, \
+            PostgresSink(postgres_db.conn_params(), transformed=True) as second:
+        a = two_phase._transformed(first, "m1", 1, range(1, 7))
+        first.mark_acking(a)
+        outcome = {}
+
+        def prepare_second():
+            try:
+                outcome["write"] = two_phase._transformed(second, "bf-1-2", 1, range(4, 10))
+            except InputsTaken as exc:
+                outcome["taken"] = exc.taken
+
+        t = threading.Thread(target=prepare_second)
+        t.start()
+        time.sleep(1.0)
+        assert t.is_alive(), "the second prepare did not wait for the first write"
+        first.commit(a)
+        t.join(30)
+        assert [int(x) for x in outcome["taken"]["ORDERS"]] == [4, 5, 6]
+        assert prepared_gids(postgres_db) == []
+        fresh = [s for s, hit in zip(range(4, 10), second.committed_keys_exist("ORDERS", range(4, 10)), strict=True)
+                 if not hit]
+        c = two_phase._transformed(second, "bf-1-2", 2, fresh)
+        second.commit(second.mark_acking(c))
+    assert landed(postgres_db) == [("ORDERS", s) for s in range(1, 10)]
+
+
+def test_writers_of_the_same_inputs_race(postgres_db):
+    out = two_phase.writers_of_the_same_inputs_race(
+        lambda: PostgresSink(postgres_db.conn_params(), transformed=True),
+        lambda: [s for _, s in landed(postgres_db)], rounds=8)
+    assert out["refused"] > 0
+    assert prepared_gids(postgres_db) == []

@@ -199,3 +199,97 @@ def race_mark_acking_vs_fence(make_sink, landed, rounds=30):
             assert successor.state(p) is WriteState.ABORTED
         assert set(landed()) == expected, f"round {i}"
     return wins
+
+
+# -- writers of the same inputs: a transformation's output is committed for each input once --------
+
+
+def _transformed(sink, member: str, batch_seq: int, seqs):
+    """Prepare a transformation's output standing for ``seqs``: one row per input, so the
+    landed rows show each input's effect (the sink does not dedupe them: it records inputs)."""
+    import numpy as np
+
+    fresh = np.asarray(sorted(seqs), dtype=np.int64)
+    return sink.prepare(BatchId("ORDERS", "g", member, batch_seq), rows(fresh, member=member),
+                        message_refs=refs_for(fresh), input_keys={"ORDERS": fresh})
+
+
+def second_writer_of_marked_inputs_is_refused(first, second) -> None:
+    """Two writers prepared transformed writes sharing inputs 4-6; the first is marked acking
+    (its acks may be out). The second's mark finishes the first (commits it) and is refused
+    with exactly the shared inputs; rolled back and computed again without them, it lands the
+    rest."""
+    from airflow_provider_cg.core.landing.sinks import InputsTaken
+
+    a = _transformed(first, "m1", 1, range(1, 7))
+    b = _transformed(second, "bf-1-2", 1, range(4, 10))
+    first.mark_acking(a)
+    with pytest.raises(InputsTaken) as taken:
+        second.mark_acking(b)
+    assert [int(x) for x in taken.value.taken["ORDERS"]] == [4, 5, 6]
+    assert second.state(b) is WriteState.PREPARED  # refused, not rolled back: its writer does that
+    assert first.state(a) is WriteState.COMMITTED  # the second's mark committed the first
+    assert second.abort(b) is WriteState.ABORTED
+    fresh = [s for s, hit in zip(range(4, 10), second.committed_keys_exist("ORDERS", range(4, 10)), strict=True)
+             if not hit]
+    assert fresh == [7, 8, 9]
+    c = _transformed(second, "bf-1-2", 2, fresh)
+    second.commit(second.mark_acking(c))
+    assert first.commit(a).rows_written == 6  # idempotent for its own writer
+
+
+def writers_of_the_same_inputs_race(make_sink, landed, writers=3, rounds=12, span=60, width=25, seed=7) -> dict:
+    """``writers`` threads (a live member and backfills, each with its own sink instance) land
+    random overlapping windows of inputs as transformations' outputs, each batch computed
+    without the inputs committed when it starts and computed again when refused. Every input
+    of every window lands once (``landed()``: the rows' origin sequences)."""
+    import random
+
+    import numpy as np
+
+    from airflow_provider_cg.core.landing.sinks import InputsTaken
+
+    rng = random.Random(seed)
+    windows = [[(lo := rng.randint(1, span - width), lo + rng.randint(1, width)) for _ in range(rounds)]
+               for _ in range(writers)]
+    barrier = threading.Barrier(writers)
+    errors, refused = [], []
+
+    def work(w: int) -> None:
+        member = "m1" if w == 0 else f"bf-{w}-{w + 1}"
+        try:
+            sink = make_sink()
+            barrier.wait()
+            seq = 0
+            for lo, hi in windows[w]:
+                window = np.arange(lo, hi + 1, dtype=np.int64)
+                while True:
+                    fresh = window[~sink.committed_keys_exist("ORDERS", window)]
+                    if not len(fresh):
+                        break
+                    seq += 1
+                    try:
+                        p = _transformed(sink, member, seq, fresh)
+                    except InputsTaken:  # a sink that decides at prepare (PostgreSQL)
+                        refused.append(w)
+                        continue
+                    try:
+                        p = sink.mark_acking(p)
+                    except InputsTaken:
+                        refused.append(w)
+                        sink.abort(p)
+                        continue
+                    sink.commit(p)
+                    break
+            sink.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    _together(*[lambda w=w: work(w) for w in range(writers)])
+    assert not errors, errors
+    got = landed()
+    want = sorted({s for ws in windows for lo, hi in ws for s in range(lo, hi + 1)})
+    dups = sorted({s for s in got if got.count(s) > 1})
+    assert not dups, f"inputs landed twice: {dups[:10]}"
+    assert sorted(got) == want
+    return {"refused": len(refused), "landed": len(got)}

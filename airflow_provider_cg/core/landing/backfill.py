@@ -254,7 +254,14 @@ async def run_backfill(
                     await lander.discard(processed)
                     continue
             refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
-            await lander.land(batch_id, processed, table, refs, None, 0, 0)
+
+            def recompute(table=table):
+                nonlocal batch_seq
+                batch_seq += 1
+                new_id = BatchId(stream, group, member, batch_seq)
+                return new_id, pipeline.process(sink, table, new_id)
+
+            await lander.land(batch_id, processed, table, refs, None, 0, 0, recompute=recompute)
             log.info("cg backfill %s.%s [%s, %s): batch of %d, committed %d so far",
                      stream, group, s.window_start, s.window_end, len(kept), s.rows_written)
     finally:

@@ -194,7 +194,8 @@ class ConsumerReads:
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
         await self.run.lander.land(batch_id, processed, inputs, {self.run.consumer_stream: refs}, ack, len(msgs),
-                               sum(len(m.data) for m in msgs), abort=consumer_gone)
+                                   sum(len(m.data) for m in msgs), abort=consumer_gone,
+                                   recompute=self.run.recompute_step(inputs))
 
     async def _handle_poison(self, table, msgs: list, bad: dict[int, str]) -> tuple[list, list[int]]:
         """Nak poison messages that have deliveries left; dead-letter the others (then ack them

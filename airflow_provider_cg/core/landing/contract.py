@@ -437,7 +437,9 @@ class Summary:
     or fewer rows than messages), ``duplicates_skipped`` (messages already landed), ``dead_lettered``
     (poison messages moved to the dead-letter stream); ``partitions``: per partition the
     messages read and the first/last origin sequence. A backfill fills ``window_start`` /
-    ``window_end`` and ``skipped``; a failed run ``exit_code`` and ``error`` (one line, never a
+    ``window_end`` and ``skipped``; ``recomputed``: batches rolled back before any ack and
+    computed again because another writer (a backfill, a replay) committed some of their
+    inputs meanwhile; a failed run ``exit_code`` and ``error`` (one line, never a
     secret). ``read_path``: how the messages were read, ``direct`` (batched direct gets by the
     driver, a range acknowledged at once), ``executors`` (the same, by the batch's Spark tasks:
     ``--read executors``) or ``consumer`` (pulls and an ack per message: the stream has
@@ -457,6 +459,7 @@ class Summary:
     batches: int = 0
     recovered_committed: int = 0
     recovered_aborted: int = 0
+    recomputed: int = 0  # batches computed again: another writer committed some of their inputs meanwhile
     unconfirmed_acks: int = 0
     bytes: int = 0
     partitions: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -250,7 +250,8 @@ class DirectReads:
             return await positions.ack(batches, cut)
 
         await self.run.lander.land(batch_id, processed, table, {self.run.consumer_stream: refs}, ack, len(refs),
-                               sum(len(d) for b in batches for d in b.data))
+                                   sum(len(d) for b in batches for d in b.data),
+                                   recompute=self.run.recompute_step(table))
 
     async def _dead_letter(self, table, bad: dict[int, str]) -> None:
         """Direct reads: a decode failure goes to the dead-letter stream at once (a direct get

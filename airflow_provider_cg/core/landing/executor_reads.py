@@ -66,5 +66,10 @@ class ExecutorReads(DirectReads):
         # other partitions' or subjects' sequences, which its consumer is never delivered
         first = min(r.first_seq for r in ranges)
         refs = np.arange(first, cut + 1, dtype=np.int64)
+        def recompute():
+            new_id = run.next_batch_id()
+            return new_id, run.pipeline.process_ranges(run.sink, lambda skip: self._plan(ranges, skip), o.stream,
+                                                       new_id, partitions)[0]
+
         await run.lander.land(batch_id, processed, read.inputs, {run.consumer_stream: refs}, ack,
-                              read.messages + processed.skipped, read.bytes)
+                              read.messages + processed.skipped, read.bytes, recompute=recompute)

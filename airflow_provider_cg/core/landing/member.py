@@ -415,6 +415,14 @@ class MemberRun:
         self.batch_seq += 1
         return BatchId(o.stream, o.group, o.member, self.batch_seq)
 
+    def recompute_step(self, table):
+        """The lander's ``recompute`` of a batch read as ``table``: processed again under a new
+        batch id (the pipeline drops the inputs another writer committed meanwhile)."""
+        def recompute():
+            batch_id = self.next_batch_id()
+            return batch_id, self.pipeline.process(self.sink, table, batch_id)
+        return recompute
+
 async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, pipeline=None,
                            *, js_prefix: str = "$JS.API") -> Summary:
     """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary.

@@ -8,6 +8,10 @@ began); otherwise commit. The sink drops rows whose ``(origin_stream, origin_seq
 already has, so committing a message that comes back is a no-op, while rolling back after an
 ack that took effect would lose it.
 
+Writers of the same inputs (live members, backfills, replays) are ordered by the sink: a write
+of a transformation's output whose inputs another writer committed meanwhile is refused
+(``InputsTaken``) before any ack, rolled back, and computed again without them (``recompute``).
+
 A live member run lands with a fence (its partitions, taken when it got the pin) and an
 ``ack`` step (a double ack per message, or one purge per partition); a backfill lands with no
 fence and no ack (it never acknowledges anything: its messages are read again on a rerun).
@@ -29,7 +33,9 @@ from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.base import (
     Fence,
     FencedOut,
+    InputsTaken,
     PreparedWriteLost,
+    SinkError,
     SinkLockTimeout,
     TwoPhaseSink,
     WriteState,
@@ -39,6 +45,11 @@ log = logging.getLogger("airflow_provider_cg.landing")
 
 #: ``ack()`` of a batch: send its acks, return how many stay unconfirmed
 AckStep = Callable[[], Awaitable[int]]
+#: ``recompute()`` of a batch whose inputs another writer committed meanwhile: a new batch id and
+#: the batch processed again (the pipeline drops the inputs committed by then)
+RecomputeStep = Callable[[], tuple[BatchId, ProcessedBatch]]
+#: how often one batch is computed again because other writers took some of its inputs
+MAX_RECOMPUTES = 5
 
 
 def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, summary: Summary,
@@ -105,40 +116,65 @@ class TwoPhaseLander:
         await asyncio.to_thread(self.sink.discard, processed.rows)
 
     async def land(self, batch_id: BatchId, processed: ProcessedBatch, inputs, refs: dict[str, np.ndarray],
-                   ack: AckStep | None, n_msgs: int, n_bytes: int, abort: bool = False) -> bool:
+                   ack: AckStep | None, n_msgs: int, n_bytes: int, abort: bool = False,
+                   recompute: RecomputeStep | None = None) -> bool:
         """prepare -> mark acking -> ``ack()`` -> commit; returns whether the batch committed.
 
         ``inputs``: the batch's rows as read (what the summary counts per partition); ``refs``:
         per consumed stream, the sequences a recovery needs. ``abort``: the consumer is gone
         before any ack was sent, so none can take effect: roll the write back and leave the
-        messages for the re-created consumer."""
-        s = self.summary
-        try:
-            prepared = await self._prepare(batch_id, processed, refs)
-        except PreparedWriteLost:
+        messages for the re-created consumer. ``recompute``: how to compute the batch again
+        when the sink refuses it because another writer committed some of its inputs."""
+        for attempt in range(MAX_RECOMPUTES + 1):
+            prepared = None
+            try:
+                prepared = await self._prepare(batch_id, processed, refs)
+                failpoint("after_prepare")
+                if abort:
+                    await asyncio.to_thread(self.sink.abort, prepared)
+                    return False
+                prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
+                break
+            except InputsTaken as e:
+                taken = e
+            except (FencedOut, PreparedWriteLost) as e:
+                return await self._stop(batch_id, prepared, e)
+            # another writer (a backfill, a replay) committed some inputs since the batch was
+            # computed: nothing was acked; roll back and compute it again without them
+            if prepared is not None:
+                await asyncio.to_thread(self.sink.abort, prepared)
+            else:
+                await asyncio.to_thread(self.sink.discard, processed.rows)
+            if recompute is None or attempt == MAX_RECOMPUTES:
+                raise SinkError(f"batch {batch_id.gid}: {taken}; other writers keep taking its inputs")
+            log.info("cg batch %s: %s; computing it again without them", batch_id.gid, taken)
+            self.summary.recomputed += 1
+            batch_id, processed = await asyncio.to_thread(recompute)
+        return await self._ack_and_commit(batch_id, prepared, processed, inputs, ack, n_msgs, n_bytes)
+
+    async def _stop(self, batch_id: BatchId, prepared, e: Exception) -> bool:
+        """Another instance took the member over: nothing of the batch was acked; stop."""
+        if prepared is None:
             # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
             # was sent: the messages go to the new pin holder.
             log.warning("cg batch %s was removed by another instance while preparing; stopping", batch_id.gid)
             self.taken_over = True
             return False
-        failpoint("after_prepare")
-        if abort:
-            await asyncio.to_thread(self.sink.abort, prepared)
-            return False
-        try:
-            prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
-        except (FencedOut, PreparedWriteLost) as e:
-            # A newer pin holder fenced our partitions, or this run stalled (suspended past the
-            # ack wait) and the new holder's recovery rolled this write back. No ack was sent:
-            # the messages are the new holder's. Stop, and roll back what may still hold row
-            # locks in the sink (a write half-prepared when that recovery ran).
-            if isinstance(e, FencedOut):
-                log.warning("cg batch %s: fenced out by a newer instance of the member; stopping", batch_id.gid)
-            else:
-                log.warning("cg batch %s was rolled back by another instance; stopping", batch_id.gid)
-            self.taken_over = True
-            await asyncio.to_thread(self.sink.abort, prepared)
-            return False
+        # A newer pin holder fenced our partitions, or this run stalled (suspended past the
+        # ack wait) and the new holder's recovery rolled this write back. No ack was sent:
+        # the messages are the new holder's. Stop, and roll back what may still hold row
+        # locks in the sink (a write half-prepared when that recovery ran).
+        if isinstance(e, FencedOut):
+            log.warning("cg batch %s: fenced out by a newer instance of the member; stopping", batch_id.gid)
+        else:
+            log.warning("cg batch %s was rolled back by another instance; stopping", batch_id.gid)
+        self.taken_over = True
+        await asyncio.to_thread(self.sink.abort, prepared)
+        return False
+
+    async def _ack_and_commit(self, batch_id: BatchId, prepared, processed: ProcessedBatch, inputs,
+                              ack: AckStep | None, n_msgs: int, n_bytes: int) -> bool:
+        s = self.summary
         if ack is not None:
             if self.holds_pin is not None and not await self.holds_pin():
                 log.warning("cg batch %s: the member's pin moved to another instance before the ack; rolling "

@@ -576,3 +576,31 @@ def test_fence_records_survive_a_checkpoint(lake):
         ParquetLakeSink(lake).mark_acking(p)
     q = first.prepare(BatchId("ORDERS", "g", "m1", 2), rows([2]), message_refs=refs_for([2]), fence=Fence("b", (1,)))
     assert ParquetLakeSink(lake).mark_acking(q).acking
+
+
+# -- writers of the same inputs (live members, backfills, replays) --------------------------------
+
+
+def test_second_writer_of_marked_inputs_is_refused(lake):
+    two_phase.second_writer_of_marked_inputs_is_refused(ParquetLakeSink(lake), ParquetLakeSink(lake))
+    assert_exactly(lake, {("ORDERS", s) for s in range(1, 10)})
+
+
+def test_writers_of_the_same_inputs_race(lake):
+    out = two_phase.writers_of_the_same_inputs_race(
+        lambda: ParquetLakeSink(lake),
+        lambda: [s for _, s in keys(read_committed(lake, columns=["origin_stream", "origin_seq"]))])
+    assert out["refused"] > 0  # the race was met, not avoided
+
+
+def test_a_rows_write_never_commits_inputs_a_marked_transformed_write_holds(lake):
+    """A write of rows (no transformation) sharing inputs with a transformed write marked
+    before it: its mark commits the other first, and its commit drops the shared rows."""
+    a = two_phase._transformed(ParquetLakeSink(lake), "bf-1-2", 1, range(1, 5))
+    sink = ParquetLakeSink(lake)
+    b = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(3, 8)), message_refs=refs_for(range(3, 8)))
+    ParquetLakeSink(lake).mark_acking(a)
+    sink.mark_acking(b)
+    assert sink.state(a) is WriteState.COMMITTED
+    assert sink.commit(b) == CommitResult(3, 2)
+    assert_exactly(lake, {("ORDERS", s) for s in range(1, 8)})

@@ -66,6 +66,17 @@ class FencedOut(PreparedWriteLost):
     """``mark_acking`` refused: another instance fenced one of the write's partitions since."""
 
 
+class InputsTaken(SinkError):
+    """A write of a transformation's output may not be acknowledged: another writer (a backfill,
+    a replay, another instance) committed some of its input messages since it was computed.
+    Nothing was acknowledged; the caller rolls the write back and computes the batch again
+    without them (they are committed now). ``taken``: ``{origin_stream: sorted origin_seqs}``."""
+
+    def __init__(self, message: str, taken: Mapping[str, np.ndarray] | None = None) -> None:
+        super().__init__(message)
+        self.taken = dict(taken or {})
+
+
 class SinkLockTimeout(SinkError, TimeoutError):
     """A write waited longer than the lock timeout for rows held by another (prepared) write."""
 
@@ -171,7 +182,9 @@ class TwoPhaseSink(abc.ABC):
         ``input_keys`` (``{origin_stream: origin_seqs}``): the rows are a transformation's
         output, not one row per message; exactly-once is kept per input message instead: the
         sink records these keys as committed with the batch (and does not deduplicate rows).
-        The caller drops inputs already committed (``committed_keys_exist``) beforehand."""
+        The caller drops inputs already committed (``committed_keys_exist``) beforehand; a sink
+        that decides at prepare which writer gets an input (PostgreSQL) raises ``InputsTaken``
+        here when another write committed one meanwhile."""
 
     def stage(self, batch_id: BatchId, frame) -> Any:
         """Compute a Spark DataFrame (a Spark action) into what ``prepare`` takes as rows.
@@ -186,7 +199,10 @@ class TwoPhaseSink(abc.ABC):
         """Durably record that acks are about to be sent (call before the first ack).
 
         Returns the write with ``acking=True``; raises ``PreparedWriteLost`` if it was aborted,
-        ``FencedOut`` if the write has a fence whose owner no longer owns all its partitions."""
+        ``FencedOut`` if the write has a fence whose owner no longer owns all its partitions,
+        ``InputsTaken`` if it holds a transformation's output and another write committed one
+        of its inputs. Exactly one of two writes sharing an input is ever acked: once a write is
+        marked, no other write of the same inputs is marked or committed before it commits."""
 
     @abc.abstractmethod
     def commit(self, prepared: PreparedWrite) -> CommitResult:

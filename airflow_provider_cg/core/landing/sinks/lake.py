@@ -18,7 +18,17 @@ aborts only if no ``acking`` record precedes its ``abort`` record. ``fence`` cla
 claims its record only if the latest fence of each of its partitions, in the log before that
 position, names the write's owner. ``commit`` re-reads the log, drops rows whose key is in an
 earlier commit (only commits whose per-stream seq range overlaps are read), then claims the
-next position with a ``commit`` record. A claim is ``Storage.create``: an object written only
+next position with a ``commit`` record.
+
+Writers of the same inputs. Live members, standbys, backfills and replays may all hold the same
+input message in their batches. The ``acking`` record carries the write's input keys, and
+``mark_acking`` first commits any other write marked acking but not yet finished that shares
+an input (any instance may: a write marked acking is always committed), so from its mark on a
+write is the only one that can still take its inputs. A write of a transformation's output
+(one result for many inputs, not one row per input) whose inputs are then found committed is
+refused (``InputsTaken``): its writer rolls it back, nothing acked, and computes the batch again
+without them. A write of rows drops the rows of committed inputs at commit, as before. So no
+input's effect is ever committed twice, transformed or not. A claim is ``Storage.create``: an object written only
 if its name is free (``link`` on a local disk, a conditional put on an object store), so
 exactly one writer wins each position and a record is never seen half-written; a loser
 re-reads the new records, re-checks and retries. ``abort`` claims a position too, so the
@@ -61,6 +71,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,
+    InputsTaken,
     LastCommit,
     MessageRefs,
     PreparedWrite,
@@ -155,6 +166,9 @@ class CommitLog:
         self.commits: dict[str, dict] = {}
         self.aborts: set[str] = set()
         self.acking: set[str] = set()  # gids with an "acking" record before any abort record
+        self.acking_pos: dict[str, int] = {}  # gid -> position of its acking record
+        #: acking records (with their input keys) of writes neither committed nor aborted yet
+        self.in_flight: dict[str, dict] = {}
         self.fences: dict[tuple[str, str, int], str] = {}  # (stream, group, partition) -> owner
         self.index: dict[str, _StreamIndex] = {}
         self._loaded = False
@@ -170,6 +184,8 @@ class CommitLog:
         gid = record["gid"]
         if gid in self.commits or gid in self.aborts:
             return  # cannot happen with the claim protocol; first record wins
+        if record["op"] in ("commit", "abort"):
+            self.in_flight.pop(gid, None)
         if record["op"] == "commit":
             self.commits[gid] = record
             for stream, info in record.get("streams", {}).items():
@@ -178,6 +194,9 @@ class CommitLog:
             self.aborts.add(gid)
         elif record["op"] == "acking":
             self.acking.add(gid)
+            self.acking_pos[gid] = pos
+            if record.get("streams"):
+                self.in_flight[gid] = record
 
     def _load_checkpoint(self) -> None:
         checkpoints = [n for n in self.store.list(LOG_DIR) if n.endswith(CHECKPOINT_SUFFIX)]
@@ -426,6 +445,9 @@ class LakeSink(TwoPhaseSink):
                 try:
                     if current is None:
                         current = self._load_staged(staging, gid)
+                        if current["transformed"] and gid in self._log.acking_pos:
+                            # no write shares its inputs after its acking mark (mark_acking)
+                            checked_pos = self._log.acking_pos[gid]
                     current = self._drop_committed(current, staging, checked_pos)
                     checked_pos = self._log.pos
                     record = self._commit_record(prepared.batch_id, current)
@@ -488,12 +510,13 @@ class LakeSink(TwoPhaseSink):
         if not masks:
             return current
         if current.get("transformed"):
-            # Another writer committed some of these inputs since this batch was prepared (a
-            # concurrent backfill of the same window): the output cannot be split per input;
-            # it is committed, and those inputs' effect lands twice. Logged, not hidden.
+            # Cannot happen between writers of this version (mark_acking refuses a write whose
+            # inputs are taken, and orders writes sharing inputs); a writer of an older version
+            # sharing the table could still do it. The output cannot be split per input, and
+            # acks may have been sent: it is committed. Logged, not hidden.
             n = int(sum(m.sum() for m in masks.values()))
-            log.warning("cg lake sink: %d inputs of a transformed batch were committed meanwhile by "
-                        "another writer; their effect is in both batches", n)
+            log.error("cg lake sink: %d inputs of a transformed batch were committed meanwhile by "
+                      "another writer that does not order its acks; their effect is in both batches", n)
             keys = {s: (k[~masks[s]] if s in masks else k) for s, k in current["keys"].items()}
             return {**current, "keys": {s: k for s, k in keys.items() if len(k)}}
         (staged_file, _), = current["files"]  # a batch of rows (not transformed) is one file
@@ -568,27 +591,88 @@ class LakeSink(TwoPhaseSink):
 
     def mark_acking(self, prepared: PreparedWrite) -> PreparedWrite:
         """Claim an ``acking`` log record. The log orders it against an ``abort`` record of
-        ``abort_unless_acking`` and against ``fence`` records: a claim only succeeds at the
-        position after the last record the claimer has read, so whichever is claimed first
-        wins."""
+        ``abort_unless_acking``, against ``fence`` records and against other writes' ``acking``
+        records: a claim only succeeds at the position after the last record the claimer has
+        read, so whichever is claimed first wins. A write sharing an input with another one
+        marked before it commits that one first, then is refused (``InputsTaken``) if it holds
+        a transformation's output (see the module docstring)."""
         gid = prepared.gid
         with self._lock:
+            inputs: tuple[bool, dict[str, np.ndarray], dict] | None = None
+            helped: set[str] = set()
             while True:
                 self._log.refresh()
                 if gid in self._log.aborts:
                     raise PreparedWriteLost(f"prepared write {gid} was aborted")
                 if gid in self._log.commits or gid in self._log.acking:
                     return dataclasses.replace(prepared, acking=True)
-                if not self.store.exists(f"{self.staging(gid)}/{MANIFEST}"):
-                    raise PreparedWriteLost(f"prepared write {gid} is gone")
+                if inputs is None:
+                    try:
+                        inputs = self._staged_inputs(gid)
+                    except FileNotFoundError:
+                        raise PreparedWriteLost(f"prepared write {gid} is gone") from None
                 lost = self._fenced_out(prepared)
                 if lost:
                     raise FencedOut(f"prepared write {gid}: partitions {lost} were fenced by another instance")
+                transformed, keys, streams = inputs
                 try:
-                    self._claim({"v": 1, "op": "acking", "gid": gid})
+                    other = self._finish_sharing(gid, keys)
+                except FileNotFoundError:
+                    continue  # that write finished meanwhile: re-read
+                if other is not None:
+                    if other in helped and other in self._log.in_flight:
+                        raise DatasetCorrupt(f"write {other} is marked acking but cannot be committed "
+                                             "(its staging is gone)")
+                    helped.add(other)
+                    continue  # committed another writer's write of some of these inputs: re-read
+                if transformed:
+                    masks = self._dup_masks(keys, 0)
+                    if masks:
+                        taken = {st: keys[st][m] for st, m in masks.items()}
+                        n = sum(len(t) for t in taken.values())
+                        raise InputsTaken(f"prepared write {gid}: {n} of its inputs were committed by another "
+                                          "writer since it was computed", taken)
+                record = {"v": 1, "op": "acking", "gid": gid, "batch": prepared.batch_id.to_dict(),
+                          "streams": streams}
+                try:
+                    self._claim(record)
                 except FileExistsError:
                     continue  # another writer took the position: re-read (maybe an abort or a fence)
                 return dataclasses.replace(prepared, acking=True)
+
+    def _staged_inputs(self, gid: str) -> tuple[bool, dict[str, np.ndarray], dict]:
+        """(transformed, input keys per origin stream, the acking record's ``streams``) of a
+        prepared write, from its staging (FileNotFoundError: gone)."""
+        staging = self.staging(gid)
+        manifest = json.loads(self.store.read(f"{staging}/{MANIFEST}"))
+        keys, streams = {}, {}
+        for stream, info in manifest["keys"].items():
+            path = f"{staging}/{info['file']}"
+            keys[stream] = npy_load(self.store.read(path))
+            streams[stream] = {"min": info["min"], "max": info["max"], "keys": path}
+        return bool(manifest.get("transformed")), keys, streams
+
+    def _finish_sharing(self, gid: str, keys: dict[str, np.ndarray]) -> str | None:
+        """Commit the first write marked acking and not finished that shares an input with
+        ``keys`` (it is committed in any case; committing it now orders it before ``gid``).
+        Returns its gid, None if there is none."""
+        for other, record in list(self._log.in_flight.items()):
+            if other == gid:
+                continue
+            for stream, info in record["streams"].items():
+                mine = keys.get(stream)
+                if mine is None or not len(mine) or info["max"] < mine[0] or info["min"] > mine[-1]:
+                    continue
+                if not isin_sorted(mine, npy_load(self.store.read(info["keys"]))).any():
+                    continue
+                log.info("cg lake sink: committing write %s, marked acking, before %s (they share inputs)",
+                         other, gid)
+                try:
+                    self.commit(PreparedWrite(BatchId(**record["batch"]), 0, {}, acking=True))
+                except PreparedWriteLost:
+                    self._log.refresh()  # rolled back by its writer (no ack was sent): its inputs are free
+                return other
+        return None
 
     # -- abort / state / recover ----------------------------------------------------------------
 

@@ -57,6 +57,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,
+    InputsTaken,
     LastCommit,
     MessageRefs,
     PreparedWrite,
@@ -557,12 +558,25 @@ class PostgresSink(TwoPhaseSink):
                     # a transformation's rows, as they are; exactly-once is per input message
                     cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging}")
                     written = cur.rowcount
+                    # The inputs' keys are unique per target: a write of the same inputs
+                    # prepared by another writer holds them until it commits or rolls back,
+                    # so writers of the same inputs are serialized here. Inputs found
+                    # committed by another write refuse this one (nothing is prepared): its
+                    # writer computes the batch again without them.
+                    taken = {}
                     for stream, seqs in inputs:
                         cur.execute(
                             f"INSERT INTO {self._side(INPUTS_TABLE)} (target, origin_stream, origin_seq, gid) "
-                            "SELECT %s, %s, unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING",
+                            "SELECT %s, %s, unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING RETURNING origin_seq",
                             (f"{self.schema}.{self.table}", stream, seqs, gid),
                         )
+                        if cur.rowcount != len(seqs):
+                            mine = np.fromiter((r[0] for r in cur.fetchall()), np.int64)
+                            taken[stream] = np.setdiff1d(np.asarray(seqs, np.int64), mine)
+                    if taken:
+                        n = sum(len(t) for t in taken.values())
+                        raise InputsTaken(f"prepare of {gid}: {n} of its inputs were committed by another writer "
+                                          "since it was computed", taken)
                 else:
                     cur.execute(
                         f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
