@@ -107,8 +107,18 @@ async def test_backfill_window_is_exact_idempotent_and_equal_to_live_rows(nc, tm
 
     lake = tmp_path / "backfill"
     sink = ParquetLakeSink(lake, fsync=False)
+    # Nothing consumed yet: every partition's position is before the window, so the window's
+    # messages are left to the members (who land them in order), none landed here.
+    s0 = await run_backfill(nc, sink, stream, "g", start, end, batch_size=5)
+    assert (s0.rows_written, s0.left_to_members, s0.messages_read) == (0, 12, 12)
+
+    # Live consumption of the whole stream into another lake; the window then holds only
+    # messages the group has passed.
+    live_lake = tmp_path / "live"
+    assert await live_consume(nc, ParquetLakeSink(live_lake, fsync=False), stream) == 36
     s1 = await run_backfill(nc, sink, stream, "g", start, end, batch_size=5)
     assert (s1.result, s1.rows_written, s1.messages_read, s1.batches) == ("committed", 12, 12, 3)
+    assert s1.left_to_members == 0
     assert s1.stop_reason == "window end"
     landed = rows_by_seq(lake)
     assert set(landed) == expected
@@ -118,9 +128,7 @@ async def test_backfill_window_is_exact_idempotent_and_equal_to_live_rows(nc, tm
     assert (s2.rows_written, s2.duplicates_skipped) == (0, 12)
     assert rows_by_seq(lake) == landed
 
-    # Live consumption of the whole stream into another lake lands the same rows.
-    live_lake = tmp_path / "live"
-    assert await live_consume(nc, ParquetLakeSink(live_lake, fsync=False), stream) == 36
+    # Live consumption landed the same rows.
     live = rows_by_seq(live_lake)
     assert set(live) == set(seqs)
     assert {q: live[q] for q in expected} == landed
@@ -204,6 +212,7 @@ async def test_job_backfill_mode_lands_the_window(nc, nats_settings, tmp_path, m
     times = await stored_times(nc, stream)
     seqs = sorted(times)
     start, end = from_ns(times[seqs[5]]), from_ns(times[seqs[10]])
+    await live_consume(nc, ParquetLakeSink(tmp_path / "live", fsync=False), stream)  # the group passed the window
     for k, v in nats_settings.to_env().items():
         monkeypatch.setenv(k, v)
     lake = tmp_path / "lake"

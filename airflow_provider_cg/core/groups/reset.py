@@ -262,18 +262,41 @@ class GroupReset:
             return int(headers.get("Nats-Num-Pending", 0)) + 1
         return pending_from
 
+    async def positions(self, stream: str, group: str) -> dict[int, int]:
+        """Per partition the group will land: its position (the origin sequence of the next
+        message its member processes; past the origin's last when it is caught up). A static
+        partition no member holds is absent: nothing is pending there."""
+        info = await self.groups.get(stream, group)
+        cfg = info.config
+        origin = (await self.api.stream_info(stream))["state"]
+        first, last = int(origin.get("first_seq", 1)), int(origin.get("last_seq", 0))
+        out: dict[int, int] = {}
+        if info.kind == ELASTIC:
+            wq = cgconfig.work_queue_stream(stream, group)
+            sourced = await self._sourced_through(wq, last)
+            for p in range(cfg.max_members):
+                found = await self._first_in(wq, p, 0)
+                out[p] = found[1] if found else sourced + 1
+            return out
+        for m, parts in partitioning.assign_partitions(cfg).items():
+            current = await self._static_position(stream, group, m, first, last)
+            out.update({p: current for p in parts})
+        return out
+
+    async def _static_position(self, stream: str, group: str, member: str, first: int, last: int) -> int:
+        c = await self.api.consumer_info(stream, consumer_name_of(cgconfig.STATIC, group, member))
+        if c is None:  # no consumer yet: it will start at the stream's first message
+            return first
+        if int(c.get("num_pending", 0)) + int(c.get("num_ack_pending", 0)) == 0:
+            return last + 1  # caught up
+        return max(int(c["ack_floor"]["stream_seq"]) + 1, first)
+
     async def _plan_static(self, plan: ResetPlan, cfg, members: list[str], target: ResetTarget,
                            absolute: int | None) -> None:
         cstream = plan.stream
         for m in members:
             filters = list(partitioning.member_filter_subjects(cfg, m))
-            c = await self.api.consumer_info(cstream, consumer_name_of(plan.kind, plan.group, m))
-            if c is None:  # no consumer yet: it will start at the stream's first message
-                current = plan.origin_first_seq
-            elif int(c.get("num_pending", 0)) + int(c.get("num_ack_pending", 0)) == 0:
-                current = plan.origin_last_seq + 1  # caught up
-            else:
-                current = max(int(c["ack_floor"]["stream_seq"]) + 1, plan.origin_first_seq)
+            current = await self._static_position(cstream, plan.group, m, plan.origin_first_seq, plan.origin_last_seq)
             pending = self._origin_pending(cstream, filters)
             new = absolute if absolute is not None else await self._shift(pending, current, target.value,
                                                                           plan.origin_last_seq)
@@ -371,7 +394,7 @@ class GroupReset:
             return {}
         rules = partitioning.key_rules(cfg)
         filters = [f for f, _ in rules] or [">"]
-        js = self.nc.jetstream()
+        js = self.nc.jetstream(prefix=self.api.prefix)  # the connection's API prefix (a domain, an import)
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         sub = await js.pull_subscribe_bind(

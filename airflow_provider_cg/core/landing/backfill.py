@@ -28,6 +28,15 @@ Rows, compared with live consumption of the same message:
   windows never finish each other's.
 - ``delivery_count``: 1.
 
+Per-key order beside live members. A backfill lands a message its group has yet to land (still
+pending for a member) only where the member's partition does not lag behind the window: when
+the partition's position (``GroupReset.positions``: its first pending message) is before the
+window's first message, some earlier message of a key in that partition may still be pending,
+and landing a later one first would put the key out of order; those messages are left to the
+members (counted in ``left_to_members`` and ``skipped``), who land them in order. Everything the
+group has passed (acknowledged) is landed: the sink drops what it holds, so only a hole (a
+message skipped by a reset forward, or landed into another table) is filled.
+
 Each batch goes through the same two-phase steps as a live batch (``two_phase.py``), without
 an ack step: the acking marker is still written so recovery reads the same way (marked:
 commit, unmarked: roll back), and either outcome is safe because the messages are read again. The
@@ -52,6 +61,7 @@ from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig
+from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
@@ -129,6 +139,17 @@ class OriginRows:
             timestamp=[m.timestamp_ns for m in kept], delivery_count=[1] * len(kept), group=self.group,
             member=[self.owner.get(p, BACKFILL_MEMBER) for p in parts])
         return table, kept, len(msgs) - len(kept)
+
+
+def _leave_pending(table: pa.Table, kept: list, lagging: dict[int, int]) -> tuple[pa.Table, list, int]:
+    """Without the messages still pending in a partition whose position lags behind the window."""
+    parts = table.column("partition").to_numpy()
+    seqs = table.column("origin_seq").to_numpy()
+    pos = np.array([lagging.get(int(p), np.iinfo(np.int64).max) for p in parts], dtype=np.int64)
+    keep = seqs < pos
+    if keep.all():
+        return table, kept, 0
+    return table.filter(pa.array(keep)), [m for m, k in zip(kept, keep, strict=True) if k], int((~keep).sum())
 
 
 async def _window_reader(nc, api: JsApi, stream: str, rows: OriginRows, start: dt.datetime,
@@ -215,6 +236,8 @@ async def run_backfill(
         s.stop_reason = "origin stream empty"
         s.duration_s = round(time.monotonic() - started, 3)
         return s
+    positions = await GroupReset(nc, js_prefix=js_prefix).positions(stream, group)
+    lagging: dict[int, int] | None = None  # partition -> position, of those behind the window
     name, client = await _window_reader(nc, api, stream, rows, start, js_prefix)
     batch_seq = int(time.time() * 1000)
     try:
@@ -238,8 +261,14 @@ async def run_backfill(
                 continue
             s.messages_read += len(msgs)  # counted as read here: the lander counts no messages of a backfill
             s.bytes += sum(len(m.data) for m in msgs)
+            if lagging is None:
+                lagging = {p: pos for p, pos in positions.items() if pos < msgs[0].stream_seq}
             table, kept, skipped = rows.build(msgs)
             s.skipped += skipped
+            if lagging and kept:
+                table, kept, left = _leave_pending(table, kept, lagging)
+                s.left_to_members += left
+                s.skipped += left
             if not kept:
                 continue
             batch_seq += 1

@@ -470,7 +470,8 @@ class Summary:
     duration_s: float = 0.0
     window_start: str | None = None
     window_end: str | None = None
-    skipped: int = 0  # backfill: outside the group (static subject without a partition token) or poison
+    skipped: int = 0  # backfill: outside the group (static subject without a partition token), poison, or left_to_members
+    left_to_members: int = 0  # backfill: pending for members whose partition lags behind the window (they land them)
     exit_code: int = EXIT_OK
     error: str | None = None
 
