@@ -20,7 +20,7 @@ import os
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_cg.core.landing.contract import COUNTS
+from airflow_provider_cg.core.landing.contract import COUNTS, MemberJobSpec
 
 #: the asset event extra's layout version
 EXTRA_VERSION = 1
@@ -45,7 +45,7 @@ def table_uri(sink: str, *, sink_path: str | None = None, iceberg_table: str | N
             where = iceberg_catalog_uri.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0] or "catalog"
         return f"iceberg://{where}/{namespace.replace('.', '/')}/{table}"
     if sink == "postgres":
-        return f"postgres:///{pg_table or 'cg_landed'}"
+        return f"postgres:///{pg_table or MemberJobSpec.pg_table}"
     raise ValueError(f"no asset for sink {sink!r}")
 
 
@@ -68,7 +68,8 @@ def landed_extra(spec: Any, summary: dict[str, Any]) -> dict[str, Any]:
         "table": table_uri(spec.sink, sink_path=spec.sink_path, iceberg_table=spec.iceberg_table,
                            iceberg_catalog_uri=spec.iceberg_catalog_uri, pg_table=spec.pg_table),
         "stream": spec.stream, "group": spec.group, "member": summary.get("member"),
-        "origin": {spec.stream: ranges} if ranges else {},
+        # under the key of the origin's life: the rows' origin_stream (the stream, or <stream>#<n>)
+        "origin": {summary.get("origin_key") or spec.stream: ranges} if ranges else {},
         **{k: int(summary.get(k) or 0) for k in COUNTS},
         "batch_ids": list(summary.get("batch_ids") or []),
     }

@@ -78,7 +78,7 @@ async def _run(spec, make_sink, pipeline):
 
             start, end = spec.window()
             return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
-                                      pipeline=pipeline)
+                                      pipeline=pipeline, stream_life=spec.stream_life)
         from airflow_provider_cg.core.landing.member import run_member_batch
 
         return await run_member_batch(nc, sink, spec, pipeline)

@@ -93,6 +93,11 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         (the default) is the job's default. Their types, defaults and rules are the job's
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
+    :param stream_life: after the origin stream was deleted and created again under the same
+        name, ``"new:<created>"`` lands it as a new stream beside the old one (its rows'
+        ``origin_stream`` is ``<stream>#2``), ``"continue:<created>"`` as the same messages (a
+        restored backup); ``<created>`` is the creation time the job's refusal names (templated).
+        Without it such a job fails with exit 1, nothing acked (``core/landing/stream_life.py``).
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
     :param check_backlog: skip without starting Spark when the member has nothing to read (a
         backfill: when the window holds no message of the group).
@@ -158,6 +163,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         idle_timeout: float | str | None = None,
         progress_interval: float | str | None = None,
         read: str | None = None,
+        stream_life: str | None = None,
         partitions: Sequence[int] | None = None,
         backlog: int | None = None,
         check_backlog: bool = True,
@@ -187,7 +193,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             "max_ack_pending": max_ack_pending, "max_deliver": max_deliver, "idle_timeout": idle_timeout, "progress_interval": progress_interval,
             "read": read, "backfill_start": backfill_start, "backfill_end": backfill_end,
             "iceberg_table": iceberg_table, "iceberg_catalog_uri": iceberg_catalog_uri,
-            "iceberg_warehouse": iceberg_warehouse,
+            "iceberg_warehouse": iceberg_warehouse, "stream_life": stream_life,
         }
         assert set(job) == set(JOB_FIELDS), "every option of the member job is a parameter"
         for field, value in job.items():

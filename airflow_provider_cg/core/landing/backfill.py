@@ -66,8 +66,15 @@ from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
-from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, row_table, user_headers
+from airflow_provider_cg.core.landing.rows import (
+    BatchId,
+    KeySelector,
+    row_table,
+    user_headers,
+    with_origin_key,
+)
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 
 log = logging.getLogger("airflow_provider_cg.backfill")
@@ -211,11 +218,13 @@ async def run_backfill(
     pipeline=None,
     pull_timeout: float = 5.0,
     js_prefix: str = DEFAULT_PREFIX,
+    stream_life: str | None = None,
 ) -> Summary:
     """Land the origin messages of ``[start, end)`` that ``group`` covers into ``sink``
     (through ``pipeline``, ``core/landing/pipeline.py``: with a Spark pipeline exactly-once is
     kept per input, so messages live consumption or an earlier backfill already landed are not
-    transformed again). Poison messages are skipped (live consumption dead-letters them)."""
+    transformed again). Poison messages are skipped (live consumption dead-letters them).
+    ``stream_life``: as the member job's option (``stream_life.py``)."""
     pipeline = pipeline or ArrowPipeline()
     start, end = parse_time("backfill_start", start), parse_time("backfill_end", end)
     if end <= start:
@@ -229,6 +238,8 @@ async def run_backfill(
     api = JsApi(nc, prefix=js_prefix)
     info = await ConsumerGroups(nc, js_prefix=js_prefix).get(stream, group)
     rows = OriginRows(info.config, group)
+    created = await origin_created(api, stream)
+    s.origin_key = await asyncio.to_thread(sink.stream_life, stream, created, LifeChoice.parse(stream_life))
     await lander.recover()  # what an earlier run of this window left prepared
     last_seq = int((await api.stream_info(stream)).get("state", {}).get("last_seq", 0))
     start_ns, end_ns = _ns(start), _ns(end)
@@ -264,6 +275,7 @@ async def run_backfill(
             if lagging is None:
                 lagging = {p: pos for p, pos in positions.items() if pos < msgs[0].stream_seq}
             table, kept, skipped = rows.build(msgs)
+            table = with_origin_key(table, s.origin_key)
             s.skipped += skipped
             if lagging and kept:
                 table, kept, left = _leave_pending(table, kept, lagging)

@@ -168,6 +168,7 @@ class ConsumerReads:
         if not _in_stream_order(msgs):  # right after a takeover or a redelivery
             msgs = sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
             table = build_rows(msgs, group=o.group, member=o.member, keys=self.run.keys, sourced=self.run.sourced)
+        table = self.run.rows_of(table)
         lo, hi = pc.min_max(table.column("partition")).values()
         one_partition = lo == hi
         batch_id = self.run.next_batch_id()

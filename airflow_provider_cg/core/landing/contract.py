@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.admin import STATIC_ACK_WAIT
+from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
 SUMMARY_PREFIX = "CG_SUMMARY "
@@ -95,6 +96,10 @@ class BatchOptions:
                      "durable; 2.14+); executors: the same, read by the batch's Spark tasks (needs Spark); "
                      "consumer: pulls and a double ack per message",
                      READ_MODES)
+    stream_life: str | None = _opt(help="land an origin stream the table has not seen under this name before "
+                                   "(deleted and created again): new:<created> lands it as a new stream beside the "
+                                   "old one, continue:<created> as the same messages (a restored backup); "
+                                   "<created> is its creation time, as the job's refusal prints it")
 
     def consumer_ack_wait(self, elastic: bool) -> float:
         """The ack wait of a member consumer this run creates."""
@@ -106,6 +111,7 @@ class BatchOptions:
         _check_fields(self)
         if self.max_deliver < 2:
             raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
+        LifeChoice.parse(self.stream_life)
 
 
 @dataclass(frozen=True)
@@ -444,7 +450,9 @@ class Summary:
     driver, a range acknowledged at once), ``executors`` (the same, by the batch's Spark tasks:
     ``--read executors``) or ``consumer`` (pulls and an ack per message: the stream has
     no direct gets, ``--read consumer``, a server without consumer resets for a static group,
-    or an earlier instance's deliveries still in flight)."""
+    or an earlier instance's deliveries still in flight). ``origin_key``: the ``origin_stream`` the run's
+    rows carry (the stream's name, or ``<stream>#<n>`` for the n-th life of a stream deleted and created
+    again: ``stream_life.py``)."""
 
     stream: str
     group: str
@@ -466,6 +474,7 @@ class Summary:
     batch_ids: list[str] = field(default_factory=list)  # the batches this run committed (sink gids)
     stop_reason: str = ""
     pin_id: str | None = None
+    origin_key: str | None = None  # the origin_stream of the rows landed: the stream, or <stream>#<n> for its n-th life
     read_path: str = ""
     duration_s: float = 0.0
     window_start: str | None = None

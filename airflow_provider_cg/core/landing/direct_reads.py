@@ -236,6 +236,7 @@ class DirectReads:
         o, positions = self.run.options, self.positions
         table, refs = await asyncio.to_thread(rows_from_batches, batches, group=o.group, member=o.member,
                                               keys=self.run.keys, origin=positions.origin)
+        table = self.run.rows_of(table)
         batch_id = self.run.next_batch_id()
         processed = await asyncio.to_thread(self.run.pipeline.process, self.run.sink, table, batch_id)
         if after is not None:

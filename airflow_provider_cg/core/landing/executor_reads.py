@@ -41,15 +41,16 @@ class ExecutorReads(DirectReads):
         run, o = self.run, self.run.options
         return batch_plan(ranges, stream=run.consumer_stream, origin=self.positions.origin, group=o.group,
                           member=o.member, key_rules=run.key_rules, js_prefix=run.api.prefix,
-                          only=self.positions.only, parallelism=self.parallelism, skip=skip)
+                          only=self.positions.only, parallelism=self.parallelism, skip=skip,
+                          origin_key=run.origin_key)
 
     async def _land(self, ranges: list[ReadRange], cut: int, after: asyncio.Task | None = None) -> None:
-        run, o, positions = self.run, self.run.options, self.positions
+        run, positions = self.run, self.positions
         batch_id = run.next_batch_id()
         partitions = run.partitions if any(r.partition == ALL for r in ranges) or \
             isinstance(positions, ConsumerPosition) else tuple(sorted({r.partition for r in ranges}))
         processed, read = await asyncio.to_thread(run.pipeline.process_ranges, run.sink,
-                                                  lambda skip: self._plan(ranges, skip), o.stream, batch_id,
+                                                  lambda skip: self._plan(ranges, skip), run.origin_key, batch_id,
                                                   partitions)
         if after is not None:
             await asyncio.wait({after})
@@ -68,8 +69,8 @@ class ExecutorReads(DirectReads):
         refs = np.arange(first, cut + 1, dtype=np.int64)
         def recompute():
             new_id = run.next_batch_id()
-            return new_id, run.pipeline.process_ranges(run.sink, lambda skip: self._plan(ranges, skip), o.stream,
-                                                       new_id, partitions)[0]
+            return new_id, run.pipeline.process_ranges(run.sink, lambda skip: self._plan(ranges, skip),
+                                                       run.origin_key, new_id, partitions)[0]
 
         await run.lander.land(batch_id, processed, read.inputs, {run.consumer_stream: refs}, ack,
                               read.messages + processed.skipped, read.bytes, recompute=recompute)

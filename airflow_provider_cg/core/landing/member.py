@@ -55,8 +55,9 @@ from airflow_provider_cg.core.landing.dead_letters import DeadLetters
 from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads, PartitionPositions
 from airflow_provider_cg.core.landing.executor_reads import ExecutorReads
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
-from airflow_provider_cg.core.landing.rows import BatchId, KeySelector
+from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, with_origin_key
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 
 log = logging.getLogger("airflow_provider_cg.landing")
@@ -104,6 +105,7 @@ class MemberRun:
         self.landing_msgs: list = []  # the consumer path's batch being landed (kept in progress)
         self.revoked: str | None = None  # why a membership change ends the current assignment
         self.pinned_consumer_created: str | None = None  # the member consumer this run is pinned on
+        self.origin_key: str | None = None  # the rows' origin_stream: the key of the origin's life in the sink
 
     async def setup(self) -> None:
         o = self.options
@@ -175,6 +177,8 @@ class MemberRun:
         self.revoked = None
         self.pin_wait_from = time.monotonic()
         await self.setup()
+        if self.origin_key is None:
+            self.origin_key = self.summary.origin_key = await origin_life_key(self.api, self.sink, o)
         info = await self.client.consumer_info()
         # reading by direct gets, nothing is delivered through the consumer
         reads = ConsumerReads(self) if self.reader is None else self._direct_reads(consumer=info["name"])
@@ -415,6 +419,10 @@ class MemberRun:
         self.batch_seq += 1
         return BatchId(o.stream, o.group, o.member, self.batch_seq)
 
+    def rows_of(self, table):
+        """Rows as read, under the key of the origin's life (``stream_life.py``)."""
+        return with_origin_key(table, self.origin_key)
+
     def recompute_step(self, table):
         """The lander's ``recompute`` of a batch read as ``table``: processed again under a new
         batch id (the pipeline drops the inputs another writer committed meanwhile)."""
@@ -422,6 +430,13 @@ class MemberRun:
             batch_id = self.next_batch_id()
             return batch_id, self.pipeline.process(self.sink, table, batch_id)
         return recompute
+
+async def origin_life_key(api: JsApi, sink: TwoPhaseSink, options: BatchOptions) -> str:
+    """The key the origin's messages land under in ``sink`` (``stream_life.py``): checked, and a
+    new life recorded, before anything is fenced, recovered or landed."""
+    created = await origin_created(api, options.stream)
+    return await asyncio.to_thread(sink.stream_life, options.stream, created, LifeChoice.parse(options.stream_life))
+
 
 async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, pipeline=None,
                            *, js_prefix: str = "$JS.API") -> Summary:

@@ -33,7 +33,8 @@ def test_the_plan_carries_splits_keys_and_skipped_inputs_but_no_secret():
     assert [s[2:4] for s in plan["splits"]] == [[1, 250], [251, 500], [501, 750], [751, 1000]]
     assert plan["keys"] == [["orders.*", [1]]]
     assert decode_seqs(plan["skip"]).tolist() == [3, 5, 7]
-    assert set(plan) == {"stream", "origin", "group", "member", "js_prefix", "keys", "only", "splits", "skip"}
+    assert set(plan) == {"stream", "origin", "group", "member", "js_prefix", "keys", "only", "splits", "skip",
+                         "origin_key"}
 
 
 def test_settings_carried_to_executors_hold_tls_files_as_their_content(tmp_path):

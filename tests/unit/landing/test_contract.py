@@ -34,7 +34,7 @@ def test_every_option_round_trips_through_argv():
     iceberg = {"stream": "S", "group": "g", "member": "m", "sink": "iceberg", "iceberg_table": "lake.orders",
                "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse"}
     for values in (LIVE, BACKFILL, {"stream": "S", "group": "g", "member": "m", "sink_path": "/l", "no_spark": True,
-                                    "payload_format": "text"}, iceberg):
+                                    "payload_format": "text", "stream_life": "new:2026-11-26T12:00:00.5Z"}, iceberg):
         spec = MemberJobSpec.build(values)
         again = MemberJobSpec.from_argv(spec.to_argv())
         assert again == spec, spec.to_argv()

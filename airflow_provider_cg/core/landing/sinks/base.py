@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.landing.rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
+from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
 MessageRefs = Sequence[tuple[str, int]] | Mapping[str, Any]
 """(consumed stream, stream sequence) pairs, or ``{stream: array of sequences}`` (faster)."""
@@ -235,6 +236,13 @@ class TwoPhaseSink(abc.ABC):
     def last_commits(self, stream: str, group: str) -> dict[str, LastCommit]:
         """Per member of the group: its latest committed batch ({} where the sink keeps no record)."""
         return {}
+
+    @abc.abstractmethod
+    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None) -> str:
+        """The key the messages of origin ``stream`` created at ``created`` land under (their
+        rows' ``origin_stream``), recording a life the sink did not hold (``stream_life.decide``:
+        raises ``StreamLifeChanged`` for an unknown life without ``choice``). Atomic against
+        other writers recording a life of the same stream."""
 
     @abc.abstractmethod
     def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:

@@ -90,6 +90,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     sorted_unique,
 )
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage, Storage
+from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
 LOG_DIR = "_cg_log"
 KEYS_DIR = "_cg_keys"
@@ -170,6 +171,7 @@ class CommitLog:
         #: acking records (with their input keys) of writes neither committed nor aborted yet
         self.in_flight: dict[str, dict] = {}
         self.fences: dict[tuple[str, str, int], str] = {}  # (stream, group, partition) -> owner
+        self.lives: dict[str, list[Life]] = {}  # origin stream -> its lives landed here, oldest first
         self.index: dict[str, _StreamIndex] = {}
         self._loaded = False
 
@@ -180,6 +182,11 @@ class CommitLog:
         if record["op"] == "fence":
             for p in record["partitions"]:
                 self.fences[(record["stream"], record["group"], p)] = record["owner"]
+            return
+        if record["op"] == "life":
+            lives = self.lives.setdefault(record["stream"], [])
+            if all(life.created != record["created"] for life in lives):
+                lives.append(Life(record["created"], record["key"]))
             return
         gid = record["gid"]
         if gid in self.commits or gid in self.aborts:
@@ -304,6 +311,20 @@ class LakeSink(TwoPhaseSink):
                     return
                 except FileExistsError:
                     continue  # another writer took the position: try the next one
+
+    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None) -> str:
+        """From the log's ``life`` records; a new life is claimed as one."""
+        with self._lock:
+            while True:
+                self._log.refresh()
+                life, new = decide(stream, created, self._log.lives.get(stream, ()), choice)
+                if not new:
+                    return life.key
+                try:
+                    self._claim({"v": 1, "op": "life", "stream": stream, "created": created, "key": life.key})
+                except FileExistsError:
+                    continue  # another writer took the position (maybe recording this life): re-read
+                return life.key
 
     def _claim(self, record: dict) -> int:
         """Claim the next log position for ``record`` (FileExistsError: re-read and retry)."""

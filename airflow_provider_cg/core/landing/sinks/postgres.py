@@ -74,6 +74,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     origin_ranges,
     recovered_by,
 )
+from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
 PG_MAX_IDENTIFIER = 63  # bytes; PostgreSQL silently truncates longer names
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -95,7 +96,8 @@ REFS_TABLE = "cg_prepared_writes"
 MARKERS_TABLE = "cg_committed_writes"
 FENCES_TABLE = "cg_partition_fences"
 INPUTS_TABLE = "cg_committed_inputs"  # per target: input messages of transformed batches
-OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE)  # never a target table
+LIVES_TABLE = "cg_stream_lives"  # per target and origin stream: the lives landed (stream_life.py)
+OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE, LIVES_TABLE)  # never a target table
 _JSON_COLUMNS = {"headers"}
 _NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}
 _SECRET_PATTERNS = [
@@ -250,7 +252,7 @@ class PostgresSink(TwoPhaseSink):
         self._dsn = dsn_or_conn_params if isinstance(dsn_or_conn_params, str) else dict(dsn_or_conn_params)
         self.table = validate_identifier("pg_table", table)
         self.schema = validate_identifier("pg_schema", schema)
-        if table in (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE) or table.startswith("_cg_stg_"):
+        if table in OWN_TABLES or table.startswith("_cg_stg_"):
             raise ConfigError("pg_table", f"{table!r} is one of the sink's own tables")
         self.lock_timeout_s = lock_timeout_s
         self.copy_chunk_rows = copy_chunk_rows
@@ -389,6 +391,11 @@ class PostgresSink(TwoPhaseSink):
                         f'PRIMARY KEY ("origin_stream", "origin_seq"))'
                     )
                 cur.execute(
+                    f"CREATE TABLE IF NOT EXISTS {self._side(LIVES_TABLE)} (n bigserial, target text NOT NULL, "
+                    "stream text NOT NULL, created text NOT NULL, key text NOT NULL, "
+                    "recorded_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, stream, created))"
+                )
+                cur.execute(
                     f"CREATE TABLE IF NOT EXISTS {self._side(INPUTS_TABLE)} (target text NOT NULL, "
                     "origin_stream text NOT NULL, origin_seq bigint NOT NULL, gid text NOT NULL, "
                     "PRIMARY KEY (target, origin_stream, origin_seq))"
@@ -484,6 +491,30 @@ class PostgresSink(TwoPhaseSink):
                 params))
         except SinkError as exc:
             raise self._lock_error(exc, f"fence of {stream}/{group}") from None
+
+    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None) -> str:
+        """From ``cg_stream_lives``; read and recorded under a transaction-level advisory lock
+        per target and stream, so writers meeting a new life at once record it once."""
+        self.ensure_tables()
+        target = f"{self.schema}.{self.table}"
+
+        def fn(cur) -> str:
+            cur.execute("BEGIN")
+            try:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cg-life:{target}:{stream}",))
+                cur.execute(f"SELECT created, key FROM {self._side(LIVES_TABLE)} WHERE target = %s AND stream = %s "
+                            "ORDER BY n", (target, stream))
+                life, new = decide(stream, created, [Life(c, k) for c, k in cur.fetchall()], choice)
+                if new:
+                    cur.execute(f"INSERT INTO {self._side(LIVES_TABLE)} (target, stream, created, key) "
+                                "VALUES (%s, %s, %s, %s)", (target, stream, created, life.key))
+                cur.execute("COMMIT")
+            except BaseException:
+                _rollback_quietly(cur)
+                raise
+            return life.key
+
+        return self._run(f"stream life of {stream}", fn)
 
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
                 fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
