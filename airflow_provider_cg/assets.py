@@ -1,8 +1,10 @@
 """Landed data as Airflow Assets: the table a landing task writes, and what one run landed.
 
 A landing task declares its table as an outlet Asset (``table_asset``; the operator does it
-by itself when the table's location is not templated) and each successful run attaches to
-its asset event what it landed (``landed_extra``): per origin stream and partition the
+by itself when the table's location is not templated; when it is, the operator's outlet is the
+``AssetAlias`` ``cg_landed_tables`` and each run adds the event to the Asset of the table it
+actually rendered) and each successful run attaches to its asset event what it landed
+(``landed_extra``), with the NATS servers it went through: per origin stream and partition the
 origin sequence range of the messages it committed, the counts, the batch ids. A DAG
 scheduled on the Asset reads exactly those rows with ``landed_rows`` (rows keep
 ``origin_stream``, ``origin_seq`` and ``partition``; a transformation must keep them too).
@@ -24,6 +26,8 @@ from airflow_provider_cg.core.landing.contract import COUNTS, MemberJobSpec
 
 #: the asset event extra's layout version
 EXTRA_VERSION = 1
+#: the ``AssetAlias`` a landing task whose table is templated names its table through
+LANDED_TABLES = "cg_landed_tables"
 
 
 def table_uri(sink: str, *, sink_path: str | None = None, iceberg_table: str | None = None,
@@ -57,8 +61,21 @@ def table_asset(name: str | None = None, **location: Any):
     return Asset(name=name or uri, uri=uri)
 
 
-def landed_extra(spec: Any, summary: dict[str, Any]) -> dict[str, Any]:
-    """The asset event's extra for one landing run (a ``MemberJobSpec`` and its summary)."""
+def server_addresses(servers: Any) -> list[str]:
+    """``host:port`` of each NATS server URL (no scheme, no credentials), sorted: the servers
+    a landing went through, as the consumer-groups page matches them to a connection."""
+    from urllib.parse import urlsplit
+
+    out = set()
+    for url in servers or ():
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        out.add(f"{(parts.hostname or 'localhost').lower()}:{parts.port or 4222}")
+    return sorted(out)
+
+
+def landed_extra(spec: Any, summary: dict[str, Any], servers: Any = ()) -> dict[str, Any]:
+    """The asset event's extra for one landing run (a ``MemberJobSpec`` and its summary, and
+    the NATS servers it went through: ``server_addresses``)."""
     ranges = {str(p): {"first_seq": int(r["first_origin_seq"]), "last_seq": int(r["last_origin_seq"]),
                        "messages": int(r.get("messages", 0))}
               for p, r in sorted((summary.get("partitions") or {}).items(), key=lambda kv: int(kv[0]))}
@@ -68,6 +85,7 @@ def landed_extra(spec: Any, summary: dict[str, Any]) -> dict[str, Any]:
         "table": table_uri(spec.sink, sink_path=spec.sink_path, iceberg_table=spec.iceberg_table,
                            iceberg_catalog_uri=spec.iceberg_catalog_uri, pg_table=spec.pg_table),
         "stream": spec.stream, "group": spec.group, "member": summary.get("member"),
+        "nats_servers": server_addresses(servers),
         # under the key of the origin's life: the rows' origin_stream (the stream, or <stream>#<n>)
         "origin": {summary.get("origin_key") or spec.stream: ranges} if ranges else {},
         **{k: int(summary.get(k) or 0) for k in COUNTS},

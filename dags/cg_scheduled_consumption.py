@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, AssetAlias, Param, task
 
+from airflow_provider_cg.assets import LANDED_TABLES
 from airflow_provider_cg.examples import (
     ORDERS_JSON_SCHEMA,
     ORDERS_TABLE,
@@ -30,7 +31,6 @@ from airflow_provider_cg.examples import (
     iceberg_defaults,
     lake_dir,
     landing_report,
-    paid_orders_asset,
 )
 from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
@@ -128,8 +128,9 @@ with DAG(
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",
         max_active_tis_per_dagrun=6,
-        # each member's run emits an asset event saying what it landed (cg_paid_orders_report reads it)
-        outlets=[paid_orders_asset()],
+        # each member's run emits an asset event on the table it wrote (derived from the rendered
+        # params: paid_orders by default), saying what it landed (cg_paid_orders_report reads it)
+        outlets=[AssetAlias(LANDED_TABLES)],
     ).expand_kwargs(members.output)
 
     @task(trigger_rule="none_failed")

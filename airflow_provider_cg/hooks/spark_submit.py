@@ -33,6 +33,9 @@ CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN|CG_ICEBERG_CATALOG_URI|AWS_SECRE[T]|AWS_
 #: quiet and private unless the user's ``conf`` says otherwise: no driver UI listening on every
 #: interface of a worker, and Spark's own INFO lines out of the task log (the job's stay)
 QUIET_DEFAULTS = {"spark.ui.enabled": "false", "spark.log.level": "WARN"}
+#: a local-mode driver (and its block manager) listens on loopback only: Spark otherwise binds
+#: every interface and advertises the machine's external address, which nothing needs here
+LOCAL_LOOPBACK = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1"}
 
 
 def with_redaction(conf: dict[str, Any] | None) -> dict[str, Any]:
@@ -110,7 +113,10 @@ def submit_hook(*, conn_id: str, deploy_mode: str | None, secrets: dict[str, str
                                          "use client mode")
     else:  # Popen environment of spark-submit, inherited by the driver it starts here
         env.update(secrets)
-    options["conf"] = with_redaction({**QUIET_DEFAULTS, **(options.get("conf") or {})})
+    user_conf = options.get("conf") or {}
+    local = master.startswith("local") and not (env.get("SPARK_LOCAL_IP") or os.environ.get("SPARK_LOCAL_IP")) \
+        and not any(k in user_conf for k in LOCAL_LOOPBACK)
+    options["conf"] = with_redaction({**QUIET_DEFAULTS, **(LOCAL_LOOPBACK if local else {}), **user_conf})
     if deploy_mode is not None:
         options["deploy_mode"] = deploy_mode
     hook = SparkSubmitHook(conn_id=conn_id, env_vars=env or None, properties_file=props or properties_file,

@@ -272,18 +272,26 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         return summary
 
     def _announce(self, context: Any, spec: MemberJobSpec, summary: dict[str, Any]) -> None:
-        """Attach what this run landed to the asset event of each outlet Asset (its table)."""
-        from airflow.sdk import Asset
+        """Attach what this run landed to the asset event of the table it wrote: an outlet
+        Asset whose URI is that table's, or, through an outlet ``AssetAlias``, the Asset of the
+        rendered table (a location given by a template or a param). An outlet Asset that names
+        another table gets nothing: its event (Airflow sends one) carries no landing."""
+        from airflow.sdk import Asset, AssetAlias
 
         from airflow_provider_cg.assets import landed_extra
 
         events = context.get("outlet_events") if context else None
-        assets = [o for o in (self.outlets or []) if isinstance(o, Asset)]
-        if events is None or not assets:
+        if events is None:
             return
-        extra = landed_extra(spec, summary)
-        for asset in assets:
-            events[asset].extra.update(extra)
+        extra = landed_extra(spec, summary, self.hook.get_settings().servers)
+        for outlet in self.outlets or []:
+            if isinstance(outlet, AssetAlias):
+                events[outlet].add(Asset(name=extra["table"], uri=extra["table"]), extra=extra)
+            elif isinstance(outlet, Asset) and outlet.uri == extra["table"]:
+                events[outlet].extra.update(extra)
+            elif isinstance(outlet, Asset):
+                self.log.warning("outlet asset %s is not the table this run wrote (%s): no landing on its event; "
+                                 "give the table's asset, or an AssetAlias", outlet.uri, extra["table"])
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage (Airflow's provider calls this when installed): the origin stream in,
@@ -412,11 +420,16 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
 
 def _table_outlets(sink: Any, sink_path: Any, iceberg_table: Any, iceberg_catalog_uri: Any) -> list:
-    """``[Asset]`` of a table whose format and location are given as plain values, else ``[]``."""
-    from airflow_provider_cg.assets import table_asset
+    """``[Asset]`` of a table whose format and location are given as plain values, else an
+    ``AssetAlias`` through which a run names the table it rendered."""
+    from airflow.sdk import AssetAlias
+
+    from airflow_provider_cg.assets import LANDED_TABLES, table_asset
 
     values = (sink, sink_path, iceberg_table, iceberg_catalog_uri)
-    if sink not in ("delta", "iceberg", "parquet") or any(templated(v) for v in values):
+    if any(templated(v) for v in values):
+        return [AssetAlias(LANDED_TABLES)]
+    if sink not in ("delta", "iceberg", "parquet"):
         return []
     try:
         return [table_asset(sink=sink, sink_path=sink_path, iceberg_table=iceberg_table,

@@ -20,6 +20,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from airflow_provider_cg._provider_info import CONN_TYPE
+from airflow_provider_cg.assets import server_addresses
 from airflow_provider_cg.ui.auth import current_user, may_read_connection
 
 CONNECT_TIMEOUT = 5.0
@@ -69,7 +70,7 @@ async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
     finally:
         await nc.close()
     out = [g.to_dict() if isinstance(g, GroupLag) else {**g, "error": scrub(g["error"], settings)} for g in groups]
-    landed = last_landed()
+    landed = last_landed(server_addresses(settings.servers))
     for g in out:
         for m in g.get("members") or []:
             m["last_landed"] = landed.get((g["stream"], g["group"], m["member"]))
@@ -80,8 +81,10 @@ def _first_line(e: Exception) -> str:
     return str(e).splitlines()[0] if str(e).strip() else type(e).__name__
 
 
-def last_landed() -> dict[tuple[str, str, str], dict[str, Any]]:
-    """The last asset event of each (stream, group, member) the landing tasks announced."""
+def last_landed(servers: list[str]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The last asset event of each (stream, group, member) the landing tasks announced through
+    one of ``servers`` (``host:port``): a group of the same name on another server is another
+    group."""
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -92,6 +95,8 @@ def last_landed() -> dict[tuple[str, str, str], dict[str, Any]]:
         for e in events:
             x = e.extra or {}
             if not isinstance(x, dict) or "cg_extra_version" not in x:
+                continue
+            if not set(x.get("nats_servers") or ()) & set(servers):
                 continue
             key = (x.get("stream"), x.get("group"), x.get("member"))
             if key not in out:

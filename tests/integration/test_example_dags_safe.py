@@ -112,13 +112,23 @@ def test_the_backfill_window_is_the_params_or_the_data_interval(shipped):
 
 
 def test_every_landing_task_announces_its_table_and_the_report_listens(shipped):
-    """Each landing task's outlet is the table it writes; the downstream DAG is scheduled on it."""
+    """Each landing task's outlet is the table it writes (DAG 1, whose table is a param: the
+    alias through which each run names the table it rendered, paid_orders by default); the
+    downstream DAG is scheduled on it."""
+    from airflow.sdk import AssetAlias
+
+    from airflow_provider_cg.assets import LANDED_TABLES, table_uri
+
     outlets = {}
     for dag_id, dag in shipped.items():
         for task in _landing_tasks(dag):
             partial = getattr(task, "partial_kwargs", None)
             found = (partial.get("outlets") if partial else None) or task.outlets
             assert found, (dag_id, task.task_id)
+            if dag_id == "cg_scheduled_consumption":
+                assert found == [AssetAlias(LANDED_TABLES)]
+                p = dag.params.dump()
+                found = [type("Rendered", (), {"uri": table_uri(p["table_format"], sink_path=p["sink_path"])})]
             outlets[dag_id] = {a.uri for a in found}
     assert len({frozenset(v) for v in outlets.values()}) == 1, outlets  # one table: paid_orders
     report = shipped["cg_paid_orders_report"]

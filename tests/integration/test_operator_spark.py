@@ -109,10 +109,17 @@ def _logs(home: Path) -> str:
 
 
 @pytest.mark.spark
-def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_path, capfd, caplog):
+def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_path, capfd, caplog, monkeypatch):
+    from tests.support.listeners import ListenerWatch
+
     nats.publish([f"orders.c{i % 13}" for i in range(500)])
     lake = tmp_path / "lake"
-    result = airflow_env.run_dag(_dag("cg_spark_summary", sink_path=str(lake)))
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)  # the operator's own default is under test
+    with ListenerWatch() as watch:
+        result = airflow_env.run_dag(_dag("cg_spark_summary", sink_path=str(lake)))
+    # local mode: the driver and its block manager listen on loopback only
+    assert watch.found, "no listener of the run's processes was seen"
+    assert not watch.outside_loopback(), watch.found
 
     assert result.state_of("consume") == "success"
     summary = result.xcom("consume")
@@ -137,6 +144,7 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     # quiet and private by default: no driver UI, Spark's INFO lines out of the task log (the
     # job's own lines stay), and the logged command readable where it holds no secret
     assert "spark.ui.enabled=false" in argv and "spark.log.level=WARN" in argv
+    assert "spark.driver.bindAddress=127.0.0.1" in argv and "spark.driver.host=127.0.0.1" in argv
     spark_info = [line for line in logged.splitlines() if re.search(r"\d\d:\d\d:\d\d INFO \w+:", line)]
     # only the three lines Spark writes before the context applies spark.log.level (~100 before)
     assert len(spark_info) <= 3 and all("INFO SparkContext:" in line for line in spark_info), spark_info

@@ -137,8 +137,10 @@ def test_the_nats_connection_form(page, ui, world, tmp_path):
     assert status in (200, 403), body  # 403: connection testing is off by default in Airflow 3
 
 
-def _announce_landing(ui, airflow_session_env, tmp_path) -> dict:
-    """An asset event for m1's landing, as a landing task sends it (through the REST API)."""
+def _announce_landing(ui, airflow_session_env, tmp_path, server_url: str) -> dict:
+    """An asset event for m1's landing through ``server_url``, as a landing task sends it
+    (through the REST API), and one for m2's through another server (a group of the same name
+    there), which the page must not show."""
     from airflow.sdk import DAG
     from airflow.sdk.bases.operator import BaseOperator
 
@@ -158,8 +160,12 @@ def _announce_landing(ui, airflow_session_env, tmp_path) -> dict:
     s.batch_ids.append(f"cg:{STREAM}:{GROUP}:m1:7:0a0b0c0d")
     spec = MemberJobSpec.build({"stream": STREAM, "group": GROUP, "member": "m1", "sink": "delta",
                                 "sink_path": table})
-    extra = landed_extra(spec, s.to_dict())
-    status, body = ui.api("POST", "/api/v2/assets/events", {"asset_id": body["assets"][0]["id"], "extra": extra})
+    extra = landed_extra(spec, s.to_dict(), [server_url])
+    asset_id = body["assets"][0]["id"]
+    status, body = ui.api("POST", "/api/v2/assets/events", {"asset_id": asset_id, "extra": extra})
+    assert status == 200, body
+    elsewhere = landed_extra(spec, {**s.to_dict(), "member": "m2"}, ["nats://127.0.0.1:1"])
+    status, body = ui.api("POST", "/api/v2/assets/events", {"asset_id": asset_id, "extra": elsewhere})
     assert status == 200, body
     return extra
 
@@ -173,7 +179,7 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
             body.update(login="u", password=password)
         code, answer = ui.api("POST", "/api/v2/connections", body)
         assert code in (201, 409), answer
-    extra = _announce_landing(ui, airflow_session_env, tmp_path)
+    extra = _announce_landing(ui, airflow_session_env, tmp_path, server.url)
 
     # Through Airflow's navigation: Browse -> Consumer groups (the page in the UI's frame).
     sign_in(page, ui, "admin", "/plugin/nats-consumer-groups")
@@ -192,6 +198,7 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
         assert cells[6].endswith((" s", " min")), cells  # the oldest pending message's age
     assert rows["m1"][2] == pin and rows["m1"][5] == "1", (rows, members["m1"])  # pinned, one message in flight
     assert rows["m2"][2] == "-" and rows["m3"][7] == "-"
+    assert rows["m2"][7] == "-"  # m2 landed only through another server: another group
     assert "120" not in rows["m2"][7] and f"{extra['messages_landed']} messages" in rows["m1"][7]
     assert "0-" not in rows["m1"][7] and '"0": "3-590"' in rows["m1"][7]
     page.screenshot(path=str(tmp_path / "consumer-groups.png"), full_page=True)

@@ -71,3 +71,14 @@ def test_landed_rows_are_exactly_the_announced_ones(tmp_path):
     other = dict(run1, table="file:///elsewhere")
     with pytest.raises(ValueError, match="one table"):
         landed_rows([run1, other])
+
+
+def test_the_extra_names_the_servers_without_credentials_and_the_origins_life():
+    from airflow_provider_cg.assets import server_addresses
+
+    assert server_addresses(["nats://u:secret@Nats.Example:4333", "tls://10.0.0.1", "127.0.0.1:4222"]) == [
+        "10.0.0.1:4222", "127.0.0.1:4222", "nats.example:4333"]
+    spec = MemberJobSpec.build({"stream": "S", "group": "g", "member": "m1", "sink": "delta", "sink_path": "/t"})
+    extra = landed_extra(spec, {**_summary(p0=(1, 5, 3)), "origin_key": "S#2"}, ["nats://u:pw@h:1"])
+    assert extra["nats_servers"] == ["h:1"] and "pw" not in str(extra)
+    assert set(extra["origin"]) == {"S#2"}  # the rows' origin_stream of a stream's second life

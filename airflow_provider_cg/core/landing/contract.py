@@ -442,7 +442,8 @@ class Summary:
     prepared and this one committed: ``recovered_committed``; a transformation may write more
     or fewer rows than messages), ``duplicates_skipped`` (messages already landed), ``dead_lettered``
     (poison messages moved to the dead-letter stream); ``partitions``: per partition the
-    messages read and the first/last origin sequence. A backfill fills ``window_start`` /
+    messages read and the first/last origin sequence (with a transformation: of the messages whose
+    effect the run landed, so inputs read again after a recovery are not announced twice). A backfill fills ``window_start`` /
     ``window_end`` and ``skipped``; ``recomputed``: batches rolled back before any ack and
     computed again because another writer (a backfill, a replay) committed some of their
     inputs meanwhile; a failed run ``exit_code`` and ``error`` (one line, never a

@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from airflow_provider_cg.core.landing.contract import Summary
 from airflow_provider_cg.core.landing.failpoints import failpoint
@@ -78,6 +79,16 @@ def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, sum
     if committed or aborted:
         log.info("cg recovery member=%s committed=%d rolled_back=%d", member, len(committed), aborted)
     return committed
+
+
+def _landed_inputs(inputs, input_keys: dict[str, np.ndarray] | None):
+    """The inputs (rows as read) whose effect a transformed batch lands: those it records."""
+    if input_keys is None or inputs.num_rows == 0:
+        return inputs
+    seqs = np.concatenate([np.asarray(q, np.int64) for q in input_keys.values()]) if input_keys else \
+        np.zeros(0, np.int64)
+    keep = np.isin(inputs.column("origin_seq").to_numpy(), seqs)
+    return inputs if keep.all() else inputs.filter(pa.array(keep))
 
 
 class TwoPhaseLander:
@@ -191,7 +202,9 @@ class TwoPhaseLander:
         s.duplicates_skipped += processed.skipped + result.duplicates_skipped
         s.messages_read += n_msgs
         s.bytes += n_bytes
-        for p, first, last, n in partition_ranges(inputs):
+        # per partition what this batch landed (an asset event's ranges: a run that read inputs
+        # again after a recovery does not announce them twice); rows are deduplicated by the sink
+        for p, first, last, n in partition_ranges(_landed_inputs(inputs, processed.input_keys)):
             s.count_partition(p, first, last, n)
         return True
 
