@@ -33,25 +33,34 @@ DAG_ID = "cg_scheduled_consumption"
 STREAM = "ORDERS"
 
 
-def _orders(n: int, customers: int, seed: int = 7):
-    rnd = random.Random(seed)
-    for i in range(1, n + 1):
+def _orders(n: int, customers: int, seed: int = 7, first: int = 1):
+    rnd = random.Random(seed + first - 1)
+    for i in range(first, first + n):
         c = f"c{rnd.randrange(customers):05d}"
         status = "cancelled" if rnd.random() < 0.05 else "paid"
         body = {"order_id": i, "customer": c, "amount": round(rnd.uniform(1, 500), 2), "status": status}
         yield f"orders.{c}", json.dumps(body, separators=(",", ":")).encode()
 
 
-async def _prepare(url: str, n: int, customers: int) -> tuple[float, set[int]]:
-    """Publish the orders; return the time it took and the ids of the paid (not cancelled) ones."""
+async def _prepare(url: str, n: int, customers: int, first: int = 1) -> tuple[float, set[int]]:
+    """Create the ``ORDERS`` stream if missing (direct gets on, for static groups' fast reads)
+    and publish ``n`` orders with ids from ``first``; return the time it took and the ids of
+    the paid (not cancelled) ones."""
+    from airflow_provider_cg.core.jetstream.api import JsApi
+
     nc = await NatsConnectionSettings(servers=[url]).connect()
     try:
-        await nc.jetstream().add_stream(name=STREAM, subjects=["orders.>"])
+        api = JsApi(nc)
+        try:
+            await api.stream_info(STREAM)
+        except Exception:  # noqa: BLE001 - not there yet (or unreadable: creating it says why)
+            await api.add_stream({"name": STREAM, "subjects": ["orders.>"], "storage": "file", "allow_direct": True})
         started = time.perf_counter()
-        result = await publish_many(nc, _orders(n, customers))
+        result = await publish_many(nc, _orders(n, customers, first=first))
         if result.published != n:
             raise RuntimeError(f"published {result.published} of {n}")
-        paid = {o["order_id"] for o in (json.loads(body) for _, body in _orders(n, customers)) if o["status"] == "paid"}
+        paid = {o["order_id"] for o in (json.loads(body) for _, body in _orders(n, customers, first=first))
+                if o["status"] == "paid"}
         return time.perf_counter() - started, paid
     finally:
         await nc.close()
@@ -96,7 +105,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--customers", type=int, default=3000)
     p.add_argument("--format", choices=TABLE_FORMATS, default="delta", help="the table the DAG lands into")
+    p.add_argument("--publish-to", metavar="URL", help="only create the ORDERS stream (if missing) on this NATS "
+                   "server and publish --messages orders to it (for DAGs run under your own Airflow)")
+    p.add_argument("--first-order", type=int, default=1, help="with --publish-to: the first order id")
     args = p.parse_args(argv)
+    if args.publish_to:
+        took, paid = asyncio.run(_prepare(args.publish_to, args.messages, args.customers, args.first_order))
+        print(f"published {args.messages} orders (ids {args.first_order}-{args.first_order + args.messages - 1}, "
+              f"{len(paid)} paid) to {STREAM} in {took:.1f} s")
+        return 0
 
     t0 = time.perf_counter()
     demo = Path(args.dir).resolve()

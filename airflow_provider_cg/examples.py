@@ -5,6 +5,7 @@ write one shape into one table, never different shapes into one lake."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 from typing import Any
 
@@ -14,6 +15,10 @@ TABLE_FORMATS = ("delta", "iceberg", "parquet")
 ORDERS_JSON_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"
 ORDERS_TRANSFORM = "cg_order_transforms:paid_orders"
 ORDERS_TABLE = "paid_orders"
+#: the example DAGs' task defaults: a retryable failure (a server, a database or Airflow's own
+#: API away for a moment: the member job's exit 2) is retried; invalid input (exit 1) fails the
+#: task at once (the operator raises AirflowFailException), so retries never repeat it
+EXAMPLE_DEFAULT_ARGS = {"retries": 3, "retry_delay": dt.timedelta(seconds=20), "retry_exponential_backoff": True}
 ICEBERG_NAMESPACE = "lake"
 
 

@@ -14,10 +14,19 @@ past is backfilled on request::
 
     airflow backfill create --dag-id cg_backfill --from-date 2026-11-20T00:00 --to-date 2026-11-21T00:00
 
-A window without messages is skipped before any Spark starts. The sink drops messages whose
-``(origin_stream, origin_seq)`` it already landed, so re-running a window, overlapping
-windows and concurrent live consumption all end with each message exactly once. A backfill
-acknowledges nothing: live members' backlogs are untouched. The schedule is a timetable with
+A window without messages, or a group that does not exist yet (this DAG unpaused before
+``cg_scheduled_consumption`` created it), is skipped before any Spark starts.
+
+What is guaranteed, beside the live members of ``cg_scheduled_consumption`` landing into the
+same table: every paid order of the window is in the table once, and each order's effect
+once (no writer commits an input another writer committed: a batch that finds some of its
+inputs landed meanwhile is rolled back and computed again without them). Re-running a window,
+overlapping windows, replays after ``cg reset`` and concurrent live consumption all end so.
+Per-key order holds too: the backfill lands only what the group has passed, and leaves to the
+members the messages still pending in a partition whose position lags behind the window
+(``left_to_members`` in its summary); they land them in order. A backfill acknowledges
+nothing: live members' backlogs are untouched. An origin stream deleted and created again
+under the same name is refused until ``stream_life`` says what it is (see the README). The schedule is a timetable with
 data intervals (``CronDataIntervalTimetable``): Airflow 3 gives plain cron and timedelta
 schedules zero-length intervals.
 
@@ -46,7 +55,7 @@ try:  # Airflow 3.1+: the Task SDK's timetables
 except ImportError:  # pragma: no cover
     from airflow.timetables.interval import CronDataIntervalTimetable, DeltaDataIntervalTimetable
 
-from airflow_provider_cg.examples import orders_landing
+from airflow_provider_cg.examples import EXAMPLE_DEFAULT_ARGS, orders_landing
 from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
 
 DAG_ID = "cg_backfill"
@@ -71,6 +80,7 @@ def _schedule():
 
 
 with DAG(
+    default_args=EXAMPLE_DEFAULT_ARGS,
     dag_id=DAG_ID,
     description="Scheduled backfill: re-read each data interval of the origin stream into the sink, idempotently",
     schedule=_schedule(),
@@ -92,6 +102,7 @@ with DAG(
         group=_env("GROUP", "orders-lake"),
         backfill_start="{{ params.window_start or data_interval_start.isoformat() }}",
         backfill_end="{{ params.window_end or data_interval_end.isoformat() }}",
+        skip_missing_group=True,  # unpaused before cg_scheduled_consumption created the group: nothing to do yet
         **orders_landing("CG_BACKFILL_"),
         nats_conn_id=_env("NATS_CONN_ID", "nats_default"),
         conn_id=_env("SPARK_CONN_ID", "spark_default"),

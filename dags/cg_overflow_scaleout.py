@@ -35,7 +35,7 @@ from typing import Any
 from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTrigger
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
-from airflow_provider_cg.examples import landing_asset, landing_report, orders_landing
+from airflow_provider_cg.examples import EXAMPLE_DEFAULT_ARGS, landing_asset, landing_report, orders_landing
 from airflow_provider_cg.operators.groups import AddMembersOperator, DropMembersOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
 from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
@@ -115,6 +115,7 @@ def scale_out_and_drain() -> Any:
 
 
 with DAG(
+    default_args=EXAMPLE_DEFAULT_ARGS,
     dag_id=DAG_ID,
     description="Overflow scale-out: add members when the backlog crosses a threshold, drain, restore",
     schedule=[backlog_asset],
@@ -128,6 +129,7 @@ with DAG(
 
 
 with DAG(
+    default_args=EXAMPLE_DEFAULT_ARGS,
     dag_id=SENSOR_DAG_ID,
     description="Overflow scale-out, waiting for the threshold with GroupOverflowSensor",
     schedule=None,

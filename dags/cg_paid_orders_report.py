@@ -14,12 +14,13 @@ from typing import Any
 
 from airflow.sdk import DAG, task
 
-from airflow_provider_cg.examples import paid_orders_asset
+from airflow_provider_cg.examples import EXAMPLE_DEFAULT_ARGS, paid_orders_asset
 
 DAG_ID = "cg_paid_orders_report"
 PAID_ORDERS = paid_orders_asset()
 
 with DAG(
+    default_args=EXAMPLE_DEFAULT_ARGS,
     dag_id=DAG_ID,
     description="Downstream of the landing: report the paid orders each landing added",
     schedule=[PAID_ORDERS],

@@ -24,6 +24,7 @@ from airflow.sdk import DAG, AssetAlias, Param, task
 
 from airflow_provider_cg.assets import LANDED_TABLES
 from airflow_provider_cg.examples import (
+    EXAMPLE_DEFAULT_ARGS,
     ORDERS_JSON_SCHEMA,
     ORDERS_TABLE,
     ORDERS_TRANSFORM,
@@ -71,6 +72,7 @@ def create_group_task() -> CreateConsumerGroupOperator:
 
 
 with DAG(
+    default_args=EXAMPLE_DEFAULT_ARGS,
     dag_id=DAG_ID,
     description="Scheduled partitioned consumption: one spark-submit per consumer-group member",
     schedule=_schedule(),

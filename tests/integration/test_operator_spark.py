@@ -311,6 +311,26 @@ def test_zero_backlog_skips_without_starting_spark(airflow_env, nats, shim, tmp_
     assert not shim.exists(), "spark-submit was invoked for a member without backlog"
 
 
+def test_a_backfill_of_a_group_not_created_yet_skips_or_fails_as_asked(airflow_env, nats, shim, tmp_path):
+    """Unpausing every example DAG at once: the backfill may run before the DAG that creates
+    its group. With skip_missing_group it is skipped; without, it fails at once (no retry)."""
+    from airflow.sdk import DAG
+
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+
+    window = {"backfill_start": "2026-11-20T09:00:00Z", "backfill_end": "2026-11-20T10:00:00Z"}
+    with DAG("cg_spark_no_group", schedule=None) as dag:
+        for task_id, skip in (("skips", True), ("fails", False)):
+            ConsumerGroupSparkSubmitOperator(task_id=task_id, stream=STREAM, group="not-yet", nats_conn_id="nats_auth",
+                                             conn_id="spark_test", sink_path=str(tmp_path / "lake"),
+                                             skip_missing_group=skip, retries=2, **window)
+    result = airflow_env.run_dag(dag)
+    assert result.state_of("skips") == "skipped"
+    assert result.xcom("skips")["stop_reason"] == "the group does not exist yet: Spark not started"
+    assert result.state_of("fails") == "failed"
+    assert not shim.exists()
+
+
 @pytest.mark.spark
 def test_not_pinned_is_skipped(airflow_env, nats, shim, tmp_path):
     nats.publish([f"orders.c{i}" for i in range(20)])
