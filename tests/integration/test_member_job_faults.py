@@ -278,6 +278,36 @@ async def test_standby_whose_consumer_is_deleted_ends_revoked(nc, nats_server, m
     assert parquet_landed(tmp_path / "lake") == []
 
 
+async def test_a_job_whose_consumer_is_deleted_while_it_waits_joins_again(nc, nats_server, member_job_zip, tmp_path):
+    """Still a member, its consumer deleted before it landed anything (an inactivity
+    threshold that ran out while it started, or an instance of another tool replacing it): the
+    job joins again (re-creates the consumer), takes the pin and lands everything; not revoked."""
+    from airflow_provider_cg.core.jetstream.client import PriorityClient
+
+    await create_group(nc, "J", GROUP, partitions=2, members=("m1", "m2"), subjects_prefix="j")
+    await publish_orders(nc, "J", GROUP, 200, 10, subjects_prefix="j")
+    groups = ConsumerGroups(nc)
+    stream, consumer = await groups.ensure_member_consumer("J", GROUP, "m1", ack_wait=30, max_ack_pending=1000)
+    holder = PriorityClient(nc, stream, consumer)
+    assert await holder.pull(1, expires=2) and holder.is_pinned
+    keep = asyncio.create_task(_keep_pinned(holder))
+    try:
+        job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="J", group=GROUP,
+                               member="m1", sink_path=tmp_path / "lake", args=["--standby-timeout", "60"])
+        assert await asyncio.to_thread(job.wait_for_log, "for the pin", 120), job.result().describe()
+        keep.cancel()
+        await holder.close()
+        await JsApi(nc).delete_consumer(stream, consumer)
+        (r,) = await _wait(job)
+    finally:
+        keep.cancel()
+    s = _ok(r)
+    assert s["result"] == "committed", s
+    assert "joining again" in r.output and "Traceback" not in r.output, r.describe()
+    m1_messages = sum(1 for row in parquet_landed(tmp_path / "lake") if row.partition == 0)
+    assert m1_messages == s["messages_read"] > 0
+
+
 async def _keep_pinned(client) -> None:
     while True:
         await asyncio.sleep(1)

@@ -63,6 +63,7 @@ from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 log = logging.getLogger("airflow_provider_cg.landing")
 
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
+MAX_REJOINS = 3  # a run whose member consumer is deleted before it landed anything joins again this often
 
 
 class Progress:
@@ -149,22 +150,34 @@ class MemberRun:
 
     async def run(self) -> Summary:
         o, s = self.options, self.summary
+        rejoins = 0
         try:
             while True:
-                await self._run_assignment()
+                try:
+                    await self._run_assignment()
+                except ConsumerGone as e:
+                    if s.messages_read or s.rows_written:
+                        raise
+                    # The member's consumer was deleted before this instance landed anything
+                    # (nothing of ours is in flight): a membership change (the pinned instance
+                    # re-creates it with new filters), or an inactivity threshold that ran out
+                    # while this instance was starting. A member that still has partitions
+                    # joins again while its standby time lasts; one that has none is revoked.
+                    if rejoins < MAX_REJOINS and await self._may_rejoin():
+                        rejoins += 1
+                        log.info("cg member=%s: member consumer deleted (%s); joining again", o.member,
+                                 e.description)
+                        await self._close_assignment()
+                        await asyncio.sleep(min(0.2 * rejoins, 1.0))
+                        continue
+                    s.result, s.stop_reason = RESULT_REVOKED, f"member consumer deleted ({e.description})"
+                    log.info("cg member=%s: %s", o.member, s.stop_reason)
+                    return s
                 if self.revoked is None:
                     return s
                 if not await self._hand_over():
                     return s
                 log.info("cg member=%s: continuing with partitions %s", o.member, self.partitions)
-        except ConsumerGone as e:
-            if s.messages_read or s.rows_written:
-                raise
-            # A membership change deleted the member's consumer before this instance landed
-            # anything (typically while it waited as a standby): nothing of ours is in flight.
-            s.result, s.stop_reason = RESULT_REVOKED, f"member consumer deleted ({e.description})"
-            log.info("cg member=%s: %s", o.member, s.stop_reason)
-            return s
         finally:
             s.duration_s = round(time.monotonic() - self.started, 3)
             self.progress.tick(force=True)
@@ -279,6 +292,17 @@ class MemberRun:
                                f"{partitioning.member_partitions(cfg, o.member) if now else []})"
                 log.info("cg member=%s: %s; finishing the batch in flight", o.member, self.revoked)
                 return
+
+    async def _may_rejoin(self) -> bool:
+        """Whether the member still has partitions and this run's standby time is not up."""
+        o = self.options
+        if time.monotonic() - self.started > o.standby_timeout:
+            return False
+        try:
+            cfg = (await self.groups.get(o.stream, o.group)).config
+        except GroupNotFound:
+            return False
+        return in_membership(cfg, o.member) and bool(partitioning.member_partitions(cfg, o.member))
 
     async def _hand_over(self) -> bool:
         """After a membership change stopped the read loops (the batch in flight landed): as
