@@ -6,6 +6,12 @@ sequence range, the counts, the batch ids: ``airflow_provider_cg.assets``). This
 on such events and reads exactly the rows they landed -- here it totals the new paid orders
 per customer. Airflow gives a run the events up to the moment it was queued; events that
 arrive while it is queued go to the next run. Nothing to configure: it runs when orders land.
+
+Each landed row is counted once: an event goes on the Asset of the table its run actually
+wrote (DAG 1 names it through the ``cg_landed_tables`` AssetAlias, so a run into another
+``sink_path`` does not count here), an event's ranges cover only the inputs its run landed (a
+run that read inputs again after a recovery does not announce them twice), and no two writers
+of the table ever commit the same order.
 """
 
 from __future__ import annotations

@@ -13,6 +13,14 @@ The table's format is a parameter: ``delta`` (default; ``sink_path`` is a direct
 ``iceberg_catalog_uri``, created under ``iceberg_warehouse``) or ``parquet`` (the provider's
 own commit log in a directory). Connections: ``nats_default`` (type ``nats``) and
 ``spark_default`` (type ``spark``, host ``local[*]`` or a cluster master).
+
+What is guaranteed: every paid order published to ``ORDERS`` lands in the table once, and each
+customer's orders in stream order, whatever else writes the same table at the same time
+(``cg_backfill``, the overflow drain, a replay after ``cg reset``, a standby taking over) and
+through kills, stalls and server restarts. A retryable failure is retried (exit 2); invalid
+input fails at once (exit 1). If ``ORDERS`` is deleted and created again, the runs fail with
+the creation times until the param ``stream_life`` (``new:<created>``) is given; its orders
+then land as ``ORDERS#2``. Each run's asset event goes on the table it wrote.
 """
 
 from __future__ import annotations
@@ -92,6 +100,9 @@ with DAG(
         "sink_path": Param(lake_dir(ORDERS_TABLE), type="string", description="delta, parquet: where the table is"),
         **{k: Param(v, type="string", description="iceberg") for k, v in iceberg_defaults().items()},
         "aws_conn_id": Param(None, type=["null", "string"], description="an aws connection for s3:// tables"),
+        "stream_life": Param(None, type=["null", "string"],
+                             description="after ORDERS was deleted and created again: new:<created>, as a "
+                                         "failed run's error names it"),
         "payload_format": Param("json", enum=["raw", "text", "json"]),
         "json_schema": Param(ORDERS_JSON_SCHEMA, type="string"),
         "nats_conn_id": Param("nats_default", type="string"),
@@ -126,6 +137,7 @@ with DAG(
         # your code goes here: a function of the batch (a DataFrame) and its context
         transform=ORDERS_TRANSFORM,
         read="{{ params.read }}",
+        stream_life="{{ params.stream_life }}",
         nats_conn_id="{{ params.nats_conn_id }}",
         conn_id="{{ params.spark_conn_id }}",
         map_index_template="{{ task.member }}",

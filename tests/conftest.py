@@ -50,6 +50,9 @@ def pytest_addoption(parser):
     group.addoption("--chaos-messages", type=int, default=None, help="messages published (default 100000)")
     group.addoption("--chaos-spark", action="store_true",
                     help="run every member job through spark-submit instead of the plain Python driver")
+    group.addoption("--mixed-sink", default=None,
+                    choices=("parquet", "postgres", "delta", "delta-s3", "iceberg", "iceberg-s3"),
+                    help="the table of tests/integration/test_mixed_writers.py (default: picked by the seed)")
 
 
 def pytest_runtest_setup(item):

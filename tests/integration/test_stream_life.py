@@ -22,7 +22,6 @@ from airflow_provider_cg.core.landing.backfill import run_backfill
 from airflow_provider_cg.core.landing.contract import BatchOptions
 from airflow_provider_cg.core.landing.member import run_member_batch
 from airflow_provider_cg.core.landing.stream_life import FIELD, StreamLifeChanged, origin_created
-from tests.support.pg_fixture import postgres_db, postgres_server  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.integration
 

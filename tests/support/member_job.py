@@ -154,7 +154,7 @@ def start_member_job(
     nats_servers: str | None,
     stream: str,
     group: str,
-    member: str,
+    member: str | None,
     sink: str = "parquet",
     sink_path: str | os.PathLike | None = None,
     args: list[str] | tuple[str, ...] = (),
@@ -185,7 +185,7 @@ def start_member_job(
         launch = [sys.executable, str(member_job_path()), "--no-spark"]
     cmd = [
         *launch,
-        "--stream", stream, "--group", group, "--member", member, "--sink", sink,
+        "--stream", stream, "--group", group, *(["--member", member] if member else []), "--sink", sink,
     ]
     if sink_path is not None:
         cmd += ["--sink-path", str(sink_path)]

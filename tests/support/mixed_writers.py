@@ -1,0 +1,245 @@
+"""Every writer a user can point at one table, at once, under outside faults.
+
+``MixedWritersRun`` is a ``ChaosRun`` (live members with standbys, SIGKILL, SIGSTOP past the
+ack wait, step-downs, membership changes, nats-server and object-store restarts, all drawn
+from one seed) whose jobs all run one transformation through spark-submit, with more writers of
+the same inputs beside them: backfill jobs over random, overlapping windows of what was
+published, and ``cg reset`` replays (the group moved back to an earlier origin sequence while
+its members run, forced: pinned instances are stepped down). ``recreate=True`` also deletes the
+origin stream mid-run (after the old life is drained), creates it again under the same name,
+re-creates the group and publishes more: jobs started without ``--stream-life`` must refuse
+(exit 1), then every job is given ``--stream-life new:<created>`` and landing goes on.
+
+``check`` reads the table with the format's own reader (delta-rs, pyiceberg, pyarrow over the
+Parquet lake's committed files, psycopg2) and asserts each input's effect exactly once:
+
+- ``drop`` (``SELECT * FROM batch WHERE origin_seq % 10 <> 7``): rows map one to one to the
+  kept inputs: no loss, no duplicate, and per key the rows in commit order by origin sequence;
+- ``aggregate`` (per batch and key: count, sum and sum of squares of the origin sequences): per
+  life and key the counts and sums add up to exactly the published messages once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from airflow_provider_cg.core.groups import sourcing
+from airflow_provider_cg.core.groups.reset import GroupReset, ResetTarget
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.landing.stream_life import origin_created
+from tests.support.chaos import ChaosConfig, ChaosRun, last_error
+from tests.support.member_job import assert_exactly_once, publish_orders, start_member_job
+
+TRANSFORMS = {
+    "drop": "SELECT * FROM batch WHERE origin_seq % 10 <> 7",
+    "aggregate": ("SELECT origin_stream, key, count(*) AS n, sum(origin_seq) AS s, "
+                  "sum(origin_seq * origin_seq) AS s2 FROM batch GROUP BY origin_stream, key"),
+}
+LIFE_REFUSAL = "--stream-life: origin stream"
+
+
+@dataclass
+class MixedConfig(ChaosConfig):
+    transform: str = "drop"
+    backfills: bool = True
+    resets: bool = True
+    recreate: bool = False
+
+
+class MixedWritersRun(ChaosRun):
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.key = self.stream  # the rows' origin_stream: the origin's life in the table
+        self.stream_life: str | None = None
+        self.windows: list[tuple[float, float]] = []  # (before, after) each published chunk
+        self.recreated = False
+        self.refused = 0  # jobs that refused the new life before the option was given
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def _args(self) -> tuple[list[str], object]:
+        from tests.support.chaos import JOB_ARGS
+
+        sink_path, sink_args = self.sink_args()
+        life = ["--stream-life", self.stream_life] if self.stream_life else []
+        return [*JOB_ARGS, *sink_args, "--transform-sql", TRANSFORMS[self.config.transform], *life], sink_path
+
+    def start_job(self, member: str):
+        args, sink_path = self._args()
+        job = start_member_job(self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream,
+                               group=self.group, member=member, sink=self.config.sink, sink_path=sink_path,
+                               args=args, env=self.sink_env, spark=True)
+        self.jobs.append((member, job))
+        return job
+
+    def start_backfill(self) -> None:
+        if not self.windows:
+            return
+        i = self.rng.randrange(len(self.windows))
+        j = self.rng.randrange(i, len(self.windows))
+        start, end = self.windows[i][0], self.windows[j][1]
+        args, sink_path = self._args()
+        iso = [dt.datetime.fromtimestamp(t, dt.UTC).isoformat() for t in (start, end)]
+        job = start_member_job(self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream,
+                               group=self.group, member=None, sink=self.config.sink, sink_path=sink_path,
+                               args=[*args, "--backfill-start", iso[0], "--backfill-end", iso[1]],
+                               env=self.sink_env, spark=True)
+        self.jobs.append(("backfill", job))
+        self.log(f"backfill job {job.pid} over chunks {i}-{j}")
+
+    async def reset_back(self) -> None:
+        """``cg reset --to-seq N --execute --force`` to a random earlier origin sequence."""
+        last = int((await JsApi(self.nc).stream_info(self.stream))["state"]["last_seq"])
+        if last < 2:
+            return
+        seq = self.rng.randint(1, max(1, last // 2))
+        resets = GroupReset(self.nc)
+        try:
+            plan = await resets.plan(self.stream, self.group, ResetTarget.parse(to_seq=seq))
+            await resets.execute(plan, force=True)
+            self.log(f"reset to seq {seq}: replays {plan.replay}")
+        except Exception as e:  # noqa: BLE001 - a membership change or a restart in between: logged
+            self.log(f"reset to seq {seq} refused: {str(e)[:120]}")
+
+    # --- the run ---------------------------------------------------------------------------
+
+    async def publish_chunk(self, n: int) -> None:
+        """As ``ChaosRun``'s, the expected keys under the origin's current life."""
+        before = time.time()
+        static = self.config.static
+        got = await publish_orders(self.nc, self.stream, self.group, n, self.config.keys, subjects_prefix="ord",
+                                   wait_sourced=not static)
+        self.expected |= {(self.key, q): (f"ord.{k}" if static else k) for (_, q), k in got.items()}
+        self.windows.append((before - 0.001, time.time() + 0.001))
+        self.log(f"published {n} (total {len(self.expected)})")
+
+    async def fault(self) -> None:
+        cfg = self.config
+        kind = self.rng.choices(["backfill", "reset", "base"],
+                                weights=[18 if cfg.backfills else 0, 8 if cfg.resets else 0, 74])[0]
+        if kind == "backfill":
+            self.start_backfill()
+        elif kind == "reset":
+            await self.reset_back()
+        else:
+            await super().fault()
+        if cfg.recreate and not self.recreated and self._elapsed() >= 0.5:
+            await self.recreate_origin()
+
+    async def backlog(self) -> int:
+        """Also what the work queue has not sourced yet (a reset re-sources it from the origin)."""
+        left = await super().backlog()
+        if self.config.static:
+            return left
+        api = JsApi(self.nc)
+        origin_last = int((await api.stream_info(self.stream))["state"]["last_seq"])
+        sourced = await sourcing.last_sourced(api, f"{self.stream}-{self.group}")
+        return left + max(0, origin_last - (sourced if sourced is not None else origin_last))
+
+    async def recreate_origin(self) -> None:
+        """Drain the old life, delete the origin and its group, create both again under the
+        same names and publish; jobs without ``--stream-life`` refuse, then it is given."""
+        self.recreated = True
+        self.log("re-creating the origin: draining the old life first")
+        await self.resume_due(everything=True)
+        await asyncio.to_thread(self._wait_jobs, 120.0)
+        await self.drain()
+        await self.groups.delete(self.stream, self.group, force=True)
+        await JsApi(self.nc).delete_stream(self.stream)
+        await self.setup()
+        created = await origin_created(JsApi(self.nc), self.stream)
+        self.log(f"origin re-created (created {created})")
+        self.key = f"{self.stream}#2"
+        self.current = list(self.config.members)
+        await self.publish_chunk(max(1, self.config.messages // self.config.chunks))
+        refusing = [self.start_job(m) for m in self.current]
+        for job in refusing:
+            await asyncio.to_thread(job.proc.wait, 240)
+            assert job.proc.returncode == 1 and LIFE_REFUSAL in last_error(job), last_error(job)
+            self.refused += 1
+        self.stream_life = f"new:{created}"
+        self.windows = []  # the old life's windows: its messages are gone with its stream
+        self.log(f"{self.refused} jobs refused the new life; --stream-life {self.stream_life} from now on")
+
+    # --- the verdict -----------------------------------------------------------------------
+
+    async def check(self, pg_params=None) -> dict:
+        expected = self.expected
+        try:
+            if self.config.transform == "drop":
+                kept = {k: v for k, v in expected.items() if k[1] % 10 != 7}
+                assert_exactly_once(self.landed(pg_params), kept)
+            else:
+                self._check_aggregates(self._aggregates(pg_params), expected)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.report()}") from None
+        assert await self.backlog() == 0, self.report()
+        tracebacks = [j for _, j in self.jobs if "Traceback" in j.output_so_far()]
+        assert not tracebacks, tracebacks[0].result().describe() + "\n" + self.report()
+        refused = [j for _, j in self.jobs if j.proc.returncode == 1 and "is not a member of group" not in
+                   last_error(j) and not (self.config.recreate and LIFE_REFUSAL in last_error(j))]
+        assert not refused, f"a job refused its input: {last_error(refused[0])}\n{self.report()}"
+        left = self.prepared_left(pg_params)
+        assert not left, f"prepared writes left behind: {left}\n{self.report()}"
+        kinds = Counter(m if m == "backfill" else "member" for m, _ in self.jobs)
+        recomputed = sum(int(x) for _, j in self.jobs for x in _summary_counts(j.output_so_far(), "recomputed"))
+        return {"jobs": dict(kinds), "landed": len(expected), "recomputed": recomputed, "refused": self.refused}
+
+    def _aggregates(self, pg_params):
+        """``(origin_stream, key, n, s, s2)`` rows of the table, read with its format's reader."""
+        cols = ["origin_stream", "key", "n", "s", "s2"]
+        sink = self.config.sink
+        if sink == "postgres":
+            import psycopg2
+
+            with psycopg2.connect(**pg_params) as conn, conn.cursor() as cur:
+                cur.execute(f"SELECT {', '.join(cols)} FROM orders")
+                rows = cur.fetchall()
+            conn.close()
+            return rows
+        if sink == "parquet":
+            from airflow_provider_cg.core.landing.sinks.parquet import read_committed
+
+            t = read_committed(self.lake, columns=cols)
+        elif sink == "delta":
+            from tests.support.member_job import read_delta
+
+            t = read_delta(self.table, cols, self.storage_options())
+        else:
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            from airflow_provider_cg.core.landing.sinks.iceberg import iceberg_io_properties
+            from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+
+            props = iceberg_io_properties(ObjectStoreSettings.from_env(self.sink_env))
+            t = SqlCatalog("default", uri=self.catalog_uri, **props).load_table("lake.orders").scan(
+                selected_fields=tuple(cols)).to_arrow()
+        return list(zip(*(t.column(c).to_pylist() for c in cols), strict=True))
+
+    @staticmethod
+    def _check_aggregates(rows, expected: dict[tuple[str, int], str]) -> None:
+        want: dict[tuple[str, str], list[int]] = {}
+        for (stream, seq), key in expected.items():
+            w = want.setdefault((stream, key), [0, 0, 0])
+            w[0] += 1
+            w[1] += seq
+            w[2] += seq * seq
+        got: dict[tuple[str, str], list[int]] = {}
+        for stream, key, n, s, s2 in rows:
+            g = got.setdefault((stream, key), [0, 0, 0])
+            g[0] += int(n)
+            g[1] += int(s)
+            g[2] += int(s2)
+        wrong = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        assert not wrong, (f"{len(wrong)} (life, key) aggregates differ from each message counted once, "
+                           f"e.g. {[(k, want.get(k), got.get(k)) for k in wrong[:3]]}")
+
+
+def _summary_counts(output: str, field: str) -> list[str]:
+    import re
+
+    return re.findall(rf'"{field}":(\d+)', output)
