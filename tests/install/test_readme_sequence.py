@@ -136,10 +136,12 @@ def test_the_readme_sequence_under_airflow_standalone(tmp_path):
         _run([venv / "bin" / "airflow", "dags", "trigger", DAG_ID], cwd=tmp_path, env=env)
 
         def backfilled() -> bool:  # the backfill windows over the second publish have run
+            # a run's window is [logical_date, run_after) (a timetable with data intervals)
             runs = _json(_airflow(venv, env, "dags", "list-runs", "cg_backfill", "-o", "json"))
-            after = [r for r in runs if r.get("data_interval_end") and _epoch(r["data_interval_end"]) > published_at + 30]
-            return bool(after) and all(r["state"] in ("success", "failed") for r in runs
-                                       if _epoch(r["data_interval_end"] or "") <= published_at + 60)
+            over = [r for r in runs if _epoch(r["logical_date"]) <= published_at + 5
+                    and _epoch(r["run_after"]) >= published_at - 5]
+            return bool(over) and any(_epoch(r["run_after"]) > published_at + 5 for r in over) and all(
+                r["state"] in ("success", "failed") for r in over)
 
         _wait(backfilled, 600, "cg_backfill's runs over the second publish", tmp_path / "standalone.log")
         backfills = _json(_airflow(venv, env, "dags", "list-runs", "cg_backfill", "-o", "json"))
