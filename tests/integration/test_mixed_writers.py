@@ -29,7 +29,8 @@ SINKS = ("parquet", "postgres", "delta", "delta-s3", "iceberg", "iceberg-s3")
 def _run(request, tmp_path, nc, nats_server, member_job_zip, **overrides) -> tuple[MixedWritersRun, dict]:
     opt = request.config.getoption
     seed = opt("--chaos-seed") or int(os.environ.get("CG_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
-    table = opt("--mixed-sink") or SINKS[(seed + overrides.pop("rotate", 0)) % len(SINKS)]
+    rotate = overrides.pop("rotate", 0)
+    table = opt("--mixed-sink") or SINKS[(seed + rotate) % len(SINKS)]
     sink, _, where = table.partition("-")
     cfg = MixedConfig(seed=seed, sink=sink, spark=True, members=("m1", "m2"), partitions=4, server_restarts=1,
                       store_restarts=1 if where else 0, **overrides)

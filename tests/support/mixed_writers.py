@@ -92,14 +92,22 @@ class MixedWritersRun(ChaosRun):
         self.log(f"backfill job {job.pid} over chunks {i}-{j}")
 
     async def reset_back(self) -> None:
-        """``cg reset --to-seq N --execute --force`` to a random earlier origin sequence."""
-        last = int((await JsApi(self.nc).stream_info(self.stream))["state"]["last_seq"])
-        if last < 2:
-            return
-        seq = self.rng.randint(1, max(1, last // 2))
+        """``cg reset --to-seq N --execute --force`` to a random origin sequence at or before
+        every partition's position: a replay (a reset forward would skip messages on purpose)."""
         resets = GroupReset(self.nc)
         try:
+            lowest = min((await resets.positions(self.stream, self.group)).values(), default=1)
+        except Exception as e:  # noqa: BLE001 - a restart in between: no reset this time
+            self.log(f"reset: positions unreadable ({str(e)[:80]})")
+            return
+        if lowest < 2:
+            return
+        seq = self.rng.randint(1, lowest)
+        try:
             plan = await resets.plan(self.stream, self.group, ResetTarget.parse(to_seq=seq))
+            if plan.skip:
+                self.log(f"reset to seq {seq} would skip {plan.skip}: not done")
+                return
             await resets.execute(plan, force=True)
             self.log(f"reset to seq {seq}: replays {plan.replay}")
         except Exception as e:  # noqa: BLE001 - a membership change or a restart in between: logged
@@ -144,9 +152,11 @@ class MixedWritersRun(ChaosRun):
         """Drain the old life, delete the origin and its group, create both again under the
         same names and publish; jobs without ``--stream-life`` refuse, then it is given."""
         self.recreated = True
-        self.log("re-creating the origin: draining the old life first")
+        self.log("re-creating the origin: killing the jobs, draining the old life first")
         await self.resume_due(everything=True)
-        await asyncio.to_thread(self._wait_jobs, 120.0)
+        for job in self.running():
+            job.kill()  # mid-batch, maybe: the drain's jobs recover what they left
+        await asyncio.to_thread(self._wait_jobs, 30.0)
         await self.drain()
         await self.groups.delete(self.stream, self.group, force=True)
         await JsApi(self.nc).delete_stream(self.stream)

@@ -268,8 +268,8 @@ class SparkPipeline:
 
         try:
             staged = sink.stage(batch_id, out)
-        except SinkError:
-            raise
+        except (SinkError, ConnectionError, OSError):
+            raise  # the sink's storage in the driver (its staging on an object store away): exit 2
         except Exception as e:  # in the user's code, in the tasks' reads, or in Spark itself
             if READ_FAILED in str(e):  # NATS, not the data: a server error (exit 2)
                 text = str(e)
