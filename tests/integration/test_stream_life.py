@@ -21,7 +21,7 @@ from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.backfill import run_backfill
 from airflow_provider_cg.core.landing.contract import BatchOptions
 from airflow_provider_cg.core.landing.member import run_member_batch
-from airflow_provider_cg.core.landing.stream_life import FIELD, StreamLifeChanged, origin_created
+from airflow_provider_cg.core.landing.stream_life import FIELD, Life, StreamLifeChanged, origin_created
 
 pytestmark = pytest.mark.integration
 
@@ -208,3 +208,31 @@ async def test_a_static_groups_re_created_origin(nc, tmp_path):
     assert await land(nc, sink, stream_life=f"new:{second}") == {"rows": 4, "dups": 0, "key": "O#2"}
     assert sorted(landed_keys("parquet", tmp_path, None)) == sorted(
         [("O", s) for s in range(1, 10)] + [("O#2", s) for s in range(1, 5)])
+
+
+async def test_cg_lag_shows_the_origins_life_and_records_a_new_one(nc, nats_server, tmp_path):
+    """``cg lag --sink``: the origin's creation time and the key it lands as; after the stream
+    is created again, that it is another life; ``--stream-life new:<created>`` records it, and
+    the jobs land it with no option of their own."""
+    import json
+
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
+    from tests.support.badinput import acg
+
+    lake = tmp_path / "lake"
+    first = await new_life(nc, 6)
+    assert (await land(nc, ParquetLakeSink(lake, fsync=False)))["rows"] == 6
+    base = ("lag", "O", "g", "--server", nats_server.url, "--sink", "parquet", "--sink-path", str(lake))
+    a = await acg(*base, "--json")
+    assert a.rc == 0, a.err
+    assert json.loads(a.out)["origin_life"] == {"created": first, "key": "O", "known": True,
+                                                "lives": [{"created": first, "key": "O"}]}
+    second = await new_life(nc, 4)
+    a = await acg(*base)
+    assert a.rc == 0 and "ANOTHER LIFE" in a.out and f"--stream-life new:{second}" in a.out, a.out
+    bad = await acg(*base, "--stream-life", "new:yesterday")
+    assert bad.rc == 1 and bad.err.startswith("cg: error: stream_life: names a stream created at"), bad.err
+    assert ParquetLakeSink(lake).stream_lives("O") == [Life(first, "O")]  # nothing recorded
+    a = await acg(*base, "--stream-life", f"new:{second}")
+    assert a.rc == 0 and f"created {second}, lands as O#2" in a.out, a.out
+    assert await land(nc, ParquetLakeSink(lake, fsync=False)) == {"rows": 4, "dups": 0, "key": "O#2"}

@@ -291,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iceberg-table", metavar="NAMESPACE.TABLE")
     p.add_argument("--iceberg-catalog-uri", metavar="URI")
     p.add_argument("--iceberg-warehouse", metavar="LOCATION")
+    p.add_argument("--stream-life", metavar="new:CREATED|continue:CREATED",
+                   help="with --sink: record the origin's current life in the table (after the stream was deleted "
+                        "and created again), as the job's option of that name does: its jobs then land it")
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
     p = sg(cmd("resize", "change an elastic group's partition count (max_members): a plan by default, "
                          "--execute to stop sourcing, let the members drain the old partitions, switch and resume"))
@@ -591,15 +594,25 @@ async def _online(args, out: TextIO) -> int:
             _emit(args, lag.add_to(st.to_dict()), _status_text(st, lag), out)
         elif c == "lag":
             from airflow_provider_cg.core.groups.lag import group_lag
+            from airflow_provider_cg.core.jetstream.api import JsApi
+            from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
+
+            LifeChoice.parse(args.stream_life)  # a bad value is refused before anything is read
 
             lag = await group_lag(nc, args.stream, args.group, js_prefix=args.js_prefix)
             commits = await asyncio.to_thread(_last_commits, sink_options, args.stream, args.group) \
                 if sink_options else None
             data = lag.to_dict()
+            life = None
             if commits is not None:
                 data["members"] = [{**m, "last_commit": asdict(commits[m["member"]]) if m["member"] in commits
                                     else None} for m in data["members"]]
-            _emit(args, data, _lag_text(lag, commits), out)
+                created = await origin_created(JsApi(nc, prefix=args.js_prefix), args.stream)
+                life = data["origin_life"] = await asyncio.to_thread(_origin_life, sink_options, args.stream,
+                                                                     created, args.stream_life)
+            elif args.stream_life:
+                raise ConfigError("stream_life", "needs --sink: the life is recorded in the table")
+            _emit(args, data, _lag_text(lag, commits) + _life_text(args.stream, life), out)
         elif c == "reset":
             from airflow_provider_cg.core.groups.reset import GroupReset
 
@@ -670,6 +683,33 @@ def _last_commits(o, stream: str, group: str) -> dict:
     with open_sink(o.sink, sink_path=o.sink_path, pg_table=o.pg_table, iceberg_table=o.iceberg_table,
                    iceberg_catalog_uri=o.iceberg_catalog_uri, iceberg_warehouse=o.iceberg_warehouse) as sink:
         return sink.last_commits(stream, group)
+
+
+def _origin_life(o, stream: str, created: str, choice: str | None) -> dict:
+    """The origin's current life in the table the jobs land into; ``choice`` records it."""
+    from airflow_provider_cg.core.landing.sinks.opening import open_sink
+    from airflow_provider_cg.core.landing.stream_life import LifeChoice
+
+    with open_sink(o.sink, sink_path=o.sink_path, pg_table=o.pg_table, iceberg_table=o.iceberg_table,
+                   iceberg_catalog_uri=o.iceberg_catalog_uri, iceberg_warehouse=o.iceberg_warehouse) as sink:
+        if choice:
+            sink.stream_life(stream, created, LifeChoice.parse(choice))
+        lives = sink.stream_lives(stream)
+    key = next((life.key for life in lives if life.created == created), None)
+    return {"created": created, "key": key, "known": key is not None or not lives,
+            "lives": [{"created": life.created, "key": life.key} for life in lives]}
+
+
+def _life_text(stream: str, life: dict | None) -> str:
+    if life is None:
+        return ""
+    if life["key"]:
+        return f"\norigin:       {stream} created {life['created']}, lands as {life['key']}"
+    if life["known"]:
+        return f"\norigin:       {stream} created {life['created']}, not landed here yet"
+    return (f"\norigin:       {stream} created {life['created']}: ANOTHER LIFE than the table holds (created "
+            f"{', '.join(x['created'] for x in life['lives'])}); its jobs refuse until "
+            f"--stream-life new:{life['created']} (here or on the jobs)")
 
 
 def _commit_text(c) -> str:

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.landing.rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
-from airflow_provider_cg.core.landing.stream_life import LifeChoice
+from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
 
 MessageRefs = Sequence[tuple[str, int]] | Mapping[str, Any]
 """(consumed stream, stream sequence) pairs, or ``{stream: array of sequences}`` (faster)."""
@@ -243,6 +243,10 @@ class TwoPhaseSink(abc.ABC):
         rows' ``origin_stream``), recording a life the sink did not hold (``stream_life.decide``:
         raises ``StreamLifeChanged`` for an unknown life without ``choice``). Atomic against
         other writers recording a life of the same stream."""
+
+    @abc.abstractmethod
+    def stream_lives(self, stream: str) -> list[Life]:
+        """The lives of origin ``stream`` the sink holds, oldest first (read only)."""
 
     @abc.abstractmethod
     def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:

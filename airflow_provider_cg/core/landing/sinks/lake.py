@@ -326,6 +326,11 @@ class LakeSink(TwoPhaseSink):
                     continue  # another writer took the position (maybe recording this life): re-read
                 return life.key
 
+    def stream_lives(self, stream: str) -> list[Life]:
+        with self._lock:
+            self._log.refresh()
+            return list(self._log.lives.get(stream, ()))
+
     def _claim(self, record: dict) -> int:
         """Claim the next log position for ``record`` (FileExistsError: re-read and retry)."""
         pos = self._log.claim(record)

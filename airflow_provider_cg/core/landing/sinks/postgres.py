@@ -516,6 +516,16 @@ class PostgresSink(TwoPhaseSink):
 
         return self._run(f"stream life of {stream}", fn)
 
+    def stream_lives(self, stream: str) -> list[Life]:
+        self.ensure_tables()
+
+        def fn(cur) -> list[Life]:
+            cur.execute(f"SELECT created, key FROM {self._side(LIVES_TABLE)} WHERE target = %s AND stream = %s "
+                        "ORDER BY n", (f"{self.schema}.{self.table}", stream))
+            return [Life(c, k) for c, k in cur.fetchall()]
+
+        return self._run(f"stream lives of {stream}", fn)
+
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
                 fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
         transformed = input_keys is not None
