@@ -50,6 +50,8 @@ def pytest_addoption(parser):
     group.addoption("--chaos-messages", type=int, default=None, help="messages published (default 100000)")
     group.addoption("--chaos-spark", action="store_true",
                     help="run every member job through spark-submit instead of the plain Python driver")
+    group.addoption("--chaos-storage", default=None, choices=("local", "s3"),
+                    help="where the Delta and Iceberg chaos tables live (default: picked by the seed)")
     group.addoption("--mixed-sink", default=None,
                     choices=("parquet", "postgres", "delta", "delta-s3", "iceberg", "iceberg-s3"),
                     help="the table of tests/integration/test_mixed_writers.py (default: picked by the seed)")
