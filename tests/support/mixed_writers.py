@@ -58,6 +58,8 @@ class MixedWritersRun(ChaosRun):
         self.windows: list[tuple[float, float]] = []  # (before, after) each published chunk
         self.recreated = False
         self.refused = 0  # jobs that refused the new life before the option was given
+        self.backfills_started = 0
+        self.resets_tried = 0
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -89,11 +91,13 @@ class MixedWritersRun(ChaosRun):
                                args=[*args, "--backfill-start", iso[0], "--backfill-end", iso[1]],
                                env=self.sink_env, spark=True)
         self.jobs.append(("backfill", job))
+        self.backfills_started += 1
         self.log(f"backfill job {job.pid} over chunks {i}-{j}")
 
     async def reset_back(self) -> None:
         """``cg reset --to-seq N --execute --force`` to a random origin sequence at or before
         every partition's position: a replay (a reset forward would skip messages on purpose)."""
+        self.resets_tried += 1
         resets = GroupReset(self.nc)
         try:
             lowest = min((await resets.positions(self.stream, self.group)).values(), default=1)
@@ -129,6 +133,11 @@ class MixedWritersRun(ChaosRun):
         cfg = self.config
         kind = self.rng.choices(["backfill", "reset", "base"],
                                 weights=[18 if cfg.backfills else 0, 8 if cfg.resets else 0, 74])[0]
+        # every run, however short, has a backfill and a reset replay: owed ones come when due
+        if cfg.backfills and not self.backfills_started and self._elapsed() >= 0.3:
+            kind = "backfill"
+        elif cfg.resets and not self.resets_tried and self._elapsed() >= 0.45:
+            kind = "reset"
         if kind == "backfill":
             self.start_backfill()
         elif kind == "reset":
