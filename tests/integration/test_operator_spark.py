@@ -74,7 +74,7 @@ def _dag(dag_id: str, **op_kwargs):
     from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
 
     conn = op_kwargs.pop("nats_conn_id_override", "nats_auth")
-    with DAG(dag_id, schedule=None) as dag:
+    with DAG(dag_id, schedule=None, params=op_kwargs.pop("params", None)) as dag:
         ConsumerGroupSparkSubmitOperator(
             task_id="consume", stream=STREAM, group=GROUP, member="m1", nats_conn_id=conn,
             conn_id="spark_test", idle_timeout=1.0, **op_kwargs,
@@ -92,6 +92,17 @@ def _all_xcoms_and_rendered(dag_id: str) -> str:
         xcoms = [XComModel.deserialize_value(r) for r in s.scalars(select(XComModel).where(XComModel.dag_id == dag_id))]
         rendered = [r.rendered_fields for r in s.scalars(select(RTIF).where(RTIF.dag_id == dag_id))]
     return json.dumps([xcoms, rendered], default=str)
+
+
+def _asset_events(uri: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        rows = s.scalars(select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                         .where(AssetModel.uri == uri)).all()
+        return [dict(r.extra or {}) for r in rows]
 
 
 def _xcom_keys(dag_id: str, task_id: str) -> list[str]:
@@ -115,8 +126,9 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     nats.publish([f"orders.c{i % 13}" for i in range(500)])
     lake = tmp_path / "lake"
     monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)  # the operator's own default is under test
-    with ListenerWatch() as watch:
-        result = airflow_env.run_dag(_dag("cg_spark_summary", sink_path=str(lake)))
+    with ListenerWatch() as watch:  # the table from a param: the operator's outlet is the alias
+        result = airflow_env.run_dag(_dag("cg_spark_summary", sink_path="{{ params.lake }}",
+                                          params={"lake": str(lake)}))
     # local mode: the driver and its block manager listen on loopback only
     assert watch.found, "no listener of the run's processes was seen"
     assert not watch.outside_loopback(), watch.found
@@ -129,6 +141,9 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
 
     assert read_committed(lake).num_rows == 500
     assert _xcom_keys("cg_spark_summary", "consume") == ["return_value"]  # one XCom: the summary
+    # its asset event is on the table the run rendered (through the AssetAlias), saying what landed
+    (event,) = _asset_events(f"file://{lake}")
+    assert event["member"] == "m1" and event["messages_landed"] == 500 and event["nats_servers"], event
 
     argv = shim.read_text()
     assert "--stream ORDERS --group lake --member m1" in argv  # the shim saw the real submit
