@@ -38,6 +38,11 @@ def table_uri(sink: str, *, sink_path: str | None = None, iceberg_table: str | N
         if not sink_path:
             raise ValueError("sink_path is needed for a delta or parquet table's asset")
         if "://" in sink_path:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(sink_path)
+            if parts.username or parts.password:  # the contract refuses it too: never in an asset
+                raise ValueError("sink_path: credentials do not belong in a table's location")
             return sink_path.rstrip("/")
         return "file://" + quote(os.path.abspath(sink_path))
     if sink == "iceberg":
