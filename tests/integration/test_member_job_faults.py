@@ -247,31 +247,45 @@ async def test_suspended_in_prepare_its_write_is_rolled_back_by_the_new_instance
     assert await wq_messages(nc, "O", GROUP) == 0
 
 
+class _StandbyBehindAHolder:
+    """A group whose member m1 is pinned by another instance (kept pinned), and our job for m1
+    started against it, waiting as a standby."""
+
+    async def start(self, nc, nats_server, member_job_zip, tmp_path, stream: str):
+        from airflow_provider_cg.core.jetstream.client import PriorityClient
+
+        await create_group(nc, stream, GROUP, partitions=2, members=("m1", "m2"), subjects_prefix=stream.lower())
+        await publish_orders(nc, stream, GROUP, 200, 10, subjects_prefix=stream.lower())
+        self.groups = ConsumerGroups(nc)
+        self.stream, self.consumer = await self.groups.ensure_member_consumer(stream, GROUP, "m1", ack_wait=30,
+                                                                              max_ack_pending=1000)
+        self.holder = PriorityClient(nc, self.stream, self.consumer)
+        assert await self.holder.pull(1, expires=2) and self.holder.is_pinned
+        self.keep = asyncio.create_task(_keep_pinned(self.holder))
+        self.job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=stream,
+                                    group=GROUP, member="m1", sink_path=tmp_path / "lake",
+                                    args=["--standby-timeout", "60"])
+        assert await asyncio.to_thread(self.job.wait_for_log, "for the pin", 120), self.job.result().describe()
+        return self
+
+    async def stop_holder(self) -> None:
+        self.keep.cancel()
+        await self.holder.close()
+
+
 async def test_standby_whose_consumer_is_deleted_ends_revoked(nc, nats_server, member_job_zip, tmp_path):
     """Another instance holds m1's pin; our job waits as a standby; m1 is dropped from the
     group (the pinned instance's consumer is left to that instance), then its consumer is
     deleted: the job ends with result "revoked", exit 0, no traceback, nothing landed."""
-    from airflow_provider_cg.core.jetstream.client import PriorityClient
-
-    await create_group(nc, "R", GROUP, partitions=2, members=("m1", "m2"), subjects_prefix="r")
-    await publish_orders(nc, "R", GROUP, 200, 10, subjects_prefix="r")
-    groups = ConsumerGroups(nc)
-    stream, consumer = await groups.ensure_member_consumer("R", GROUP, "m1", ack_wait=30, max_ack_pending=1000)
-    holder = PriorityClient(nc, stream, consumer)
-    assert await holder.pull(1, expires=2) and holder.is_pinned
-    keep = asyncio.create_task(_keep_pinned(holder))
+    w = await _StandbyBehindAHolder().start(nc, nats_server, member_job_zip, tmp_path, "R")
     try:
-        job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="R", group=GROUP,
-                               member="m1", sink_path=tmp_path / "lake", args=["--standby-timeout", "60"])
-        assert await asyncio.to_thread(job.wait_for_log, "for the pin", 120), job.result().describe()
-        assert await asyncio.to_thread(job.wait_for_log, "cg pinned", 2) is False  # a standby
-        assert job.running(), job.result().describe()
-        await groups.drop_members("R", GROUP, ["m1"])
-        assert await JsApi(nc).consumer_info(stream, consumer) is not None  # its pinned instance's to hand over
-        (r,) = await _wait(job)
+        assert await asyncio.to_thread(w.job.wait_for_log, "cg pinned", 2) is False  # a standby
+        assert w.job.running(), w.job.result().describe()
+        await w.groups.drop_members("R", GROUP, ["m1"])
+        assert await JsApi(nc).consumer_info(w.stream, w.consumer) is not None  # its pinned instance's to hand over
+        (r,) = await _wait(w.job)
     finally:
-        keep.cancel()
-        await holder.close()
+        await w.stop_holder()
     s = _ok(r)
     assert s["result"] == "revoked" and "membership changed" in s["stop_reason"], s
     assert "Traceback" not in r.output, r.describe()
@@ -282,25 +296,13 @@ async def test_a_job_whose_consumer_is_deleted_while_it_waits_joins_again(nc, na
     """Still a member, its consumer deleted before it landed anything (an inactivity
     threshold that ran out while it started, or an instance of another tool replacing it): the
     job joins again (re-creates the consumer), takes the pin and lands everything; not revoked."""
-    from airflow_provider_cg.core.jetstream.client import PriorityClient
-
-    await create_group(nc, "J", GROUP, partitions=2, members=("m1", "m2"), subjects_prefix="j")
-    await publish_orders(nc, "J", GROUP, 200, 10, subjects_prefix="j")
-    groups = ConsumerGroups(nc)
-    stream, consumer = await groups.ensure_member_consumer("J", GROUP, "m1", ack_wait=30, max_ack_pending=1000)
-    holder = PriorityClient(nc, stream, consumer)
-    assert await holder.pull(1, expires=2) and holder.is_pinned
-    keep = asyncio.create_task(_keep_pinned(holder))
+    w = await _StandbyBehindAHolder().start(nc, nats_server, member_job_zip, tmp_path, "J")
     try:
-        job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="J", group=GROUP,
-                               member="m1", sink_path=tmp_path / "lake", args=["--standby-timeout", "60"])
-        assert await asyncio.to_thread(job.wait_for_log, "for the pin", 120), job.result().describe()
-        keep.cancel()
-        await holder.close()
-        await JsApi(nc).delete_consumer(stream, consumer)
-        (r,) = await _wait(job)
+        await w.stop_holder()
+        await JsApi(nc).delete_consumer(w.stream, w.consumer)
+        (r,) = await _wait(w.job)
     finally:
-        keep.cancel()
+        await w.stop_holder()
     s = _ok(r)
     assert s["result"] == "committed", s
     assert "joining again" in r.output and "Traceback" not in r.output, r.describe()
