@@ -77,6 +77,8 @@ BAD = [
                                                                     "cg_partition_fences", "cg_committed_inputs")],
     ({"sink": "delta", "sink_path": None}, "sink_path"), ({"sink": "delta", "sink_path": "s3://"}, "sink_path"),
     ({"sink": "delta", "sink_path": "s3://key:secret@bucket/t"}, "sink_path"),
+    ({"stream_life": "yes"}, "stream_life"),
+    ({"stream_life": "new:"}, "stream_life"),
     ({"sink": "delta", "sink_path": "gs://bucket/t"}, "sink_path"), ({"sink_path": "s3://bucket/t"}, "sink_path"),
     ({"sink": "iceberg"}, "iceberg_table"), ({"sink": "iceberg", "iceberg_table": "orders"}, "iceberg_table"),
     ({"sink": "iceberg", "iceberg_table": "a.b.c"}, "iceberg_table"),
