@@ -9,28 +9,19 @@ The lake tables run too: Delta on MinIO (restarted and killed under the writes),
 
 from __future__ import annotations
 
-import os
-import random
 import re
 from collections import Counter
 
 import pytest
 
-from tests.support.chaos import ChaosConfig, ChaosRun
+from tests.support.chaos import ChaosConfig, ChaosRun, chaos_seed, with_chaos_options
 
 pytestmark = [pytest.mark.integration]
 
 
 def _config(request, **overrides) -> ChaosConfig:
-    opt = request.config.getoption
-    seed = opt("--chaos-seed")
-    if seed is None:
-        seed = int(os.environ.get("CG_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
-    cfg = ChaosConfig(seed=seed, spark=opt("--chaos-spark"), **overrides)
-    if opt("--chaos-seconds"):
-        cfg.seconds = opt("--chaos-seconds")
-    if opt("--chaos-messages"):
-        cfg.messages = opt("--chaos-messages")
+    cfg = with_chaos_options(request, ChaosConfig(seed=chaos_seed(request), spark=request.config.getoption(
+        "--chaos-spark"), **overrides))
     print(f"\nchaos seed {cfg.seed} ({cfg.sink}, {cfg.seconds:g}s, {cfg.messages} messages): "
           f"replay with --chaos-seed {cfg.seed}")
     return cfg

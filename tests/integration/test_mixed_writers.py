@@ -14,11 +14,9 @@ a JVM per job makes every table in every run too slow for the suite. Replay or w
 
 from __future__ import annotations
 
-import os
-import random
-
 import pytest
 
+from tests.support.chaos import chaos_seed, with_chaos_options
 from tests.support.mixed_writers import MixedConfig, MixedWritersRun
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -27,17 +25,13 @@ SINKS = ("parquet", "postgres", "delta", "delta-s3", "iceberg", "iceberg-s3")
 
 
 def _run(request, tmp_path, nc, nats_server, member_job_zip, **overrides) -> tuple[MixedWritersRun, dict]:
-    opt = request.config.getoption
-    seed = opt("--chaos-seed") or int(os.environ.get("CG_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
+    seed = chaos_seed(request)
     rotate = overrides.pop("rotate", 0)
-    table = opt("--mixed-sink") or SINKS[(seed + rotate) % len(SINKS)]
+    table = request.config.getoption("--mixed-sink") or SINKS[(seed + rotate) % len(SINKS)]
     sink, _, where = table.partition("-")
-    cfg = MixedConfig(seed=seed, sink=sink, spark=True, members=("m1", "m2"), partitions=4, server_restarts=1,
-                      store_restarts=1 if where else 0, **overrides)
-    if opt("--chaos-seconds"):
-        cfg.seconds = opt("--chaos-seconds")
-    if opt("--chaos-messages"):
-        cfg.messages = opt("--chaos-messages")
+    cfg = with_chaos_options(request, MixedConfig(seed=seed, sink=sink, spark=True, members=("m1", "m2"),
+                                                  partitions=4, server_restarts=1,
+                                                  store_restarts=1 if where else 0, **overrides))
     print(f"\nmixed writers seed {seed} ({table}, {cfg.transform}, {cfg.seconds:g}s, {cfg.messages} messages): "
           f"replay with --chaos-seed {seed} --mixed-sink {table}")
     extra: dict = {}

@@ -15,6 +15,7 @@ left behind, and no traceback in any job's output. The seed and every fault are 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections import Counter
@@ -416,6 +417,24 @@ class ChaosRun:
             gids = [r[0] for r in cur.fetchall()]
         conn.close()
         return gids
+
+
+def chaos_seed(request) -> int:
+    """``--chaos-seed``, else ``$CG_CHAOS_SEED``, else a new seed."""
+    seed = request.config.getoption("--chaos-seed")
+    if seed is None:
+        seed = int(os.environ.get("CG_CHAOS_SEED") or random.SystemRandom().randrange(1, 2**31))
+    return seed
+
+
+def with_chaos_options(request, cfg):
+    """``cfg`` with ``--chaos-seconds`` and ``--chaos-messages`` applied (a longer run)."""
+    opt = request.config.getoption
+    if opt("--chaos-seconds"):
+        cfg.seconds = opt("--chaos-seconds")
+    if opt("--chaos-messages"):
+        cfg.messages = opt("--chaos-messages")
+    return cfg
 
 
 def last_error(job: MemberJob) -> str:

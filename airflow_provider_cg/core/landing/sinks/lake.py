@@ -28,8 +28,9 @@ write is the only one that can still take its inputs. A write of a transformatio
 (one result for many inputs, not one row per input) whose inputs are then found committed is
 refused (``InputsTaken``): its writer rolls it back, nothing acked, and computes the batch again
 without them. A write of rows drops the rows of committed inputs at commit, as before. So no
-input's effect is ever committed twice, transformed or not. A claim is ``Storage.create``: an object written only
-if its name is free (``link`` on a local disk, a conditional put on an object store), so
+input's effect is ever committed twice, transformed or not.
+
+A claim is ``Storage.create``: an object written only if its name is free (``link`` on a local disk, a conditional put on an object store), so
 exactly one writer wins each position and a record is never seen half-written; a loser
 re-reads the new records, re-checks and retries. ``abort`` claims a position too, so the
 first of commit/abort wins for good.
@@ -626,6 +627,7 @@ class LakeSink(TwoPhaseSink):
         with self._lock:
             inputs: tuple[bool, dict[str, np.ndarray], dict] | None = None
             helped: set[str] = set()
+            checked = 0  # commits up to this log position hold none of the inputs (transformed)
             while True:
                 self._log.refresh()
                 if gid in self._log.aborts:
@@ -652,7 +654,8 @@ class LakeSink(TwoPhaseSink):
                     helped.add(other)
                     continue  # committed another writer's write of some of these inputs: re-read
                 if transformed:
-                    masks = self._dup_masks(keys, 0)
+                    masks = self._dup_masks(keys, checked)  # only commits not checked yet: a retry reads few
+                    checked = self._log.pos
                     if masks:
                         taken = {st: keys[st][m] for st, m in masks.items()}
                         n = sum(len(t) for t in taken.values())
