@@ -22,7 +22,7 @@ import os
 from typing import Any
 from urllib.parse import quote
 
-from airflow_provider_cg.core.landing.contract import COUNTS, MemberJobSpec
+from airflow_provider_cg.core.landing.contract import COUNTS, SinkOptions
 
 #: the asset event extra's layout version
 EXTRA_VERSION = 1
@@ -30,10 +30,11 @@ EXTRA_VERSION = 1
 LANDED_TABLES = "cg_landed_tables"
 
 
-def table_uri(sink: str, *, sink_path: str | None = None, iceberg_table: str | None = None,
-              iceberg_catalog_uri: str | None = None, pg_table: str | None = None) -> str:
-    """The Asset URI of a landing table: ``file:///abs/path`` or ``s3://bucket/prefix`` (Delta,
-    Parquet), ``iceberg://<catalog host or sqlite>/<namespace>/<table>``, ``postgres:///<table>``."""
+def table_uri(options: Any) -> str:
+    """The Asset URI of a landing table (``SinkOptions``, or a spec carrying them):
+    ``file:///abs/path`` or ``s3://bucket/prefix`` (Delta, Parquet),
+    ``iceberg://<catalog host or sqlite>/<namespace>/<table>``, ``postgres:///<table>``."""
+    sink, sink_path = options.sink, options.sink_path
     if sink in ("delta", "parquet"):
         if not sink_path:
             raise ValueError("sink_path is needed for a delta or parquet table's asset")
@@ -46,23 +47,25 @@ def table_uri(sink: str, *, sink_path: str | None = None, iceberg_table: str | N
             return sink_path.rstrip("/")
         return "file://" + quote(os.path.abspath(sink_path))
     if sink == "iceberg":
+        iceberg_table, catalog_uri = options.iceberg_table, options.iceberg_catalog_uri
         if not iceberg_table or "." not in iceberg_table:
             raise ValueError("iceberg_table (namespace.table) is needed for an iceberg table's asset")
         namespace, _, table = iceberg_table.rpartition(".")
-        where = "sqlite" if (iceberg_catalog_uri or "").startswith("sqlite") else "catalog"
-        if iceberg_catalog_uri and not iceberg_catalog_uri.startswith("sqlite"):
-            where = iceberg_catalog_uri.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0] or "catalog"
+        where = "sqlite" if (catalog_uri or "").startswith("sqlite") else "catalog"
+        if catalog_uri and not catalog_uri.startswith("sqlite"):
+            where = catalog_uri.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0] or "catalog"
         return f"iceberg://{where}/{namespace.replace('.', '/')}/{table}"
     if sink == "postgres":
-        return f"postgres:///{pg_table or MemberJobSpec.pg_table}"
+        return f"postgres:///{options.pg_table or SinkOptions.pg_table}"
     raise ValueError(f"no asset for sink {sink!r}")
 
 
 def table_asset(name: str | None = None, **location: Any):
-    """An Airflow ``Asset`` for the table (``table_uri``'s arguments); named ``name`` or its URI."""
+    """An Airflow ``Asset`` for the table the sink options ``location`` name (``SinkOptions``'
+    fields: ``sink="delta", sink_path=...``); named ``name`` or its URI."""
     from airflow.sdk import Asset
 
-    uri = table_uri(**location)
+    uri = table_uri(SinkOptions.build(location))
     return Asset(name=name or uri, uri=uri)
 
 
@@ -87,8 +90,7 @@ def landed_extra(spec: Any, summary: dict[str, Any], servers: Any = ()) -> dict[
     extra: dict[str, Any] = {
         "cg_extra_version": EXTRA_VERSION,
         "format": spec.sink,
-        "table": table_uri(spec.sink, sink_path=spec.sink_path, iceberg_table=spec.iceberg_table,
-                           iceberg_catalog_uri=spec.iceberg_catalog_uri, pg_table=spec.pg_table),
+        "table": table_uri(spec),
         "stream": spec.stream, "group": spec.group, "member": summary.get("member"),
         "nats_servers": server_addresses(servers),
         # under the key of the origin's life: the rows' origin_stream (the stream, or <stream>#<n>)

@@ -48,7 +48,9 @@ def landing_asset(landing: dict[str, Any]):
     """The Asset of the table ``orders_landing(...)``'s arguments write."""
     from airflow_provider_cg.assets import table_asset
 
-    return table_asset(**{k: landing.get(k) for k in ("sink", "sink_path", "iceberg_table", "iceberg_catalog_uri")})
+    from airflow_provider_cg.core.landing.contract import SINK_FIELDS
+
+    return table_asset(**{k: landing[k] for k in SINK_FIELDS if landing.get(k) is not None})
 
 
 def orders_landing(env_prefix: str) -> dict[str, Any]:

@@ -29,8 +29,7 @@ def table_dataset_name(spec: Any, pg_location: tuple[str, str] | None = None) ->
         where, db = pg_location or ("localhost:5432", "postgres")
         table = spec.pg_table if "." in (spec.pg_table or "") else f"public.{spec.pg_table}"
         return f"postgres://{where}", f"{db}.{table}"
-    uri = table_uri(spec.sink, sink_path=spec.sink_path, iceberg_table=spec.iceberg_table,
-                    iceberg_catalog_uri=spec.iceberg_catalog_uri)
+    uri = table_uri(spec)
     if uri.startswith("file://"):
         return "file", urlsplit(uri).path
     if uri.startswith("iceberg://"):

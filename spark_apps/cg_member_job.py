@@ -24,11 +24,7 @@ import sys
 
 
 def _build_sink(spec):
-    from airflow_provider_cg.core.landing.sinks.opening import open_sink
-
-    sink = open_sink(spec.sink, sink_path=spec.sink_path, pg_table=spec.pg_table, iceberg_table=spec.iceberg_table,
-                     iceberg_catalog_uri=spec.iceberg_catalog_uri, iceberg_warehouse=spec.iceberg_warehouse,
-                     transformed=spec.transforming)
+    sink = spec.sink_options.open(transformed=spec.transforming)
     if spec.sink == "postgres":
         sink.check()  # an unreachable database fails here, before the pin is taken
     return sink

@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.landing import contract
-from airflow_provider_cg.core.landing.contract import MemberJobSpec
+from airflow_provider_cg.core.landing.contract import SINK_FIELDS, MemberJobSpec
 from airflow_provider_cg.core.landing.decode import SPARK_AVRO_PACKAGE
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
@@ -62,17 +62,18 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param stream: origin stream of the group.
     :param group: consumer group.
     :param member: the member this task consumes as (it must hold or win the pin).
-    :param sink: ``"delta"`` (``sink_path``), ``"iceberg"`` (``iceberg_table``, a catalog),
-        ``"parquet"`` (``sink_path``) or ``"postgres"`` (``pg_conn_id``, ``pg_table``).
-    :param sink_path: the Delta table's location (a path, or ``s3://bucket/prefix`` with
-        ``aws_conn_id``), or the Parquet lake directory (visible to the driver).
-    :param iceberg_table, iceberg_catalog_uri, iceberg_warehouse: the Iceberg sink's
-        ``namespace.table``, SQL catalog (``sqlite:////path.db``; or a PostgreSQL catalog from
-        ``pg_conn_id``) and where a missing table is created (a path or ``s3://``).
+    :param sink, sink_path, pg_table, iceberg_table, ...: the sink options, every field of the
+        contract's ``SinkOptions`` (``core/landing/contract.py``), all templated: ``sink`` is
+        ``"delta"`` (``sink_path``: a path, or ``s3://bucket/prefix`` with ``aws_conn_id``),
+        ``"iceberg"`` (``iceberg_table``, a catalog: ``iceberg_catalog_uri`` ``sqlite:////path.db``
+        or a PostgreSQL catalog from ``pg_conn_id``, ``iceberg_catalog_name``,
+        ``iceberg_warehouse`` where a missing table is created), ``"parquet"`` (``sink_path``,
+        a directory visible to the driver) or ``"postgres"`` (``pg_conn_id``, ``pg_table``);
+        ``partition_by`` partitions a Delta or Iceberg table the job creates. An option of
+        another sink than ``sink`` is refused, naming it.
     :param aws_conn_id: Airflow ``aws`` connection for tables on S3-compatible storage (login:
         access key id, password: secret key, extras ``endpoint_url``, ``region_name``); it reaches
         the driver as ``AWS_*`` environment, never as an argument or a Spark property.
-    :param pg_table: target table of the PostgreSQL sink.
     :param pg_conn_id: Airflow ``postgres`` connection; its DSN reaches the driver as
         ``CG_PG_DSN`` (or ``CG_ICEBERG_CATALOG_URI`` for the iceberg sink), never an argument.
     :param payload_format: ``raw`` | ``text`` | ``json`` (``json_schema``: Spark DDL) |
@@ -140,13 +141,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         stream: str,
         group: str,
         member: str | None = None,
-        sink: str | None = None,
-        sink_path: str | None = None,
-        pg_table: str | None = None,
         pg_conn_id: str | None = None,
-        iceberg_table: str | None = None,
-        iceberg_catalog_uri: str | None = None,
-        iceberg_warehouse: str | None = None,
         aws_conn_id: str | None = None,
         payload_format: str | None = None,
         json_schema: str | None = None,
@@ -184,19 +179,18 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             if field in kwargs:
                 raise ConfigError(field, "is set by the operator (use the member job's options instead)")
         spark_options = {k: kwargs.pop(k) for k in list(kwargs) if k in SPARK_SUBMIT_OPTIONS}
+        sink_options = {k: kwargs.pop(k, None) for k in SINK_FIELDS}
         if "outlets" not in kwargs:  # the table, as an Asset, when its location is known now
-            kwargs["outlets"] = _table_outlets(sink, sink_path, iceberg_table, iceberg_catalog_uri)
+            kwargs["outlets"] = _table_outlets(sink_options)
         super().__init__(**kwargs)
         job = {
-            "stream": stream, "group": group, "member": member, "sink": sink, "sink_path": sink_path,
-            "pg_table": pg_table, "payload_format": payload_format, "json_schema": json_schema,
+            "stream": stream, "group": group, "member": member, **sink_options, "payload_format": payload_format, "json_schema": json_schema,
             "avro_schema": avro_schema, "transform": transform, "transform_sql": transform_sql,
             "batch_size": batch_size, "max_messages": max_messages, "max_bytes": max_bytes,
             "max_seconds": max_seconds, "standby_timeout": standby_timeout, "ack_wait": ack_wait,
             "max_ack_pending": max_ack_pending, "max_deliver": max_deliver, "idle_timeout": idle_timeout, "progress_interval": progress_interval,
             "read": read, "backfill_start": backfill_start, "backfill_end": backfill_end,
-            "iceberg_table": iceberg_table, "iceberg_catalog_uri": iceberg_catalog_uri,
-            "iceberg_warehouse": iceberg_warehouse, "stream_life": stream_life,
+            "stream_life": stream_life,
         }
         assert set(job) == set(JOB_FIELDS), "every option of the member job is a parameter"
         for field, value in job.items():
@@ -428,22 +422,20 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         return m, member_backlog(status, m)
 
 
-def _table_outlets(sink: Any, sink_path: Any, iceberg_table: Any, iceberg_catalog_uri: Any) -> list:
-    """``[Asset]`` of a table whose format and location are given as plain values, else an
+def _table_outlets(sink_options: dict[str, Any]) -> list:
+    """``[Asset]`` of a table whose sink options are given as plain values, else an
     ``AssetAlias`` through which a run names the table it rendered."""
     from airflow.sdk import AssetAlias
 
     from airflow_provider_cg.assets import LANDED_TABLES, table_asset
 
-    values = (sink, sink_path, iceberg_table, iceberg_catalog_uri)
-    if any(templated(v) for v in values):
+    if any(templated(v) for v in sink_options.values()):
         return [AssetAlias(LANDED_TABLES)]
-    if sink not in ("delta", "iceberg", "parquet"):
+    if sink_options.get("sink") not in ("delta", "iceberg", "parquet"):
         return []
     try:
-        return [table_asset(sink=sink, sink_path=sink_path, iceberg_table=iceberg_table,
-                            iceberg_catalog_uri=iceberg_catalog_uri)]
-    except ValueError:  # incomplete: the contract check that follows names the field
+        return [table_asset(**{k: v for k, v in sink_options.items() if v is not None})]
+    except ValueError:  # incomplete or invalid: the contract check that follows names the field
         return []
 
 

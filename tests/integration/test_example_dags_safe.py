@@ -118,6 +118,7 @@ def test_every_landing_task_announces_its_table_and_the_report_listens(shipped):
     from airflow.sdk import AssetAlias
 
     from airflow_provider_cg.assets import LANDED_TABLES, table_uri
+    from airflow_provider_cg.core.landing.contract import SinkOptions
 
     outlets = {}
     for dag_id, dag in shipped.items():
@@ -128,7 +129,8 @@ def test_every_landing_task_announces_its_table_and_the_report_listens(shipped):
             if dag_id == "cg_scheduled_consumption":
                 assert found == [AssetAlias(LANDED_TABLES)]
                 p = dag.params.dump()
-                found = [type("Rendered", (), {"uri": table_uri(p["table_format"], sink_path=p["sink_path"])})]
+                options = SinkOptions.build({"sink": p["table_format"], "sink_path": p["sink_path"]})
+                found = [type("Rendered", (), {"uri": table_uri(options)})]
             outlets[dag_id] = {a.uri for a in found}
     assert len({frozenset(v) for v in outlets.values()}) == 1, outlets  # one table: paid_orders
     report = shipped["cg_paid_orders_report"]

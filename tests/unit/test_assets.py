@@ -9,20 +9,25 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_cg.assets import landed_extra, landed_rows, table_uri
-from airflow_provider_cg.core.landing.contract import MemberJobSpec, Summary
+from airflow_provider_cg.core.landing.contract import MemberJobSpec, SinkOptions, Summary
+
+
+def _uri(sink: str, **location) -> str:
+    return table_uri(SinkOptions.build({"sink": sink, **location}))
 
 
 def test_table_uris():
-    assert table_uri("delta", sink_path="/lake/paid orders") == "file:///lake/paid%20orders"
-    assert table_uri("delta", sink_path="s3://bucket/wh/paid_orders/") == "s3://bucket/wh/paid_orders"
-    assert table_uri("parquet", sink_path="/lake/raw") == "file:///lake/raw"
-    assert table_uri("iceberg", iceberg_table="lake.paid_orders",
-                     iceberg_catalog_uri="sqlite:////tmp/cat.db") == "iceberg://sqlite/lake/paid_orders"
-    assert table_uri("iceberg", iceberg_table="a.b.t", iceberg_catalog_uri="postgresql+psycopg2://u@db:5432/cat") \
-        == "iceberg://db:5432/a/b/t"
-    assert table_uri("iceberg", iceberg_table="lake.t") == "iceberg://catalog/lake/t"  # catalog from a connection
+    assert _uri("delta", sink_path="/lake/paid orders") == "file:///lake/paid%20orders"
+    assert _uri("delta", sink_path="s3://bucket/wh/paid_orders/") == "s3://bucket/wh/paid_orders"
+    assert _uri("parquet", sink_path="/lake/raw") == "file:///lake/raw"
+    assert _uri("iceberg", iceberg_table="lake.paid_orders",
+                iceberg_catalog_uri="sqlite:////tmp/cat.db") == "iceberg://sqlite/lake/paid_orders"
+    assert _uri("iceberg", iceberg_table="a.t", iceberg_catalog_uri="postgresql+psycopg2://u@db:5432/cat") \
+        == "iceberg://db:5432/a/t"
+    assert _uri("iceberg", iceberg_table="lake.t") == "iceberg://catalog/lake/t"  # catalog from a connection
+    assert _uri("postgres") == "postgres:///cg_events"
     with pytest.raises(ValueError, match="sink_path"):
-        table_uri("delta")
+        _uri("delta")
 
 
 def _summary(**partitions) -> dict:

@@ -57,9 +57,11 @@ ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome b
 
 
 def _opt(default: Any = None, kind: type = str, help: str = "", choices: tuple[str, ...] | None = None,
-         positive: bool = False) -> Any:
-    """A field of the contract: ``kind`` is how argv text (and rendered templates) convert."""
-    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive})
+         positive: bool = False, sinks: tuple[str, ...] | None = None) -> Any:
+    """A field of the contract: ``kind`` is how argv text (and rendered templates) convert;
+    ``sinks``: the sinks a sink option belongs to (any other refuses it)."""
+    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive,
+                                            "sinks": sinks})
 
 
 def flag(name: str) -> str:
@@ -115,18 +117,90 @@ class BatchOptions:
 
 
 @dataclass(frozen=True)
-class MemberJobSpec(BatchOptions):
-    """Everything one member job run is given (see the module docstring)."""
+class SinkOptions:
+    """Where the batches land and how the table is shaped: one type for the member job, the
+    operator, ``cg`` (its sink flags are generated from these fields), assets and lineage.
+    Each option names the sinks it belongs to; one given to another sink is refused, naming
+    it. No option carries a secret: credentials come from the environment (``opening.py``)."""
 
     sink: str = _opt("parquet", str, "where the batches land", SINKS)
     sink_path: str | None = _opt(help="the Parquet sink's dataset directory, or the Delta table's location (a path "
-                                 "or s3://bucket/prefix; object-store credentials come from AWS_* environment)")
-    pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink")
-    iceberg_table: str | None = _opt(help="the Iceberg sink's table, namespace.table")
+                                 "or s3://bucket/prefix; object-store credentials come from AWS_* environment)",
+                                 sinks=PATH_SINKS)
+    pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink", sinks=("postgres",))
+    iceberg_table: str | None = _opt(help="the Iceberg sink's table, namespace.table", sinks=("iceberg",))
     iceberg_catalog_uri: str | None = _opt(help="the Iceberg SQL catalog, sqlite:////path/catalog.db or "
-                                           "postgresql://host/db without a password (with one: CG_ICEBERG_CATALOG_URI)")
+                                           "postgresql://host/db without a password (with one: CG_ICEBERG_CATALOG_URI)",
+                                           sinks=("iceberg",))
     iceberg_warehouse: str | None = _opt(help="where the Iceberg sink creates its table if missing (a path or "
-                                         "s3://bucket/prefix)")
+                                         "s3://bucket/prefix)", sinks=("iceberg",))
+    iceberg_catalog_name: str = _opt("default", str, "the Iceberg catalog's name: a SQL catalog keys its rows by "
+                                     "it, so other engines see the table only under the name they use",
+                                     sinks=("iceberg",))
+    partition_by: str | None = _opt(help="partitioning of a table the sink creates, comma-separated: Delta takes "
+                                    "columns (order_date, region); Iceberg also day(ts), hour(ts), month(ts), "
+                                    "year(ts), bucket(16, id), truncate(4, name). A column may be one your "
+                                    "transformation derives; an existing table partitioned otherwise is refused",
+                                    sinks=("delta", "iceberg"))
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+        check_sink(self)
+
+    @classmethod
+    def of(cls, values: Any) -> SinkOptions:
+        """The sink options of a ``MemberJobSpec`` (or any object or mapping carrying them)."""
+        get = values.get if isinstance(values, Mapping) else (lambda k: getattr(values, k, None))
+        return cls(**{f.name: get(f.name) for f in dataclasses.fields(cls) if get(f.name) is not None})
+
+    @classmethod
+    def build(cls, values: Mapping[str, Any]) -> SinkOptions:
+        """Sink options from text or typed values (``None`` is the default)."""
+        return cls(**_converted(values, cls))
+
+    def given(self) -> dict[str, Any]:
+        """The options not at their default (what a command line or an asset needs)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(SinkOptions)
+                if getattr(self, f.name) is not None and getattr(self, f.name) != f.default}
+
+    def open(self, *, transformed: bool = False):
+        """The two-phase sink these options name (``sinks/opening.py``)."""
+        from airflow_provider_cg.core.landing.sinks.opening import open_sink
+
+        return open_sink(self, transformed=transformed)
+
+
+#: the sink options' names, as every layer spells them
+SINK_FIELDS = tuple(f.name for f in dataclasses.fields(SinkOptions))
+
+
+def add_sink_arguments(parser: argparse.ArgumentParser, *, sink_help: str | None = None) -> None:
+    """Every sink option as a flag of ``parser`` (``cg lag --sink ...``), from ``SinkOptions``."""
+    for f in dataclasses.fields(SinkOptions):
+        meta = f.metadata
+        text = sink_help if f.name == "sink" and sink_help else meta["help"]
+        owners = meta["sinks"]
+        if owners:
+            text += f" [{', '.join(owners)}]"
+        parser.add_argument(flag(f.name), dest=f.name, metavar=f.name.upper(), default=None,
+                            choices=meta["choices"], help=text)
+
+
+def sink_options_from_args(ns: argparse.Namespace) -> SinkOptions | None:
+    """The sink options a command line gave (``add_sink_arguments``), or None without ``--sink``."""
+    values = {name: getattr(ns, name, None) for name in SINK_FIELDS}
+    if values["sink"] is None:
+        extra = next((n for n in SINK_FIELDS if values[n] is not None), None)
+        if extra:
+            raise ConfigError(extra, "needs --sink (the sink it belongs to)")
+        return None
+    return SinkOptions.build(values)
+
+
+@dataclass(frozen=True)
+class MemberJobSpec(SinkOptions, BatchOptions):
+    """Everything one member job run is given (see the module docstring)."""
+
     payload_format: str = _opt("raw", str, "how Spark decodes payloads (avro needs Spark's Avro package: "
                                "--packages)", PAYLOAD_FORMATS)
     json_schema: str | None = _opt(help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
@@ -152,8 +226,12 @@ class MemberJobSpec(BatchOptions):
         return parse_time("backfill_start", self.backfill_start), parse_time("backfill_end", self.backfill_end)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        BatchOptions.__post_init__(self)
         _check_job(self)
+
+    @property
+    def sink_options(self) -> SinkOptions:
+        return SinkOptions.of(self)
 
     # --- building ------------------------------------------------------------------------
 
@@ -162,7 +240,7 @@ class MemberJobSpec(BatchOptions):
         """A spec from field values as the operator renders them or argv carries them: text
         is converted by each field's kind; ``None`` is the default. ``ConfigError`` names the
         first field that breaks a rule."""
-        return cls(**_converted(values))
+        return cls(**_converted(values, cls))
 
     @classmethod
     def check_known(cls, values: Mapping[str, Any], unknown: set[str]) -> None:
@@ -255,13 +333,14 @@ def parse_time(name: str, value: Any) -> dt.datetime:
     return value.astimezone(dt.UTC)
 
 
-def _converted(values: Mapping[str, Any]) -> dict[str, Any]:
-    fields = {f.name: f for f in dataclasses.fields(MemberJobSpec)}
+def _converted(values: Mapping[str, Any], kind: type = None) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(kind or MemberJobSpec)}
     out: dict[str, Any] = {}
     for name, value in values.items():
         f = fields.get(name)
         if f is None:
-            raise ConfigError(name, "is not an option of the member job")
+            what = "a sink option" if kind is SinkOptions else "an option of the member job"
+            raise ConfigError(name, f"is not {what}")
         if value is None:
             continue
         out[name] = _convert(name, value, f.metadata["kind"])
@@ -295,12 +374,12 @@ def _convert(name: str, value: Any, kind: type) -> Any:
     return float(value)
 
 
-def _check_fields(spec: BatchOptions) -> None:
+def _check_fields(spec: Any) -> None:
     """Each field alone: names, choices, positive finite numbers."""
     from airflow_provider_cg.core.groups.config import validate_name
 
     for name in ("stream", "group"):
-        if getattr(spec, name) is None:
+        if hasattr(spec, name) and getattr(spec, name) is None:
             raise ConfigError(name, "required")
     for f in dataclasses.fields(spec):
         value = getattr(spec, f.name)
@@ -356,8 +435,18 @@ def _check_job(spec: MemberJobSpec) -> None:
 
 
 def check_sink(spec: Any) -> None:
-    """The sink's options (``sink``, ``sink_path``, ``pg_table``, ``iceberg_*`` of ``spec``): the
-    member job's rules, also what ``cg lag --sink`` is held to."""
+    """The rules of the sink options (``SinkOptions``' fields of ``spec``), for the member job,
+    the operator and ``cg lag --sink`` alike."""
+    for f in dataclasses.fields(SinkOptions):
+        owners = f.metadata["sinks"]
+        value = getattr(spec, f.name)
+        if owners and spec.sink not in owners and value is not None and value != f.default:
+            raise ConfigError(f.name, f"is an option of the {' and '.join(owners)} sink"
+                                      f"{'s' if len(owners) > 1 else ''}, not of {spec.sink}")
+    if spec.partition_by is not None:
+        from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
+
+        Partitioning.parse(spec.partition_by, spec.sink)
     if spec.sink in PATH_SINKS:
         if not spec.sink_path:
             raise ConfigError("sink_path", f"required for the {spec.sink} sink")
@@ -377,6 +466,9 @@ def check_sink(spec: Any) -> None:
                                                          "CG_ICEBERG_CATALOG_URI, or pg_conn_id to the operator)")
         if spec.iceberg_warehouse is not None:
             _check_location("iceberg_warehouse", spec.iceberg_warehouse, object_store=True)
+        if not spec.iceberg_catalog_name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigError("iceberg_catalog_name", "must be letters, digits, '_' or '-' "
+                                                      f"(got {spec.iceberg_catalog_name!r})")
     else:
         from airflow_provider_cg.core.landing.sinks.postgres import OWN_TABLES, validate_identifier
 
@@ -406,6 +498,8 @@ _RULE_FIELDS = {
     "iceberg_catalog_uri": {"sink", "iceberg_catalog_uri"},
     "iceberg_warehouse": {"sink", "iceberg_warehouse"},
     "pg_table": {"sink", "pg_table"},
+    "iceberg_catalog_name": {"sink", "iceberg_catalog_name"},
+    "partition_by": {"sink", "partition_by"},
     "json_schema": {"payload_format", "json_schema"},
     "avro_schema": {"payload_format", "avro_schema"},
     "transform": {"transform", "transform_sql", "no_spark"},

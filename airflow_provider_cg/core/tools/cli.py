@@ -283,14 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
     kinded(sg(cmd("status", "backlog per partition and member")))
     p = sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder, and (with "
                       "--sink) the last committed batch"))
-    p.add_argument("--sink", choices=("parquet", "delta", "iceberg", "postgres"),
-                   help="read each member's last committed batch from this sink (the jobs' options; credentials "
-                        "from the environment as for the job: AWS_*, CG_PG_DSN, CG_ICEBERG_CATALOG_URI)")
-    p.add_argument("--sink-path", metavar="PATH")
-    p.add_argument("--pg-table", default="cg_events", metavar="TABLE")
-    p.add_argument("--iceberg-table", metavar="NAMESPACE.TABLE")
-    p.add_argument("--iceberg-catalog-uri", metavar="URI")
-    p.add_argument("--iceberg-warehouse", metavar="LOCATION")
+    from airflow_provider_cg.core.landing.contract import add_sink_arguments
+
+    add_sink_arguments(p, sink_help="read each member's last committed batch from this sink (the jobs' sink "
+                                    "options; credentials from the environment as for the job: AWS_*, CG_PG_DSN, "
+                                    "CG_ICEBERG_CATALOG_URI)")
     p.add_argument("--stream-life", metavar="new:CREATED|continue:CREATED",
                    help="with --sink: record the origin's current life in the table (after the stream was deleted "
                         "and created again), as the job's option of that name does: its jobs then land it")
@@ -525,15 +522,10 @@ async def _online(args, out: TextIO) -> int:
         created_cfg = _create_config(args)
         created_cfg.validate(args.stream, args.group)
     sink_options = None
-    if args.command == "lag" and args.sink:  # the job's rules for the sink, before the network
-        from types import SimpleNamespace
+    if args.command == "lag":  # the job's rules for the sink, before the network
+        from airflow_provider_cg.core.landing.contract import sink_options_from_args
 
-        from airflow_provider_cg.core.landing.contract import check_sink
-
-        sink_options = SimpleNamespace(sink=args.sink, sink_path=args.sink_path, pg_table=args.pg_table,
-                                       iceberg_table=args.iceberg_table, iceberg_catalog_uri=args.iceberg_catalog_uri,
-                                       iceberg_warehouse=args.iceberg_warehouse)
-        check_sink(sink_options)
+        sink_options = sink_options_from_args(args)
     if args.command == "reset":
         from airflow_provider_cg.core.groups.reset import MODES, ResetTarget
 
@@ -678,20 +670,15 @@ def _age(seconds: float | None) -> str:
 
 def _last_commits(o, stream: str, group: str) -> dict:
     """Each member's last committed batch from the sink the jobs land into (read-only)."""
-    from airflow_provider_cg.core.landing.sinks.opening import open_sink
-
-    with open_sink(o.sink, sink_path=o.sink_path, pg_table=o.pg_table, iceberg_table=o.iceberg_table,
-                   iceberg_catalog_uri=o.iceberg_catalog_uri, iceberg_warehouse=o.iceberg_warehouse) as sink:
+    with o.open() as sink:
         return sink.last_commits(stream, group)
 
 
 def _origin_life(o, stream: str, created: str, choice: str | None) -> dict:
     """The origin's current life in the table the jobs land into; ``choice`` records it."""
-    from airflow_provider_cg.core.landing.sinks.opening import open_sink
     from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
-    with open_sink(o.sink, sink_path=o.sink_path, pg_table=o.pg_table, iceberg_table=o.iceberg_table,
-                   iceberg_catalog_uri=o.iceberg_catalog_uri, iceberg_warehouse=o.iceberg_warehouse) as sink:
+    with o.open() as sink:
         if choice:
             sink.stream_life(stream, created, LifeChoice.parse(choice))
         lives = sink.stream_lives(stream)

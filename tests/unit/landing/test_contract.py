@@ -18,7 +18,7 @@ AVRO = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type
 LIVE = {
     "stream": "ORDERS", "group": "g-1", "member": "m_1", "batch_size": 7, "max_messages": 11, "max_bytes": 1 << 20,
     "max_seconds": 2.5, "standby_timeout": 3.0, "ack_wait": 4.5, "max_ack_pending": 1, "max_deliver": 9, "idle_timeout": 0.25,
-    "progress_interval": 1.0, "read": "consumer", "sink": "postgres", "sink_path": "/lake/x", "pg_table": "orders_t",
+    "progress_interval": 1.0, "read": "consumer", "sink": "postgres", "pg_table": "orders_t",
     "payload_format": "avro", "json_schema": "id BIGINT", "avro_schema": AVRO, "transform": "pkg.mod:fn",
     "no_spark": False, "summary_file": "/tmp/s.json",
 }
@@ -32,7 +32,8 @@ BACKFILL = {
 def test_every_option_round_trips_through_argv():
     covered = set()
     iceberg = {"stream": "S", "group": "g", "member": "m", "sink": "iceberg", "iceberg_table": "lake.orders",
-               "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse"}
+               "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse",
+               "iceberg_catalog_name": "lakehouse", "partition_by": "day(ts), bucket(16, id)"}
     for values in (LIVE, BACKFILL, {"stream": "S", "group": "g", "member": "m", "sink_path": "/l", "no_spark": True,
                                     "payload_format": "text", "stream_life": "new:2026-11-26T12:00:00.5Z"}, iceberg):
         spec = MemberJobSpec.build(values)
@@ -71,21 +72,33 @@ BAD = [
     ({"payload_format": "avro"}, "avro_schema"), ({"payload_format": "avro", "avro_schema": "{not json"}, "avro_schema"),
     ({"payload_format": "avro", "avro_schema": '{"type": "string"}'}, "avro_schema"),
     ({"member": None}, "member"), ({"stream": "a b"}, "stream"), ({"group": "a.b"}, "group"), ({"member": "*"}, "member"),
-    ({"sink_path": None}, "sink_path"), ({"sink": "postgres", "pg_table": "t" * 64}, "pg_table"),
-    ({"sink": "postgres", "pg_table": "a;drop"}, "pg_table"), ({"sink": "postgres", "pg_table": ""}, "pg_table"),
-    *[({"sink": "postgres", "pg_table": t}, "pg_table") for t in ("cg_prepared_writes", "cg_committed_writes",
+    ({"sink_path": None}, "sink_path"), ({"sink": "postgres", "sink_path": None, "pg_table": "t" * 64}, "pg_table"),
+    ({"sink": "postgres", "sink_path": None, "pg_table": "a;drop"}, "pg_table"), ({"sink": "postgres", "sink_path": None, "pg_table": ""}, "pg_table"),
+    *[({"sink": "postgres", "sink_path": None, "pg_table": t}, "pg_table") for t in ("cg_prepared_writes", "cg_committed_writes",
                                                                     "cg_partition_fences", "cg_committed_inputs")],
     ({"sink": "delta", "sink_path": None}, "sink_path"), ({"sink": "delta", "sink_path": "s3://"}, "sink_path"),
     ({"sink": "delta", "sink_path": "s3://key:secret@bucket/t"}, "sink_path"),
     ({"stream_life": "yes"}, "stream_life"),
     ({"stream_life": "new:"}, "stream_life"),
     ({"sink": "delta", "sink_path": "gs://bucket/t"}, "sink_path"), ({"sink_path": "s3://bucket/t"}, "sink_path"),
-    ({"sink": "iceberg"}, "iceberg_table"), ({"sink": "iceberg", "iceberg_table": "orders"}, "iceberg_table"),
-    ({"sink": "iceberg", "iceberg_table": "a.b.c"}, "iceberg_table"),
-    ({"sink": "iceberg", "iceberg_table": "l.o", "iceberg_catalog_uri": "mysql://h/db"}, "iceberg_catalog_uri"),
-    ({"sink": "iceberg", "iceberg_table": "l.o", "iceberg_catalog_uri": "postgresql://u:pw@h/db"},
+    ({"sink": "iceberg", "sink_path": None}, "iceberg_table"), ({"sink": "iceberg", "sink_path": None, "iceberg_table": "orders"}, "iceberg_table"),
+    ({"sink": "iceberg", "sink_path": None, "iceberg_table": "a.b.c"}, "iceberg_table"),
+    ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_catalog_uri": "mysql://h/db"}, "iceberg_catalog_uri"),
+    ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_catalog_uri": "postgresql://u:pw@h/db"},
      "iceberg_catalog_uri"),
-    ({"sink": "iceberg", "iceberg_table": "l.o", "iceberg_warehouse": "ftp://x/y"}, "iceberg_warehouse"),
+    ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_warehouse": "ftp://x/y"}, "iceberg_warehouse"),
+    ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_catalog_name": "a b"},
+     "iceberg_catalog_name"),
+    # an option of another sink is refused, naming it (not ignored)
+    ({"sink": "delta", "iceberg_table": "ns.t"}, "iceberg_table"), ({"pg_table": "t"}, "pg_table"),
+    ({"sink": "delta", "iceberg_catalog_name": "x"}, "iceberg_catalog_name"),
+    ({"sink": "postgres", "sink_path": "/lake"}, "sink_path"), ({"partition_by": "region"}, "partition_by"),
+    # partitioning
+    ({"sink": "delta", "partition_by": ""}, "partition_by"), ({"sink": "delta", "partition_by": "day(ts)"}, "partition_by"),
+    ({"sink": "delta", "partition_by": "a,,b"}, "partition_by"), ({"sink": "delta", "partition_by": "a, a"}, "partition_by"),
+    ({"sink": "delta", "partition_by": "a-b"}, "partition_by"),
+    *[({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "partition_by": p}, "partition_by")
+      for p in ("bucket(id)", "bucket(0, id)", "day(3, ts)", "week(ts)", "day(ts", "truncate(x, n)", "day(ts), day(ts)")],
     ({"transform": "not a spec"}, "transform"), ({"transform": "m:f", "transform_sql": "SELECT 1"}, "transform"),
     ({"transform_sql": "  "}, "transform_sql"),
     ({"backfill_start": "2026-01-01T00:00:00Z"}, "backfill_end"), ({"backfill_end": "2026-01-01T00:00:00Z"}, "backfill_start"),

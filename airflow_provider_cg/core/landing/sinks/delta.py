@@ -23,10 +23,13 @@ import time
 
 import pyarrow as pa
 
+from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.base import SinkError
+from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
 from airflow_provider_cg.core.landing.sinks.tables import (
     APP_ID,
+    DataFile,
     SchemaMismatch,
     TableConflict,
     TableSink,
@@ -48,7 +51,7 @@ class DeltaLakeSink(TableSink):
     created from the first batch's schema if missing."""
 
     def __init__(self, location: str | os.PathLike, *, fsync: bool = True, compression: str = "snappy",
-                 checkpoint_interval: int = 100) -> None:
+                 checkpoint_interval: int = 100, partitioning: Partitioning | None = None) -> None:
         store = open_storage(str(location), fsync=fsync)
         if isinstance(store, ObjectStorage):
             store.check()
@@ -58,6 +61,18 @@ class DeltaLakeSink(TableSink):
         super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval)
         self.uri = store.uri()
         self._dt = None
+        self.partitioning = self._table_partitioning(partitioning)
+
+    def _table_partitioning(self, asked: Partitioning | None) -> Partitioning | None:
+        """The existing table's partition columns (``asked`` must name the same), else ``asked``."""
+        dt = self._table()
+        if dt is None:
+            return asked
+        columns = list(dt.metadata().partition_columns)
+        if asked is not None and asked.columns != columns:
+            raise ConfigError("partition_by", f"the table {self.uri} exists partitioned by "
+                                              f"({', '.join(columns) or 'nothing'}), not ({asked})")
+        return Partitioning.parse(", ".join(columns), "delta") if columns else None
 
     def _table(self, *, fresh: bool = True):
         from deltalake import DeltaTable
@@ -97,7 +112,7 @@ class DeltaLakeSink(TableSink):
                 raise SchemaMismatch(f.name, f"has type {f.type}, which a Delta table cannot hold") from None
         super().check_schema(schema)
 
-    def commit_files(self, record: dict, files: list[tuple[str, int, dict]], schema: pa.Schema) -> None:
+    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
         from deltalake import CommitProperties, DeltaTable, Field, Transaction
         from deltalake import Schema as DeltaSchema
         from deltalake.exceptions import CommitFailedError, DeltaError
@@ -106,7 +121,8 @@ class DeltaLakeSink(TableSink):
         dt = self._table(fresh=False)
         if dt is None:
             try:
-                DeltaTable.create(self.uri, schema=schema, mode="ignore", storage_options=self.storage_options or None)
+                DeltaTable.create(self.uri, schema=schema, mode="ignore", storage_options=self.storage_options or None,
+                                  partition_by=self.partitioning.columns if self.partitioning else None)
             except DeltaError:
                 pass  # another publisher created it meanwhile
             dt = self._table()
@@ -121,14 +137,17 @@ class DeltaLakeSink(TableSink):
             if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
                 return  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
-            actions = [AddAction(path, size, {}, now, True, stats_json(stats)) for path, size, stats in files]
+            part = self.partitioning
+            actions = [AddAction(f.path, f.size, part.delta_values(f.partition) if part else {}, now, True,
+                                 stats_json(f.stats)) for f in files]
             props = CommitProperties(
                 app_transactions=[Transaction(APP_ID, record["pos"], now)],
                 custom_metadata={"cg.gid": record["gid"], "cg.position": str(record["pos"]),
                                  "cg.rows": str(record["rows_written"])},
                 max_commit_retries=10,
             )
-            dt.create_write_transaction(actions, "append", current, commit_properties=props)
+            dt.create_write_transaction(actions, "append", current, commit_properties=props,
+                                        partition_by=part.columns if part else None)
         except CommitFailedError as e:
             self._dt = None
             raise TableConflict(f"delta commit of position {record['pos']} lost a race ({e})") from None

@@ -21,11 +21,13 @@ import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
-from airflow_provider_cg.core.landing.sinks.tables import APP_ID, TableConflict, TableSink, new_columns
+from airflow_provider_cg.core.landing.sinks.partitioning import PartitionField, Partitioning
+from airflow_provider_cg.core.landing.sinks.tables import APP_ID, DataFile, TableConflict, TableSink, new_columns
 
 POSITION_PROPERTY = f"{APP_ID}.position"
-#: the SQL catalog's name (its rows are keyed by it): pyiceberg's default, what
-#: ``load_catalog("default", uri=...)`` and a Spark ``spark.sql.catalog.default`` JDBC catalog read
+#: the SQL catalog's default name (its rows are keyed by it): pyiceberg's default, what
+#: ``load_catalog("default", uri=...)`` and a Spark ``spark.sql.catalog.default`` JDBC catalog read;
+#: the ``iceberg_catalog_name`` option names another
 CATALOG_NAME = "default"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
 
@@ -52,7 +54,7 @@ def parse_identifier(table: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings):
+def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings, name: str = CATALOG_NAME):
     """pyiceberg's SQL catalog; errors name the setting, never the URI's password."""
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -73,7 +75,7 @@ def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings)
         props["warehouse"] = warehouse if "://" in warehouse else "file://" + os.path.abspath(warehouse)
     for attempt in range(20):
         try:
-            return SqlCatalog(CATALOG_NAME, **props)
+            return SqlCatalog(name, **props)
         except Exception as e:  # noqa: BLE001 - SQLAlchemy's errors may quote the URI
             racing = _locked(e) or "already exists" in str(e)  # another process creates the catalog's tables
             if racing and attempt < 19:
@@ -95,13 +97,16 @@ class IcebergSink(TableSink):
     created from the first batch's schema (under ``warehouse``) if missing."""
 
     def __init__(self, catalog_uri: str, table: str, *, warehouse: str | None = None, fsync: bool = True,
-                 compression: str = "snappy", checkpoint_interval: int = 100) -> None:
+                 compression: str = "snappy", checkpoint_interval: int = 100, catalog_name: str = CATALOG_NAME,
+                 partitioning: Partitioning | None = None) -> None:
         self.namespace, self.name = parse_identifier(table)
         self.identifier = f"{self.namespace}.{self.name}"
         self.settings = ObjectStoreSettings.from_env()
-        self.catalog = open_catalog(catalog_uri, warehouse, self.settings)
+        self.catalog = open_catalog(catalog_uri, warehouse, self.settings, catalog_name)
         tbl = self._load()
+        self.partitioning = partitioning
         if tbl is not None:
+            self.partitioning = _table_partitioning(tbl, partitioning, self.identifier)
             location = tbl.location()
             if tbl.properties.get("commit.retry.num-retries") != "0":
                 with tbl.transaction() as tx:
@@ -156,8 +161,15 @@ class IcebergSink(TableSink):
             if not self._namespace_exists():
                 raise
         try:
-            return self.catalog.create_table(self.identifier, schema=schema, location=self.location,
-                                             properties=dict(NO_RETRIES))
+            if self.partitioning is None:
+                return self.catalog.create_table(self.identifier, schema=schema, location=self.location,
+                                                 properties=dict(NO_RETRIES))
+            tx = self.catalog.create_table_transaction(self.identifier, schema=schema, location=self.location,
+                                                       properties=dict(NO_RETRIES))
+            with tx.update_spec() as spec:
+                for f in self.partitioning.fields:
+                    spec.add_field(f.column, f.iceberg_transform(), f.name)
+            return tx.commit_transaction()
         except TableAlreadyExistsError:
             return self._load()
         except Exception:
@@ -172,7 +184,7 @@ class IcebergSink(TableSink):
         except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
             return False
 
-    def commit_files(self, record: dict, files: list[tuple[str, int, dict]], schema: pa.Schema) -> None:
+    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
         from pyiceberg.exceptions import CommitFailedException
 
         tbl = self._load() or self._create(schema)
@@ -186,11 +198,62 @@ class IcebergSink(TableSink):
                     with tx.update_schema() as update:
                         update.union_by_name(pa.schema(added))
                 tx.set_properties({POSITION_PROPERTY: pos})
-                tx.add_files([self.store.uri(path) for path, _, _ in files],
-                             snapshot_properties={POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]})
+                summary = {POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]}
+                if self.partitioning is None:
+                    tx.add_files([self.store.uri(f.path) for f in files], snapshot_properties=summary)
+                else:
+                    _append_partitioned(tx, [(self.store.uri(f.path), f) for f in files], summary)
         except CommitFailedException as e:
             raise TableConflict(f"iceberg commit of position {pos} lost a race ({e})") from None
         except Exception as e:
             if _locked(e):
                 raise TableConflict(f"iceberg commit of position {pos}: catalog busy") from None
             raise
+
+
+def _table_partitioning(tbl, asked: Partitioning | None, identifier: str) -> Partitioning | None:
+    """The existing table's partition spec as a ``Partitioning`` (``asked`` must be the same)."""
+    schema = tbl.schema()
+    fields = []
+    for pf in tbl.spec().fields:
+        kind, _, width = str(pf.transform).partition("[")
+        fields.append(PartitionField(schema.find_column_name(pf.source_id), kind,
+                                     int(width.rstrip("]")) if width else None))
+    found = Partitioning(tuple(fields), "iceberg") if fields else None
+    if asked is not None and (found is None or found.fields != asked.fields):
+        raise ConfigError("partition_by", f"the table {identifier!r} exists partitioned by "
+                                          f"({found or 'nothing'}), not ({asked})")
+    return found
+
+
+def _append_partitioned(tx, files: list[tuple[str, DataFile]], summary: dict[str, str]) -> None:
+    """Add data files of a partitioned table, each with the partition of its rows. pyiceberg's
+    ``add_files`` infers a partition from column bounds, which a bucket transform has none of;
+    this builds the same data file entries with the partition given, through pyiceberg's
+    public statistics functions, and the same name mapping for files without field ids."""
+    from pyiceberg.io.pyarrow import (
+        compute_statistics_plan,
+        data_file_statistics_from_parquet_metadata,
+        parquet_path_to_id_mapping,
+    )
+    from pyiceberg.manifest import DataFile as IcebergDataFile
+    from pyiceberg.manifest import DataFileContent, FileFormat
+    from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+    from pyiceberg.table import TableProperties
+
+    md = tx.table_metadata
+    if md.name_mapping() is None:
+        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: md.schema().name_mapping.model_dump_json()})
+        md = tx.table_metadata
+    schema, spec = md.schema(), md.spec()
+    plan, mapping = compute_statistics_plan(schema, md.properties), parquet_path_to_id_mapping(schema)
+    with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+        for uri, f in files:
+            stats = data_file_statistics_from_parquet_metadata(f.metadata, plan, mapping)
+            key = PartitionKey(field_values=[PartitionFieldValue(field=pf, value=v)
+                                             for pf, v in zip(spec.fields, f.partition, strict=True)],
+                               partition_spec=spec, schema=schema)
+            append.append_data_file(IcebergDataFile.from_args(
+                content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.PARQUET,
+                partition=key.partition, file_size_in_bytes=f.size, sort_order_id=None,
+                spec_id=md.default_spec_id, equality_ids=None, key_metadata=None, **stats.to_serialized_dict()))

@@ -270,6 +270,8 @@ class LakeSink(TwoPhaseSink):
     DATA_PREFIX = "data/"
     #: Parquet statistics for every column (table formats read them), or only the key columns
     ALL_STATISTICS = False
+    #: the table's partitioning (``partitioning.py``): each data file then holds one partition
+    partitioning = None
 
     def __init__(self, store: Storage, *, compression: str = "snappy", checkpoint_interval: int = 100,
                  key_cache_size: int = 16) -> None:
@@ -423,6 +425,11 @@ class LakeSink(TwoPhaseSink):
                 self.store.make_durable(f"{staging}/{name}")
                 manifest["files"].append({"file": name, "rows": rows})
             failpoint("mid_prepare")
+        elif table.num_rows and self.partitioning is not None:
+            for i, part in enumerate(self.partitioning.split(table)):
+                self._write_parquet(part, f"{staging}/part-0-{i:05d}.parquet")
+                manifest["files"].append({"file": f"part-0-{i:05d}.parquet", "rows": part.num_rows})
+            failpoint("mid_prepare")
         elif table.num_rows:
             self._write_parquet(table, f"{staging}/part-0.parquet")
             failpoint("mid_prepare")
@@ -546,16 +553,20 @@ class LakeSink(TwoPhaseSink):
                       "another writer that does not order its acks; their effect is in both batches", n)
             keys = {s: (k[~masks[s]] if s in masks else k) for s, k in current["keys"].items()}
             return {**current, "keys": {s: k for s, k in keys.items() if len(k)}}
-        (staged_file, _), = current["files"]  # a batch of rows (not transformed) is one file
-        before = self._read_parquet(staged_file)
+        # a batch of rows (not transformed): one file, or one per partition of a partitioned table
+        before = pa.concat_tables([self._read_parquet(f) for f, _ in current["files"]])
         table, keys = _without(before, current["keys"], masks)
-        new_file = None
-        if table.num_rows:
-            new_file = f"{staging}/part-{secrets.token_hex(4)}.parquet"
-            self._write_parquet(table, new_file)
+        files = []
+        parts = [] if not table.num_rows else (
+            self.partitioning.split(table) if self.partitioning is not None else [table])
+        tag = secrets.token_hex(4)
+        for i, part in enumerate(parts):
+            new_file = f"{staging}/part-{tag}-{i:05d}.parquet"
+            self._write_parquet(part, new_file)
+            files.append((new_file, part.num_rows))
         dropped = before.num_rows - table.num_rows
         return {
-            "files": [(new_file, table.num_rows)] if new_file else [],
+            "files": files,
             "keys": keys,
             "dups": current["dups"] + dropped,
             "rows": current["rows"] - dropped,

@@ -8,47 +8,62 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
 
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.contract import SinkOptions
 
-def open_sink(sink: str, *, sink_path: str | None = None, pg_table: str = "cg_events",
-              iceberg_table: str | None = None, iceberg_catalog_uri: str | None = None,
-              iceberg_warehouse: str | None = None, transformed: bool = False) -> TwoPhaseSink:
-    """The sink named ``sink`` (``parquet``, ``delta``, ``iceberg``, ``postgres``); ``ConfigError``
+
+def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSink:
+    """The sink ``options`` name (``parquet``, ``delta``, ``iceberg``, ``postgres``); ``ConfigError``
     naming the field when it cannot be opened as asked."""
+    sink = options.sink
     extra = {"delta": "deltalake", "iceberg": "pyiceberg"}.get(sink)
     if extra:
         for module in (extra, "obstore"):
             if importlib.util.find_spec(module) is None:
                 raise ConfigError("sink", f"the {sink} sink needs {module} on the driver: "
                                           f"pip install 'airflow-provider-cg[{sink}]'")
-    if sink in ("parquet", "delta") and not sink_path:
+    partitioning = None
+    if options.partition_by:
+        from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
+
+        partitioning = Partitioning.parse(options.partition_by, sink)
+        if any(f.transform != "identity" for f in partitioning.fields) \
+                and importlib.util.find_spec("pyiceberg_core") is None:
+            raise ConfigError("partition_by", "Iceberg partition transforms need pyiceberg-core on the driver "
+                                              "and executors: pip install 'airflow-provider-cg[iceberg]'")
+    if sink in ("parquet", "delta") and not options.sink_path:
         raise ConfigError("sink_path", f"required for the {sink} sink")
     if sink == "parquet":
         from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
 
         try:
-            return ParquetLakeSink(sink_path)
+            return ParquetLakeSink(options.sink_path)
         except OSError as e:
-            raise ConfigError("sink_path", f"cannot create the lake in {sink_path!r} ({e.strerror})") from None
+            raise ConfigError("sink_path", f"cannot create the lake in {options.sink_path!r} ({e.strerror})") \
+                from None
     if sink == "delta":
         from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
 
         try:
-            return DeltaLakeSink(sink_path)
+            return DeltaLakeSink(options.sink_path, partitioning=partitioning)
         except PermissionError as e:
-            raise ConfigError("sink_path", f"cannot create the table in {sink_path!r} ({e.strerror})") from None
+            raise ConfigError("sink_path", f"cannot create the table in {options.sink_path!r} ({e.strerror})") \
+                from None
     if sink == "iceberg":
         from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
 
-        uri = iceberg_catalog_uri or os.environ.get("CG_ICEBERG_CATALOG_URI")
+        uri = options.iceberg_catalog_uri or os.environ.get("CG_ICEBERG_CATALOG_URI")
         if not uri:
             raise ConfigError("iceberg_catalog_uri", "required for the iceberg sink (or CG_ICEBERG_CATALOG_URI)")
-        if not iceberg_table:
+        if not options.iceberg_table:
             raise ConfigError("iceberg_table", "required for the iceberg sink")
-        return IcebergSink(uri, iceberg_table, warehouse=iceberg_warehouse)
+        return IcebergSink(uri, options.iceberg_table, warehouse=options.iceberg_warehouse,
+                           catalog_name=options.iceberg_catalog_name, partitioning=partitioning)
     if sink != "postgres":
         raise ConfigError("sink", f"must be one of parquet, delta, iceberg, postgres (got {sink!r})")
     from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
@@ -62,4 +77,4 @@ def open_sink(sink: str, *, sink_path: str | None = None, pg_table: str = "cg_ev
             raise ConfigError("CG_PG_DSN_FILE", f"cannot read the file it names ({type(e).__name__})") from None
     if not dsn:
         raise ConfigError("CG_PG_DSN", "the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
-    return PostgresSink(dsn, table=pg_table, transformed=transformed)
+    return PostgresSink(dsn, table=options.pg_table, transformed=transformed)

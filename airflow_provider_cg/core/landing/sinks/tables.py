@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import io
 import json
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -133,45 +134,67 @@ WRITE_FAILED = "cg-sink: writing a data file failed"
 
 
 class _PartWriter:
-    """Runs in Spark's Python workers (``mapInArrow``): writes each task's rows as one Parquet
-    file under the write's staging and yields (file, rows). The store is rebuilt in the worker
-    from the location and the worker's environment, so no credential travels in a task. A file
-    is named by the Spark partition it holds, so a batch's files list (and are committed) in
-    the order of its input: per-key order within a batch, for rows one per input."""
+    """Runs in Spark's Python workers (``mapInArrow``): writes each task's rows as Parquet files
+    under the write's staging -- one file, or one per partition of a partitioned table -- and
+    yields (file, rows) of each. The store is rebuilt in the worker from the location and the
+    worker's environment, so no credential travels in a task. A file is named by the Spark
+    partition it holds, so a batch's files list (and are committed) in the order of its
+    input: per-key order within a batch, for rows one per input."""
 
-    def __init__(self, location: str, folder: str, compression: str) -> None:
+    def __init__(self, location: str, folder: str, compression: str, partitioning=None) -> None:
         self.location, self.folder, self.compression = location, folder, compression
+        self.partitioning = partitioning
 
     def __call__(self, batches):
         import secrets
 
         from airflow_provider_cg.core.landing.sinks.storage import open_storage
 
-        writer = buf = target = None
-        rows = 0
+        files: dict = {}  # partition key -> [writer, buffer, rows], in order of first row
+        target = None
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            if writer is None:
+            if target is None:
                 target = utc_schema(batch.schema)
-                buf = io.BytesIO()
-                writer = pq.ParquetWriter(buf, target, compression=self.compression, coerce_timestamps="us",
-                                          allow_truncated_timestamps=True)
-            writer.write_batch(batch if batch.schema == target else batch.cast(target))
-            rows += batch.num_rows
-        if writer is None:
+            batch = batch if batch.schema == target else batch.cast(target)
+            parts = [batch] if self.partitioning is None else self.partitioning.split(batch)
+            for part in parts:
+                key = None if self.partitioning is None else tuple(self.partitioning.first_values(part))
+                out = files.get(key)
+                if out is None:
+                    buf = io.BytesIO()
+                    out = files[key] = [pq.ParquetWriter(buf, target, compression=self.compression,
+                                                         coerce_timestamps="us", allow_truncated_timestamps=True),
+                                        buf, 0]
+                out[0].write_batch(part)
+                out[2] += part.num_rows
+        if not files:
             return
-        writer.close()
         from pyspark import TaskContext
 
         task = TaskContext.get()
-        name = f"{self.folder}/part-{task.partitionId() if task else 0:05d}-{secrets.token_hex(8)}.parquet"
-        try:
-            open_storage(self.location, fsync=True).write(name, buf.getvalue())
-        except Exception as e:  # noqa: BLE001 - any storage failure; the message says which
-            first = (str(e).splitlines() or [""])[0][:300]
-            raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
-        yield pa.record_batch({"file": pa.array([name.rsplit("/", 1)[-1]]), "rows": pa.array([rows], pa.int64())})
+        store = open_storage(self.location, fsync=True)
+        for k, (writer, buf, rows) in enumerate(files.values()):
+            writer.close()
+            name = f"{self.folder}/part-{task.partitionId() if task else 0:05d}-{k:04d}-{secrets.token_hex(8)}.parquet"
+            try:
+                store.write(name, buf.getvalue())
+            except Exception as e:  # noqa: BLE001 - any storage failure; the message says which
+                first = (str(e).splitlines() or [""])[0][:300]
+                raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
+            yield pa.record_batch({"file": pa.array([name.rsplit("/", 1)[-1]]), "rows": pa.array([rows], pa.int64())})
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A committed record's data file as a table commit adds it."""
+
+    path: str
+    size: int
+    stats: dict  # Delta-style statistics (``file_stats``)
+    metadata: pq.FileMetaData
+    partition: list | None  # the partition values of its rows (``Partitioning.first_values``)
 
 
 class TableSink(LakeSink):
@@ -193,9 +216,9 @@ class TableSink(LakeSink):
         """The table's current schema (None if there is no table yet)."""
 
     @abc.abstractmethod
-    def commit_files(self, record: dict, files: list[tuple[str, int, dict]], schema: pa.Schema) -> None:
-        """One table transaction: add ``files`` ((path, size, stats)), record ``record['pos']``,
-        add ``schema``'s new columns; create the table from ``schema`` if there is none."""
+    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
+        """One table transaction: add ``files``, record ``record['pos']``, add ``schema``'s new
+        columns; create the table from ``schema`` (and the partitioning) if there is none."""
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -204,9 +227,35 @@ class TableSink(LakeSink):
         return table if target == table.schema else table.cast(target)
 
     def check_schema(self, schema: pa.Schema) -> None:
+        if self.partitioning is not None:
+            self.partitioning.check_schema(utc_schema(schema))
         current = self.table_schema()
         if current is not None:
             new_columns(current, schema)
+
+    def partition_of(self, path: str) -> list | None:
+        """A published data file's partition values (from its first row; ``None``: unpartitioned)."""
+        if self.partitioning is None:
+            return None
+        f = pq.ParquetFile(self.store.filesystem().open_input_file(self.store.file_path(path)))
+        first = f.read_row_group(0, columns=self.partitioning.columns).slice(0, 1)
+        return self.partitioning.first_values(first)
+
+    def _check_frame(self, frame) -> None:
+        """The partition columns of a Spark batch, before its tasks write anything."""
+        if self.partitioning is None:
+            return
+        missing = [c for c in self.partitioning.columns if c not in frame.columns]
+        if missing:
+            raise SchemaMismatch(missing[0], f"is a partition column (partition_by {self.partitioning}) "
+                                             "but not in this batch")
+        try:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            schema = to_arrow_schema(frame.select(*self.partitioning.columns).schema)
+        except Exception:  # noqa: BLE001 - a type Arrow lacks: the files' own check follows
+            return
+        self.partitioning.check_schema(schema)
 
     # -- Spark writes the files -----------------------------------------------------------
 
@@ -219,7 +268,12 @@ class TableSink(LakeSink):
         except FileExistsError:
             raise SinkError(f"batch {batch_id.gid} is already prepared") from None
         self.store.ensure_dir(f"{staging}/{SPARK_DIR}")  # tasks write into it, and never create it
-        writer = _PartWriter(self.store.location, f"{staging}/{SPARK_DIR}", self.compression)
+        try:
+            self._check_frame(frame)
+        except SchemaMismatch:
+            self.store.delete_tree(staging)
+            raise
+        writer = _PartWriter(self.store.location, f"{staging}/{SPARK_DIR}", self.compression, self.partitioning)
         try:
             out = frame.mapInArrow(writer, "file string, rows long").collect()
         except Exception as e:
@@ -264,7 +318,8 @@ class TableSink(LakeSink):
                 for f in nxt["files"]:
                     data_md = pq.read_metadata(self.store.filesystem().open_input_file(self.store.file_path(f["path"])))
                     _, stats = file_stats(metadata=data_md)
-                    files.append((f["path"], self.store.size(f["path"]), stats))
+                    files.append(DataFile(f["path"], self.store.size(f["path"]), stats, data_md,
+                                          self.partition_of(f["path"])))
                     s = data_md.schema.to_arrow_schema()
                     schema = s if schema is None else pa.unify_schemas([schema, s])
                 try:
