@@ -45,10 +45,14 @@ async def test_two_members_land_into_one_delta_table_on_local_disk(nc, nats_serv
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
     expected = await publish_orders(nc, STREAM, GROUP, 10_000, 300)
     table = str(tmp_path / "orders_delta")
-    results = await _two_members(member_job_zip, tmp_path, nats_server, {}, ("delta", table))
+    results = await _two_members(member_job_zip, tmp_path, nats_server, {},
+                                 ("delta", table, "--partition-by", "partition"))
     assert sum(_ok(r)["rows_written"] for r in results) == 10_000
     assert_exactly_once(delta_landed(table), expected)
-    # Spark's own Delta reader (delta-spark) agrees: every row once, and each version adds
+    from deltalake import DeltaTable
+
+    assert DeltaTable(table).metadata().partition_columns == ["partition"]
+    # Spark's own Delta reader (delta-spark) agrees, partitioned: every row once, and each version adds
     # whole batches (no version shows part of one), versions counted as delta-rs counts them
     from tests.support.member_job import read_delta
 
@@ -72,14 +76,24 @@ async def test_a_transformation_lands_into_delta_on_object_storage(nc, nats_serv
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
     expected = await publish_orders(nc, STREAM, GROUP, 6_000, 100)
     table = f"s3://{s3_bucket}/orders"
-    sql = "SELECT origin_stream, origin_seq, key, partition, payload_text FROM batch"
+    # the table is partitioned by a column the transformation derives: Spark's tasks split their files by it
+    sql = "SELECT origin_stream, origin_seq, key, partition, payload_text, concat('lane', partition % 2) AS lane " \
+          "FROM batch"
     results = await _two_members(member_job_zip, tmp_path, nats_server, minio_server.env(),
-                                 ("delta", table, "--transform-sql", sql))
+                                 ("delta", table, "--transform-sql", sql, "--partition-by", "lane"))
     for r in results:
         _ok(r)
         assert minio_server.password not in r.output and minio_server.password not in " ".join(r.cmd)
     opts = delta_storage_options(ObjectStoreSettings.from_env(minio_server.env()))
     assert_exactly_once(delta_landed(table, opts), expected)
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    dt = DeltaTable(table, storage_options=opts)
+    actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    assert dt.metadata().partition_columns == ["lane"] and set(actions["partition.lane"]) == {"lane0", "lane1"}
+    lane1 = dt.to_pyarrow_dataset().to_table(filter=pa.compute.field("lane") == "lane1", columns=["partition"])
+    assert set(lane1.column("partition").to_pylist()) == {1, 3}
 
 
 async def test_one_member_lands_into_an_iceberg_table(nc, nats_server, member_job_zip, tmp_path):
@@ -90,9 +104,16 @@ async def test_one_member_lands_into_an_iceberg_table(nc, nats_server, member_jo
         run_member_job, member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
         member="m1", sink="iceberg", args=["--batch-size", "3000", "--iceberg-table", "lake.orders",
                                            "--iceberg-catalog-uri", catalog,
-                                           "--iceberg-warehouse", str(tmp_path / "warehouse")])
+                                           "--iceberg-warehouse", str(tmp_path / "warehouse"),
+                                           "--iceberg-catalog-name", "lakehouse",
+                                           "--partition-by", "bucket(3, key), day(timestamp)"])
     assert _ok(result)["rows_written"] == 8_000
-    assert_exactly_once(iceberg_landed(catalog, "lake.orders"), expected)
+    assert_exactly_once(iceberg_landed(catalog, "lake.orders", catalog_name="lakehouse"), expected)
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    tbl = SqlCatalog("lakehouse", uri=catalog).load_table("lake.orders")  # under the name other engines use
+    assert [str(f.transform) for f in tbl.spec().fields] == ["bucket[3]", "day"]
+    assert len({t.file.partition[0] for t in tbl.scan().plan_files()}) == 3
 
 
 async def test_object_store_bad_input_exits_1_naming_the_setting(nc, nats_server, member_job_zip, tmp_path,

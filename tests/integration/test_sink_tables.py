@@ -10,6 +10,8 @@ import os
 import threading
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
+import pyarrow.parquet  # noqa: F401 - pa.parquet
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
@@ -323,3 +325,68 @@ def test_an_iceberg_catalog_in_a_folder_not_made_yet_is_created_with_it(tmp_path
     table = Table("iceberg", str(tmp_path / "lake" / "warehouse"), f"sqlite:///{tmp_path}/lake/catalog.db")
     assert _land(table.sink(), range(1, 4), 1) == CommitResult(3, 0)
     table.assert_exactly({("ORDERS", s) for s in range(1, 4)})
+
+
+#: each format's partitioning of the test rows: Delta by a column, Iceberg by transforms too; ``region``
+#: stands for a column the user's transformation derives
+PARTITIONING = {"delta": "region", "iceberg": "region, day(timestamp), bucket(4, origin_seq)"}
+
+
+def _regions(seqs):
+    return {"region": pa.array([f"r{s % 3}" for s in seqs])}
+
+
+def _partitioned(table: Table, text: str | None = None):
+    from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
+
+    return table.sink(partitioning=Partitioning.parse(text or PARTITIONING[table.fmt], table.fmt))
+
+
+def test_a_partitioned_table_holds_one_partition_per_file_and_readers_prune_by_it(table):
+    sink = _partitioned(table)
+    assert _land(sink, range(1, 41), 1, extra=_regions) == CommitResult(40, 0)
+    # another instance, with redeliveries: the partitioned files are rewritten without them
+    assert _land(_partitioned(table), range(30, 61), 2, extra=_regions) == CommitResult(20, 11)
+    table.assert_exactly({("ORDERS", s) for s in range(1, 61)})
+    if table.fmt == "delta":
+        from deltalake import DeltaTable
+
+        dt = DeltaTable(sink.uri, storage_options=sink.storage_options or None)
+        assert dt.metadata().partition_columns == ["region"]
+        actions = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+        assert sorted(set(actions["partition.region"])) == ["r0", "r1", "r2"]
+        for path, value in zip(actions["path"], actions["partition.region"], strict=True):  # one partition per file
+            assert set(pa.parquet.read_table(pa.BufferReader(sink.store.read(path)), columns=["region"])
+                       .column("region").to_pylist()) == {value}
+        got = dt.to_pyarrow_dataset().to_table(filter=pa.compute.field("region") == "r1", columns=["origin_seq"])
+        files = dt.file_uris([("region", "=", "r1")])
+    else:
+        from pyiceberg.expressions import EqualTo
+
+        tbl = sink.catalog.load_table("lake.orders")
+        assert [str(f.transform) for f in tbl.spec().fields] == ["identity", "day", "bucket[4]"]
+        scan = tbl.scan(row_filter=EqualTo("region", "r1"), selected_fields=("origin_seq",))
+        files = [t.file.file_path for t in scan.plan_files()]
+        every = [t.file for t in tbl.scan().plan_files()]
+        for f in every:  # each file's partition record is what its rows compute to
+            with tbl.io.new_input(f.file_path).open() as stream:
+                data = pa.parquet.read_table(stream, columns=["region"])
+            assert set(data.column("region").to_pylist()) == {f.partition[0]}
+        got = scan.to_arrow()
+        assert len(every) > len(files)
+    assert sorted(got.column("origin_seq").to_pylist()) == [s for s in range(1, 61) if s % 3 == 1]
+    assert 0 < len(files) < 60
+
+
+def test_a_table_partitioned_otherwise_is_refused_before_anything_is_written(table):
+    _land(_partitioned(table), range(1, 11), 1, extra=_regions)
+    other = "partition" if table.fmt == "delta" else "region, bucket(8, origin_seq)"
+    with pytest.raises(ConfigError, match="partition_by.*exists partitioned by") as refused:
+        _partitioned(table, other)
+    assert refused.value.field == "partition_by"
+    unpartitioned = table.sink()  # no option: the table's own partitioning is kept
+    assert _land(unpartitioned, range(11, 21), 2, extra=_regions) == CommitResult(10, 0)
+    with pytest.raises(SchemaMismatch, match="'region'.*partition column"):  # a transformation that lost it
+        unpartitioned.prepare(BatchId("ORDERS", "g", "m1", 3), rows([30]), message_refs=refs_for([30]))
+    assert unpartitioned.recover("ORDERS", "g", "m1") == []
+    table.assert_exactly({("ORDERS", s) for s in range(1, 21)})

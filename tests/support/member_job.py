@@ -402,7 +402,7 @@ def delta_landed(location: str, storage_options: dict | None = None) -> list[Lan
     return out
 
 
-def iceberg_landed(catalog_uri: str, identifier: str) -> list[Landed]:
+def iceberg_landed(catalog_uri: str, identifier: str, catalog_name: str = "default") -> list[Landed]:
     """The rows of an Iceberg table in snapshot order (each snapshot's added files), through
     pyiceberg's catalog and scan planning."""
     from pyiceberg.catalog.sql import SqlCatalog
@@ -412,7 +412,7 @@ def iceberg_landed(catalog_uri: str, identifier: str) -> list[Landed]:
 
     # the object store's endpoint and keys (from AWS_*), for tables whose files are on S3
     props = iceberg_io_properties(ObjectStoreSettings.from_env())
-    tbl = SqlCatalog("default", uri=catalog_uri, **props).load_table(identifier)
+    tbl = SqlCatalog(catalog_name, uri=catalog_uri, **props).load_table(identifier)
     cols = ("origin_stream", "origin_seq", "key", "partition")
     out: list[Landed] = []
     seen: set[str] = set()
