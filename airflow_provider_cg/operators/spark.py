@@ -141,6 +141,15 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         stream: str,
         group: str,
         member: str | None = None,
+        # the sink options (SinkOptions): explicit, as Airflow's partial() and expand() check names
+        sink: str | None = None,
+        sink_path: str | None = None,
+        pg_table: str | None = None,
+        iceberg_table: str | None = None,
+        iceberg_catalog_uri: str | None = None,
+        iceberg_warehouse: str | None = None,
+        iceberg_catalog_name: str | None = None,
+        partition_by: str | None = None,
         pg_conn_id: str | None = None,
         aws_conn_id: str | None = None,
         payload_format: str | None = None,
@@ -179,7 +188,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             if field in kwargs:
                 raise ConfigError(field, "is set by the operator (use the member job's options instead)")
         spark_options = {k: kwargs.pop(k) for k in list(kwargs) if k in SPARK_SUBMIT_OPTIONS}
-        sink_options = {k: kwargs.pop(k, None) for k in SINK_FIELDS}
+        sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
+                        "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
+                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by}
+        assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
         if "outlets" not in kwargs:  # the table, as an Asset, when its location is known now
             kwargs["outlets"] = _table_outlets(sink_options)
         super().__init__(**kwargs)

@@ -32,7 +32,7 @@ def shipped(airflow_env, monkeypatch):
     bag = DagBag(dag_folder=str(example_dags_folder()))
     assert not bag.import_errors, bag.import_errors
     assert set(bag.dags) == {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout",
-                             "cg_overflow_scaleout_sensor", "cg_paid_orders_report"}
+                             "cg_overflow_scaleout_sensor", "cg_paid_orders_report", "cg_table_maintenance"}
     return bag.dags
 
 
@@ -77,7 +77,7 @@ def test_no_dag_runs_once_per_past_interval_when_unpaused(shipped):
 
 def test_every_landing_task_checks_for_work_before_starting_spark(shipped):
     tasks = [(dag_id, t) for dag_id, dag in shipped.items() for t in _landing_tasks(dag)]
-    assert {dag_id for dag_id, _ in tasks} == set(shipped) - {"cg_paid_orders_report"}, tasks
+    assert {dag_id for dag_id, _ in tasks} == set(shipped) - {"cg_paid_orders_report", "cg_table_maintenance"}, tasks
     for dag_id, task in tasks:
         assert _fields(task).get("check_backlog", True) is True, (dag_id, task.task_id)
 

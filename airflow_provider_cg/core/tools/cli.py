@@ -319,6 +319,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assignment", choices=("block", "sticky"), default="block",
                    help="the algorithm whose moves are listed (both are counted)")
 
+    p = cmd("maintain", "offline: maintain a Delta or Iceberg table the jobs land into, safely while they land: "
+                        "compaction (Delta), a checkpoint, old versions and unreferenced files removed",
+            parents=(offline,))
+    add_sink_arguments(p, sink_help="the table's sink, delta or iceberg, with the jobs' sink options (credentials "
+                                    "from the environment: AWS_*, CG_ICEBERG_CATALOG_URI)")
+    p.add_argument("--compact", action=argparse.BooleanOptionalAction, default=None,
+                   help="compact small files (default: yes for Delta; Iceberg has no compaction in pyiceberg)")
+    p.add_argument("--target-file-size", type=int, metavar="BYTES", help="compaction's target file size")
+    p.add_argument("--retention-hours", type=float, default=168.0, metavar="HOURS",
+                   help="keep old versions and unreferenced files this long (>= 1; default 168)")
+
     p = cmd("hash", "offline: the partition of subjects (SUBJECT... or - for stdin)", parents=(offline,))
     p.add_argument("--partitions", type=int, required=True, metavar="N")
     p.add_argument("--filter", metavar="F", help="partitioning filter the subjects match")
@@ -328,6 +339,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --- offline commands -----------------------------------------------------------------------
+
+def cmd_maintain(args, out: TextIO) -> int:
+    """``cg maintain``: ``core/landing/sinks/maintenance.py`` on the table the sink options name."""
+    from airflow_provider_cg.core.landing.contract import sink_options_from_args
+    from airflow_provider_cg.core.landing.sinks.maintenance import check_maintenance, maintain
+
+    options = sink_options_from_args(args)
+    if options is None:
+        raise ConfigError("sink", "required (delta or iceberg)")
+    compact = options.sink == "delta" if args.compact is None else args.compact
+    check_maintenance(options.sink, compact=compact, target_file_size=args.target_file_size,
+                      retention_hours=args.retention_hours)
+    report = maintain(options, compact=compact, target_file_size=args.target_file_size,
+                      retention_hours=args.retention_hours)
+    r = report.to_dict()
+    text = (f"maintained {r['table']} in {r['duration_s']:.1f}s: compacted {r['compacted'] or '-'}, "
+            f"expired snapshots {r['expired_snapshots']}, removed files {r['removed_files']}, "
+            f"checkpoint {'yes' if r['checkpoint'] else 'no'}")
+    _emit(args, r, text, out)
+    return 0
+
 
 
 def _membership(field: str, members: list[str] | None, mappings_json: str | None) -> dict[str, Any]:
@@ -785,6 +817,8 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             return cmd_plan(args, out)
         if args.command == "hash":
             return cmd_hash(args, out, stdin or sys.stdin)
+        if args.command == "maintain":
+            return cmd_maintain(args, out)
         return asyncio.run(_online(args, out))
     except ConfigError as e:
         _error(err, e.field, e.rule)

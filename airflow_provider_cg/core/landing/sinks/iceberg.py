@@ -20,9 +20,15 @@ import time
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
 from airflow_provider_cg.core.landing.sinks.partitioning import PartitionField, Partitioning
-from airflow_provider_cg.core.landing.sinks.tables import APP_ID, DataFile, TableConflict, TableSink, new_columns
+from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
+from airflow_provider_cg.core.landing.sinks.tables import (
+    APP_ID,
+    DataFile,
+    TableConflict,
+    TableSink,
+    new_columns,
+)
 
 POSITION_PROPERTY = f"{APP_ID}.position"
 #: the SQL catalog's default name (its rows are keyed by it): pyiceberg's default, what
@@ -122,6 +128,10 @@ class IcebergSink(TableSink):
             store.check()
         super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval)
         self.location = store.uri() if isinstance(store, ObjectStorage) else "file://" + store.location
+
+    def load_table(self):
+        """The table as pyiceberg loads it now (None if not created yet)."""
+        return self._load()
 
     def _load(self):
         from pyiceberg.exceptions import NoSuchTableError

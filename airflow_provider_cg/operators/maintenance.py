@@ -1,0 +1,93 @@
+"""Maintenance of a landed table as an Airflow task: ``cg maintain`` beside the member jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.contract import SINK_FIELDS, SinkOptions, flag
+from airflow_provider_cg.core.landing.sinks.maintenance import DEFAULT_RETENTION_HOURS, check_maintenance
+from airflow_provider_cg.hooks import spark_submit
+from airflow_provider_cg.operators.members import UI_COLOR
+
+
+class ConsumerGroupTableMaintenanceOperator(BaseOperator):
+    """Maintain the Delta or Iceberg table member jobs land into, while they land
+    (``core/landing/sinks/maintenance.py``): Delta compaction toward ``target_file_size``, a
+    checkpoint, ``VACUUM`` and log clean-up; Iceberg snapshot expiry and orphan-file clean-up.
+
+    :param sink, sink_path, iceberg_table, ...: the table, as the landing tasks' sink options
+        (``SinkOptions``), templated.
+    :param compact: compact small files (default: yes for Delta; pyiceberg has no compaction).
+    :param target_file_size: compaction's target file size in bytes.
+    :param retention_hours: old versions and unreferenced files kept this long (>= 1).
+    :param aws_conn_id: ``aws`` connection for a table on S3-compatible storage.
+    :param pg_conn_id: ``postgres`` connection of an Iceberg catalog kept in PostgreSQL.
+
+    Runs ``cg maintain`` in a child process whose environment carries the credentials (never
+    its command line); returns what it did (files compacted and removed, snapshots expired)
+    as the task's XCom. Invalid options fail the task without retries.
+    """
+
+    template_fields: Sequence[str] = (*SINK_FIELDS, "target_file_size", "retention_hours", "aws_conn_id",
+                                      "pg_conn_id")
+    ui_color = UI_COLOR
+
+    def __init__(self, *, sink: str | None = None, sink_path: str | None = None, iceberg_table: str | None = None,
+                 iceberg_catalog_uri: str | None = None, iceberg_warehouse: str | None = None,
+                 iceberg_catalog_name: str | None = None, partition_by: str | None = None,
+                 pg_table: str | None = None, compact: bool | None = None, target_file_size: int | None = None,
+                 retention_hours: float = DEFAULT_RETENTION_HOURS, aws_conn_id: str | None = None,
+                 pg_conn_id: str | None = None, **kwargs: Any) -> None:
+        sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
+                        "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
+                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by}
+        assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
+        super().__init__(**kwargs)
+        for name, value in sink_options.items():
+            setattr(self, name, value)
+        self.compact, self.target_file_size, self.retention_hours = compact, target_file_size, retention_hours
+        self.aws_conn_id, self.pg_conn_id = aws_conn_id, pg_conn_id
+
+    def _options(self) -> tuple[SinkOptions, bool]:
+        options = SinkOptions.build({k: getattr(self, k) for k in SINK_FIELDS})
+        compact = options.sink == "delta" if self.compact is None else bool(self.compact)
+        size = int(self.target_file_size) if self.target_file_size not in (None, "") else None
+        check_maintenance(options.sink, compact=compact, target_file_size=size,
+                          retention_hours=float(self.retention_hours))
+        return options, compact
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        try:
+            options, compact = self._options()
+        except (ConfigError, ValueError) as e:
+            raise AirflowFailException(str(e)) from e
+        argv = [sys.executable, "-m", "airflow_provider_cg.core.tools.cli", "maintain", "--json",
+                "--compact" if compact else "--no-compact", "--retention-hours", str(float(self.retention_hours))]
+        if self.target_file_size not in (None, ""):
+            argv += ["--target-file-size", str(int(self.target_file_size))]
+        for name, value in options.given().items():
+            argv += [flag(name), str(value)]
+        if "--sink" not in argv:
+            argv += ["--sink", options.sink]
+        env = dict(os.environ)
+        if options.sink == "iceberg" and self.pg_conn_id:
+            env["CG_ICEBERG_CATALOG_URI"] = spark_submit.pg_dsn(self.pg_conn_id)
+        if self.aws_conn_id:
+            env.update(spark_submit.aws_env(self.aws_conn_id))
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            message = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            raise (AirflowFailException if done.returncode == 1 else AirflowException)(message)
+        report = json.loads(done.stdout)
+        self.log.info("maintained %s: compacted %s, expired snapshots %d, removed files %d", report["table"],
+                      report["compacted"] or "-", report["expired_snapshots"], report["removed_files"])
+        return report

@@ -1,0 +1,213 @@
+"""Table maintenance beside landing (core/landing/sinks/maintenance.py, ``cg maintain``, the
+maintenance operator): members keep landing into a Delta or Iceberg table while ``cg maintain``
+runs in child processes that are SIGKILLed at random moments; the table ends with every
+message once, and no version a reader can open ever shows part of a batch. Read back by
+delta-rs / pyiceberg."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_cg.core.landing.contract import SinkOptions
+from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks import maintenance
+from tests.support.chaos import chaos_seed
+from tests.support.sink_rows import refs_for, rows
+
+pytest.importorskip("deltalake")
+pytest.importorskip("pyiceberg")
+pytest_plugins = ["tests.airflow_conftest"]
+pytestmark = [pytest.mark.integration]
+
+BATCH = 10
+
+
+def _options(fmt: str, where: str, tmp_path) -> SinkOptions:
+    if fmt == "delta":
+        return SinkOptions(sink="delta", sink_path=os.path.join(where, "orders"), partition_by="region")
+    return SinkOptions(sink="iceberg", iceberg_table="lake.orders", iceberg_catalog_uri=f"sqlite:///{tmp_path}/c.db",
+                       iceberg_warehouse=os.path.join(where, "wh"), partition_by="region, bucket(2, origin_seq)")
+
+
+def _regions(seqs):
+    return {"region": pa.array([f"r{s % 2}" for s in seqs])}
+
+
+def _land(sink, seqs, member, batch_seq):
+    p = sink.prepare(BatchId("ORDERS", "g", member, batch_seq), rows(seqs, member=member, extra=_regions),
+                     message_refs=refs_for(seqs))
+    return sink.commit(sink.mark_acking(p))
+
+
+def _cg_maintain(options: SinkOptions, *extra: str) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "airflow_provider_cg.core.tools.cli", "maintain", "--json", *extra]
+    for name, value in options.given().items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _versions(options: SinkOptions) -> list[set[int]]:
+    """Every readable version's set of origin_seq (Delta: each table version; Iceberg: each snapshot)."""
+    if options.sink == "delta":
+        from deltalake import DeltaTable
+
+        dt = DeltaTable(options.sink_path)
+        out = []
+        for v in range(dt.version() + 1):
+            t = DeltaTable(options.sink_path, version=v).to_pyarrow_table(columns=["origin_seq"])
+            out.append(set(t.column("origin_seq").to_pylist()))
+        return out
+    tbl = options.open().load_table()
+    return [set(tbl.scan(snapshot_id=s.snapshot_id, selected_fields=("origin_seq",)).to_arrow()
+                .column("origin_seq").to_pylist()) for s in tbl.snapshots()]
+
+
+def _rows(options: SinkOptions) -> list[int]:
+    if options.sink == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(options.sink_path).to_pyarrow_table(columns=["origin_seq"]).column("origin_seq").to_pylist()
+    return options.open().load_table().scan(selected_fields=("origin_seq",)).to_arrow().column("origin_seq").to_pylist()
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_maintenance_killed_at_random_beside_two_landing_members_loses_and_duplicates_nothing(fmt, tmp_path, request):
+    seed = chaos_seed(request)
+    rnd = random.Random(seed)
+    options = _options(fmt, str(tmp_path), tmp_path)
+    batches: list[set[int]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def member(name: str, first: int) -> None:
+        try:
+            sink = options.open()
+            for i in range(12):
+                seqs = list(range(first + i * BATCH, first + (i + 1) * BATCH))
+                _land(sink, seqs, name, i + 1)
+                batches.append(set(seqs))
+            # a replay of messages landed already (a reset, a redelivery): nothing lands twice
+            assert _land(sink, list(range(first, first + 2 * BATCH)), name, 100).rows_written == 0
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def maintainer() -> None:
+        runs = killed = 0
+        while not stop.is_set():
+            p = _cg_maintain(options, *(["--target-file-size", str(1 << 20)] if fmt == "delta" else []))
+            if rnd.random() < 0.5:
+                time.sleep(rnd.uniform(0.0, 0.8))
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+                    killed += 1
+            out, err = p.communicate(timeout=120)
+            if p.returncode not in (0, -signal.SIGKILL):
+                errors.append(AssertionError(f"cg maintain exit {p.returncode}: {err.strip()}"))
+            runs += 1
+        result["runs"], result["killed"] = runs, killed
+
+    result: dict = {}
+    members = [threading.Thread(target=member, args=(m, first)) for m, first in (("m1", 1), ("m2", 10_001))]
+    m = threading.Thread(target=maintainer)
+    m.start()
+    for t in members:
+        t.start()
+    for t in members:
+        t.join(300)
+    stop.set()
+    m.join(300)
+    assert not errors, (seed, errors)
+    # one last maintenance run to the end: the table compacts and stays exact
+    p = _cg_maintain(options)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    expected = set().union(*batches)
+    got = _rows(options)
+    assert len(got) == len(set(got)) == len(expected) and set(got) == expected, seed
+    for seen in _versions(options):  # no version shows part of a batch
+        assert all(b <= seen or not (b & seen) for b in batches), (seed, sorted(seen))
+    assert result["runs"] >= 1, result
+
+
+def test_vacuum_and_expiry_remove_old_files_and_the_table_stays_exact(tmp_path, monkeypatch):
+    """With the retention lowered (only here, nothing lands meanwhile): Delta's compacted-away
+    files and Iceberg's expired snapshots are removed; landing the same messages again after
+    maintenance adds nothing."""
+    monkeypatch.setattr(maintenance, "MIN_RETENTION_HOURS", 0.0)
+    for fmt in ("delta", "iceberg"):
+        options = _options(fmt, str(tmp_path / fmt), tmp_path / fmt)
+        os.makedirs(tmp_path / fmt, exist_ok=True)
+        sink = options.open()
+        for i in range(6):
+            _land(sink, list(range(1 + i * BATCH, 1 + (i + 1) * BATCH)), "m1", i + 1)
+        report = maintenance.maintain(options, compact=fmt == "delta", retention_hours=0.0)
+        if fmt == "delta":
+            assert report.compacted["numFilesRemoved"] > report.compacted["numFilesAdded"] > 0, report
+            assert report.removed_files >= report.compacted["numFilesRemoved"], report
+        else:
+            assert report.expired_snapshots == 5 and len(options.open().load_table().snapshots()) == 1, report
+        assert _land(options.open(), list(range(1, 6 * BATCH + 1)), "m2", 1).rows_written == 0
+        got = _rows(options)
+        assert sorted(got) == list(range(1, 6 * BATCH + 1)), fmt
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--sink", "parquet", "--sink-path", "/nonexistent-cg/t"], "sink"),
+    (["--sink", "delta", "--sink-path", "/nonexistent-cg/t", "--retention-hours", "0.5"], "retention_hours"),
+    (["--sink", "delta", "--sink-path", "/nonexistent-cg/t", "--target-file-size", "10"], "target_file_size"),
+    (["--sink", "iceberg", "--iceberg-table", "a.b", "--compact"], "compact"),
+    (["--sink", "delta", "--iceberg-table", "a.b"], "iceberg_table"),
+    (["--sink-path", "/nonexistent-cg/t"], "sink_path"),
+])
+def test_cg_maintain_refuses_bad_input_naming_the_field(args, field, tmp_path):
+    from airflow_provider_cg.core.tools.cli import main
+
+    out, err = _Capture(), _Capture()
+    assert main(["maintain", *args], stdout=out, stderr=err) == 1
+    assert err.text.startswith(f"cg: error: {field}: ") and "Traceback" not in err.text, err.text
+    assert not os.path.exists("/nonexistent-cg")
+
+
+class _Capture:
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, s: str) -> None:
+        self.text += s
+
+
+@pytest.mark.airflow
+def test_the_maintenance_operator_compacts_a_delta_table_in_a_dag_run(airflow_env, tmp_path):
+    """``ConsumerGroupTableMaintenanceOperator`` under ``dag.test()``: its XCom says what it did,
+    the table keeps every row once; an option of another sink fails the task without retries."""
+    import datetime as dt
+
+    from airflow.sdk import DAG
+
+    from airflow_provider_cg.operators.maintenance import ConsumerGroupTableMaintenanceOperator
+
+    options = _options("delta", str(tmp_path), tmp_path)
+    sink = options.open()
+    for i in range(5):
+        _land(sink, list(range(1 + i * BATCH, 1 + (i + 1) * BATCH)), "m1", i + 1)
+    with DAG("cg_test_maintenance", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
+        ConsumerGroupTableMaintenanceOperator(task_id="maintain", sink="delta", sink_path="{{ params.table }}",
+                                              params={"table": options.sink_path})
+        ConsumerGroupTableMaintenanceOperator(task_id="wrong", sink="delta", sink_path=options.sink_path,
+                                              iceberg_table="lake.orders", retries=3)
+    result = airflow_env.run_dag(dag)
+    report = result.xcom("maintain")
+    assert result.state_of("maintain") == "success", result
+    assert report["compacted"]["numFilesRemoved"] > report["compacted"]["numFilesAdded"] >= 1, report
+    assert report["checkpoint"] is True and report["table"].endswith("/orders"), report
+    assert result.state_of("wrong") == "failed", result
+    assert sorted(_rows(options)) == list(range(1, 5 * BATCH + 1))
