@@ -60,10 +60,12 @@ def _versions(options: SinkOptions) -> list[set[int]]:
     if options.sink == "delta":
         from deltalake import DeltaTable
 
+        from tests.support.member_job import read_delta
+
         dt = DeltaTable(options.sink_path)
         out = []
         for v in range(dt.version() + 1):
-            t = DeltaTable(options.sink_path, version=v).to_pyarrow_table(columns=["origin_seq"])
+            t = read_delta(options.sink_path, ["origin_seq"], version=v)
             out.append(set(t.column("origin_seq").to_pylist()))
         return out
     tbl = options.open().load_table()
@@ -73,9 +75,9 @@ def _versions(options: SinkOptions) -> list[set[int]]:
 
 def _rows(options: SinkOptions) -> list[int]:
     if options.sink == "delta":
-        from deltalake import DeltaTable
+        from tests.support.member_job import read_delta
 
-        return DeltaTable(options.sink_path).to_pyarrow_table(columns=["origin_seq"]).column("origin_seq").to_pylist()
+        return read_delta(options.sink_path, ["origin_seq"]).column("origin_seq").to_pylist()
     return options.open().load_table().scan(selected_fields=("origin_seq",)).to_arrow().column("origin_seq").to_pylist()
 
 

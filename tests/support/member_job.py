@@ -348,8 +348,10 @@ def _s3_filesystem(storage_options: dict | None):
                              region=o.get("AWS_REGION", "us-east-1"), scheme=endpoint[0], endpoint_override=endpoint[1])
 
 
-def read_delta(location: str, columns=None, storage_options: dict | None = None, version: int | None = None):
-    """A Delta table (as of ``version``) as delta-rs lists its files, read by pyarrow.
+def read_delta(location: str, columns=None, storage_options: dict | None = None, version: int | None = None,
+               partitions: list | None = None):
+    """A Delta table (as of ``version``; only the files of ``partitions``, delta-rs partition
+    filters such as ``[("region", "=", "r1")]``) as delta-rs lists its files, read by pyarrow.
 
     Not ``DeltaTable.to_pyarrow_dataset()``: a scan through it leaves threads that abort the
     interpreter at exit ("terminate called without an active exception", delta-rs issue 2184),
@@ -362,7 +364,7 @@ def read_delta(location: str, columns=None, storage_options: dict | None = None,
     schema = pa.schema(dt.schema().to_arrow())
     if columns is not None:
         schema = pa.schema([schema.field(c) for c in columns])
-    uris = dt.file_uris()
+    uris = dt.file_uris(partitions)
     if not uris:
         return schema.empty_table()
     if str(location).startswith("s3://"):
