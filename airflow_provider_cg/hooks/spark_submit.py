@@ -29,7 +29,7 @@ SPARK_DEFAULT_REDACTION = r"(?i)secre[t]|passwor[d]|token|access[.]key"
 #: the names the member job's secrets travel under (spark.*Env.CG_NATS_CREDS, ..._NKEY_SEED,
 #: ..._TLS_KEY, CG_PG_DSN, AWS_SECRET_ACCESS_KEY, ...): Spark's default pattern matches none of
 #: them. Spelled, like the default, without the words the Spark provider masks after
-CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN|CG_ICEBERG_CATALOG_URI|AWS_SECRE[T]|AWS_SESSION|AWS_ACCESS"
+CG_REDACTION = r"(?i)CG_NATS_|CG_PG_DSN|CG_ICEBERG_CATALOG_|AWS_SECRE[T]|AWS_SESSION|AWS_ACCESS"
 #: quiet and private unless the user's ``conf`` says otherwise: no driver UI listening on every
 #: interface of a worker, and Spark's own INFO lines out of the task log (the job's stay)
 QUIET_DEFAULTS = {"spark.ui.enabled": "false", "spark.log.level": "WARN"}
@@ -71,6 +71,26 @@ def pg_dsn(pg_conn_id: str) -> str:
         mask_secret(conn.password)
         mask_secret(dsn)
     return dsn
+
+
+def iceberg_env(iceberg_conn_id: str) -> dict[str, str]:
+    """A REST catalog from an Airflow ``iceberg`` connection (the Iceberg provider's fields: host
+    = the catalog's URL, login / password = OAuth2 client id / secret; extra ``token`` = a bearer
+    token instead) as ``CG_ICEBERG_CATALOG_*`` environment; the secrets are masked in logs."""
+    conn = BaseHook.get_connection(iceberg_conn_id)
+    extra = conn.extra_dejson or {}
+    host = (conn.host or "").rstrip("/")
+    if not host.startswith(("http://", "https://")):
+        host = f"https://{host}" if host else ""
+    env = {"CG_ICEBERG_CATALOG_URI": host + (f":{conn.port}" if conn.port and f":{conn.port}" not in host else "")}
+    if conn.login and conn.password:
+        mask_secret(conn.password)
+        env["CG_ICEBERG_CATALOG_CREDENTIAL"] = f"{conn.login}:{conn.password}"
+        mask_secret(env["CG_ICEBERG_CATALOG_CREDENTIAL"])
+    if extra.get("token"):
+        mask_secret(extra["token"])
+        env["CG_ICEBERG_CATALOG_TOKEN"] = extra["token"]
+    return env
 
 
 def aws_env(aws_conn_id: str) -> dict[str, str]:

@@ -31,6 +31,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
     :param retention_hours: old versions and unreferenced files kept this long (>= 1).
     :param aws_conn_id: ``aws`` connection for a table on S3-compatible storage.
     :param pg_conn_id: ``postgres`` connection of an Iceberg catalog kept in PostgreSQL.
+    :param iceberg_conn_id: ``iceberg`` connection of an Iceberg REST catalog (as the landing operator's).
 
     Runs ``cg maintain`` in a child process whose environment carries the credentials (never
     its command line); returns what it did (files compacted and removed, snapshots expired)
@@ -38,7 +39,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (*SINK_FIELDS, "target_file_size", "retention_hours", "aws_conn_id",
-                                      "pg_conn_id")
+                                      "pg_conn_id", "iceberg_conn_id")
     ui_color = UI_COLOR
 
     def __init__(self, *, sink: str | None = None, sink_path: str | None = None, iceberg_table: str | None = None,
@@ -46,7 +47,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
                  iceberg_catalog_name: str | None = None, partition_by: str | None = None,
                  pg_table: str | None = None, compact: bool | None = None, target_file_size: int | None = None,
                  retention_hours: float = DEFAULT_RETENTION_HOURS, aws_conn_id: str | None = None,
-                 pg_conn_id: str | None = None, **kwargs: Any) -> None:
+                 pg_conn_id: str | None = None, iceberg_conn_id: str | None = None, **kwargs: Any) -> None:
         sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
                         "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
                         "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by}
@@ -55,7 +56,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
         for name, value in sink_options.items():
             setattr(self, name, value)
         self.compact, self.target_file_size, self.retention_hours = compact, target_file_size, retention_hours
-        self.aws_conn_id, self.pg_conn_id = aws_conn_id, pg_conn_id
+        self.aws_conn_id, self.pg_conn_id, self.iceberg_conn_id = aws_conn_id, pg_conn_id, iceberg_conn_id
 
     def _options(self) -> tuple[SinkOptions, bool]:
         options = SinkOptions.build({k: getattr(self, k) for k in SINK_FIELDS})
@@ -81,6 +82,8 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
         env = dict(os.environ)
         if options.sink == "iceberg" and self.pg_conn_id:
             env["CG_ICEBERG_CATALOG_URI"] = spark_submit.pg_dsn(self.pg_conn_id)
+        elif options.sink == "iceberg" and self.iceberg_conn_id:
+            env.update(spark_submit.iceberg_env(self.iceberg_conn_id))
         if self.aws_conn_id:
             env.update(spark_submit.aws_env(self.aws_conn_id))
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)

@@ -71,6 +71,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         a directory visible to the driver) or ``"postgres"`` (``pg_conn_id``, ``pg_table``);
         ``partition_by`` partitions a Delta or Iceberg table the job creates. An option of
         another sink than ``sink`` is refused, naming it.
+    :param iceberg_conn_id: Airflow ``iceberg`` connection of a REST catalog (host: its URL;
+        login / password: OAuth2 client id / secret, or extra ``token``: a bearer token); they
+        reach the driver as ``CG_ICEBERG_CATALOG_*`` environment, never as an argument.
     :param aws_conn_id: Airflow ``aws`` connection for tables on S3-compatible storage (login:
         access key id, password: secret key, extras ``endpoint_url``, ``region_name``); it reaches
         the driver as ``AWS_*`` environment, never as an argument or a Spark property.
@@ -127,7 +130,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
-        *(f for f in JOB_FIELDS if f != "transform"), "avro_package", "pg_conn_id", "aws_conn_id", "nats_conn_id",
+        *(f for f in JOB_FIELDS if f != "transform"), "avro_package", "pg_conn_id", "iceberg_conn_id", "aws_conn_id",
+        "nats_conn_id",
         "conn_id",
         "name", "conf", "packages", "py_files", "files", "jars", "env_vars", "properties_file", "driver_memory",
         "executor_memory", "deploy_mode",
@@ -151,6 +155,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         iceberg_catalog_name: str | None = None,
         partition_by: str | None = None,
         pg_conn_id: str | None = None,
+        iceberg_conn_id: str | None = None,
         aws_conn_id: str | None = None,
         payload_format: str | None = None,
         json_schema: str | None = None,
@@ -208,6 +213,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         for field, value in job.items():
             setattr(self, field, value)
         self.avro_package, self.pg_conn_id, self.aws_conn_id = avro_package, pg_conn_id, aws_conn_id
+        self.iceberg_conn_id = iceberg_conn_id
         self.partitions = list(partitions) if partitions is not None else None
         self.backlog = backlog
         self.check_backlog, self.settle_timeout = check_backlog, settle_timeout
@@ -380,6 +386,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             env["CG_PG_DSN"] = spark_submit.pg_dsn(self.pg_conn_id)
         elif spec.sink == "iceberg" and self.pg_conn_id:
             env["CG_ICEBERG_CATALOG_URI"] = spark_submit.pg_dsn(self.pg_conn_id)
+        elif spec.sink == "iceberg" and self.iceberg_conn_id:
+            env.update(spark_submit.iceberg_env(self.iceberg_conn_id))
         if self.aws_conn_id:
             env.update(spark_submit.aws_env(self.aws_conn_id))
         return env

@@ -142,3 +142,31 @@ async def test_object_store_bad_input_exits_1_naming_the_setting(nc, nats_server
     from tests.support.member_job import wq_messages
 
     assert await wq_messages(nc, STREAM, GROUP) == 10  # nothing acknowledged
+
+
+async def test_a_member_lands_into_a_rest_catalog_table_with_its_token_in_the_environment(
+        nc, nats_server, member_job_zip, tmp_path, rest_catalog):
+    """A real Iceberg REST catalog (tests/support/iceberg_rest.py) that refuses requests without
+    its bearer token: the job gets the token as environment only, lands exactly once into a
+    partitioned table, and never prints the token; without it the job exits 1 naming the setting."""
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    expected = await publish_orders(nc, STREAM, GROUP, 3_000, 100)
+    table = f"r{tmp_path.name[-6:].replace('-', '_')}.orders"
+    args = ["--batch-size", "1000", "--iceberg-table", table, "--iceberg-catalog-uri", rest_catalog.url,
+            "--iceberg-warehouse", str(tmp_path / "warehouse"), "--partition-by", "partition"]
+    refused = await asyncio.to_thread(run_member_job, member_job_zip, tmp_path, nats_servers=nats_server.url,
+                                      stream=STREAM, group=GROUP, member="m1", sink="iceberg", args=args, spark=False)
+    assert refused.returncode == 1 and "--iceberg-catalog-uri: the REST catalog refused" in refused.output, \
+        refused.describe()
+    result = await asyncio.to_thread(run_member_job, member_job_zip, tmp_path, nats_servers=nats_server.url,
+                                     stream=STREAM, group=GROUP, member="m1", sink="iceberg", args=args, spark=False,
+                                     env=rest_catalog.env())
+    assert _ok(result)["rows_written"] == 3_000
+    assert rest_catalog.token not in result.output and rest_catalog.token not in " ".join(result.cmd)
+    from pyiceberg.catalog.rest import RestCatalog
+
+    tbl = RestCatalog("rest", uri=rest_catalog.url, token=rest_catalog.token).load_table(table)
+    got = tbl.scan(selected_fields=("origin_stream", "origin_seq")).to_arrow()
+    keys = list(zip(got.column("origin_stream").to_pylist(), got.column("origin_seq").to_pylist(), strict=True))
+    assert len(keys) == len(set(keys)) == len(expected) and set(keys) == set(expected)
+    assert [str(f.transform) for f in tbl.spec().fields] == ["identity"]

@@ -29,8 +29,8 @@ pytest.importorskip("pyiceberg")
 class Table:
     """One table under test: opens sinks on it and reads it as a user would."""
 
-    def __init__(self, fmt: str, location: str, catalog: str | None = None) -> None:
-        self.fmt, self.location, self.catalog = fmt, location, catalog
+    def __init__(self, fmt: str, location: str, catalog: str | None = None, identifier: str = "lake.orders") -> None:
+        self.fmt, self.location, self.catalog, self.identifier = fmt, location, catalog, identifier
 
     def sink(self, **kw):
         if self.fmt == "delta":
@@ -39,7 +39,7 @@ class Table:
             return DeltaLakeSink(self.location, **kw)
         from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
 
-        return IcebergSink(self.catalog, "lake.orders", warehouse=self.location, **kw)
+        return IcebergSink(self.catalog, self.identifier, warehouse=self.location, **kw)
 
     def read(self, columns=("origin_stream", "origin_seq")) -> pa.Table:
         """The table as delta-rs or pyiceberg read it (whole commits only)."""
@@ -62,7 +62,7 @@ class Table:
 
         cat = open_catalog(self.catalog, self.location, ObjectStoreSettings.from_env())
         try:
-            return cat.load_table("lake.orders").scan(selected_fields=tuple(columns)).to_arrow()
+            return cat.load_table(self.identifier).scan(selected_fields=tuple(columns)).to_arrow()
         except NoSuchTableError:
             return pa.table({c: pa.array([], pa.int64() if c == "origin_seq" else pa.string()) for c in columns})
 
@@ -76,9 +76,13 @@ class Table:
         assert set(got) == expected
 
 
-@pytest.fixture(params=["delta-local", "iceberg-local", "delta-s3", "iceberg-s3", "iceberg-pg"])
+@pytest.fixture(params=["delta-local", "iceberg-local", "delta-s3", "iceberg-s3", "iceberg-pg", "iceberg-rest"])
 def table(request, tmp_path) -> Table:
     fmt, where = request.param.split("-")
+    if where == "rest":  # a real REST catalog server (tests/support/iceberg_rest.py), its token in the environment
+        server = request.getfixturevalue("rest_catalog")
+        request.getfixturevalue("monkeypatch").setenv("CG_ICEBERG_CATALOG_TOKEN", server.token)
+        return Table(fmt, str(tmp_path / "warehouse"), server.url, f"t{os.urandom(4).hex()}.orders")
     if where == "pg":  # the SQL catalog in a real PostgreSQL, the table on local disk
         pg = request.getfixturevalue("postgres_db")
         uri = f"postgresql://{pg.user}:{pg.password}@{pg.host}:{pg.port}/{pg.dbname}"
@@ -207,11 +211,11 @@ def test_table_maintenance_does_not_weaken_exactly_once(table):
         dt.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
         dt.cleanup_metadata()
     else:
-        tbl = sink.catalog.load_table("lake.orders")
+        tbl = sink.catalog.load_table(sink.identifier)
         keep = tbl.current_snapshot().snapshot_id
         older = [s.snapshot_id for s in tbl.snapshots() if s.snapshot_id != keep]
         tbl.maintenance.expire_snapshots().by_ids(older).commit()
-        assert len(sink.catalog.load_table("lake.orders").snapshots()) == 1
+        assert len(sink.catalog.load_table(sink.identifier).snapshots()) == 1
     again = table.sink()
     assert _land(again, range(1, 45), 9) == CommitResult(4, 40)
     table.assert_exactly({("ORDERS", s) for s in range(1, 45)})
@@ -366,7 +370,7 @@ def test_a_partitioned_table_holds_one_partition_per_file_and_readers_prune_by_i
     else:
         from pyiceberg.expressions import EqualTo
 
-        tbl = sink.catalog.load_table("lake.orders")
+        tbl = sink.catalog.load_table(sink.identifier)
         assert [str(f.transform) for f in tbl.spec().fields] == ["identity", "day", "bucket[4]"]
         scan = tbl.scan(row_filter=EqualTo("region", "r1"), selected_fields=("origin_seq",))
         files = [t.file.file_path for t in scan.plan_files()]

@@ -213,3 +213,37 @@ def test_the_maintenance_operator_compacts_a_delta_table_in_a_dag_run(airflow_en
     assert report["checkpoint"] is True and report["table"].endswith("/orders"), report
     assert result.state_of("wrong") == "failed", result
     assert sorted(_rows(options)) == list(range(1, 5 * BATCH + 1))
+
+
+@pytest.mark.airflow
+def test_a_rest_catalog_table_is_maintained_with_the_token_of_an_iceberg_connection(airflow_env, rest_catalog,
+                                                                                   tmp_path, monkeypatch):
+    """The REST catalog's bearer token comes from an Airflow ``iceberg`` connection (extra
+    ``token``) and reaches ``cg maintain`` as environment only; without it the task fails at once
+    (the catalog answers 401), naming the setting, with no token in the message."""
+    import datetime as dt
+
+    from airflow.sdk import DAG
+
+    from airflow_provider_cg.operators.maintenance import ConsumerGroupTableMaintenanceOperator
+
+    monkeypatch.setenv("CG_ICEBERG_CATALOG_TOKEN", rest_catalog.token)
+    options = SinkOptions(sink="iceberg", iceberg_table=f"m{os.urandom(3).hex()}.orders",
+                          iceberg_warehouse=str(tmp_path / "wh"), iceberg_catalog_uri=rest_catalog.url)
+    sink = options.open()
+    for i in range(3):
+        _land(sink, list(range(1 + i * BATCH, 1 + (i + 1) * BATCH)), "m1", i + 1)
+    monkeypatch.delenv("CG_ICEBERG_CATALOG_TOKEN")
+    airflow_env.add_connection("rest_catalog", "iceberg", host=rest_catalog.url, extra={"token": rest_catalog.token})
+    airflow_env.add_connection("rest_no_token", "iceberg", host=rest_catalog.url)
+    common = {"sink": "iceberg", "iceberg_table": options.iceberg_table, "iceberg_warehouse": options.iceberg_warehouse,
+              "retention_hours": 1}
+    with DAG("cg_test_rest_maintenance", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
+        ConsumerGroupTableMaintenanceOperator(task_id="maintain", iceberg_conn_id="rest_catalog", **common)
+        ConsumerGroupTableMaintenanceOperator(task_id="refused", iceberg_conn_id="rest_no_token", retries=2, **common)
+    result = airflow_env.run_dag(dag)
+    assert result.state_of("maintain") == "success", result
+    assert result.xcom("maintain")["table"] == options.iceberg_table
+    assert result.state_of("refused") == "failed", result
+    logs = "".join(p.read_text(errors="replace") for p in airflow_env.home.rglob("*.log"))
+    assert rest_catalog.token not in logs

@@ -129,8 +129,10 @@ class SinkOptions:
                                  sinks=PATH_SINKS)
     pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink", sinks=("postgres",))
     iceberg_table: str | None = _opt(help="the Iceberg sink's table, namespace.table", sinks=("iceberg",))
-    iceberg_catalog_uri: str | None = _opt(help="the Iceberg SQL catalog, sqlite:////path/catalog.db or "
-                                           "postgresql://host/db without a password (with one: CG_ICEBERG_CATALOG_URI)",
+    iceberg_catalog_uri: str | None = _opt(help="the Iceberg catalog: SQL, sqlite:////path/catalog.db or "
+                                           "postgresql://host/db without a password (with one: CG_ICEBERG_CATALOG_URI), "
+                                           "or REST, http(s)://host:port/path (its token or client credentials from "
+                                           "CG_ICEBERG_CATALOG_TOKEN / CG_ICEBERG_CATALOG_CREDENTIAL)",
                                            sinks=("iceberg",))
     iceberg_warehouse: str | None = _opt(help="where the Iceberg sink creates its table if missing (a path or "
                                          "s3://bucket/prefix)", sinks=("iceberg",))
@@ -459,8 +461,13 @@ def check_sink(spec: Any) -> None:
         parse_identifier(spec.iceberg_table)
         uri = spec.iceberg_catalog_uri
         if uri is not None:
-            if not uri.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://")):
-                raise ConfigError("iceberg_catalog_uri", "must be sqlite:////path/catalog.db or postgresql://host/db")
+            if not uri.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://", "http://", "https://")):
+                raise ConfigError("iceberg_catalog_uri", "must be sqlite:////path/catalog.db, postgresql://host/db "
+                                                         "or a REST catalog's http(s)://host:port/path")
+            if uri.startswith(("http://", "https://")) and (urlsplit(uri).username or not urlsplit(uri).hostname):
+                raise ConfigError("iceberg_catalog_uri", "must be http(s)://host[:port][/path] with no credentials in "
+                                                         "it (a token goes in CG_ICEBERG_CATALOG_TOKEN, or the "
+                                                         "operator's iceberg_conn_id)")
             if urlsplit(uri).password:
                 raise ConfigError("iceberg_catalog_uri", "must not contain a password (pass the URI in "
                                                          "CG_ICEBERG_CATALOG_URI, or pg_conn_id to the operator)")

@@ -87,6 +87,10 @@ BAD = [
     ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_catalog_uri": "postgresql://u:pw@h/db"},
      "iceberg_catalog_uri"),
     ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_warehouse": "ftp://x/y"}, "iceberg_warehouse"),
+    ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_catalog_uri": "https://id:secret@cat/v1"},
+     "iceberg_catalog_uri"),
+    ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_catalog_uri": "http:///x"},
+     "iceberg_catalog_uri"),
     ({"sink": "iceberg", "sink_path": None, "iceberg_table": "l.o", "iceberg_catalog_name": "a b"},
      "iceberg_catalog_name"),
     # an option of another sink is refused, naming it (not ignored)

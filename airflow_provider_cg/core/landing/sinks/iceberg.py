@@ -1,4 +1,4 @@
-"""Apache Iceberg tables through a SQL catalog (SQLite or PostgreSQL), exactly once.
+"""Apache Iceberg tables through a SQL catalog (SQLite or PostgreSQL) or a REST catalog, exactly once.
 
 Like the Delta sink (``delta.py``): the lake protocol decides, and each committed batch is
 published as one Iceberg commit (``pyiceberg``) that adds the batch's files and sets the table
@@ -60,13 +60,28 @@ def parse_identifier(table: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings, name: str = CATALOG_NAME):
-    """pyiceberg's SQL catalog; errors name the setting, never the URI's password."""
+#: where a REST catalog's credentials come from (never an option: see ``open_catalog``)
+TOKEN_ENV, CREDENTIAL_ENV = "CG_ICEBERG_CATALOG_TOKEN", "CG_ICEBERG_CATALOG_CREDENTIAL"
+
+
+def is_rest(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings, name: str = CATALOG_NAME,
+                 env: dict[str, str] | None = None):
+    """pyiceberg's SQL catalog (``sqlite:///``, ``postgresql://``) or REST catalog (``http(s)://``,
+    its bearer token from ``CG_ICEBERG_CATALOG_TOKEN`` or OAuth2 client credentials
+    ``client_id:client_secret`` from ``CG_ICEBERG_CATALOG_CREDENTIAL``); errors name the
+    setting, never a password or a token."""
+    if is_rest(uri):
+        return _rest_catalog(uri, settings, name, os.environ if env is None else env)
     from pyiceberg.catalog.sql import SqlCatalog
 
     scheme = uri.split(":", 1)[0] if ":" in uri else ""
     if not (scheme.startswith("sqlite") or scheme.startswith("postgresql")):
-        raise ConfigError("iceberg_catalog_uri", "must be a sqlite:/// or postgresql:// SQLAlchemy URI")
+        raise ConfigError("iceberg_catalog_uri", "must be a sqlite:/// or postgresql:// SQLAlchemy URI, "
+                                                 "or a REST catalog's http(s):// URL")
     if scheme == "postgresql":
         uri = "postgresql+psycopg2" + uri[len("postgresql"):]
     if scheme.startswith("sqlite") and uri.startswith(("sqlite:////", "sqlite:///")):
@@ -93,6 +108,30 @@ def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings,
     raise AssertionError("unreachable")
 
 
+def _rest_catalog(uri: str, settings: ObjectStoreSettings, name: str, env):
+    from pyiceberg.catalog.rest import RestCatalog
+
+    props = {"uri": uri, **iceberg_io_properties(settings)}
+    if env.get(TOKEN_ENV):
+        props["token"] = env[TOKEN_ENV]
+    if env.get(CREDENTIAL_ENV):
+        props["credential"] = env[CREDENTIAL_ENV]
+    try:
+        return RestCatalog(name, **props)
+    except Exception as e:  # noqa: BLE001 - classified below; the message may quote a request
+        raise _rest_error(e) from None
+
+
+def _rest_error(e: Exception) -> Exception:
+    """A REST catalog's failure as the job's error: refused credentials are input (exit 1),
+    an unreachable or failing server is transient (exit 2)."""
+    kind = type(e).__name__
+    if kind in ("UnauthorizedError", "ForbiddenError", "OAuthError"):
+        return ConfigError("iceberg_catalog_uri", f"the REST catalog refused the credentials ({kind}; set "
+                                                  f"{TOKEN_ENV} or {CREDENTIAL_ENV}, or the operator's iceberg_conn_id)")
+    return ConnectionError(f"iceberg REST catalog unreachable or failing ({kind})")
+
+
 def _locked(e: Exception) -> bool:
     """SQLite's 'database is locked' (a concurrent writer of the catalog): try again."""
     return type(e).__name__ == "OperationalError" and "locked" in str(e)
@@ -117,8 +156,9 @@ class IcebergSink(TableSink):
             if tbl.properties.get("commit.retry.num-retries") != "0":
                 with tbl.transaction() as tx:
                     tx.set_properties(NO_RETRIES)
-        elif warehouse:
-            location = f"{self.catalog.properties['warehouse'].rstrip('/')}/{self.namespace}.db/{self.name}"
+        elif warehouse:  # a SQL catalog's warehouse property, or (REST) the location asked for
+            base = warehouse if "://" in warehouse else "file://" + os.path.abspath(warehouse)
+            location = f"{base.rstrip('/')}/{self.namespace}.db/{self.name}"
         else:
             raise ConfigError("iceberg_warehouse", f"required to create table {self.identifier!r}")
         if location.startswith("file://"):
@@ -145,6 +185,8 @@ class IcebergSink(TableSink):
                 if _locked(e) and attempt < 19:
                     time.sleep(0.05 * (attempt + 1))
                     continue
+                if type(e).__name__ in ("UnauthorizedError", "ForbiddenError", "OAuthError"):
+                    raise _rest_error(e) from None
                 raise ConnectionError(f"iceberg catalog unreachable ({type(e).__name__})") from None
         raise AssertionError("unreachable")
 
