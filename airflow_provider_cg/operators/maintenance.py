@@ -45,12 +45,14 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
     def __init__(self, *, sink: str | None = None, sink_path: str | None = None, iceberg_table: str | None = None,
                  iceberg_catalog_uri: str | None = None, iceberg_warehouse: str | None = None,
                  iceberg_catalog_name: str | None = None, partition_by: str | None = None,
-                 pg_table: str | None = None, compact: bool | None = None, target_file_size: int | None = None,
+                 pg_table: str | None = None, merge_keys: str | None = None, delete_when: str | None = None,
+                 compact: bool | None = None, target_file_size: int | None = None,
                  retention_hours: float = DEFAULT_RETENTION_HOURS, aws_conn_id: str | None = None,
                  pg_conn_id: str | None = None, iceberg_conn_id: str | None = None, **kwargs: Any) -> None:
         sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
                         "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
-                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by}
+                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
+                        "merge_keys": merge_keys, "delete_when": delete_when}
         assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
         super().__init__(**kwargs)
         for name, value in sink_options.items():

@@ -154,6 +154,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         iceberg_warehouse: str | None = None,
         iceberg_catalog_name: str | None = None,
         partition_by: str | None = None,
+        merge_keys: str | None = None,
+        delete_when: str | None = None,
         pg_conn_id: str | None = None,
         iceberg_conn_id: str | None = None,
         aws_conn_id: str | None = None,
@@ -195,7 +197,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         spark_options = {k: kwargs.pop(k) for k in list(kwargs) if k in SPARK_SUBMIT_OPTIONS}
         sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
                         "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
-                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by}
+                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
+                        "merge_keys": merge_keys, "delete_when": delete_when}
         assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
         if "outlets" not in kwargs:  # the table, as an Asset, when its location is known now
             kwargs["outlets"] = _table_outlets(sink_options)
@@ -230,7 +233,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     # --- arguments ---------------------------------------------------------------------
 
     def _job_values(self) -> dict[str, Any]:
-        return {field: getattr(self, field) for field in JOB_FIELDS}
+        """The job's options from this task's fields; a sink option rendered empty is not given
+        (a DAG that switches its table's format by a param names each sink's options so)."""
+        return {field: None if field in SINK_FIELDS and getattr(self, field) == "" else getattr(self, field)
+                for field in JOB_FIELDS}
 
     def _check(self, rendered: bool) -> MemberJobSpec | None:
         """The job's contract over this task's fields (before rendering: what no template

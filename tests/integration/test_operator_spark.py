@@ -369,7 +369,11 @@ def test_invalid_arguments_name_the_field(airflow_env):
         ({"settle_timeout": -1}, "settle_timeout"),
         ({"member": "bad name"}, "member"),
         ({"sink_path": None}, "sink_path"),
-        ({"sink": "postgres"}, "pg_conn_id"),
+        ({"sink": "postgres", "sink_path": None}, "pg_conn_id"),
+        ({"sink": "postgres"}, "sink_path"),  # an option of another sink: refused, not ignored
+        ({"sink": "delta", "iceberg_table": "lake.orders"}, "iceberg_table"),
+        ({"sink": "delta", "partition_by": "day(ts)"}, "partition_by"),
+        ({"sink": "delta", "delete_when": "op = 'd'"}, "delete_when"),
         ({"application_args": ["--x"]}, "application_args"),
     ):
         with pytest.raises(ConfigError) as e:

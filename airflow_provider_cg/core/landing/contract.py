@@ -144,6 +144,12 @@ class SinkOptions:
                                     "year(ts), bucket(16, id), truncate(4, name). A column may be one your "
                                     "transformation derives; an existing table partitioned otherwise is refused",
                                     sinks=("delta", "iceberg"))
+    merge_keys: str | None = _opt(help="upsert by these columns (comma-separated): the latest record of a key, by "
+                                  "origin order, replaces the table's row; never an older one over a newer one",
+                                  sinks=("delta", "iceberg", "postgres"))
+    delete_when: str | None = _opt(help="with merge_keys: the tombstone rule, column = 'text' | <integer> | "
+                                   "true|false (e.g. op = 'd'): a matching record deletes its key",
+                                   sinks=("delta", "iceberg", "postgres"))
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -449,6 +455,12 @@ def check_sink(spec: Any) -> None:
         from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 
         Partitioning.parse(spec.partition_by, spec.sink)
+    if spec.delete_when is not None and spec.merge_keys is None:
+        raise ConfigError("delete_when", "needs merge_keys (a tombstone deletes a key's row)")
+    if spec.merge_keys is not None:
+        from airflow_provider_cg.core.landing.sinks.merging import MergeSpec
+
+        MergeSpec.parse(spec.merge_keys, spec.delete_when)
     if spec.sink in PATH_SINKS:
         if not spec.sink_path:
             raise ConfigError("sink_path", f"required for the {spec.sink} sink")
@@ -507,6 +519,8 @@ _RULE_FIELDS = {
     "pg_table": {"sink", "pg_table"},
     "iceberg_catalog_name": {"sink", "iceberg_catalog_name"},
     "partition_by": {"sink", "partition_by"},
+    "merge_keys": {"sink", "merge_keys", "delete_when"},
+    "delete_when": {"sink", "merge_keys", "delete_when"},
     "json_schema": {"payload_format", "json_schema"},
     "avro_schema": {"payload_format", "avro_schema"},
     "transform": {"transform", "transform_sql", "no_spark"},

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.base import SinkError
+from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec, quote
 from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
 from airflow_provider_cg.core.landing.sinks.tables import (
@@ -51,7 +52,8 @@ class DeltaLakeSink(TableSink):
     created from the first batch's schema if missing."""
 
     def __init__(self, location: str | os.PathLike, *, fsync: bool = True, compression: str = "snappy",
-                 checkpoint_interval: int = 100, partitioning: Partitioning | None = None) -> None:
+                 checkpoint_interval: int = 100, partitioning: Partitioning | None = None,
+                 merge: MergeSpec | None = None) -> None:
         store = open_storage(str(location), fsync=fsync)
         if isinstance(store, ObjectStorage):
             store.check()
@@ -62,6 +64,7 @@ class DeltaLakeSink(TableSink):
         self.uri = store.uri()
         self._dt = None
         self.partitioning = self._table_partitioning(partitioning)
+        self.merge = merge
 
     def _table_partitioning(self, asked: Partitioning | None) -> Partitioning | None:
         """The existing table's partition columns (``asked`` must name the same), else ``asked``."""
@@ -155,4 +158,56 @@ class DeltaLakeSink(TableSink):
             self._dt = None
             first = (str(e).splitlines() or [""])[0][:200]
             raise SinkError(f"delta commit of position {record['pos']} to {self.uri} failed "
+                            f"({type(e).__name__}: {first})") from None
+
+    def merge_rows(self, record: dict, latest: pa.Table) -> None:
+        """One delta-rs MERGE per batch, carrying the batch's app transaction: insert new keys,
+        replace or delete (tombstones) only rows older than the batch's record."""
+        from deltalake import CommitProperties, DeltaTable, Transaction
+        from deltalake.exceptions import CommitFailedError, DeltaError
+
+        latest = self.storable(latest)
+        data = latest.drop_columns([DELETE_FLAG])
+        dt = self._table(fresh=False)
+        if dt is None:
+            try:
+                DeltaTable.create(self.uri, schema=data.schema, mode="ignore",
+                                  storage_options=self.storage_options or None,
+                                  partition_by=self.partitioning.columns if self.partitioning else None)
+            except DeltaError:
+                pass
+            dt = self._table()
+        added = new_columns(pa.schema(dt.schema().to_arrow()), data.schema)
+        if added:  # additive evolution, as for appends
+            from deltalake import Field
+            from deltalake import Schema as DeltaSchema
+
+            dt.alter.add_columns([Field(f.name, f.type, nullable=True)
+                                  for f in DeltaSchema.from_arrow(pa.schema(added)).fields])
+            dt.update_incremental()
+        if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
+            return
+        columns = [quote(c) for c in data.column_names]
+        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in self.merge.keys)
+        newer = 't."origin_stream" <> s."origin_stream" OR t."origin_seq" < s."origin_seq"'
+        flag = f"s.{quote(DELETE_FLAG)}"
+        now = int(time.time() * 1000)
+        props = CommitProperties(app_transactions=[Transaction(APP_ID, record["pos"], now)],
+                                 custom_metadata={"cg.gid": record["gid"], "cg.position": str(record["pos"])},
+                                 max_commit_retries=0)
+        try:
+            (dt.merge(latest, on, source_alias="s", target_alias="t", commit_properties=props)
+             .when_matched_delete(predicate=f"({newer}) AND {flag}")
+             .when_matched_update(updates={c: f"s.{c}" for c in columns}, predicate=f"({newer}) AND NOT {flag}")
+             .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate=f"NOT {flag}")
+             .execute())
+        except CommitFailedError as e:
+            self._dt = None
+            raise TableConflict(f"delta merge of position {record['pos']} lost a race ({e})") from None
+        except DeltaError as e:
+            self._dt = None
+            first = (str(e).splitlines() or [""])[0][:200]
+            if "conflict" in first.lower() or "transaction" in first.lower():
+                raise TableConflict(f"delta merge of position {record['pos']} lost a race ({first})") from None
+            raise SinkError(f"delta merge of position {record['pos']} into {self.uri} failed "
                             f"({type(e).__name__}: {first})") from None

@@ -20,6 +20,7 @@ import time
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.sinks.partitioning import PartitionField, Partitioning
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
 from airflow_provider_cg.core.landing.sinks.tables import (
@@ -143,13 +144,13 @@ class IcebergSink(TableSink):
 
     def __init__(self, catalog_uri: str, table: str, *, warehouse: str | None = None, fsync: bool = True,
                  compression: str = "snappy", checkpoint_interval: int = 100, catalog_name: str = CATALOG_NAME,
-                 partitioning: Partitioning | None = None) -> None:
+                 partitioning: Partitioning | None = None, merge: MergeSpec | None = None) -> None:
         self.namespace, self.name = parse_identifier(table)
         self.identifier = f"{self.namespace}.{self.name}"
         self.settings = ObjectStoreSettings.from_env()
         self.catalog = open_catalog(catalog_uri, warehouse, self.settings, catalog_name)
         tbl = self._load()
-        self.partitioning = partitioning
+        self.partitioning, self.merge = partitioning, merge
         if tbl is not None:
             self.partitioning = _table_partitioning(tbl, partitioning, self.identifier)
             location = tbl.location()
@@ -236,6 +237,42 @@ class IcebergSink(TableSink):
         except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
             return False
 
+    def merge_rows(self, record: dict, latest: pa.Table) -> None:
+        """One Iceberg transaction per batch: the table's rows of the batch's keys are read, the
+        batch's records not newer than them dropped, then tombstoned keys deleted and the rest
+        upserted (pyiceberg), with the batch's position set in the same commit."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        latest = self.storable(latest)
+        data = latest.drop_columns([DELETE_FLAG])
+        tbl = self._load() or self._create(data.schema)
+        pos = str(record["pos"])
+        if int(tbl.properties.get(POSITION_PROPERTY, 0)) >= record["pos"]:
+            return
+        keep, held = _newer_than_table(tbl, latest, self.merge.keys)
+        flags = latest.column(DELETE_FLAG).to_numpy(zero_copy_only=False)
+        gone = latest.filter(pa.array(keep & held & flags))  # a tombstone of a key the table lacks: nothing
+        rows = latest.filter(pa.array(keep & ~flags)).drop_columns([DELETE_FLAG])
+        added = new_columns(tbl.schema().as_arrow(), data.schema)
+        summary = {POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]}
+        try:
+            with tbl.transaction() as tx:
+                if added:
+                    with tx.update_schema() as update:
+                        update.union_by_name(pa.schema(added))
+                tx.set_properties({POSITION_PROPERTY: pos})
+                if gone.num_rows:
+                    tx.delete(_keys_filter(gone, self.merge.keys), snapshot_properties=summary)
+                if rows.num_rows:
+                    tx.upsert(rows.cast(_table_arrow_schema(tx, rows.schema)), join_cols=list(self.merge.keys),
+                              snapshot_properties=summary)
+        except CommitFailedException as e:
+            raise TableConflict(f"iceberg merge of position {pos} lost a race ({e})") from None
+        except Exception as e:
+            if _locked(e):
+                raise TableConflict(f"iceberg merge of position {pos}: catalog busy") from None
+            raise
+
     def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
         from pyiceberg.exceptions import CommitFailedException
 
@@ -309,3 +346,40 @@ def _append_partitioned(tx, files: list[tuple[str, DataFile]], summary: dict[str
                 content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.PARQUET,
                 partition=key.partition, file_size_in_bytes=f.size, sort_order_id=None,
                 spec_id=md.default_spec_id, equality_ids=None, key_metadata=None, **stats.to_serialized_dict()))
+
+
+def _keys_filter(rows: pa.Table, keys: tuple[str, ...]):
+    """A pyiceberg row filter matching the keys of ``rows``."""
+    from functools import reduce
+
+    from pyiceberg.expressions import And, EqualTo, In, Or
+
+    if len(keys) == 1:
+        return In(keys[0], set(rows.column(keys[0]).to_pylist()))
+    each = [reduce(And, [EqualTo(k, r[k]) for k in keys]) for r in rows.select(list(keys)).to_pylist()]
+    return reduce(Or, each)
+
+
+def _newer_than_table(tbl, latest: pa.Table, keys: tuple[str, ...]):
+    """Per record of ``latest``: whether the table has no row of its key or an older one, and
+    whether it has a row of its key."""
+    import numpy as np
+
+    if latest.num_rows == 0 or tbl.current_snapshot() is None:
+        return np.ones(latest.num_rows, dtype=bool), np.zeros(latest.num_rows, dtype=bool)
+    held = tbl.scan(row_filter=_keys_filter(latest, keys),
+                    selected_fields=(*keys, "origin_stream", "origin_seq")).to_arrow()
+    have = {tuple(r[k] for k in keys): (r["origin_stream"], r["origin_seq"]) for r in held.to_pylist()}
+    out, held_mask = np.ones(latest.num_rows, dtype=bool), np.zeros(latest.num_rows, dtype=bool)
+    for i, r in enumerate(latest.select([*keys, "origin_stream", "origin_seq"]).to_pylist()):
+        old = have.get(tuple(r[k] for k in keys))
+        held_mask[i] = old is not None
+        if old is not None and old[0] == r["origin_stream"] and old[1] >= r["origin_seq"]:
+            out[i] = False
+    return out, held_mask
+
+
+def _table_arrow_schema(tx, schema: pa.Schema) -> pa.Schema:
+    """``schema`` with each column typed as the table holds it (pyiceberg's upsert compares them)."""
+    table = tx.table_metadata.schema().as_arrow()
+    return pa.schema([table.field(f.name) if table.get_field_index(f.name) >= 0 else f for f in schema])

@@ -36,6 +36,11 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
                 and importlib.util.find_spec("pyiceberg_core") is None:
             raise ConfigError("partition_by", "Iceberg partition transforms need pyiceberg-core on the driver "
                                               "and executors: pip install 'airflow-provider-cg[iceberg]'")
+    merge = None
+    if options.merge_keys:
+        from airflow_provider_cg.core.landing.sinks.merging import MergeSpec
+
+        merge = MergeSpec.parse(options.merge_keys, options.delete_when)
     if sink in ("parquet", "delta") and not options.sink_path:
         raise ConfigError("sink_path", f"required for the {sink} sink")
     if sink == "parquet":
@@ -50,7 +55,7 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
         from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
 
         try:
-            return DeltaLakeSink(options.sink_path, partitioning=partitioning)
+            return DeltaLakeSink(options.sink_path, partitioning=partitioning, merge=merge)
         except PermissionError as e:
             raise ConfigError("sink_path", f"cannot create the table in {options.sink_path!r} ({e.strerror})") \
                 from None
@@ -63,7 +68,7 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
         if not options.iceberg_table:
             raise ConfigError("iceberg_table", "required for the iceberg sink")
         return IcebergSink(uri, options.iceberg_table, warehouse=options.iceberg_warehouse,
-                           catalog_name=options.iceberg_catalog_name, partitioning=partitioning)
+                           catalog_name=options.iceberg_catalog_name, partitioning=partitioning, merge=merge)
     if sink != "postgres":
         raise ConfigError("sink", f"must be one of parquet, delta, iceberg, postgres (got {sink!r})")
     from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
@@ -77,4 +82,4 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
             raise ConfigError("CG_PG_DSN_FILE", f"cannot read the file it names ({type(e).__name__})") from None
     if not dsn:
         raise ConfigError("CG_PG_DSN", "the PostgreSQL sink needs a DSN in CG_PG_DSN or CG_PG_DSN_FILE")
-    return PostgresSink(dsn, table=options.pg_table, transformed=transformed)
+    return PostgresSink(dsn, table=options.pg_table, transformed=transformed, merge=merge)

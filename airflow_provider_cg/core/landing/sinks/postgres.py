@@ -53,6 +53,7 @@ import pyarrow.csv as pcsv
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
+from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
@@ -248,6 +249,7 @@ class PostgresSink(TwoPhaseSink):
         lock_timeout_s: float = 30.0,
         copy_chunk_rows: int = 50_000,
         transformed: bool = False,
+        merge: MergeSpec | None = None,
     ) -> None:
         self._dsn = dsn_or_conn_params if isinstance(dsn_or_conn_params, str) else dict(dsn_or_conn_params)
         self.table = validate_identifier("pg_table", table)
@@ -258,6 +260,8 @@ class PostgresSink(TwoPhaseSink):
         self.copy_chunk_rows = copy_chunk_rows
         #: the target holds a transformation's output: created from the first batch's columns
         self.transformed = transformed
+        #: upserts (``merging.py``): the target's key is ``merge.keys``, its rows the latest per key
+        self.merge = merge
         self._conn = None
         self._lock = threading.RLock()
         self._columns: set[str] | None = None
@@ -381,6 +385,11 @@ class PostgresSink(TwoPhaseSink):
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext('airflow-provider-cg ddl'))")
                 if side_only:
                     pass
+                elif self.merge is not None:  # one row per key: the key is the table's primary key
+                    cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in arrow_schema
+                                     if f.name != DELETE_FLAG)
+                    keys = ", ".join(_ident(k) for k in self.merge.keys)
+                    cur.execute(f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, PRIMARY KEY ({keys}))")
                 elif transformed:
                     cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in arrow_schema)
                     cur.execute(f"CREATE TABLE IF NOT EXISTS {self._target} ({cols})")
@@ -433,7 +442,7 @@ class PostgresSink(TwoPhaseSink):
                     cur.execute("COMMIT")
                     return None
                 for f in arrow_schema:
-                    if f.name not in existing:
+                    if f.name not in existing and f.name != DELETE_FLAG:
                         cur.execute(
                             f"ALTER TABLE {self._target} ADD COLUMN IF NOT EXISTS "
                             f"{_ident(f.name)} {_pg_type(f.name, f.type)}"
@@ -535,6 +544,15 @@ class PostgresSink(TwoPhaseSink):
                 raise SinkError(f"expected a pyarrow.Table, got {type(table).__name__}")
         else:
             table = conform_table(table)
+        if self.merge is not None:
+            from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
+
+            self.merge.check_schema(table.schema)
+            if not transformed:  # the rows are the inputs: recorded as such, each once
+                input_keys = {st: np.asarray(q, dtype=np.int64) for st, q in keys_by_stream(table).items()}
+            for k in self.merge.keys:
+                if table.num_rows and table.column(k).null_count:
+                    raise SchemaMismatch(k, "is a merge key, and this batch has rows without it")
         for i, f in enumerate(table.schema):
             if pa.types.is_dictionary(f.type):
                 table = table.set_column(i, f.name, table.column(i).cast(f.type.value_type))
@@ -588,6 +606,9 @@ class PostgresSink(TwoPhaseSink):
         def transaction(cur) -> int:
             cur.execute("BEGIN")
             try:
+                if self.merge is not None:
+                    return self._merge(cur, gid, table, inputs, transformed, staging, stg_cols, select, encoders,
+                                       origin, rows_in)
                 cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(stg_cols)})")
                 if rows_in:
                     cur.copy_expert(
@@ -652,6 +673,62 @@ class PostgresSink(TwoPhaseSink):
         return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=gid, fence=fence)
 
     # -- commit / abort / state ------------------------------------------------------------------
+
+    def _merge(self, cur, gid: str, table: pa.Table, inputs, transformed: bool, staging: str, stg_cols: list,
+               select: list, encoders: dict, origin, rows_in: int) -> int:
+        """The prepared transaction of an upsert batch (inside ``prepare``'s): its inputs claimed in
+        ``cg_committed_inputs`` (rows of inputs committed already are dropped; a transformation's
+        batch with such inputs is refused, as always), the latest record per key deleted or
+        upserted over older rows only, the marker, ``PREPARE TRANSACTION``."""
+        target = f"{self.schema}.{self.table}"
+        taken: dict[str, np.ndarray] = {}
+        for stream, seqs in inputs:
+            cur.execute(
+                f"INSERT INTO {self._side(INPUTS_TABLE)} (target, origin_stream, origin_seq, gid) "
+                "SELECT %s, %s, unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING RETURNING origin_seq",
+                (target, stream, seqs, gid),
+            )
+            if cur.rowcount != len(seqs):
+                mine = np.fromiter((r[0] for r in cur.fetchall()), np.int64)
+                taken[stream] = np.setdiff1d(np.asarray(seqs, np.int64), mine)
+        if taken and transformed:
+            n = sum(len(t) for t in taken.values())
+            raise InputsTaken(f"prepare of {gid}: {n} of its inputs were committed by another writer "
+                              "since it was computed", taken)
+        for stream, seqs in taken.items():  # redeliveries: their rows are in already
+            drop = pc.and_(pc.equal(table.column("origin_stream"), stream),
+                           pc.is_in(table.column("origin_seq"), pa.array(seqs, pa.int64())))
+            table = table.filter(pc.invert(drop))
+        latest = self.merge.latest(table)
+        cols = [*stg_cols, f"{_ident(DELETE_FLAG)} boolean"]
+        cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(cols)})")
+        names = ", ".join(_ident(n) for n in latest.schema.names)
+        if latest.num_rows:
+            cur.copy_expert(f"COPY {staging} ({names}) FROM STDIN WITH (FORMAT csv)",
+                            _CsvStream(latest, encoders, self.copy_chunk_rows), size=1 << 20)
+        data_cols = [n for n in table.schema.names]
+        on = " AND ".join(f"t.{_ident(k)} = s.{_ident(k)}" for k in self.merge.keys)
+        older = 't."origin_stream" <> s."origin_stream" OR t."origin_seq" < s."origin_seq"'
+        cur.execute(f"DELETE FROM {self._target} t USING {staging} s WHERE s.{_ident(DELETE_FLAG)} AND {on} "
+                    f"AND ({older})")
+        written = cur.rowcount
+        keys = ", ".join(_ident(k) for k in self.merge.keys)
+        updates = ", ".join(f"{_ident(c)} = EXCLUDED.{_ident(c)}" for c in data_cols if c not in self.merge.keys)
+        newer = (f'{self._target}."origin_stream" <> EXCLUDED."origin_stream" '
+                 f'OR {self._target}."origin_seq" < EXCLUDED."origin_seq"')
+        pick = ", ".join(sel for sel, name in zip(select, table.schema.names, strict=True))
+        cur.execute(f"INSERT INTO {self._target} ({', '.join(_ident(c) for c in data_cols)}) SELECT {pick} "
+                    f"FROM {staging} WHERE NOT {_ident(DELETE_FLAG)} ON CONFLICT ({keys}) DO UPDATE SET {updates} "
+                    f"WHERE {newer}")
+        written += cur.rowcount
+        cur.execute(f"DROP TABLE {staging}")
+        cur.execute(
+            f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
+            "origin) VALUES (%s, %s, %s, %s, %s)",
+            (gid, target, written, rows_in - table.num_rows, json.dumps(origin)),
+        )
+        cur.execute("PREPARE TRANSACTION %s", (gid,))
+        return written
 
     def _marker(self, cur, gid: str) -> tuple[int, int] | None:
         cur.execute(

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.base import PreparedWriteLost, SinkError
-from airflow_provider_cg.core.landing.sinks.lake import SPARK_DIR, LakeSink, StagedFiles
+from airflow_provider_cg.core.landing.sinks.lake import SPARK_DIR, DatasetCorrupt, LakeSink, StagedFiles
 
 APP_ID = "airflow-provider-cg"
 """The Delta app-transaction id (and Iceberg property prefix) that records log positions."""
@@ -215,6 +215,11 @@ class TableSink(LakeSink):
     def table_schema(self) -> pa.Schema | None:
         """The table's current schema (None if there is no table yet)."""
 
+    def merge_rows(self, record: dict, latest: pa.Table) -> None:
+        """One table transaction that merges ``latest`` (``MergeSpec.latest``) by key and
+        records ``record['pos']`` (``TableConflict`` when another writer committed first)."""
+        raise SinkError(f"{type(self).__name__} has no merge")
+
     @abc.abstractmethod
     def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
         """One table transaction: add ``files``, record ``record['pos']``, add ``schema``'s new
@@ -226,9 +231,14 @@ class TableSink(LakeSink):
         target = utc_schema(table.schema)
         return table if target == table.schema else table.cast(target)
 
+    #: the upsert rule (``merging.py``): published by merging the batch's rows, not adding its files
+    merge = None
+
     def check_schema(self, schema: pa.Schema) -> None:
         if self.partitioning is not None:
             self.partitioning.check_schema(utc_schema(schema))
+        if self.merge is not None:
+            self.merge.check_schema(schema)
         current = self.table_schema()
         if current is not None:
             new_columns(current, schema)
@@ -242,7 +252,9 @@ class TableSink(LakeSink):
         return self.partitioning.first_values(first)
 
     def _check_frame(self, frame) -> None:
-        """The partition columns of a Spark batch, before its tasks write anything."""
+        """The partition and merge columns of a Spark batch, before its tasks write anything."""
+        if self.merge is not None:
+            self.merge.check_schema(pa.schema([pa.field(c, pa.null()) for c in frame.columns]))
         if self.partitioning is None:
             return
         missing = [c for c in self.partitioning.columns if c not in frame.columns]
@@ -313,6 +325,13 @@ class TableSink(LakeSink):
                 if not pending:
                     break  # records without files have nothing to show
                 nxt = pending[0]
+                if self.merge is not None:
+                    try:
+                        self.merge_rows(nxt, self.merge.latest(self._staged_rows(nxt)))
+                    except TableConflict:
+                        continue
+                    self.store.delete_tree(self.staging(nxt["gid"]))
+                    continue
                 self.copy_files(nxt)
                 files, schema = [], None
                 for f in nxt["files"]:
@@ -330,6 +349,18 @@ class TableSink(LakeSink):
             else:
                 raise SinkError(f"could not publish log position {target}: too many concurrent commits")
             self.store.delete_tree(self.staging(record["gid"]))
+
+
+    def _staged_rows(self, record: dict) -> pa.Table:
+        """A committed record's rows, read from its staging (a merge publishes them, not the files)."""
+        tables = []
+        for f in record["files"]:
+            try:
+                tables.append(self._read_parquet(f["staged"]))
+            except FileNotFoundError:
+                raise DatasetCorrupt(f"staged rows of {record['gid']} are missing before its merge was "
+                                     "published") from None
+        return pa.concat_tables(tables, promote_options="default")
 
 
 class TableConflict(SinkError):
