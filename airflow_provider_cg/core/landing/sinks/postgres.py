@@ -53,7 +53,6 @@ import pyarrow.csv as pcsv
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
-from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
@@ -75,6 +74,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     origin_ranges,
     recovered_by,
 )
+from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
 PG_MAX_IDENTIFIER = 63  # bytes; PostgreSQL silently truncates longer names
