@@ -41,6 +41,7 @@ from tests.support.member_job import (
 )
 
 ACK_WAIT = 3.0
+MERGE_RULE = "payload_text = 'deleted'"
 JOB_ARGS = ["--batch-size", "400", "--ack-wait", str(ACK_WAIT), "--standby-timeout", "6",
             "--idle-timeout", "1.5", "--max-seconds", "45", "--progress-interval", "30"]
 
@@ -61,6 +62,7 @@ class ChaosConfig:
     chunks: int = 8
     static: bool = False  # a static group on an origin with direct gets (no membership changes)
     read: str | None = None  # the jobs' --read (``executors``: Spark's tasks read; needs ``spark``)
+    merge: bool = False  # upserts by key (--merge-keys key): a change stream, about 1 in 8 records a delete
 
 
 @dataclass
@@ -83,6 +85,7 @@ class ChaosRun:
         self.jobs: list[tuple[str, MemberJob]] = []
         self.suspended: dict[int, tuple[MemberJob, float]] = {}
         self.expected: dict[tuple[str, int], str] = {}
+        self.deleted: set[tuple[str, int]] = set()  # merge: the records that are tombstones
         self.events: list[str] = [f"seed={self.config.seed}"]
         self.restarts_left = self.config.server_restarts
         self.groups = ConsumerGroups(self.nc)
@@ -111,12 +114,15 @@ class ChaosRun:
         sink = self.config.sink
         if sink == "parquet":
             return self.lake, []
-        if sink == "delta":
-            return self.table, []
+        # upserts read the tombstone rule's column, payload_text: the payloads are decoded as text
+        merge = ["--merge-keys", "key", "--delete-when", MERGE_RULE, "--payload-format", "text"] \
+            if self.config.merge else []
         if sink == "iceberg":
             return None, ["--iceberg-table", "lake.orders", "--iceberg-catalog-uri", self.catalog_uri,
-                          "--iceberg-warehouse", self.warehouse]
-        return None, ["--pg-table", "orders"]
+                          "--iceberg-warehouse", self.warehouse, *merge]
+        if sink == "delta":
+            return self.table, merge
+        return None, ["--pg-table", "orders", *merge]
 
     def start_job(self, member: str) -> MemberJob:
         sink_path, sink_args = self.sink_args()
@@ -166,8 +172,17 @@ class ChaosRun:
         return left
 
     async def publish_chunk(self, n: int) -> None:
+        tombstones: set[int] = set()
+
+        def payload(i: int) -> bytes:
+            if self.config.merge and self.rng.random() < 0.125:
+                tombstones.add(i)
+                return b"deleted"
+            return b'{"id":%d}' % i
+
         got = await publish_orders(self.nc, self.stream, self.group, n, self.config.keys, subjects_prefix="ord",
-                                   wait_sourced=not self.config.static)
+                                   wait_sourced=not self.config.static, payload=payload)
+        self.deleted |= {k for i, k in enumerate(sorted(got, key=lambda k: k[1])) if i in tombstones}
         # a static group's key is the subject (its partition token stripped)
         self.expected |= {k: f"ord.{v}" for k, v in got.items()} if self.config.static else got
         self.log(f"published {n} (total {len(self.expected)})")
@@ -388,9 +403,44 @@ class ChaosRun:
 
         return IcebergSink(self.catalog_uri, "lake.orders")
 
+    def last_state(self) -> dict[str, int]:
+        """Merge: each key's last record (its origin_seq), computed here from what was published;
+        a key whose last record is a tombstone is absent."""
+        last: dict[str, tuple[str, int]] = {}
+        for k, key in sorted(self.expected.items(), key=lambda kv: kv[0][1]):
+            last[key] = k
+        return {key: k[1] for key, k in last.items() if k not in self.deleted}
+
+    def table_state(self, pg_params=None) -> dict[str, int]:
+        """Merge: the table's key -> origin_seq, as delta-rs, pyiceberg or psycopg2 read it."""
+        sink = self.config.sink
+        if sink == "delta":
+            from tests.support.member_job import read_delta
+
+            t = read_delta(self.table, ["key", "origin_seq"], self.storage_options())
+            rows = list(zip(t.column("key").to_pylist(), t.column("origin_seq").to_pylist(), strict=True))
+        elif sink == "iceberg":
+            t = self.open_sink().load_table().scan(selected_fields=("key", "origin_seq")).to_arrow()
+            rows = list(zip(t.column("key").to_pylist(), t.column("origin_seq").to_pylist(), strict=True))
+        else:
+            import psycopg2
+
+            with psycopg2.connect(**pg_params) as conn, conn.cursor() as cur:
+                cur.execute("SELECT key, origin_seq FROM orders")
+                rows = cur.fetchall()
+            conn.close()
+        assert len(rows) == len({k for k, _ in rows}), "a key has two rows\n" + self.report()
+        return dict(rows)
+
     async def check(self, pg_params=None) -> dict:
         try:
-            assert_exactly_once(self.landed(pg_params), self.expected)
+            if self.config.merge:
+                want, got = self.last_state(), self.table_state(pg_params)
+                wrong = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+                assert not wrong, (f"{len(wrong)} keys differ from their last state, e.g. "
+                                   f"{[(k, want.get(k), got.get(k)) for k in wrong[:5]]} (key, want, table)")
+            else:
+                assert_exactly_once(self.landed(pg_params), self.expected)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.report()}") from None
         assert await self.backlog() == 0, self.report()
