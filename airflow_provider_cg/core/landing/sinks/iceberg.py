@@ -239,8 +239,9 @@ class IcebergSink(TableSink):
 
     def merge_rows(self, record: dict, latest: pa.Table) -> None:
         """One Iceberg transaction per batch: the table's rows of the batch's keys are read, the
-        batch's records not newer than them dropped, then tombstoned keys deleted and the rest
-        upserted (pyiceberg), with the batch's position set in the same commit."""
+        batch's records not newer than them dropped, then the rows of tombstoned and replaced
+        keys deleted and the newer records appended (pyiceberg; deletes rewrite the files they
+        touch), with the batch's position set in the same commit."""
         from pyiceberg.exceptions import CommitFailedException
 
         latest = self.storable(latest)
@@ -251,7 +252,6 @@ class IcebergSink(TableSink):
             return
         keep, held = _newer_than_table(tbl, latest, self.merge.keys)
         flags = latest.column(DELETE_FLAG).to_numpy(zero_copy_only=False)
-        gone = latest.filter(pa.array(keep & held & flags))  # a tombstone of a key the table lacks: nothing
         rows = latest.filter(pa.array(keep & ~flags)).drop_columns([DELETE_FLAG])
         added = new_columns(tbl.schema().as_arrow(), data.schema)
         summary = {POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]}
@@ -261,11 +261,13 @@ class IcebergSink(TableSink):
                     with tx.update_schema() as update:
                         update.union_by_name(pa.schema(added))
                 tx.set_properties({POSITION_PROPERTY: pos})
-                if gone.num_rows:
-                    tx.delete(_keys_filter(gone, self.merge.keys), snapshot_properties=summary)
+                # the keys whose row goes: tombstoned, or replaced by a newer record (one delete),
+                # then the newer records appended: an upsert without a second scan of the table
+                replaced = latest.filter(pa.array(keep & held))
+                if replaced.num_rows:
+                    tx.delete(_keys_filter(replaced, self.merge.keys), snapshot_properties=summary)
                 if rows.num_rows:
-                    tx.upsert(rows.cast(_table_arrow_schema(tx, rows.schema)), join_cols=list(self.merge.keys),
-                              snapshot_properties=summary)
+                    tx.append(rows.cast(_table_arrow_schema(tx, rows.schema)), snapshot_properties=summary)
         except CommitFailedException as e:
             raise TableConflict(f"iceberg merge of position {pos} lost a race ({e})") from None
         except Exception as e:
