@@ -28,7 +28,7 @@ def _config(request, **overrides) -> ChaosConfig:
 
 
 async def test_randomized_faults_into_parquet(request, nc, nats_server, member_job_zip, tmp_path):
-    run = ChaosRun(_config(request, seconds=15.0, messages=35_000), nc, [nats_server], tmp_path, member_job_zip)
+    run = ChaosRun(_config(request, seconds=12.0, messages=30_000), nc, [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()
     print(run.report(), stats)
@@ -67,7 +67,7 @@ async def test_randomized_faults_with_spark_tasks_reading(request, nc, nats_serv
 
 
 async def test_randomized_faults_into_postgres(request, nc, nats_server, member_job_zip, tmp_path, postgres_db):
-    cfg = _config(request, sink="postgres", seconds=20.0, messages=30_000, server_restarts=1)
+    cfg = _config(request, sink="postgres", seconds=14.0, messages=24_000, server_restarts=1)
     run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip, sink_env={"CG_PG_DSN": postgres_db.dsn})
     await run.run()
     stats = await run.check(postgres_db.conn_params())

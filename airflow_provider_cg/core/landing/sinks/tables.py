@@ -286,6 +286,12 @@ class TableSink(LakeSink):
             self.store.delete_tree(staging)
             raise
         writer = _PartWriter(self.store.location, f"{staging}/{SPARK_DIR}", self.compression, self.partitioning)
+        if self.partitioning is not None:
+            # one task per partition value: one file per partition per commit, not one per task
+            # and partition; rows in origin order within each file
+            frame = frame.repartition(*self.partitioning.columns)
+            if "origin_seq" in frame.columns:
+                frame = frame.sortWithinPartitions(*(c for c in ("origin_stream", "origin_seq") if c in frame.columns))
         try:
             out = frame.mapInArrow(writer, "file string, rows long").collect()
         except Exception as e:
