@@ -158,7 +158,8 @@ def test_the_spark_providers_log_masking_leaves_the_redaction_setting_readable(a
     cmd = ["spark-submit", "--conf", f"spark.redaction.regex={regex}", "--py-files", "cg_core.zip", "job.py"]
     hook = SparkSubmitHook.__new__(SparkSubmitHook)  # _mask_cmd reads no connection
     assert hook._mask_cmd(cmd) == " ".join(cmd)
-    for name in ("CG_NATS_PASSWORD", "CG_PG_DSN", "CG_ICEBERG_CATALOG_URI", "AWS_SECRET_ACCESS_KEY",
+    for name in ("CG_NATS_PASSWORD", "CG_PG_DSN", "CG_ICEBERG_CATALOG_URI", "CG_ICEBERG_CATALOG_TOKEN",
+                 "CG_ICEBERG_CATALOG_CREDENTIAL", "AWS_SECRET_ACCESS_KEY",
                  "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"):
         # Java reads an inline (?i) anywhere; Python only at the start
         assert re.search(regex.replace("(?i)", ""), f"spark.executorEnv.{name}", re.I), name

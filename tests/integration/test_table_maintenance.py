@@ -216,11 +216,12 @@ def test_the_maintenance_operator_compacts_a_delta_table_in_a_dag_run(airflow_en
 
 
 @pytest.mark.airflow
-def test_a_rest_catalog_table_is_maintained_with_the_token_of_an_iceberg_connection(airflow_env, rest_catalog,
+def test_a_rest_catalog_table_is_maintained_with_the_credentials_of_an_iceberg_connection(airflow_env, rest_catalog,
                                                                                    tmp_path, monkeypatch):
-    """The REST catalog's bearer token comes from an Airflow ``iceberg`` connection (extra
-    ``token``) and reaches ``cg maintain`` as environment only; without it the task fails at once
-    (the catalog answers 401), naming the setting, with no token in the message."""
+    """The REST catalog's bearer token (extra ``token``) or OAuth2 client credentials (login /
+    password) come from an Airflow ``iceberg`` connection and reach ``cg maintain`` as
+    environment only; without them, or with a wrong secret, the task fails at once (the catalog
+    answers 401), naming the setting; no token or secret in any log."""
     import datetime as dt
 
     from airflow.sdk import DAG
@@ -236,14 +237,24 @@ def test_a_rest_catalog_table_is_maintained_with_the_token_of_an_iceberg_connect
     monkeypatch.delenv("CG_ICEBERG_CATALOG_TOKEN")
     airflow_env.add_connection("rest_catalog", "iceberg", host=rest_catalog.url, extra={"token": rest_catalog.token})
     airflow_env.add_connection("rest_no_token", "iceberg", host=rest_catalog.url)
+    # the Iceberg provider's fields for OAuth2 client credentials: login = client id, password = secret
+    airflow_env.add_connection("rest_client", "iceberg", host=rest_catalog.url, login=rest_catalog.client_id,
+                               password=rest_catalog.client_secret)
+    airflow_env.add_connection("rest_bad_client", "iceberg", host=rest_catalog.url, login=rest_catalog.client_id,
+                               password="not-the-secret")
     common = {"sink": "iceberg", "iceberg_table": options.iceberg_table, "iceberg_warehouse": options.iceberg_warehouse,
               "retention_hours": 1}
     with DAG("cg_test_rest_maintenance", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
         ConsumerGroupTableMaintenanceOperator(task_id="maintain", iceberg_conn_id="rest_catalog", **common)
         ConsumerGroupTableMaintenanceOperator(task_id="refused", iceberg_conn_id="rest_no_token", retries=2, **common)
+        ConsumerGroupTableMaintenanceOperator(task_id="by_client", iceberg_conn_id="rest_client", **common)
+        ConsumerGroupTableMaintenanceOperator(task_id="bad_client", iceberg_conn_id="rest_bad_client", retries=2,
+                                              **common)
     result = airflow_env.run_dag(dag)
     assert result.state_of("maintain") == "success", result
     assert result.xcom("maintain")["table"] == options.iceberg_table
     assert result.state_of("refused") == "failed", result
+    assert result.state_of("by_client") == "success", result
+    assert result.state_of("bad_client") == "failed", result  # refused credentials: exit 1, no retry
     logs = "".join(p.read_text(errors="replace") for p in airflow_env.home.rglob("*.log"))
-    assert rest_catalog.token not in logs
+    assert rest_catalog.token not in logs and rest_catalog.client_secret not in logs

@@ -1,7 +1,8 @@
 """A real Iceberg REST catalog for the tests: Apache Iceberg's REST adapter and servlet (the ones
 Iceberg's own REST tests and its ``iceberg-rest-fixture`` image serve), from Maven Central,
 behind ``java/CgIcebergRestCatalog.java``: a JDBC catalog in SQLite, Jetty on 127.0.0.1 only,
-every request checked for a bearer token (given in the environment, never an argument).
+every request checked for a bearer token, which OAuth2 client credentials also obtain (both given
+in the environment, never an argument).
 
 The jars (Iceberg 1.10.0, Jetty 11, the servlet API, sqlite-jdbc; their SHA-1 checked against
 Maven Central's) are cached in ``~/.cache/airflow-provider-cg/iceberg-rest/``; Hadoop, Jackson,
@@ -88,6 +89,8 @@ class RestCatalogServer:
     token: str
     warehouse: str
     process: subprocess.Popen
+    client_id: str = "cg-tests"
+    client_secret: str = ""
 
     def env(self) -> dict[str, str]:
         """What a job needs to reach it: the token in the environment."""
@@ -106,11 +109,11 @@ class RestCatalogServer:
 def start(root: Path) -> RestCatalogServer:
     warehouse = root / "rest-warehouse"
     warehouse.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(16)
+    token, client_secret = secrets.token_hex(16), secrets.token_hex(16)
     log = open(root / "rest-catalog.log", "wb")  # noqa: SIM115 - the server's, until it stops
     proc = subprocess.Popen(["java", "-cp", classpath(), "CgIcebergRestCatalog", str(root / "rest-catalog.db"),
                              f"file://{warehouse}"], stdout=subprocess.PIPE, stderr=log,
-                            env={**os.environ, "CG_REST_TOKEN": token})
+                            env={**os.environ, "CG_REST_TOKEN": token, "CG_REST_CLIENT": f"cg-tests:{client_secret}"})
     deadline = time.monotonic() + 60
     line = b""
     while time.monotonic() < deadline:
@@ -126,7 +129,8 @@ def start(root: Path) -> RestCatalogServer:
             log.write(chunk)
 
     threading.Thread(target=drain, daemon=True).start()
-    return RestCatalogServer(f"http://127.0.0.1:{int(line.split()[1])}", token, str(warehouse), proc)
+    return RestCatalogServer(f"http://127.0.0.1:{int(line.split()[1])}", token, str(warehouse), proc,
+                             client_secret=client_secret)
 
 
 @pytest.fixture(scope="session")
