@@ -127,11 +127,12 @@ with DAG(
         stream="{{ params.stream }}",
         group="{{ params.group }}",
         sink="{{ params.table_format }}",
-        # each sink's own options only (an option of another sink is refused): an empty value is none
-        sink_path="{{ params.sink_path if params.table_format != 'iceberg' else '' }}",
-        iceberg_table="{{ params.iceberg_table if params.table_format == 'iceberg' else '' }}",
-        iceberg_catalog_uri="{{ params.iceberg_catalog_uri if params.table_format == 'iceberg' else '' }}",
-        iceberg_warehouse="{{ params.iceberg_warehouse if params.table_format == 'iceberg' else '' }}",
+        # each sink's own options only (an option of another sink is refused; rendered natively, None
+        # is no option)
+        sink_path="{{ params.sink_path if params.table_format != 'iceberg' else None }}",
+        iceberg_table="{{ params.iceberg_table if params.table_format == 'iceberg' else None }}",
+        iceberg_catalog_uri="{{ params.iceberg_catalog_uri if params.table_format == 'iceberg' else None }}",
+        iceberg_warehouse="{{ params.iceberg_warehouse if params.table_format == 'iceberg' else None }}",
         aws_conn_id="{{ params.aws_conn_id }}",
         payload_format="{{ params.payload_format }}",
         json_schema="{{ params.json_schema }}",

@@ -233,10 +233,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     # --- arguments ---------------------------------------------------------------------
 
     def _job_values(self) -> dict[str, Any]:
-        """The job's options from this task's fields; a sink option rendered empty is not given
-        (a DAG that switches its table's format by a param names each sink's options so)."""
-        return {field: None if field in SINK_FIELDS and getattr(self, field) == "" else getattr(self, field)
-                for field in JOB_FIELDS}
+        return {field: getattr(self, field) for field in JOB_FIELDS}
 
     def _check(self, rendered: bool) -> MemberJobSpec | None:
         """The job's contract over this task's fields (before rendering: what no template
