@@ -281,6 +281,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             summary = self._submit(spec, job.to_argv(), summary_file)
         self.log.info("member %s: %s (%s)", spec.member, summary.get("result"), summary.get("stop_reason", ""))
         self.log.info("%s", describe_counts(summary))
+        if summary.get("read_path_reason"):  # the job read through the consumer: slower, and why
+            self.log.warning("member %s read through the consumer, the slow path: %s", spec.member,
+                             summary["read_path_reason"])
         self._summary = summary
         if summary.get("result") in contract.SKIP_RESULTS:
             _push_summary(context, summary)

@@ -218,6 +218,11 @@ async def test_static_group_keeps_its_position_across_runs(direct, nc, nats_serv
                                               args=["--batch-size", "120"]))
     s1 = _assert_ok(r1)
     assert s1["messages_read"] == 500 and s1["read_path"] == ("direct" if direct else "consumer"), s1
+    if not direct:  # no silent slow path: a warning and the summary say why, and what to do
+        assert "allow_direct is off" in s1["read_path_reason"] and "--allow-direct" in s1["read_path_reason"], s1
+        assert "reads through the consumer, the slow path" in r1.output, r1.describe()
+    else:
+        assert s1["read_path_reason"] is None, s1
     await durable_done(550)
     expected |= await publish(20)
     await publish(10, "x.st")
@@ -253,4 +258,5 @@ async def test_a_static_durable_that_cannot_be_moved_is_read_through(nc, nats_se
     s = _assert_ok(r)
     assert s["read_path"] == "consumer" and s["messages_read"] == 90, s
     assert "cannot be moved" in r.output, r.describe()
+    assert "cannot be moved" in s["read_path_reason"] and "deliver_policy all" in s["read_path_reason"], s
     assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)

@@ -566,7 +566,8 @@ class Summary:
     driver, a range acknowledged at once), ``executors`` (the same, by the batch's Spark tasks:
     ``--read executors``) or ``consumer`` (pulls and an ack per message: the stream has
     no direct gets, ``--read consumer``, a server without consumer resets for a static group,
-    or an earlier instance's deliveries still in flight). ``origin_key``: the ``origin_stream`` the run's
+    or an earlier instance's deliveries still in flight; ``read_path_reason`` then says which and
+    what to do, as the job's warning does). ``origin_key``: the ``origin_stream`` the run's
     rows carry (the stream's name, or ``<stream>#<n>`` for the n-th life of a stream deleted and created
     again: ``stream_life.py``)."""
 
@@ -592,6 +593,7 @@ class Summary:
     pin_id: str | None = None
     origin_key: str | None = None  # the origin_stream of the rows landed: the stream, or <stream>#<n> for its n-th life
     read_path: str = ""
+    read_path_reason: str | None = None  # why a run that could read directly read through the consumer, and the remedy
     duration_s: float = 0.0
     window_start: str | None = None
     window_end: str | None = None

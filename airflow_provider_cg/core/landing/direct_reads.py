@@ -108,6 +108,7 @@ class ConsumerPosition:
         self.filters = filters or subjects  # what is the member's: counted when planning
         self.origin = stream
         self.next_seq = 0
+        self.declined: str | None = None  # why begin() chose the consumer path, with the remedy
 
     async def begin(self, first: list, info: dict) -> bool:
         """Right after the pin, with ``first`` the message(s) the pinning pull took: start at
@@ -118,12 +119,16 @@ class ConsumerPosition:
         seqs = [m.stream_seq for m in first]
         delivered = int((info.get("delivered") or {}).get("stream_seq") or 0)
         if int(info.get("num_ack_pending") or 0) > len(first) or delivered > max(seqs):
+            self.declined = (f"earlier deliveries are in flight on durable {self.consumer} (an earlier instance's); "
+                             "they settle this run, the next run reads by direct gets")
             log.info("cg: earlier deliveries are in flight on durable %s", self.consumer)
             return False
         self.next_seq = min(seqs)
         try:
             await self.api.reset_consumer(self.stream, self.consumer, self.next_seq)
         except JetStreamApiError as e:  # e.g. a durable made with another deliver policy refuses it
+            self.declined = (f"durable {self.consumer} cannot be moved ({e.description}); recreate it with "
+                             "deliver_policy all (delete it: the job creates it as the group expects)")
             log.info("cg: durable %s cannot be moved (%s); reading through it", self.consumer, e)
             return False
         return True

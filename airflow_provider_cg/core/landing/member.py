@@ -135,9 +135,16 @@ class MemberRun:
             read = await self.api.stream_info(self.consumer_stream)
             if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
-        if self.reader is None and o.read == "executors":
-            log.info("cg member=%s: %s has no direct gets (allow_direct, or a server before 2.14 for a static "
-                     "group): the driver reads through the consumer", o.member, self.consumer_stream)
+        self.slow_path: str | None = None  # why this run reads through the consumer, and the remedy
+        if self.reader is None and o.read in ("auto", "executors"):
+            if self.sourced or self.api.can_reset_consumers():
+                self.slow_path = (f"stream {self.consumer_stream} has no direct gets (allow_direct is off): turn "
+                                  f"them on (nats stream edit {self.consumer_stream} --allow-direct) for batched "
+                                  "reads several times faster")
+            else:
+                self.slow_path = ("the server cannot move a static member's durable (nats-server 2.14+ can): "
+                                  "upgrade it for batched reads several times faster")
+            log.warning("cg member=%s reads through the consumer, the slow path: %s", o.member, self.slow_path)
         self.key_rules = partitioning.key_rules(self.config)
         self.keys = KeySelector(self.key_rules)
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer, self.priority_group)
@@ -234,11 +241,15 @@ class MemberRun:
             finally:
                 keeper.cancel()
             if isinstance(reads, DirectReads) and not await reads.positions.begin(first, pinned):
-                log.info("cg member=%s: reading through the consumer this run", o.member)
+                self.slow_path = getattr(reads.positions, "declined", None) or "the durable cannot be read directly"
+                log.warning("cg member=%s reads through the consumer this run, the slow path: %s", o.member,
+                            self.slow_path)
                 reads = ConsumerReads(self)
                 reads.fit_batch_to(info)
             s.read_path = "consumer" if isinstance(reads, ConsumerReads) else \
                 "executors" if isinstance(reads, ExecutorReads) else "direct"
+            if s.read_path == "consumer" and o.read != "consumer":
+                s.read_path_reason = self.slow_path
             if isinstance(reads, DirectReads):
                 # the stream (elastic) or the durable's position (static), not the consumer's
                 # deliveries, says what earlier holders left unacknowledged
