@@ -63,7 +63,8 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path):
     airflow_env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "True"}
     found = json.loads(_run([py, "-c", _BUNDLES], cwd=tmp_path, env=airflow_env).stdout.strip().splitlines()[-1])
     assert found["ours"] == [str(venv)] and found["errors"] == {}, found
-    assert {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout", "cg_paid_orders_report"} <= set(
+    assert {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout", "cg_paid_orders_report",
+            "cg_table_maintenance"} <= set(
         found["dags"]), found
     assert "nats_consumer_groups" in found["plugins"], found
 

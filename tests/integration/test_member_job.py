@@ -88,8 +88,10 @@ async def test_two_instances_of_one_member_only_one_consumes(nc, nats_server, me
     await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
     expected = await publish_orders(nc, STREAM, GROUP, 5_000, 50)
     lake = tmp_path / "lake"
+    # the pin decides, not Spark: both instances as plain Python drivers (--no-spark)
     jobs = [start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
-                             member="m1", sink_path=lake, args=["--standby-timeout", "4", "--batch-size", "1000"])
+                             member="m1", sink_path=lake, args=["--standby-timeout", "4", "--batch-size", "1000"],
+                             spark=False)
             for _ in range(2)]
     results = await _wait_jobs(*jobs)
     for r in results:

@@ -113,7 +113,7 @@ async def test_randomized_faults_upserting_a_change_stream(request, nc, nats_ser
     step-downs, membership changes and a server restart: the table equals the last state per
     key computed here from what was published. The seed picks the table: Delta, Iceberg or
     PostgreSQL (``--mixed-sink`` chooses)."""
-    cfg = _config(request, seconds=10.0, messages=8_000, keys=1_000, server_restarts=1, merge=True)
+    cfg = _config(request, seconds=8.0, messages=6_000, keys=1_000, server_restarts=1, merge=True)
     sink = request.config.getoption("--mixed-sink") or ("delta", "iceberg", "postgres")[cfg.seed % 3]
     if sink not in ("delta", "iceberg", "postgres"):
         pytest.skip(f"upserts go into delta, iceberg or postgres (not {sink})")

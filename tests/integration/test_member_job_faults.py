@@ -1,7 +1,8 @@
-"""Faults around the member job's two-phase batches, through a real ``spark-submit``: SIGKILL at
-each step of a batch (failpoints), an unpin mid-run, a job suspended past ack wait while another
-instance takes over, and a nats-server restart mid-batch. Afterwards nothing is lost and
-nothing is duplicated in the sink, and the work-queue stream is empty."""
+"""Faults around the member job's two-phase batches: SIGKILL at each step of a batch (failpoints,
+through a real ``spark-submit``), an unpin mid-run, a job suspended past ack wait while another
+instance takes over, and a nats-server restart mid-batch (the same entry point as a plain Python
+driver, ``--no-spark``: raw payloads and the same protocol, without a JVM per job). Afterwards
+nothing is lost and nothing is duplicated in the sink, and the work-queue stream is empty."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ from tests.support.member_job import (
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 GROUP = "g1"
+
+
+def start_driver_job(*args, **kwargs):
+    """``start_member_job`` without Spark (``--no-spark``): faults here are the protocol's."""
+    return start_member_job(*args, spark=False, **kwargs)
 
 
 async def _wait(*jobs, timeout: float = 240.0):
@@ -119,7 +125,7 @@ async def test_sigkill_between_two_partition_purges_then_rerun(nc, nats_server, 
     lake = tmp_path / "lake"
 
     def job(failpoint=None):
-        return start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="D", group=GROUP,
+        return start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="D", group=GROUP,
                                 member="m1", sink_path=lake, args=args,
                                 env={"CG_FAILPOINT": failpoint} if failpoint else None)
 
@@ -144,7 +150,7 @@ async def test_step_down_mid_run_then_second_run_finishes(nc, nats_server, membe
     expected = await publish_orders(nc, "O", GROUP, n, 100, subjects_prefix="o")
     lake = tmp_path / "lake"
     args = ["--batch-size", "200"]
-    first = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+    first = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                              member="m1", sink_path=lake, args=args)
     await _wait_for_progress(nc, first, "O", n - 500)
     await ConsumerGroups(nc).step_down("O", GROUP, "m1")
@@ -153,7 +159,7 @@ async def test_step_down_mid_run_then_second_run_finishes(nc, nats_server, membe
     assert s1["stop_reason"] == "pin lost", s1
     assert 0 < s1["messages_read"] < n and s1["batches"] >= 2, s1
 
-    second = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+    second = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                               member="m1", sink_path=lake, args=[*args, "--batch-size", "5000"])
     (r2,) = await _wait(second)
     s2 = _ok(r2)
@@ -169,13 +175,13 @@ async def test_suspended_past_ack_wait_while_another_instance_takes_over(nc, nat
     expected = await publish_orders(nc, "O", GROUP, n, 100, subjects_prefix="o")
     lake = tmp_path / "lake"
     args = ["--batch-size", "200", "--ack-wait", "3", "--standby-timeout", "60"]
-    first = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+    first = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                              member="m1", sink_path=lake, args=args)
     try:
         await _wait_for_progress(nc, first, "O", n - 500)
         first.suspend()
         left_at_stop = await wq_messages(nc, "O", GROUP)
-        second = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+        second = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                                   member="m1", sink_path=lake, args=[*args, "--batch-size", "5000"])
         (r2,) = await _wait(second)
         assert first.running(), "the suspended instance must still be there"
@@ -196,14 +202,14 @@ async def test_nats_server_restart_mid_batch(nc, nats_server, member_job_zip, tm
     expected = await publish_orders(nc, "O", GROUP, n, 100, subjects_prefix="o")
     lake = tmp_path / "lake"
     args = ["--batch-size", "200", "--ack-wait", "10", "--standby-timeout", "30"]
-    job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+    job = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                            member="m1", sink_path=lake, args=args)
     await _wait_for_progress(nc, job, "O", n - 500)
     await asyncio.to_thread(nats_server.restart)
     (r1,) = await _wait(job)
     results = [r1]
     if r1.returncode != 0 or await wq_messages(nc, "O", GROUP) > 0:
-        rerun = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+        rerun = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                                  member="m1", sink_path=lake, args=args)
         results += await _wait(rerun)
         _ok(results[-1])
@@ -223,13 +229,13 @@ async def test_suspended_in_prepare_its_write_is_rolled_back_by_the_new_instance
     expected = await publish_orders(nc, "O", GROUP, n, 100, subjects_prefix="o")
     lake = tmp_path / "lake"
     args = ["--batch-size", "1000", "--ack-wait", "3", "--standby-timeout", "60"]
-    first = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+    first = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                              member="m1", sink_path=lake, args=args, env={"CG_FAILPOINT": f"stop:{point}"})
     try:
         assert await asyncio.to_thread(first.wait_for_log, f"cg failpoint stop:{point}: suspending"), \
             first.result().describe()
         assert first.running()
-        second = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
+        second = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream="O", group=GROUP,
                                   member="m1", sink_path=lake, args=args)
         (r2,) = await _wait(second)
         assert first.running()
@@ -262,7 +268,7 @@ class _StandbyBehindAHolder:
         self.holder = PriorityClient(nc, self.stream, self.consumer)
         assert await self.holder.pull(1, expires=2) and self.holder.is_pinned
         self.keep = asyncio.create_task(_keep_pinned(self.holder))
-        self.job = start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=stream,
+        self.job = start_driver_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=stream,
                                     group=GROUP, member="m1", sink_path=tmp_path / "lake",
                                     args=["--standby-timeout", "60"])
         assert await asyncio.to_thread(self.job.wait_for_log, "for the pin", 120), self.job.result().describe()

@@ -18,7 +18,8 @@ AVRO = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type
 LIVE = {
     "stream": "ORDERS", "group": "g-1", "member": "m_1", "batch_size": 7, "max_messages": 11, "max_bytes": 1 << 20,
     "max_seconds": 2.5, "standby_timeout": 3.0, "ack_wait": 4.5, "max_ack_pending": 1, "max_deliver": 9, "idle_timeout": 0.25,
-    "progress_interval": 1.0, "read": "consumer", "sink": "postgres", "pg_table": "orders_t",
+    "progress_interval": 1.0, "read": "consumer", "sink": "postgres", "pg_table": "orders_t", "merge_keys": "order_id",
+    "delete_when": "op = 'd'",
     "payload_format": "avro", "json_schema": "id BIGINT", "avro_schema": AVRO, "transform": "pkg.mod:fn",
     "no_spark": False, "summary_file": "/tmp/s.json",
 }
