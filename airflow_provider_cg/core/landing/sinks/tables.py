@@ -174,12 +174,22 @@ class _PartWriter:
         from pyspark import TaskContext
 
         task = TaskContext.get()
-        store = open_storage(self.location, fsync=True)
+        try:
+            store = open_storage(self.location, fsync=True)
+        except Exception as e:  # noqa: BLE001 - the worker cannot reach the storage
+            first = (str(e).splitlines() or [""])[0][:300]
+            raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
         for k, (writer, buf, rows) in enumerate(files.values()):
             writer.close()
             name = f"{self.folder}/part-{task.partitionId() if task else 0:05d}-{k:04d}-{secrets.token_hex(8)}.parquet"
             try:
                 store.write(name, buf.getvalue())
+            except FileNotFoundError:
+                # the write's staging folder was removed (an instance that took the member over
+                # recovered it): say so to the driver instead of failing the task, whose stack
+                # trace Spark would print for a case the protocol handles
+                yield pa.record_batch({"file": pa.array([""]), "rows": pa.array([-1], pa.int64())})
+                return
             except Exception as e:  # noqa: BLE001 - any storage failure; the message says which
                 first = (str(e).splitlines() or [""])[0][:300]
                 raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
@@ -303,6 +313,8 @@ class TableSink(LakeSink):
                 detail = text[text.index(WRITE_FAILED):].splitlines()[0]
                 raise SinkError(f"Spark tasks could not write the batch's files: {detail}") from None
             raise
+        if any(int(r["rows"]) < 0 for r in out):  # a task found the staging folder gone
+            raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it")
         files = tuple(sorted((f"{SPARK_DIR}/{r['file']}", int(r["rows"])) for r in out))
         if files:
             schema = pq.read_schema(io.BytesIO(self.store.read(f"{staging}/{files[0][0]}")))
