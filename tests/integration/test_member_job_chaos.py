@@ -118,7 +118,7 @@ async def test_randomized_faults_upserting_a_change_stream(request, nc, nats_ser
     if sink not in ("delta", "iceberg", "postgres"):
         pytest.skip(f"upserts go into delta, iceberg or postgres (not {sink})")
     cfg.sink = sink
-    print("table:", sink)
+    print(f"upserts into {sink} (seed {cfg.seed})")
     pg = request.getfixturevalue("postgres_db") if sink == "postgres" else None
     run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip,
                    sink_env={"CG_PG_DSN": pg.dsn} if pg else {})
