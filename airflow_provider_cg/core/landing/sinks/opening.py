@@ -1,7 +1,9 @@
-"""Opening a sink by its contract name: the member job's and ``cg lag``'s one way to get one.
+"""Opening the sink ``SinkOptions`` name: the one way the member job, ``cg lag`` and
+``cg maintain`` get one.
 
 Credentials come from the environment only (``CG_PG_DSN`` / ``CG_PG_DSN_FILE``,
-``CG_ICEBERG_CATALOG_URI``, ``AWS_*``), never from arguments.
+``CG_ICEBERG_CATALOG_URI``, ``CG_ICEBERG_CATALOG_TOKEN`` / ``_CREDENTIAL``, ``AWS_*``), never
+from arguments.
 """
 
 from __future__ import annotations
