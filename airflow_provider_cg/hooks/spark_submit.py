@@ -117,6 +117,23 @@ def aws_env(aws_conn_id: str) -> dict[str, str]:
     return env
 
 
+def sink_env(sink: str, *, pg_conn_id: str | None, iceberg_conn_id: str | None,
+             aws_conn_id: str | None) -> dict[str, str]:
+    """A sink's credentials from its Airflow connections, as the environment the member job
+    and ``cg`` read (``CG_PG_DSN``, ``CG_ICEBERG_CATALOG_*``, ``AWS_*``): the PostgreSQL sink's
+    DSN, an Iceberg catalog in PostgreSQL or behind a REST endpoint, the object store's keys."""
+    env: dict[str, str] = {}
+    if sink == "postgres" and pg_conn_id:
+        env["CG_PG_DSN"] = pg_dsn(pg_conn_id)
+    elif sink == "iceberg" and pg_conn_id:
+        env["CG_ICEBERG_CATALOG_URI"] = pg_dsn(pg_conn_id)
+    elif sink == "iceberg" and iceberg_conn_id:
+        env.update(iceberg_env(iceberg_conn_id))
+    if aws_conn_id:
+        env.update(aws_env(aws_conn_id))
+    return env
+
+
 def submit_hook(*, conn_id: str, deploy_mode: str | None, secrets: dict[str, str], env_vars: dict[str, str] | None,
                 properties_file: str | None, **options: Any) -> tuple[SparkSubmitHook, str | None]:
     """A ``SparkSubmitHook`` (public constructor only) that carries ``secrets`` privately (see

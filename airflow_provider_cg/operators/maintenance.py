@@ -77,17 +77,11 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
                 "--compact" if compact else "--no-compact", "--retention-hours", str(float(self.retention_hours))]
         if self.target_file_size not in (None, ""):
             argv += ["--target-file-size", str(int(self.target_file_size))]
-        for name, value in options.given().items():
+        for name, value in options.given().items():  # the sink is one: delta and iceberg are not its default
             argv += [flag(name), str(value)]
-        if "--sink" not in argv:
-            argv += ["--sink", options.sink]
-        env = dict(os.environ)
-        if options.sink == "iceberg" and self.pg_conn_id:
-            env["CG_ICEBERG_CATALOG_URI"] = spark_submit.pg_dsn(self.pg_conn_id)
-        elif options.sink == "iceberg" and self.iceberg_conn_id:
-            env.update(spark_submit.iceberg_env(self.iceberg_conn_id))
-        if self.aws_conn_id:
-            env.update(spark_submit.aws_env(self.aws_conn_id))
+        env = {**os.environ, **spark_submit.sink_env(options.sink, pg_conn_id=self.pg_conn_id,
+                                                      iceberg_conn_id=self.iceberg_conn_id,
+                                                      aws_conn_id=self.aws_conn_id)}
         done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             message = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]

@@ -388,14 +388,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     def _secrets(self, spec: MemberJobSpec) -> dict[str, str]:
         env = self.hook.get_settings().to_env()  # registers masks
-        if spec.sink == "postgres":
-            env["CG_PG_DSN"] = spark_submit.pg_dsn(self.pg_conn_id)
-        elif spec.sink == "iceberg" and self.pg_conn_id:
-            env["CG_ICEBERG_CATALOG_URI"] = spark_submit.pg_dsn(self.pg_conn_id)
-        elif spec.sink == "iceberg" and self.iceberg_conn_id:
-            env.update(spark_submit.iceberg_env(self.iceberg_conn_id))
-        if self.aws_conn_id:
-            env.update(spark_submit.aws_env(self.aws_conn_id))
+        env.update(spark_submit.sink_env(spec.sink, pg_conn_id=self.pg_conn_id, iceberg_conn_id=self.iceberg_conn_id,
+                                         aws_conn_id=self.aws_conn_id))
         return env
 
     def on_kill(self) -> None:

@@ -341,7 +341,7 @@ def parse_time(name: str, value: Any) -> dt.datetime:
     return value.astimezone(dt.UTC)
 
 
-def _converted(values: Mapping[str, Any], kind: type = None) -> dict[str, Any]:
+def _converted(values: Mapping[str, Any], kind: type | None = None) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(kind or MemberJobSpec)}
     out: dict[str, Any] = {}
     for name, value in values.items():

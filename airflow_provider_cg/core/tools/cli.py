@@ -343,14 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_maintain(args, out: TextIO) -> int:
     """``cg maintain``: ``core/landing/sinks/maintenance.py`` on the table the sink options name."""
     from airflow_provider_cg.core.landing.contract import sink_options_from_args
-    from airflow_provider_cg.core.landing.sinks.maintenance import check_maintenance, maintain
+    from airflow_provider_cg.core.landing.sinks.maintenance import maintain
 
     options = sink_options_from_args(args)
     if options is None:
         raise ConfigError("sink", "required (delta or iceberg)")
     compact = options.sink == "delta" if args.compact is None else args.compact
-    check_maintenance(options.sink, compact=compact, target_file_size=args.target_file_size,
-                      retention_hours=args.retention_hours)
     report = maintain(options, compact=compact, target_file_size=args.target_file_size,
                       retention_hours=args.retention_hours)
     r = report.to_dict()

@@ -115,11 +115,13 @@ class DeltaLakeSink(TableSink):
                 raise SchemaMismatch(f.name, f"has type {f.type}, which a Delta table cannot hold") from None
         super().check_schema(schema)
 
-    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
-        from deltalake import CommitProperties, DeltaTable, Field, Transaction
+    def _evolved_table(self, schema: pa.Schema):
+        """The table, created from ``schema`` (and the partitioning) if missing -- by this
+        publisher or another one meanwhile -- with ``schema``'s new columns added: a metadata
+        commit before the data (harmless alone)."""
+        from deltalake import DeltaTable, Field
         from deltalake import Schema as DeltaSchema
-        from deltalake.exceptions import CommitFailedError, DeltaError
-        from deltalake.transaction import AddAction
+        from deltalake.exceptions import DeltaError
 
         dt = self._table(fresh=False)
         if dt is None:
@@ -129,85 +131,73 @@ class DeltaLakeSink(TableSink):
             except DeltaError:
                 pass  # another publisher created it meanwhile
             dt = self._table()
-        current = pa.schema(dt.schema().to_arrow())
-        added = new_columns(current, schema)
+        added = new_columns(pa.schema(dt.schema().to_arrow()), schema)
+        if added:
+            fields = DeltaSchema.from_arrow(pa.schema(added)).fields
+            dt.alter.add_columns([Field(f.name, f.type, nullable=True) for f in fields])
+            dt.update_incremental()
+        return dt
+
+    def _publish_failed(self, e: Exception, what: str, pos: int) -> SinkError:
+        """A failed table commit: ``TableConflict`` (another publisher was first: re-read and
+        retry) or ``SinkError`` (the store went away, a timeout: the log record stays, a rerun
+        publishes)."""
+        from deltalake.exceptions import CommitFailedError
+
+        self._dt = None
+        first = (str(e).splitlines() or [""])[0][:200]
+        if isinstance(e, CommitFailedError) or (what == "merge" and ("conflict" in first.lower()
+                                                                      or "transaction" in first.lower())):
+            return TableConflict(f"delta {what} of position {pos} lost a race ({first})")
+        return SinkError(f"delta {what} of position {pos} to {self.uri} failed ({type(e).__name__}: {first})")
+
+    @staticmethod
+    def _properties(record: dict, now: int, retries: int, **metadata: str):
+        """The commit's app transaction (the record's log position) and metadata."""
+        from deltalake import CommitProperties, Transaction
+
+        return CommitProperties(app_transactions=[Transaction(APP_ID, record["pos"], now)],
+                                custom_metadata={"cg.gid": record["gid"], "cg.position": str(record["pos"]),
+                                                 **metadata},
+                                max_commit_retries=retries)
+
+    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
+        from deltalake.exceptions import DeltaError
+        from deltalake.transaction import AddAction
+
         try:
-            if added:  # additive evolution: a metadata commit before the data (harmless alone)
-                fields = DeltaSchema.from_arrow(pa.schema(added)).fields
-                dt.alter.add_columns([Field(f.name, f.type, nullable=True) for f in fields])
-                dt.update_incremental()
-                current = pa.schema(dt.schema().to_arrow())
+            dt = self._evolved_table(schema)
             if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
                 return  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             part = self.partitioning
             actions = [AddAction(f.path, f.size, part.delta_values(f.partition) if part else {}, now, True,
                                  stats_json(f.stats)) for f in files]
-            props = CommitProperties(
-                app_transactions=[Transaction(APP_ID, record["pos"], now)],
-                custom_metadata={"cg.gid": record["gid"], "cg.position": str(record["pos"]),
-                                 "cg.rows": str(record["rows_written"])},
-                max_commit_retries=10,
-            )
-            dt.create_write_transaction(actions, "append", current, commit_properties=props,
+            props = self._properties(record, now, 10, **{"cg.rows": str(record["rows_written"])})
+            dt.create_write_transaction(actions, "append", pa.schema(dt.schema().to_arrow()), commit_properties=props,
                                         partition_by=part.columns if part else None)
-        except CommitFailedError as e:
-            self._dt = None
-            raise TableConflict(f"delta commit of position {record['pos']} lost a race ({e})") from None
-        except DeltaError as e:  # the store went away, a timeout: the log record stays, a rerun publishes
-            self._dt = None
-            first = (str(e).splitlines() or [""])[0][:200]
-            raise SinkError(f"delta commit of position {record['pos']} to {self.uri} failed "
-                            f"({type(e).__name__}: {first})") from None
+        except DeltaError as e:  # CommitFailedError is one
+            raise self._publish_failed(e, "commit", record["pos"]) from None
 
     def merge_rows(self, record: dict, latest: pa.Table) -> None:
         """One delta-rs MERGE per batch, carrying the batch's app transaction: insert new keys,
         replace or delete (tombstones) only rows older than the batch's record."""
-        from deltalake import CommitProperties, DeltaTable, Transaction
-        from deltalake.exceptions import CommitFailedError, DeltaError
+        from deltalake.exceptions import DeltaError
 
         latest = self.storable(latest)
-        data = latest.drop_columns([DELETE_FLAG])
-        dt = self._table(fresh=False)
-        if dt is None:
-            try:
-                DeltaTable.create(self.uri, schema=data.schema, mode="ignore",
-                                  storage_options=self.storage_options or None,
-                                  partition_by=self.partitioning.columns if self.partitioning else None)
-            except DeltaError:
-                pass
-            dt = self._table()
-        added = new_columns(pa.schema(dt.schema().to_arrow()), data.schema)
-        if added:  # additive evolution, as for appends
-            from deltalake import Field
-            from deltalake import Schema as DeltaSchema
-
-            dt.alter.add_columns([Field(f.name, f.type, nullable=True)
-                                  for f in DeltaSchema.from_arrow(pa.schema(added)).fields])
-            dt.update_incremental()
-        if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
-            return
-        columns = [quote(c) for c in data.column_names]
+        columns = [quote(c) for c in latest.column_names if c != DELETE_FLAG]
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in self.merge.keys)
         newer = 't."origin_stream" <> s."origin_stream" OR t."origin_seq" < s."origin_seq"'
         flag = f"s.{quote(DELETE_FLAG)}"
-        now = int(time.time() * 1000)
-        props = CommitProperties(app_transactions=[Transaction(APP_ID, record["pos"], now)],
-                                 custom_metadata={"cg.gid": record["gid"], "cg.position": str(record["pos"])},
-                                 max_commit_retries=0)
         try:
+            dt = self._evolved_table(latest.drop_columns([DELETE_FLAG]).schema)
+            if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
+                return
+            props = self._properties(record, int(time.time() * 1000), 0)
             (dt.merge(latest, on, source_alias="s", target_alias="t", commit_properties=props)
              .when_matched_delete(predicate=f"({newer}) AND {flag}")
              .when_matched_update(updates={c: f"s.{c}" for c in columns}, predicate=f"({newer}) AND NOT {flag}")
              .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate=f"NOT {flag}")
              .execute())
-        except CommitFailedError as e:
-            self._dt = None
-            raise TableConflict(f"delta merge of position {record['pos']} lost a race ({e})") from None
         except DeltaError as e:
-            self._dt = None
-            first = (str(e).splitlines() or [""])[0][:200]
-            if "conflict" in first.lower() or "transaction" in first.lower():
-                raise TableConflict(f"delta merge of position {record['pos']} lost a race ({first})") from None
-            raise SinkError(f"delta merge of position {record['pos']} into {self.uri} failed "
-                            f"({type(e).__name__}: {first})") from None
+            raise self._publish_failed(e, "merge", record["pos"]) from None

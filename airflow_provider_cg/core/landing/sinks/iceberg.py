@@ -237,45 +237,12 @@ class IcebergSink(TableSink):
         except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
             return False
 
-    def merge_rows(self, record: dict, latest: pa.Table) -> None:
-        """One Iceberg transaction per batch: the table's rows of the batch's keys are read, the
-        batch's records not newer than them dropped, then the rows of tombstoned and replaced
-        keys deleted and the newer records appended (pyiceberg; deletes rewrite the files they
-        touch), with the batch's position set in the same commit."""
-        from pyiceberg.exceptions import CommitFailedException
-
-        latest = self.storable(latest)
-        data = latest.drop_columns([DELETE_FLAG])
-        tbl = self._load() or self._create(data.schema)
-        pos = str(record["pos"])
-        if int(tbl.properties.get(POSITION_PROPERTY, 0)) >= record["pos"]:
-            return
-        keep, held = _newer_than_table(tbl, latest, self.merge.keys)
-        flags = latest.column(DELETE_FLAG).to_numpy(zero_copy_only=False)
-        rows = latest.filter(pa.array(keep & ~flags)).drop_columns([DELETE_FLAG])
-        added = new_columns(tbl.schema().as_arrow(), data.schema)
-        summary = {POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]}
-        try:
-            with tbl.transaction() as tx:
-                if added:
-                    with tx.update_schema() as update:
-                        update.union_by_name(pa.schema(added))
-                tx.set_properties({POSITION_PROPERTY: pos})
-                # the keys whose row goes: tombstoned, or replaced by a newer record (one delete),
-                # then the newer records appended: an upsert without a second scan of the table
-                replaced = latest.filter(pa.array(keep & held))
-                if replaced.num_rows:
-                    tx.delete(_keys_filter(replaced, self.merge.keys), snapshot_properties=summary)
-                if rows.num_rows:
-                    tx.append(rows.cast(_table_arrow_schema(tx, rows.schema)), snapshot_properties=summary)
-        except CommitFailedException as e:
-            raise TableConflict(f"iceberg merge of position {pos} lost a race ({e})") from None
-        except Exception as e:
-            if _locked(e):
-                raise TableConflict(f"iceberg merge of position {pos}: catalog busy") from None
-            raise
-
-    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
+    def _publish(self, record: dict, schema: pa.Schema, what: str, write) -> None:
+        """One Iceberg transaction for a committed record, unless the table holds its position
+        already: ``schema``'s new columns added, the position set, and ``write(table, tx,
+        snapshot_properties)``'s changes, committed together (``TableConflict`` when another
+        writer committed first: the caller re-reads and retries). The table is created from
+        ``schema`` if missing."""
         from pyiceberg.exceptions import CommitFailedException
 
         tbl = self._load() or self._create(schema)
@@ -289,18 +256,40 @@ class IcebergSink(TableSink):
                     with tx.update_schema() as update:
                         update.union_by_name(pa.schema(added))
                 tx.set_properties({POSITION_PROPERTY: pos})
-                summary = {POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]}
-                if self.partitioning is None:
-                    tx.add_files([self.store.uri(f.path) for f in files], snapshot_properties=summary)
-                else:
-                    _append_partitioned(tx, [(self.store.uri(f.path), f) for f in files], summary)
+                write(tbl, tx, {POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]})
         except CommitFailedException as e:
-            raise TableConflict(f"iceberg commit of position {pos} lost a race ({e})") from None
+            raise TableConflict(f"iceberg {what} of position {pos} lost a race ({e})") from None
         except Exception as e:
             if _locked(e):
-                raise TableConflict(f"iceberg commit of position {pos}: catalog busy") from None
+                raise TableConflict(f"iceberg {what} of position {pos}: catalog busy") from None
             raise
 
+    def merge_rows(self, record: dict, latest: pa.Table) -> None:
+        """The table's rows of the batch's keys are read, the batch's records not newer than
+        them dropped, then the rows of tombstoned and replaced keys deleted (pyiceberg rewrites
+        the files they touch) and the newer records appended: an upsert without a second scan."""
+        latest = self.storable(latest)
+
+        def write(tbl, tx, summary) -> None:
+            keep, held = _newer_than_table(tbl, latest, self.merge.keys)
+            replaced = latest.filter(pa.array(keep & held))  # tombstoned, or replaced by a newer record
+            if replaced.num_rows:
+                tx.delete(_keys_filter(replaced, self.merge.keys), snapshot_properties=summary)
+            flags = latest.column(DELETE_FLAG).to_numpy(zero_copy_only=False)
+            rows = latest.filter(pa.array(keep & ~flags)).drop_columns([DELETE_FLAG])
+            if rows.num_rows:
+                tx.append(rows.cast(_table_arrow_schema(tx, rows.schema)), snapshot_properties=summary)
+
+        self._publish(record, latest.drop_columns([DELETE_FLAG]).schema, "merge", write)
+
+    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
+        def write(tbl, tx, summary) -> None:
+            if self.partitioning is None:
+                tx.add_files([self.store.uri(f.path) for f in files], snapshot_properties=summary)
+            else:
+                _append_partitioned(tx, [(self.store.uri(f.path), f) for f in files], summary)
+
+        self._publish(record, schema, "commit", write)
 
 def _table_partitioning(tbl, asked: Partitioning | None, identifier: str) -> Partitioning | None:
     """The existing table's partition spec as a ``Partitioning`` (``asked`` must be the same)."""

@@ -426,9 +426,7 @@ class LakeSink(TwoPhaseSink):
                 manifest["files"].append({"file": name, "rows": rows})
             failpoint("mid_prepare")
         elif table.num_rows and self.partitioning is not None:
-            for i, part in enumerate(self.partitioning.split(table)):
-                self._write_parquet(part, f"{staging}/part-0-{i:05d}.parquet")
-                manifest["files"].append({"file": f"part-0-{i:05d}.parquet", "rows": part.num_rows})
+            manifest["files"] += [{"file": name, "rows": rows} for name, rows in self._write_parts(table, staging, "part-0")]
             failpoint("mid_prepare")
         elif table.num_rows:
             self._write_parquet(table, f"{staging}/part-0.parquet")
@@ -456,6 +454,17 @@ class LakeSink(TwoPhaseSink):
             allow_truncated_timestamps=True,
         )
         self.store.write(rel, buf.getvalue())
+
+    def _write_parts(self, table: pa.Table, staging: str, stem: str) -> list[tuple[str, int]]:
+        """``table`` as ``<stem>-<i>.parquet`` files in ``staging``: one, or one per partition of a
+        partitioned table. Returns (name, rows) of each."""
+        parts = self.partitioning.split(table) if self.partitioning is not None else [table]
+        out = []
+        for i, part in enumerate(parts):
+            name = f"{stem}-{i:05d}.parquet"
+            self._write_parquet(part, f"{staging}/{name}")
+            out.append((name, part.num_rows))
+        return out
 
     def _read_parquet(self, rel: str) -> pa.Table:
         return pq.read_table(io.BytesIO(self.store.read(rel)))
@@ -556,14 +565,8 @@ class LakeSink(TwoPhaseSink):
         # a batch of rows (not transformed): one file, or one per partition of a partitioned table
         before = pa.concat_tables([self._read_parquet(f) for f, _ in current["files"]])
         table, keys = _without(before, current["keys"], masks)
-        files = []
-        parts = [] if not table.num_rows else (
-            self.partitioning.split(table) if self.partitioning is not None else [table])
-        tag = secrets.token_hex(4)
-        for i, part in enumerate(parts):
-            new_file = f"{staging}/part-{tag}-{i:05d}.parquet"
-            self._write_parquet(part, new_file)
-            files.append((new_file, part.num_rows))
+        files = [(f"{staging}/{name}", rows) for name, rows in
+                 self._write_parts(table, staging, f"part-{secrets.token_hex(4)}")] if table.num_rows else []
         dropped = before.num_rows - table.num_rows
         return {
             "files": files,

@@ -607,49 +607,36 @@ class PostgresSink(TwoPhaseSink):
             cur.execute("BEGIN")
             try:
                 if self.merge is not None:
-                    return self._merge(cur, gid, table, inputs, transformed, staging, stg_cols, select, encoders,
-                                       origin, rows_in)
-                cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(stg_cols)})")
-                if rows_in:
-                    cur.copy_expert(
-                        f"COPY {staging} ({columns}) FROM STDIN WITH (FORMAT csv)",
-                        _CsvStream(table, encoders, self.copy_chunk_rows),
-                        size=1 << 20,
-                    )
-                if transformed:
-                    # a transformation's rows, as they are; exactly-once is per input message
-                    cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging}")
-                    written = cur.rowcount
-                    # The inputs' keys are unique per target: a write of the same inputs
-                    # prepared by another writer holds them until it commits or rolls back,
-                    # so writers of the same inputs are serialized here. Inputs found
-                    # committed by another write refuse this one (nothing is prepared): its
-                    # writer computes the batch again without them.
-                    taken = {}
-                    for stream, seqs in inputs:
-                        cur.execute(
-                            f"INSERT INTO {self._side(INPUTS_TABLE)} (target, origin_stream, origin_seq, gid) "
-                            "SELECT %s, %s, unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING RETURNING origin_seq",
-                            (f"{self.schema}.{self.table}", stream, seqs, gid),
-                        )
-                        if cur.rowcount != len(seqs):
-                            mine = np.fromiter((r[0] for r in cur.fetchall()), np.int64)
-                            taken[stream] = np.setdiff1d(np.asarray(seqs, np.int64), mine)
-                    if taken:
-                        n = sum(len(t) for t in taken.values())
-                        raise InputsTaken(f"prepare of {gid}: {n} of its inputs were committed by another writer "
-                                          "since it was computed", taken)
+                    written, dups = self._merge(cur, gid, table, inputs, transformed, staging, stg_cols, select,
+                                                encoders)
                 else:
-                    cur.execute(
-                        f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
-                        'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING'
-                    )
-                    written = cur.rowcount
+                    cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(stg_cols)})")
+                    if rows_in:
+                        cur.copy_expert(
+                            f"COPY {staging} ({columns}) FROM STDIN WITH (FORMAT csv)",
+                            _CsvStream(table, encoders, self.copy_chunk_rows),
+                            size=1 << 20,
+                        )
+                    if transformed:
+                        # a transformation's rows, as they are; exactly-once is per input message
+                        cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} "
+                                    f"FROM {staging}")
+                        written = cur.rowcount
+                        taken = self._claim_inputs(cur, gid, inputs)
+                        if taken:
+                            raise self._inputs_taken(gid, taken)
+                    else:
+                        cur.execute(
+                            f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
+                            'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING'
+                        )
+                        written = cur.rowcount
+                    dups = rows_in - written
                 cur.execute(f"DROP TABLE {staging}")
                 cur.execute(
                     f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
                     "origin) VALUES (%s, %s, %s, %s, %s)",
-                    (gid, f"{self.schema}.{self.table}", written, rows_in - written, json.dumps(origin)),
+                    (gid, f"{self.schema}.{self.table}", written, dups, json.dumps(origin)),
                 )
                 cur.execute("PREPARE TRANSACTION %s", (gid,))
             except BaseException:
@@ -674,61 +661,66 @@ class PostgresSink(TwoPhaseSink):
 
     # -- commit / abort / state ------------------------------------------------------------------
 
-    def _merge(self, cur, gid: str, table: pa.Table, inputs, transformed: bool, staging: str, stg_cols: list,
-               select: list, encoders: dict, origin, rows_in: int) -> int:
-        """The prepared transaction of an upsert batch (inside ``prepare``'s): its inputs claimed in
-        ``cg_committed_inputs`` (rows of inputs committed already are dropped; a transformation's
-        batch with such inputs is refused, as always), the latest record per key deleted or
-        upserted over older rows only, the marker, ``PREPARE TRANSACTION``."""
-        target = f"{self.schema}.{self.table}"
+    def _claim_inputs(self, cur, gid: str, inputs) -> dict[str, np.ndarray]:
+        """Record the batch's inputs as this write's in ``cg_committed_inputs``; returns those
+        another write committed already. The inputs' keys are unique per target: a write of the
+        same inputs prepared by another writer holds them until it commits or rolls back, so
+        writers of the same inputs are serialized here."""
         taken: dict[str, np.ndarray] = {}
         for stream, seqs in inputs:
             cur.execute(
                 f"INSERT INTO {self._side(INPUTS_TABLE)} (target, origin_stream, origin_seq, gid) "
                 "SELECT %s, %s, unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING RETURNING origin_seq",
-                (target, stream, seqs, gid),
+                (f"{self.schema}.{self.table}", stream, seqs, gid),
             )
             if cur.rowcount != len(seqs):
                 mine = np.fromiter((r[0] for r in cur.fetchall()), np.int64)
                 taken[stream] = np.setdiff1d(np.asarray(seqs, np.int64), mine)
+        return taken
+
+    @staticmethod
+    def _inputs_taken(gid: str, taken: dict[str, np.ndarray]) -> InputsTaken:
+        """A transformation's batch whose inputs another write committed: nothing is prepared,
+        its writer computes the batch again without them."""
+        n = sum(len(t) for t in taken.values())
+        return InputsTaken(f"prepare of {gid}: {n} of its inputs were committed by another writer "
+                           "since it was computed", taken)
+
+    def _merge(self, cur, gid: str, table: pa.Table, inputs, transformed: bool, staging: str, stg_cols: list,
+               select: list, encoders: dict) -> tuple[int, int]:
+        """An upsert batch inside ``prepare``'s transaction: its inputs claimed (rows of inputs
+        committed already are dropped; a transformation's batch with such inputs is refused, as
+        always), then the latest record per key deleted or upserted over older rows only, from
+        the staging table. Returns (rows written, duplicates)."""
+        taken = self._claim_inputs(cur, gid, inputs)
         if taken and transformed:
-            n = sum(len(t) for t in taken.values())
-            raise InputsTaken(f"prepare of {gid}: {n} of its inputs were committed by another writer "
-                              "since it was computed", taken)
+            raise self._inputs_taken(gid, taken)
+        rows_in = table.num_rows
         for stream, seqs in taken.items():  # redeliveries: their rows are in already
             drop = pc.and_(pc.equal(table.column("origin_stream"), stream),
                            pc.is_in(table.column("origin_seq"), pa.array(seqs, pa.int64())))
             table = table.filter(pc.invert(drop))
         latest = self.merge.latest(table)
-        cols = [*stg_cols, f"{_ident(DELETE_FLAG)} boolean"]
-        cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(cols)})")
-        names = ", ".join(_ident(n) for n in latest.schema.names)
+        cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join([*stg_cols, f'{_ident(DELETE_FLAG)} boolean'])})")
         if latest.num_rows:
+            names = ", ".join(_ident(n) for n in latest.schema.names)
             cur.copy_expert(f"COPY {staging} ({names}) FROM STDIN WITH (FORMAT csv)",
                             _CsvStream(latest, encoders, self.copy_chunk_rows), size=1 << 20)
-        data_cols = [n for n in table.schema.names]
         on = " AND ".join(f"t.{_ident(k)} = s.{_ident(k)}" for k in self.merge.keys)
         older = 't."origin_stream" <> s."origin_stream" OR t."origin_seq" < s."origin_seq"'
         cur.execute(f"DELETE FROM {self._target} t USING {staging} s WHERE s.{_ident(DELETE_FLAG)} AND {on} "
                     f"AND ({older})")
         written = cur.rowcount
         keys = ", ".join(_ident(k) for k in self.merge.keys)
-        updates = ", ".join(f"{_ident(c)} = EXCLUDED.{_ident(c)}" for c in data_cols if c not in self.merge.keys)
+        updates = ", ".join(f"{_ident(c)} = EXCLUDED.{_ident(c)}" for c in table.schema.names
+                            if c not in self.merge.keys)
         newer = (f'{self._target}."origin_stream" <> EXCLUDED."origin_stream" '
                  f'OR {self._target}."origin_seq" < EXCLUDED."origin_seq"')
-        pick = ", ".join(sel for sel, name in zip(select, table.schema.names, strict=True))
-        cur.execute(f"INSERT INTO {self._target} ({', '.join(_ident(c) for c in data_cols)}) SELECT {pick} "
-                    f"FROM {staging} WHERE NOT {_ident(DELETE_FLAG)} ON CONFLICT ({keys}) DO UPDATE SET {updates} "
-                    f"WHERE {newer}")
+        columns = ", ".join(_ident(c) for c in table.schema.names)
+        cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
+                    f"WHERE NOT {_ident(DELETE_FLAG)} ON CONFLICT ({keys}) DO UPDATE SET {updates} WHERE {newer}")
         written += cur.rowcount
-        cur.execute(f"DROP TABLE {staging}")
-        cur.execute(
-            f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
-            "origin) VALUES (%s, %s, %s, %s, %s)",
-            (gid, target, written, rows_in - table.num_rows, json.dumps(origin)),
-        )
-        cur.execute("PREPARE TRANSACTION %s", (gid,))
-        return written
+        return written, rows_in - table.num_rows
 
     def _marker(self, cur, gid: str) -> tuple[int, int] | None:
         cur.execute(
