@@ -38,7 +38,7 @@ async def test_randomized_faults_on_a_static_group(request, nc, nats_server, mem
     """A static group read by direct gets from its origin, each batch acknowledged by moving the
     member's durable: kills, stalls, step-downs and server restarts must not lose, repeat or
     reorder anything, and the durables end with nothing pending."""
-    run = ChaosRun(_config(request, static=True, seconds=20.0, messages=30_000, server_restarts=1), nc,
+    run = ChaosRun(_config(request, static=True, seconds=14.0, messages=21_000, server_restarts=1), nc,
                    [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()
@@ -80,7 +80,7 @@ async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request,
 
     nc = await NatsConnectionSettings(servers=nats_cluster.urls).connect()
     try:
-        cfg = _config(request, replicas=3, seconds=20.0, messages=40_000, server_restarts=2)
+        cfg = _config(request, replicas=3, seconds=13.0, messages=26_000, server_restarts=2)
         run = ChaosRun(cfg, nc, nats_cluster.servers, tmp_path, member_job_zip)
         await run.run()
         stats = await run.check()

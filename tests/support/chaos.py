@@ -212,13 +212,9 @@ class ChaosRun:
             kind = "none"
         # Server and store restarts happen in every run, however short: one that is still
         # owed when its share of the time is up comes now.
-        owed = [(k, left, total) for k, left, total in (
-            ("restart", self.restarts_left, self.config.server_restarts),
-            ("store", self.store_restarts_left, self.config.store_restarts)) if left]
-        for k, left, total in owed:
-            if self._elapsed() >= (total - left + 1) / (total + 1):
-                kind = k
-                break
+        owed = self._owed_restarts()
+        if owed:
+            kind = owed[0]
         running = [j for j in self.running() if j.pid not in self.suspended]
         if kind == "kill" and running:
             job = self.rng.choice(running)
@@ -312,6 +308,18 @@ class ChaosRun:
 
     # --- the run ---------------------------------------------------------------------------
 
+    def _owed_restarts(self) -> list[str]:
+        """The server and store restarts whose share of the fault phase is up."""
+        return [k for k, left, total in (
+            ("restart", self.restarts_left, self.config.server_restarts),
+            ("store", self.store_restarts_left, self.config.store_restarts))
+            if left and self._elapsed() >= (total - left + 1) / (total + 1)]
+
+    def owed(self) -> bool:
+        """A fault every run must have is due: it comes even while publishing catches up
+        (a slow server restart can leave every later iteration a publishing one)."""
+        return bool(self._owed_restarts())
+
     def _elapsed(self) -> float:
         """The share of the fault phase gone by (0 to 1)."""
         return min(1.0, (time.monotonic() - self.started) / self.config.seconds) if self.started else 0.0
@@ -325,15 +333,16 @@ class ChaosRun:
         next_publish = time.monotonic()
         deadline = time.monotonic() + cfg.seconds
         published = 0
-        while time.monotonic() < deadline or published < cfg.messages:
+        while time.monotonic() < deadline or published < cfg.messages or self.owed():
             await self.resume_due()
             self.supervise()
-            if published < cfg.messages and time.monotonic() >= next_publish:
+            publishing = published < cfg.messages and time.monotonic() >= next_publish
+            if publishing:
                 n = min(chunk, cfg.messages - published) if published + 2 * chunk <= cfg.messages else cfg.messages - published
                 await self.publish_chunk(n)
                 published += n
                 next_publish += publish_every
-            elif time.monotonic() < deadline:
+            if (not publishing and time.monotonic() < deadline) or self.owed():
                 await self.fault()
             await asyncio.sleep(self.rng.uniform(0.2, 1.0))
         self.log("faults over")

@@ -129,6 +129,12 @@ class MixedWritersRun(ChaosRun):
         self.windows.append((before - 0.001, time.time() + 0.001))
         self.log(f"published {n} (total {len(self.expected)})")
 
+    def owed(self) -> bool:
+        cfg = self.config
+        return super().owed() or (cfg.recreate and not self.recreated and self._elapsed() >= 0.5) or (
+            cfg.backfills and not self.backfills_started and self._elapsed() >= 0.3) or (
+            cfg.resets and not self.resets_tried and self._elapsed() >= 0.45)
+
     async def fault(self) -> None:
         cfg = self.config
         kind = self.rng.choices(["backfill", "reset", "base"],
