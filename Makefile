@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_transform.py --standalone --variants raw,transform,transform-tasks --results transform-standalone
 	$(BIN)/python benchmarks/bench_freshness.py
 	$(BIN)/python benchmarks/bench_tables.py
+	$(BIN)/python benchmarks/bench_protocol_log.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -5,8 +5,10 @@ same place, under the table's location, on local disk or in an S3-compatible buc
 (``storage.py``)::
 
     _cg_log/00000000000000000001.json           protocol log: one record per position
-    _cg_log/00000000000000000100.checkpoint.json   every 100 positions: all records so far
+    _cg_log/00000000000000000100.checkpoint.json   every 100 positions (``protocol_log.py``)
+    _cg_log/_last_checkpoint.json               the newest checkpoint's position
     _cg_keys/<gid>/<rand>-<i>.npy               sorted origin_seq per origin stream, per commit
+    _cg_keys/_folded/<pos>-<i>.npy              runs of the folded commits' origin_seq, per stream
     _cg_staging/<gid>/part-0.parquet, keys-<i>.npy, prepared.json   prepared writes
     _cg_staging/<gid>/spark/part-*.parquet      a batch's files written by Spark tasks (``stage``)
 
@@ -57,9 +59,9 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -90,15 +92,24 @@ from airflow_provider_cg.core.landing.sinks.base import (
     recovered_by,
     sorted_unique,
 )
+from airflow_provider_cg.core.landing.sinks.protocol_log import (
+    KEYS_DIR,
+    LOG_DIR,
+    CommitLog,
+    DatasetCorrupt,
+    fs_name,
+    in_runs,
+    is_runs_file,
+    last_commit_summary,
+    npy_bytes,
+    npy_load,
+)
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage, Storage
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
-LOG_DIR = "_cg_log"
-KEYS_DIR = "_cg_keys"
 STAGING_DIR = "_cg_staging"
 MANIFEST = "prepared.json"
 SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
-CHECKPOINT_SUFFIX = ".checkpoint.json"
 _DICT_COLUMNS = ["origin_stream", "subject", "key", "group", "member", "headers"]
 _STATS_COLUMNS = ["origin_stream", "origin_seq", "subject", "partition", "key", "timestamp", "group", "member"]
 
@@ -108,145 +119,6 @@ STORED_SCHEMA = pa.schema(
 """``ROW_SCHEMA`` as stored in Parquet files (microsecond timestamps, readable by Spark)."""
 
 log = logging.getLogger(__name__)
-
-
-class DatasetCorrupt(SinkError):
-    """The commit log references a file that is neither published nor staged."""
-
-
-def fs_name(gid: str) -> str:
-    """A gid as one path segment."""
-    return quote(gid, safe="")
-
-
-def _pos_name(pos: int) -> str:
-    return f"{pos:020d}.json"
-
-
-def npy_bytes(arr: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, arr, allow_pickle=False)
-    return buf.getvalue()
-
-
-def npy_load(data: bytes) -> np.ndarray:
-    return np.load(io.BytesIO(data), allow_pickle=False)
-
-
-@dataclass
-class _StreamIndex:
-    """Per origin stream: seq range and key file of each commit, for overlap queries."""
-
-    mins: list[int] = field(default_factory=list)
-    maxs: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    keys: list[str] = field(default_factory=list)
-    _arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    def add(self, lo: int, hi: int, pos: int, keys: str) -> None:
-        self.mins.append(lo)
-        self.maxs.append(hi)
-        self.positions.append(pos)
-        self.keys.append(keys)
-        self._arrays = None
-
-    def overlapping(self, lo: int, hi: int, after_pos: int) -> list[str]:
-        if self._arrays is None or len(self._arrays[0]) != len(self.mins):
-            self._arrays = (np.asarray(self.mins), np.asarray(self.maxs), np.asarray(self.positions))
-        mins, maxs, positions = self._arrays
-        hit = (mins <= hi) & (maxs >= lo) & (positions > after_pos)
-        return [self.keys[i] for i in np.nonzero(hit)[0]]
-
-
-class CommitLog:
-    """Reads (incrementally) and appends the protocol log of one table."""
-
-    def __init__(self, store: Storage) -> None:
-        self.store = store
-        self.pos = 0
-        self.records: list[dict] = []
-        self.commits: dict[str, dict] = {}
-        self.aborts: set[str] = set()
-        self.acking: set[str] = set()  # gids with an "acking" record before any abort record
-        self.acking_pos: dict[str, int] = {}  # gid -> position of its acking record
-        #: acking records (with their input keys) of writes neither committed nor aborted yet
-        self.in_flight: dict[str, dict] = {}
-        self.fences: dict[tuple[str, str, int], str] = {}  # (stream, group, partition) -> owner
-        self.lives: dict[str, list[Life]] = {}  # origin stream -> its lives landed here, oldest first
-        self.index: dict[str, _StreamIndex] = {}
-        self._loaded = False
-
-    def _apply(self, pos: int, record: dict) -> None:
-        record["pos"] = pos
-        self.pos = pos
-        self.records.append(record)
-        if record["op"] == "fence":
-            for p in record["partitions"]:
-                self.fences[(record["stream"], record["group"], p)] = record["owner"]
-            return
-        if record["op"] == "life":
-            lives = self.lives.setdefault(record["stream"], [])
-            if all(life.created != record["created"] for life in lives):
-                lives.append(Life(record["created"], record["key"]))
-            return
-        gid = record["gid"]
-        if gid in self.commits or gid in self.aborts:
-            return  # cannot happen with the claim protocol; first record wins
-        if record["op"] in ("commit", "abort"):
-            self.in_flight.pop(gid, None)
-        if record["op"] == "commit":
-            self.commits[gid] = record
-            for stream, info in record.get("streams", {}).items():
-                self.index.setdefault(stream, _StreamIndex()).add(info["min"], info["max"], pos, info["keys"])
-        elif record["op"] == "abort":
-            self.aborts.add(gid)
-        elif record["op"] == "acking":
-            self.acking.add(gid)
-            self.acking_pos[gid] = pos
-            if record.get("streams"):
-                self.in_flight[gid] = record
-
-    def _load_checkpoint(self) -> None:
-        checkpoints = [n for n in self.store.list(LOG_DIR) if n.endswith(CHECKPOINT_SUFFIX)]
-        for name in reversed(checkpoints):
-            try:
-                data = json.loads(self.store.read(f"{LOG_DIR}/{name}"))
-            except (OSError, ValueError):
-                continue
-            for record in data["records"]:
-                self._apply(record.pop("pos"), record)
-            return
-
-    def refresh(self) -> None:
-        """Read records after the last one seen (positions are contiguous)."""
-        if not self._loaded:
-            self._loaded = True
-            self._load_checkpoint()
-        while True:
-            name = _pos_name(self.pos + 1)
-            try:
-                raw = self.store.read(f"{LOG_DIR}/{name}")
-            except FileNotFoundError:
-                return
-            try:
-                record = json.loads(raw)
-            except ValueError as exc:
-                raise DatasetCorrupt(f"commit log record {name} is not valid JSON: {exc}") from None
-            self._apply(self.pos + 1, record)
-
-    def claim(self, record: dict) -> int:
-        """Write ``record`` at the next position; raises FileExistsError when another writer won."""
-        pos = self.pos + 1
-        self.store.create(f"{LOG_DIR}/{_pos_name(pos)}", json.dumps(record, separators=(",", ":")).encode())
-        self._apply(pos, dict(record))
-        return pos
-
-    def write_checkpoint(self) -> None:
-        body = json.dumps({"pos": self.pos, "records": self.records}, separators=(",", ":")).encode()
-        self.store.write(f"{LOG_DIR}/{self.pos:020d}{CHECKPOINT_SUFFIX}", body)
-
-    def committed_files(self) -> list[dict]:
-        return [f for r in self.records if r["op"] == "commit" for f in r["files"]]
 
 
 @dataclass(frozen=True)
@@ -272,6 +144,8 @@ class LakeSink(TwoPhaseSink):
     ALL_STATISTICS = False
     #: the table's partitioning (``partitioning.py``): each data file then holds one partition
     partitioning = None
+    #: the log's checkpoints keep the folded commits' files (the Parquet dataset is read from them)
+    KEEPS_FILES = False
 
     def __init__(self, store: Storage, *, compression: str = "snappy", checkpoint_interval: int = 100,
                  key_cache_size: int = 16) -> None:
@@ -337,9 +211,28 @@ class LakeSink(TwoPhaseSink):
     def _claim(self, record: dict) -> int:
         """Claim the next log position for ``record`` (FileExistsError: re-read and retry)."""
         pos = self._log.claim(record)
-        if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
-            self._log.write_checkpoint()
+        self._checkpoint_due(pos)
         return pos
+
+    def _checkpoint_due(self, pos: int) -> None:
+        """Every ``checkpoint_interval`` positions: a checkpoint folding what may be folded
+        (``protocol_log.py``), its commits rolled forward first; a checkpoint is only a
+        shortcut, so one that fails is logged and landing goes on."""
+        if not self.checkpoint_interval or pos % self.checkpoint_interval:
+            return
+        through = self._log.fold_point()
+        try:
+            folding = self._log.to_fold(through)
+            if folding:
+                self.roll_forward(folding)
+            self._log.write_checkpoint(through, self._load_keys, keep_files=self.KEEPS_FILES)
+        except (SinkError, OSError) as e:
+            log.warning("cg lake sink: no checkpoint at log position %d (%s)", pos, str(e)[:200])
+
+    def roll_forward(self, commits: list[dict]) -> None:
+        """Publish committed records before they are folded (the fold forgets them gid by gid)."""
+        for record in commits:
+            self.publish(record)
 
     def _fenced_out(self, prepared: PreparedWrite) -> list[int]:
         """Partitions of the write's fence that the log says another owner fenced since."""
@@ -477,6 +370,7 @@ class LakeSink(TwoPhaseSink):
         with self._lock:
             checked_pos = 0
             current: dict | None = None  # {"files": [(rel, rows)], "keys": {stream: array}, "dups": int}
+            acking: bool | None = None  # known marked acking before the log was read again
             while True:
                 self._log.refresh()
                 record = self._log.commits.get(gid)
@@ -494,18 +388,26 @@ class LakeSink(TwoPhaseSink):
                     current = self._drop_committed(current, staging, checked_pos)
                     checked_pos = self._log.pos
                     record = self._commit_record(prepared.batch_id, current)
-                except FileNotFoundError:
-                    self._log.refresh()
-                    if gid in self._log.commits or gid in self._log.aborts:
+                except (FileNotFoundError, PreparedWriteLost):
+                    # its staging is gone: committed or aborted by another instance. A log read
+                    # before a clean-up may miss that record: read it again, once
+                    if acking is None:
+                        acking = prepared.acking or gid in self._log.acking
+                        self._log.reload_listed()
                         continue
-                    raise PreparedWriteLost(f"staging of {gid} vanished while committing") from None
+                    if acking:
+                        # marked acking, so never aborted: another instance committed it, and its
+                        # record is folded (its rows are in the table, counted by that instance)
+                        log.info("cg lake sink: write %s was committed by another instance", gid)
+                        return CommitResult(0, 0)
+                    raise PreparedWriteLost(f"prepared write {gid}: its staging is gone and no commit "
+                                            "record names it") from None
                 try:
                     pos = self._log.claim(record)
                 except FileExistsError:
                     continue  # another writer took the position: re-read and re-check
                 self.publish(self._log.commits[gid])
-                if self.checkpoint_interval and pos % self.checkpoint_interval == 0:
-                    self._log.write_checkpoint()
+                self._checkpoint_due(pos)
                 return CommitResult(record["rows_written"], record["duplicates_skipped"])
 
     def _load_staged(self, staging: str, gid: str) -> dict:
@@ -526,7 +428,17 @@ class LakeSink(TwoPhaseSink):
         }
 
     def _dup_masks(self, keys: dict[str, np.ndarray], after_pos: int) -> dict[str, np.ndarray]:
-        """For each stream with duplicates: mask over its sorted keys of those already committed."""
+        """For each stream with duplicates: mask over its sorted keys of those already committed.
+        A key file clean-up removed (folded since this log was read) makes it read the log again."""
+        for _ in range(5):
+            try:
+                return self._dup_masks_once(keys, after_pos)
+            except FileNotFoundError:
+                self._log.reload_listed()
+                after_pos = 0
+        return self._dup_masks_once(keys, 0)
+
+    def _dup_masks_once(self, keys: dict[str, np.ndarray], after_pos: int) -> dict[str, np.ndarray]:
         out = {}
         for stream, seqs in keys.items():
             index = self._log.index.get(stream)
@@ -535,6 +447,11 @@ class LakeSink(TwoPhaseSink):
             mask = None
             for key_path in index.overlapping(int(seqs[0]), int(seqs[-1]), after_pos):
                 committed = self._load_keys(key_path)
+                if is_runs_file(key_path):  # the folded commits' keys, as runs
+                    part = in_runs(seqs, committed)
+                    if part.any():
+                        mask = part if mask is None else mask | part
+                    continue
                 lo = int(np.searchsorted(seqs, committed[0], side="left"))
                 hi = int(np.searchsorted(seqs, committed[-1], side="right"))
                 if lo >= hi:
@@ -808,16 +725,17 @@ class LakeSink(TwoPhaseSink):
         out: dict[str, LastCommit] = {}
         with self._lock:
             self._log.refresh()
-            records = list(self._log.records)
-        for r in reversed(records):
-            batch = r.get("batch") or {}
-            if r["op"] != "commit" or batch.get("stream") != stream or batch.get("group") != group:
+            records = [last_commit_summary(r) for r in reversed(self._log.records) if r["op"] == "commit"]
+            records += list(self._log.folded_last.values())  # members whose last commit is folded
+        for r in records:
+            batch = r["batch"]
+            if batch.get("stream") != stream or batch.get("group") != group:
                 continue
             member = batch.get("member") or ""
             if member not in out:
-                out[member] = LastCommit(member, r["gid"], r.get("committed_at", ""), int(r.get("rows_written", 0)),
+                out[member] = LastCommit(member, r["gid"], r["committed_at"], r["rows_written"],
                                          {s: {"first_seq": i["min"], "last_seq": i["max"], "messages": i["count"]}
-                                          for s, i in (r.get("streams") or {}).items()})
+                                          for s, i in r["streams"].items()})
         return out
 
     def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:

@@ -13,6 +13,9 @@ property), which compaction and expiry keep.
   always kept), then orphan data files (under ``data/``, in no snapshot, older than the
   retention) deleted. pyiceberg 0.12 has no data-file compaction (Iceberg's
   ``rewrite_data_files`` is Spark's or Flink's); ``compact`` is refused for Iceberg, naming it.
+- **The protocol log** (both): the records, checkpoints and key files that a checkpoint older
+  than the retention folded are deleted (``protocol_log.py``), so ``_cg_log/`` and ``_cg_keys/``
+  stop growing with the table's age.
 
 The retention is at least ``MIN_RETENTION_HOURS``: a member publishes a batch by copying its
 files into ``data/`` and then committing them; a file is unreferenced in between, and a
@@ -28,6 +31,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.base import SinkError
+from airflow_provider_cg.core.landing.sinks.protocol_log import clean_protocol_log
 
 MIN_RETENTION_HOURS = 1.0
 DEFAULT_RETENTION_HOURS = 168.0  # Delta's own default (7 days)
@@ -42,12 +46,14 @@ class MaintenanceReport:
     removed_files: int = 0
     expired_snapshots: int = 0
     checkpoint: bool = False
+    #: what the protocol log's clean-up removed (``protocol_log.clean_protocol_log``)
+    protocol_log: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {"table": self.table, "compacted": self.compacted, "removed_files": self.removed_files,
                 "expired_snapshots": self.expired_snapshots, "checkpoint": self.checkpoint,
-                "duration_s": round(self.duration_s, 3)}
+                "protocol_log": self.protocol_log, "duration_s": round(self.duration_s, 3)}
 
 
 def check_maintenance(sink: str, *, compact: bool, target_file_size: int | None, retention_hours: float) -> None:
@@ -75,6 +81,7 @@ def maintain(options: Any, *, compact: bool = True, target_file_size: int | None
     sink = options.open()
     try:
         report = (_delta if options.sink == "delta" else _iceberg)(sink, compact, target_file_size, retention_hours)
+        report.protocol_log = clean_protocol_log(sink.store, retention_hours).to_dict()
     except (ConfigError, SinkError):
         raise
     except Exception as e:  # the table's library or the store: one line, no location credentials (none allowed)

@@ -38,11 +38,11 @@ from airflow_provider_cg.core.landing.sinks.lake import (
     SPARK_DIR,
     STAGING_DIR,
     STORED_SCHEMA,
-    CommitLog,
     DatasetCorrupt,
     LakeSink,
     StagedFiles,
 )
+from airflow_provider_cg.core.landing.sinks.protocol_log import CommitLog
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage
 
 DATA_DIR = "data"
@@ -58,6 +58,7 @@ class ParquetLakeSink(LakeSink):
     """
 
     DATA_PREFIX = DATA_DIR + "/"
+    KEEPS_FILES = True
 
     def __init__(self, path: str | os.PathLike, *, compression: str = "snappy", fsync: bool = True,
                  checkpoint_interval: int = 100, key_cache_size: int = 16) -> None:

@@ -369,6 +369,9 @@ class TableSink(LakeSink):
             self.store.delete_tree(self.staging(record["gid"]))
 
 
+    def roll_forward(self, commits: list[dict]) -> None:
+        self.publish(commits[-1])  # publishes every record before it, in log order
+
     def _staged_rows(self, record: dict) -> pa.Table:
         """A committed record's rows, read from its staging (a merge publishes them, not the files)."""
         tables = []
