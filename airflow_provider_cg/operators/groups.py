@@ -24,22 +24,15 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups.admin import (
-    ELASTIC,
-    KINDS,
-    STATIC,
-    ConsumerGroups,
-    GroupInfo,
-    check_assignment,
-    parse_mappings,
-    parse_members,
-)
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
     GroupConfig,
     PartitioningFilter,
     StaticGroupConfig,
 )
+from airflow_provider_cg.core.groups.membership import check_assignment, parse_mappings, parse_members
+from airflow_provider_cg.core.groups.store import ELASTIC, KINDS, STATIC, GroupInfo
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
 from airflow_provider_cg.hooks.nats import NatsHook
 

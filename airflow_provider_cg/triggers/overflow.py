@@ -37,8 +37,10 @@ from typing import Any
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
-from airflow_provider_cg.core.groups.admin import ELASTIC, ConsumerGroups, GroupStatus, MemberState
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.lag import GroupLag, group_lag
+from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
+from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.hooks.nats import NatsHook
 
 ONCE, CROSSING = "once", "crossing"

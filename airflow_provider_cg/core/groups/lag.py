@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups.admin import ConsumerGroups, GroupStatus, MemberState
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 
 

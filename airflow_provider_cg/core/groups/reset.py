@@ -35,17 +35,15 @@ from typing import Any
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import partitioning, sourcing
-from airflow_provider_cg.core.groups.admin import (
-    ELASTIC,
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.consumers import (
     PRIORITY_GROUP,
     STATIC_ACK_WAIT,
-    ConsumerGroups,
-    consumer_name_of,
-    consumer_stream_of,
     pinned_id,
     priority_group_of,
     static_max_ack_pending,
 )
+from airflow_provider_cg.core.groups.store import ELASTIC, consumer_name_of, consumer_stream_of
 from airflow_provider_cg.core.jetstream.api import JsApi, server_version
 
 MODES = ("to_datetime", "by_duration", "to_earliest", "to_latest", "to_seq", "shift_by")

@@ -26,7 +26,8 @@ from typing import Any
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import partitioning, sourcing
-from airflow_provider_cg.core.groups.admin import ELASTIC, ConsumerGroups
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.core.jetstream.api import JsApi
 
 DRAIN_TIMEOUT = 300.0
@@ -81,7 +82,7 @@ class GroupResize:
         if mappings is None and resized and stopped.intent.get("mappings") is not None:
             mappings = stopped.intent["mappings"]
         if mappings is not None:
-            from airflow_provider_cg.core.groups.admin import parse_mappings
+            from airflow_provider_cg.core.groups.membership import parse_mappings
 
             new = cgconfig.with_mappings(dataclasses.replace(cfg, max_members=max_members), parse_mappings(mappings))
         elif cfg.member_mappings and cfg.max_members != max_members:

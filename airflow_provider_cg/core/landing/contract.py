@@ -32,7 +32,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups.admin import STATIC_ACK_WAIT
+from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
 from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2

@@ -28,14 +28,14 @@ import time
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.groups import partitioning
-from airflow_provider_cg.core.groups.admin import (
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership, subjects_regex
+from airflow_provider_cg.core.groups.consumers import (
     PRIORITY_GROUP,
-    ConsumerGroups,
     pinned_id,
     priority_group_of,
     static_max_ack_pending,
 )
-from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership, subjects_regex
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.direct import (

@@ -361,7 +361,7 @@ def cmd_maintain(args, out: TextIO) -> int:
 
 
 def _membership(field: str, members: list[str] | None, mappings_json: str | None) -> dict[str, Any]:
-    from airflow_provider_cg.core.groups.admin import parse_mappings, parse_members
+    from airflow_provider_cg.core.groups.membership import parse_mappings, parse_members
 
     members = parse_members(field.replace("_", "-"), members) if members else []
     if mappings_json is not None:
@@ -460,12 +460,12 @@ def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
 
 
 def _create_config(args) -> cgconfig.GroupConfig:
-    from airflow_provider_cg.core.groups.admin import parse_members
+    from airflow_provider_cg.core.groups.membership import parse_members
 
     members = parse_members("members", args.members) if args.members is not None else []
     mappings = None
     if args.mappings is not None:
-        from airflow_provider_cg.core.groups.admin import parse_mappings
+        from airflow_provider_cg.core.groups.membership import parse_mappings
 
         mappings = tuple(parse_mappings(args.mappings))
         if not mappings:

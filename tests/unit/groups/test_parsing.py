@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups.admin import parse_mappings, parse_members
 from airflow_provider_cg.core.groups.config import MemberMapping
+from airflow_provider_cg.core.groups.membership import parse_mappings, parse_members
 
 
 def test_members_from_text_lists_and_repeated_options():

@@ -1,0 +1,202 @@
+"""What a group looks like to the server, cheap enough to poll: per-partition backlog and
+each member's consumer state (pinned instance, pending, waiting requests)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow_provider_cg.core.errors import JetStreamApiError
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import partitioning, sourcing
+from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, member_filters, pin_state
+from airflow_provider_cg.core.groups.store import (
+    ELASTIC,
+    GroupBroken,
+    GroupInfo,
+    all_members,
+    consumer_name_of,
+    consumer_stream_of,
+)
+from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NOT_FOUND
+
+
+@dataclass
+class MemberState:
+    """One member as the server sees it (from its consumer's info)."""
+
+    member: str
+    partitions: list[int]
+    consumer_exists: bool
+    pinned_id: str | None = None
+    pinned_since: str | None = None
+    num_pending: int = 0
+    num_ack_pending: int = 0
+    num_redelivered: int = 0
+    num_waiting: int = 0
+    consumer: str = ""
+    in_membership: bool = True
+    filters_current: bool = True  # False: the consumer's filters are stale (transition pending)
+    backlog: int = 0  # messages stored in the member's partitions (see GroupStatus.partitions)
+    ack_floor: int = 0  # its consumer's acknowledged-through stream sequence
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class GroupStatus:
+    """Backlog and member state of a group, cheap enough to poll every few seconds.
+
+    ``partitions`` counts the messages stored per partition: for an elastic group that is
+    the backlog (the work-queue stream drops acknowledged messages); for a static group it
+    is what the origin stream holds, consumed or not. ``backlog`` is the elastic work-queue
+    size, or for a static group the sum of the member consumers' pending + ack pending.
+    """
+
+    kind: str
+    stream: str
+    group: str
+    max_members: int
+    partitions: dict[int, int]
+    members: list[MemberState]
+    backlog: int
+    num_pending: int
+    num_ack_pending: int
+    num_redelivered: int
+    unassigned_partitions: list[int] = field(default_factory=list)
+    inactive_members: list[str] = field(default_factory=list)
+    buffered_msgs: int | None = None
+    buffered_bytes: int | None = None
+    max_buffered_msgs: int | None = None
+    max_buffered_bytes: int | None = None
+    source_lag: int | None = None
+    sourcing_stopped: dict | None = None  # a reset or resize stopped sourcing: {"op", "cut", ...}
+    revision: int = 0
+    ts: float = 0.0
+
+    @property
+    def buffer_fill(self) -> float | None:
+        """Fraction of the elastic buffer in use (the tighter of msgs and bytes), if limited."""
+        fills = []
+        if self.max_buffered_msgs and self.max_buffered_msgs > 0 and self.buffered_msgs is not None:
+            fills.append(self.buffered_msgs / self.max_buffered_msgs)
+        if self.max_buffered_bytes and self.max_buffered_bytes > 0 and self.buffered_bytes is not None:
+            fills.append(self.buffered_bytes / self.max_buffered_bytes)
+        return max(fills) if fills else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["partitions"] = {str(p): n for p, n in sorted(self.partitions.items())}
+        d["buffer_fill"] = self.buffer_fill
+        return d
+
+
+
+def count_partitions(partitions: dict[int, int], subjects: dict[str, int]) -> None:
+    for subject, n in subjects.items():
+        first = subject.split(".", 1)[0]
+        if first.isdigit():
+            p = int(first)
+            partitions[p] = partitions.get(p, 0) + int(n)
+
+
+
+class GroupObservation(MemberConsumers):
+    """Member state and backlog of a group."""
+
+    async def member_info(self, stream: str, group: str, kind: str | None = None) -> list[MemberState]:
+        info = await self.get(stream, group, kind)
+        return await self._member_states(info)
+
+    async def _member_states(self, info: GroupInfo) -> list[MemberState]:
+        cstream = consumer_stream_of(info.kind, info.stream, info.group)
+        consumers = await self._member_consumers(info, cstream)
+        assignment = partitioning.assign_partitions(info.config)
+        out: list[MemberState] = []
+        for member in sorted(set(all_members(info.config)) | set(consumers)):
+            c = consumers.get(member)
+            inm = cgconfig.in_membership(info.config, member)
+            parts = sorted(assignment.get(member, [])) if inm else []
+            st = MemberState(
+                member=member,
+                partitions=parts,
+                consumer_exists=c is not None,
+                consumer=consumer_name_of(info.kind, info.group, member),
+                in_membership=inm,
+            )
+            if c is not None:
+                st.pinned_id, st.pinned_since = pin_state(c)
+                st.num_pending = int(c.get("num_pending", 0))
+                st.num_ack_pending = int(c.get("num_ack_pending", 0))
+                st.num_redelivered = int(c.get("num_redelivered", 0))
+                st.num_waiting = int(c.get("num_waiting", 0))
+                st.ack_floor = int((c.get("ack_floor") or {}).get("stream_seq", 0))
+                st.filters_current = sorted(filters_of(c["config"])) == sorted(
+                    member_filters(info.config, member)
+                )
+            out.append(st)
+        return out
+
+    async def status(self, stream: str, group: str, kind: str | None = None) -> GroupStatus:
+        """Per-partition backlog, per-member state and totals (one KV get, one stream info,
+        one consumer list)."""
+        info = await self.get(stream, group, kind)
+        cfg = info.config
+        members = await self._member_states(info)
+        partitions = {p: 0 for p in range(cfg.max_members)}
+        st = GroupStatus(
+            kind=info.kind,
+            stream=stream,
+            group=group,
+            max_members=cfg.max_members,
+            partitions=partitions,
+            members=members,
+            backlog=0,
+            num_pending=sum(m.num_pending for m in members),
+            num_ack_pending=sum(m.num_ack_pending for m in members),
+            num_redelivered=sum(m.num_redelivered for m in members),
+            revision=info.revision,
+            ts=time.time(),
+        )
+        if info.kind == ELASTIC:
+            wq = cgconfig.work_queue_stream(stream, group)
+            try:
+                si = await self.api.stream_info(wq, subjects_filter=">")
+            except JetStreamApiError as e:
+                if e.err_code != ERR_STREAM_NOT_FOUND:
+                    raise
+                raise GroupBroken(f"the work-queue stream {wq!r} of elastic group {group!r} is missing "
+                                  f"(deleted?): create the group again (same config) to restore it, or remove "
+                                  f"the group") from None
+            count_partitions(partitions, si["state"].get("subjects") or {})
+            st.backlog = int(si["state"].get("messages", 0))
+            st.buffered_msgs = st.backlog
+            st.buffered_bytes = int(si["state"].get("bytes", 0))
+            st.max_buffered_msgs = cfg.max_buffered_msgs or None
+            st.max_buffered_bytes = cfg.max_buffered_bytes or None
+            sources = si.get("sources") or []
+            st.source_lag = int(sources[0].get("lag", 0)) if sources else None
+            stopped = sourcing.stopped_state(si.get("config") or {})
+            if stopped is not None:
+                st.sourcing_stopped = {**stopped.intent, "cut": stopped.cut}
+        else:
+            for f in cfg.filters or [">"]:
+                try:
+                    si = await self.api.stream_info(stream, subjects_filter=f if f == ">" else f"*.{f}")
+                except JetStreamApiError as e:
+                    if e.err_code != ERR_STREAM_NOT_FOUND:
+                        raise
+                    raise GroupBroken(f"the origin stream {stream!r} of static group {group!r} is missing "
+                                      "(deleted?)") from None
+                count_partitions(partitions, si["state"].get("subjects") or {})
+            st.backlog = st.num_pending + st.num_ack_pending
+        assigned = set()
+        for m in members:
+            m.backlog = sum(partitions.get(p, 0) for p in m.partitions)
+            assigned.update(m.partitions)
+            if m.in_membership and m.partitions and not m.consumer_exists:
+                st.inactive_members.append(m.member)
+        st.unassigned_partitions = [p for p in range(cfg.max_members) if p not in assigned]
+        return st
