@@ -36,6 +36,8 @@ class ConsumerReads:
     """The consumer read path of one member run (``member.MemberRun``: the pin, the lander,
     the limits and the summary are the run's)."""
 
+    read_path = "consumer"  # what the summary reports
+
     def __init__(self, run) -> None:
         self.run = run
         self.idle_checks = 0  # empty pulls answered by "still pending" (bounded)

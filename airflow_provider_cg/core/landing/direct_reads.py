@@ -179,6 +179,8 @@ class ConsumerPosition:
 class DirectReads:
     """The direct-get read path of one member run (``member.MemberRun``)."""
 
+    read_path = "direct"  # what the summary reports
+
     def __init__(self, run, positions: PartitionPositions | ConsumerPosition) -> None:
         self.run = run
         self.positions = positions

@@ -30,6 +30,8 @@ class ExecutorReads(DirectReads):
     """The executor read path of one member run (``member.MemberRun``); the loop, the pin
     keeping and the order of the two-phase steps are the direct-get path's."""
 
+    read_path = "executors"  # what the summary reports
+
     def __init__(self, run, positions, parallelism: int) -> None:
         super().__init__(run, positions)
         self.parallelism = max(1, parallelism)

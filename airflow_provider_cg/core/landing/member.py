@@ -53,7 +53,6 @@ from airflow_provider_cg.core.landing.contract import (
 )
 from airflow_provider_cg.core.landing.dead_letters import DeadLetters
 from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads, PartitionPositions
-from airflow_provider_cg.core.landing.executor_reads import ExecutorReads
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
 from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, with_origin_key
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
@@ -246,8 +245,7 @@ class MemberRun:
                             self.slow_path)
                 reads = ConsumerReads(self)
                 reads.fit_batch_to(info)
-            s.read_path = "consumer" if isinstance(reads, ConsumerReads) else \
-                "executors" if isinstance(reads, ExecutorReads) else "direct"
+            s.read_path = reads.read_path
             if s.read_path == "consumer" and o.read != "consumer":
                 s.read_path_reason = self.slow_path
             if isinstance(reads, DirectReads):
@@ -269,6 +267,9 @@ class MemberRun:
         """Direct gets, by the driver, or (``--read executors``) by the batch's Spark tasks."""
         positions = self._positions(consumer)
         if self.options.read == "executors":
+            # imported here: its PySpark data source costs a plain driver's start-up a tenth of a second
+            from airflow_provider_cg.core.landing.executor_reads import ExecutorReads
+
             return ExecutorReads(self, positions, self.pipeline.parallelism)
         return DirectReads(self, positions)
 

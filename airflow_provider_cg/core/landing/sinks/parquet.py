@@ -29,7 +29,6 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from airflow_provider_cg.core.landing.rows import BatchId
@@ -141,5 +140,7 @@ def read_committed(path: str | os.PathLike, columns: list[str] | None = None) ->
         table = schema.empty_table()
         return table.select(columns) if columns else table
     schema = pa.unify_schemas([pq.read_schema(f) for f in files])
+    import pyarrow.dataset as ds  # here: pyarrow.dataset imports pandas, which a member job never needs
+
     dataset = ds.dataset([str(f) for f in files], schema=schema, format="parquet")
     return dataset.to_table(columns=columns)
