@@ -3,8 +3,9 @@
 Served by Airflow's API server (``plugin.py`` mounts it at ``/cg``, the UI shows it under
 Browse). For the chosen ``nats`` connection: each group with its members, their partitions,
 pin holder and since when, backlog, the age of the oldest pending message
-(``core/groups/lag.py``) and the last batch that landed for it, from the landing tasks'
-asset events (``airflow_provider_cg.assets``). Only signed-in users who may read the
+(``core/groups/lag.py``), the last batch that landed for it, from the landing tasks'
+asset events (``airflow_provider_cg.assets``), and a chart of its last hour: messages landed
+per 5 minutes and the sampled backlog (``history.py``, ``charts.py``). Only signed-in users who may read the
 connection see it (``auth.py``); no secret of the connection is ever shown (errors are
 scrubbed). ``/cg/api/groups?conn_id=`` returns the same as JSON.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import html
 import json
+import time
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query
@@ -22,6 +24,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from airflow_provider_cg._provider_info import CONN_TYPE
 from airflow_provider_cg.assets import server_addresses
 from airflow_provider_cg.ui.auth import current_user, may_read_connection
+from airflow_provider_cg.ui.charts import last_hour_svg
+from airflow_provider_cg.ui.history import landed_last_hour, with_history
 
 CONNECT_TIMEOUT = 5.0
 LAST_EVENTS = 500  # asset events scanned for each group's last landed batch
@@ -70,10 +74,12 @@ async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
     finally:
         await nc.close()
     out = [g.to_dict() if isinstance(g, GroupLag) else {**g, "error": scrub(g["error"], settings)} for g in groups]
-    landed = last_landed(server_addresses(settings.servers))
+    servers = server_addresses(settings.servers)
+    landed = last_landed(servers)
     for g in out:
         for m in g.get("members") or []:
             m["last_landed"] = landed.get((g["stream"], g["group"], m["member"]))
+    with_history(conn_id, out, landed_last_hour(servers, time.time()))
     return out, None
 
 
@@ -155,6 +161,8 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
 body{{font-family:system-ui,sans-serif;margin:1rem;color:#1a202c}} table{{border-collapse:collapse;margin:.5rem 0 1.5rem}}
 th,td{{border:1px solid #cbd5e0;padding:.25rem .6rem;text-align:left;font-size:.9rem}} th{{background:#edf2f7}}
 .num{{text-align:right}} .err{{color:#c53030}} .muted{{color:#718096}} h2{{font-size:1.1rem;margin-bottom:.2rem}}
+svg.spark{{display:block;background:#f7fafc}} .legend{{font-size:.8rem}}
+.legend i{{display:inline-block;width:.8rem;height:.5rem;margin:0 .2rem 0 .6rem}}
 </style></head><body><h1>NATS consumer groups</h1>
 <form method="get"><label>Connection <select name="conn_id" onchange="this.form.submit()">{options}</select></label>
 <noscript><button>Show</button></noscript></form>"""]
@@ -164,6 +172,7 @@ th,td{{border:1px solid #cbd5e0;padding:.25rem .6rem;text-align:left;font-size:.
         parts.append(f'<p class="err" id="error">{e(error)}</p>')
     if chosen and not error and not groups:
         parts.append('<p class="muted" id="no-groups">No consumer groups on this connection.</p>')
+    now = time.time()
     for g in groups:
         title = f"{g['stream']} / {g['group']}"
         if g.get("error"):
@@ -175,8 +184,12 @@ th,td{{border:1px solid #cbd5e0;padding:.25rem .6rem;text-align:left;font-size:.
             f'oldest pending {_age(g["oldest_pending_age_s"])}'
             + (f', source lag {g["source_lag"]}' if g.get("source_lag") is not None else "")
             + (f', unassigned partitions {e(str(g["unassigned_partitions"]))}' if g["unassigned_partitions"] else "")
-            + "</p><table><tr><th>member</th><th>partitions</th><th>pin holder</th><th>pinned since</th>"
-              "<th>backlog</th><th>ack pending</th><th>oldest pending</th><th>last landed</th></tr>")
+            + "</p>"
+            + f'<div class="group-chart">{last_hour_svg(g.get("history") or {}, now, width=480, height=60)}</div>'
+            + '<p class="legend muted">last hour: <i style="background:#90cdf4"></i>messages landed per 5 min'
+              '<i style="background:#c53030;height:2px"></i>backlog, sampled while this page is shown</p>'
+            + "<table><tr><th>member</th><th>partitions</th><th>pin holder</th><th>pinned since</th>"
+              "<th>backlog</th><th>ack pending</th><th>oldest pending</th><th>last hour</th><th>last landed</th></tr>")
         for m in g["members"]:
             last = m.get("last_landed")
             landed = "-" if not last else (
@@ -186,7 +199,8 @@ th,td{{border:1px solid #cbd5e0;padding:.25rem .6rem;text-align:left;font-size:.
                 f'<tr data-member="{e(m["member"])}"><td>{e(m["member"])}</td><td>{e(str(m["partitions"]))}</td>'
                 f'<td>{e(m["pin_holder"] or "-")}</td><td>{e(m["pinned_since"] or "-")}</td>'
                 f'<td class="num">{m["backlog"]}</td><td class="num">{m["num_ack_pending"]}</td>'
-                f'<td class="num">{_age(m["oldest_pending_age_s"])}</td><td>{landed}</td></tr>')
+                f'<td class="num">{_age(m["oldest_pending_age_s"])}</td>'
+                f'<td>{last_hour_svg(m.get("history") or {}, now)}</td><td>{landed}</td></tr>')
         parts.append("</table>")
     parts.append("</body></html>")
     return "".join(parts)

@@ -188,7 +188,7 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
     assert frame.locator("h1").inner_text() == "NATS consumer groups"
 
     page.goto(f"{ui.url}/cg/?conn_id=nats_groups")
-    table = page.locator(f"#group-{STREAM}-{GROUP} + p + table")
+    table = page.locator(f"#group-{STREAM}-{GROUP} + p + div + p + table")
     rows = {r.get_attribute("data-member"): r.locator("td").all_inner_texts() for r in table.locator("tr[data-member]").all()}
     assert set(rows) == {"m1", "m2", "m3"}, rows
     members = {m.member: m for m in status.members}
@@ -197,10 +197,19 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
         assert cells[1] == str(m.partitions) and cells[4] == str(m.backlog), (member, cells)
         assert cells[6].endswith((" s", " min")), cells  # the oldest pending message's age
     assert rows["m1"][2] == pin and rows["m1"][5] == "1", (rows, members["m1"])  # pinned, one message in flight
-    assert rows["m2"][2] == "-" and rows["m3"][7] == "-"
-    assert rows["m2"][7] == "-"  # m2 landed only through another server: another group
-    assert "120" not in rows["m2"][7] and f"{extra['messages_landed']} messages" in rows["m1"][7]
-    assert "0-" not in rows["m1"][7] and '"0": "3-590"' in rows["m1"][7]
+    assert rows["m2"][2] == "-" and rows["m3"][8] == "-"
+    assert rows["m2"][8] == "-"  # m2 landed only through another server: another group
+    assert "120" not in rows["m2"][8] and f"{extra['messages_landed']} messages" in rows["m1"][8]
+    assert "0-" not in rows["m1"][8] and '"0": "3-590"' in rows["m1"][8]
+    # each member's last hour: m1's landing as a bar, and the backlog sampled by this page
+    charts = {r.get_attribute("data-member"): r.locator("svg.spark") for r in table.locator("tr[data-member]").all()}
+    assert charts["m1"].locator("rect.landed").count() == 1 and charts["m2"].locator("rect.landed").count() == 0
+    assert f"landed {extra['messages_landed']} messages in the last hour" in charts["m1"].locator("title").text_content()
+    page.reload()
+    spark = page.locator(f"#group-{STREAM}-{GROUP} + p + div + p + table tr[data-member=m2] svg.spark")
+    points = spark.locator("polyline.backlog").get_attribute("points").split()
+    assert len(points) >= 2, points  # the samples of both page loads
+    assert f"backlog now {members['m2'].backlog}" in spark.locator("title").text_content()
     page.screenshot(path=str(tmp_path / "consumer-groups.png"), full_page=True)
 
     # The same as JSON; a connection that cannot reach NATS says so, without its password.
@@ -208,6 +217,9 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
     assert api["conn_id"] == "nats_groups" and api["error"] is None
     (group,) = [g for g in api["groups"] if g["group"] == GROUP]
     assert sum(m["backlog"] for m in group["members"]) == status.backlog == N
+    m1 = next(m for m in group["members"] if m["member"] == "m1")
+    assert m1["history"]["landed_per_5min"][-1] == extra["messages_landed"] and len(m1["history"]["backlog"]) >= 3
+    assert sum(group["history"]["landed_per_5min"]) == extra["messages_landed"]
     page.goto(f"{ui.url}/cg/?conn_id=nats_down")
     error = page.locator("#error").inner_text()
     assert "cannot reach NATS through 'nats_down'" in error and DOWN_PASSWORD not in page.content()
@@ -215,6 +227,36 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
     # a connection kept in the API server's environment (or a secrets backend), when named
     page.goto(f"{ui.url}/cg/?conn_id=nats_env")
     assert page.locator(f"#group-{STREAM}-{GROUP}").is_visible()
+
+
+def test_the_page_stays_usable_with_256_members(page, ui, world, tmp_path):
+    """A group of 256 members over 256 partitions: every member's row and chart, in one page
+    that loads in seconds and stays small."""
+    from tests.integration.test_operators_groups import NatsThread
+
+    server, _, _ = world
+    t = NatsThread(NatsConnectionSettings(servers=[server.url]))
+    try:
+        cfg = ElasticGroupConfig(256, (PartitioningFilter("orders.*", (1,)),),
+                                 members=tuple(f"w{i:03d}" for i in range(256)))
+        t.run(t.cg.create(STREAM, "wide", cfg.validate()))
+    finally:
+        t.run(t.nc.close())
+    code, answer = ui.api("POST", "/api/v2/connections", {"connection_id": "nats_groups", "conn_type": "nats",
+                                                          "host": "127.0.0.1", "port": server.port})
+    assert code in (201, 409), answer
+    sign_in(page, ui, "admin", "/plugin/nats-consumer-groups")
+    started = time.monotonic()
+    page.goto(f"{ui.url}/cg/?conn_id=nats_groups")
+    rows = page.locator(f"#group-{STREAM}-wide + p + div + p + table tr[data-member]")
+    assert rows.count() == 256 and page.locator(f"#group-{STREAM}-wide + p + div + p + table svg.spark").count() == 256
+    took = time.monotonic() - started
+    size = len(page.content())
+    print(f"256 members: page in {took:.2f} s, {size / 1024:.0f} kB")
+    assert took < 20 and size < 2_000_000, (took, size)
+    backlogs = [int(c) for c in rows.locator("td:nth-child(5)").all_inner_texts()]
+    assert sum(backlogs) == N  # every message is in one member's partitions
+    page.screenshot(path=str(tmp_path / "consumer-groups-256.png"))
 
 
 def test_the_page_is_behind_airflows_auth(page, ui, world):
