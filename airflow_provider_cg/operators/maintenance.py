@@ -27,7 +27,8 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
     :param sink, sink_path, iceberg_table, ...: the table, as the landing tasks' sink options
         (``SinkOptions``), templated.
     :param compact: compact small files (default: yes for Delta; pyiceberg has no compaction).
-    :param target_file_size: compaction's target file size in bytes.
+    :param target_file_size: the table's target file size in bytes (compaction's target; the
+        member jobs split larger files at it too).
     :param retention_hours: old versions and unreferenced files kept this long (>= 1).
     :param aws_conn_id: ``aws`` connection for a table on S3-compatible storage.
     :param pg_conn_id: ``postgres`` connection of an Iceberg catalog kept in PostgreSQL.
@@ -38,7 +39,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
     as the task's XCom. Invalid options fail the task without retries.
     """
 
-    template_fields: Sequence[str] = (*SINK_FIELDS, "target_file_size", "retention_hours", "aws_conn_id",
+    template_fields: Sequence[str] = (*SINK_FIELDS, "retention_hours", "aws_conn_id",
                                       "pg_conn_id", "iceberg_conn_id")
     ui_color = UI_COLOR
 
@@ -52,20 +53,18 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
         sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
                         "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
                         "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
-                        "merge_keys": merge_keys, "delete_when": delete_when}
+                        "merge_keys": merge_keys, "delete_when": delete_when, "target_file_size": target_file_size}
         assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
         super().__init__(**kwargs)
         for name, value in sink_options.items():
             setattr(self, name, value)
-        self.compact, self.target_file_size, self.retention_hours = compact, target_file_size, retention_hours
+        self.compact, self.retention_hours = compact, retention_hours
         self.aws_conn_id, self.pg_conn_id, self.iceberg_conn_id = aws_conn_id, pg_conn_id, iceberg_conn_id
 
     def _options(self) -> tuple[SinkOptions, bool]:
         options = SinkOptions.build({k: getattr(self, k) for k in SINK_FIELDS})
         compact = options.sink == "delta" if self.compact is None else bool(self.compact)
-        size = int(self.target_file_size) if self.target_file_size not in (None, "") else None
-        check_maintenance(options.sink, compact=compact, target_file_size=size,
-                          retention_hours=float(self.retention_hours))
+        check_maintenance(options.sink, compact=compact, retention_hours=float(self.retention_hours))
         return options, compact
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -75,8 +74,6 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
             raise AirflowFailException(str(e)) from e
         argv = [sys.executable, "-m", "airflow_provider_cg.core.tools.cli", "maintain", "--json",
                 "--compact" if compact else "--no-compact", "--retention-hours", str(float(self.retention_hours))]
-        if self.target_file_size not in (None, ""):
-            argv += ["--target-file-size", str(int(self.target_file_size))]
         for name, value in options.given().items():  # the sink is one: delta and iceberg are not its default
             argv += [flag(name), str(value)]
         env = {**os.environ, **spark_submit.sink_env(options.sink, pg_conn_id=self.pg_conn_id,

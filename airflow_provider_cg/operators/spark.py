@@ -69,8 +69,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         or a PostgreSQL catalog from ``pg_conn_id``, ``iceberg_catalog_name``,
         ``iceberg_warehouse`` where a missing table is created), ``"parquet"`` (``sink_path``,
         a directory visible to the driver) or ``"postgres"`` (``pg_conn_id``, ``pg_table``);
-        ``partition_by`` partitions a Delta or Iceberg table the job creates. An option of
-        another sink than ``sink`` is refused, naming it.
+        ``partition_by`` partitions a Delta or Iceberg table the job creates;
+        ``target_file_size`` splits a batch's files above it (Parquet, Delta, Iceberg). An
+        option of another sink than ``sink`` is refused, naming it.
     :param iceberg_conn_id: Airflow ``iceberg`` connection of a REST catalog (host: its URL;
         login / password: OAuth2 client id / secret, or extra ``token``: a bearer token); they
         reach the driver as ``CG_ICEBERG_CATALOG_*`` environment, never as an argument.
@@ -154,6 +155,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         iceberg_warehouse: str | None = None,
         iceberg_catalog_name: str | None = None,
         partition_by: str | None = None,
+        target_file_size: int | str | None = None,
         merge_keys: str | None = None,
         delete_when: str | None = None,
         pg_conn_id: str | None = None,
@@ -198,7 +200,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
                         "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
                         "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
-                        "merge_keys": merge_keys, "delete_when": delete_when}
+                        "merge_keys": merge_keys, "delete_when": delete_when, "target_file_size": target_file_size}
         assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
         if "outlets" not in kwargs:  # the table, as an Asset, when its location is known now
             kwargs["outlets"] = _table_outlets(sink_options)

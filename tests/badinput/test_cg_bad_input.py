@@ -36,7 +36,9 @@ async def world(nc, nats_server):
     cg = ConsumerGroups(nc)
     await cg.create("ORDERS", "g", ElasticGroupConfig(4, (PartitioningFilter("orders.*", (1,)),), members=("m1", "m2")))
     await cg.create("S", "st", StaticGroupConfig(2, ("s.*",), ("a", "b")))
-    await cg.ensure_member_consumer("ORDERS", "g", "m1")
+    # an ack wait (and so an inactivity threshold) longer than any test here: a consumer that
+    # idled out mid-test would read as a command changing the server's state
+    await cg.ensure_member_consumer("ORDERS", "g", "m1", ack_wait=300)
     return ["--server", nats_server.url, "--timeout", "3"]
 
 

@@ -447,3 +447,31 @@ def test_a_folded_and_cleaned_protocol_log_keeps_exactly_once(table):
     landed = 11 * 20 + 25
     assert _land(fresh, range(1, landed + 6), 1, member="m9") == CommitResult(5, landed)
     table.assert_exactly({("ORDERS", s) for s in range(1, landed + 6)})
+
+
+def test_target_file_size_splits_a_large_batch_in_row_order(table):
+    """A batch above ``target_file_size`` lands as several files of about that size (one commit,
+    whole or not at all); the rows keep their order across the files."""
+    sink = table.sink(target_file_size=1 << 20)
+    seqs = list(range(1, 3001))
+    blobs = {s: os.urandom(1000) for s in seqs}  # incompressible: ~3 MB of Parquet
+    assert _land(sink, seqs, 1, extra=lambda s: {"blob": pa.array([blobs[int(x)] for x in s])}) == CommitResult(3000, 0)
+    table.assert_exactly({("ORDERS", s) for s in seqs})
+    if table.fmt == "delta":
+        from deltalake import DeltaTable
+
+        dt = DeltaTable(sink.uri, storage_options=sink.storage_options or None)
+        sizes = dict(zip(*(pa.table(dt.get_add_actions(flatten=True)).column(c).to_pylist() for c in ("path", "size_bytes")), strict=True))
+    else:
+        tbl = sink.catalog.load_table(sink.identifier)
+        sizes = {t.file.file_path: t.file.file_size_in_bytes for t in tbl.scan().plan_files()}
+    assert 3 <= len(sizes) <= 4 and max(sizes.values()) <= 1.1 * (1 << 20), sizes
+    first = []  # each file's first origin_seq, by name: the batch's order
+    for path in sorted(sizes, key=lambda p: p.rsplit("/", 1)[-1]):
+        rel = path.split(sink.store.uri(""), 1)[-1].lstrip("/") if "://" in path else path
+        data = pa.parquet.read_table(pa.BufferReader(sink.store.read(rel if not rel.startswith("/") else
+                                                                     os.path.relpath(rel, sink.store.location))),
+                                     columns=["origin_seq"]).column("origin_seq").to_pylist()
+        assert data == sorted(data)
+        first.append(data[0])
+    assert first == sorted(first)

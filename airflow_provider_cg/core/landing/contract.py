@@ -116,6 +116,9 @@ class BatchOptions:
         LifeChoice.parse(self.stream_life)
 
 
+MIN_TARGET_FILE_SIZE = 1 << 20
+
+
 @dataclass(frozen=True)
 class SinkOptions:
     """Where the batches land and how the table is shaped: one type for the member job, the
@@ -144,6 +147,11 @@ class SinkOptions:
                                     "year(ts), bucket(16, id), truncate(4, name). A column may be one your "
                                     "transformation derives; an existing table partitioned otherwise is refused",
                                     sinks=("delta", "iceberg"))
+    target_file_size: int | None = _opt(None, int, "bytes a data file the job writes may hold at most (at least "
+                                        "1048576): a batch (of a partition) larger than this lands as several files "
+                                        "of about this size; smaller ones stay one file each, and `cg maintain "
+                                        "--target-file-size` compacts them", positive=True,
+                                        sinks=("parquet", "delta", "iceberg"))
     merge_keys: str | None = _opt(help="upsert by these columns (comma-separated): the latest record of a key, by "
                                   "origin order, replaces the table's row; never an older one over a newer one",
                                   sinks=("delta", "iceberg", "postgres"))
@@ -455,6 +463,9 @@ def check_sink(spec: Any) -> None:
         from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 
         Partitioning.parse(spec.partition_by, spec.sink)
+    if spec.target_file_size is not None and spec.target_file_size < MIN_TARGET_FILE_SIZE:
+        raise ConfigError("target_file_size", f"must be at least {MIN_TARGET_FILE_SIZE} bytes (1 MiB): smaller "
+                                              "files cost readers more than they gain")
     if spec.delete_when is not None and spec.merge_keys is None:
         raise ConfigError("delete_when", "needs merge_keys (a tombstone deletes a key's row)")
     if spec.merge_keys is not None:
@@ -519,6 +530,7 @@ _RULE_FIELDS = {
     "pg_table": {"sink", "pg_table"},
     "iceberg_catalog_name": {"sink", "iceberg_catalog_name"},
     "partition_by": {"sink", "partition_by"},
+    "target_file_size": {"sink", "target_file_size"},
     "merge_keys": {"sink", "merge_keys", "delete_when"},
     "delete_when": {"sink", "merge_keys", "delete_when"},
     "json_schema": {"payload_format", "json_schema"},

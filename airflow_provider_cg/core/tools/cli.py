@@ -326,7 +326,6 @@ def build_parser() -> argparse.ArgumentParser:
                                     "from the environment: AWS_*, CG_ICEBERG_CATALOG_URI)")
     p.add_argument("--compact", action=argparse.BooleanOptionalAction, default=None,
                    help="compact small files (default: yes for Delta; Iceberg has no compaction in pyiceberg)")
-    p.add_argument("--target-file-size", type=int, metavar="BYTES", help="compaction's target file size")
     p.add_argument("--retention-hours", type=float, default=168.0, metavar="HOURS",
                    help="keep old versions and unreferenced files this long (>= 1; default 168)")
 
@@ -349,8 +348,7 @@ def cmd_maintain(args, out: TextIO) -> int:
     if options is None:
         raise ConfigError("sink", "required (delta or iceberg)")
     compact = options.sink == "delta" if args.compact is None else args.compact
-    report = maintain(options, compact=compact, target_file_size=args.target_file_size,
-                      retention_hours=args.retention_hours)
+    report = maintain(options, compact=compact, retention_hours=args.retention_hours)
     r = report.to_dict()
     text = (f"maintained {r['table']} in {r['duration_s']:.1f}s: compacted {r['compacted'] or '-'}, "
             f"expired snapshots {r['expired_snapshots']}, removed files {r['removed_files']}, "

@@ -34,7 +34,8 @@ def test_every_option_round_trips_through_argv():
     covered = set()
     iceberg = {"stream": "S", "group": "g", "member": "m", "sink": "iceberg", "iceberg_table": "lake.orders",
                "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse",
-               "iceberg_catalog_name": "lakehouse", "partition_by": "day(ts), bucket(16, id)"}
+               "iceberg_catalog_name": "lakehouse", "partition_by": "day(ts), bucket(16, id)",
+               "target_file_size": 134217728}
     for values in (LIVE, BACKFILL, {"stream": "S", "group": "g", "member": "m", "sink_path": "/l", "no_spark": True,
                                     "payload_format": "text", "stream_life": "new:2026-11-26T12:00:00.5Z"}, iceberg):
         spec = MemberJobSpec.build(values)

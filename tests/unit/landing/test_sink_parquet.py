@@ -604,3 +604,16 @@ def test_a_rows_write_never_commits_inputs_a_marked_transformed_write_holds(lake
     assert sink.state(a) is WriteState.COMMITTED
     assert sink.commit(b) == CommitResult(3, 2)
     assert_exactly(lake, {("ORDERS", s) for s in range(1, 8)})
+
+
+def test_target_file_size_splits_a_large_batch_in_row_order(lake):
+    sink = ParquetLakeSink(lake, target_file_size=1 << 20)
+    seqs = list(range(1, 2501))
+    blobs = pa.array([os.urandom(1000) for _ in seqs])  # incompressible: ~2.5 MB of Parquet
+    p = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(seqs, extra=lambda s: {"blob": blobs}),
+                     message_refs=refs_for(seqs))
+    assert sink.commit(sink.mark_acking(p)) == CommitResult(2500, 0)
+    files = sorted((lake / "data").glob("*.parquet"))
+    assert len(files) == 3 and max(f.stat().st_size for f in files) <= 1.1 * (1 << 20)
+    assert [s for f in files for s in pq.read_table(f, columns=["origin_seq"]).column(0).to_pylist()] == seqs
+    assert_exactly(lake, {("ORDERS", s) for s in seqs})

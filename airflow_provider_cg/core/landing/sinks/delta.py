@@ -53,14 +53,15 @@ class DeltaLakeSink(TableSink):
 
     def __init__(self, location: str | os.PathLike, *, fsync: bool = True, compression: str = "snappy",
                  checkpoint_interval: int = 100, partitioning: Partitioning | None = None,
-                 merge: MergeSpec | None = None) -> None:
+                 merge: MergeSpec | None = None, target_file_size: int | None = None) -> None:
         store = open_storage(str(location), fsync=fsync)
         if isinstance(store, ObjectStorage):
             store.check()
             self.storage_options = delta_storage_options(store.settings)
         else:
             self.storage_options = {}
-        super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval)
+        super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval,
+                         target_file_size=target_file_size)
         self.uri = store.uri()
         self._dt = None
         self.partitioning = self._table_partitioning(partitioning)

@@ -144,7 +144,8 @@ class IcebergSink(TableSink):
 
     def __init__(self, catalog_uri: str, table: str, *, warehouse: str | None = None, fsync: bool = True,
                  compression: str = "snappy", checkpoint_interval: int = 100, catalog_name: str = CATALOG_NAME,
-                 partitioning: Partitioning | None = None, merge: MergeSpec | None = None) -> None:
+                 partitioning: Partitioning | None = None, merge: MergeSpec | None = None,
+                 target_file_size: int | None = None) -> None:
         self.namespace, self.name = parse_identifier(table)
         self.identifier = f"{self.namespace}.{self.name}"
         self.settings = ObjectStoreSettings.from_env()
@@ -167,7 +168,8 @@ class IcebergSink(TableSink):
         store = open_storage(location, fsync=fsync)
         if isinstance(store, ObjectStorage):
             store.check()
-        super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval)
+        super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval,
+                         target_file_size=target_file_size)
         self.location = store.uri() if isinstance(store, ObjectStorage) else "file://" + store.location
 
     def load_table(self):

@@ -148,9 +148,11 @@ class LakeSink(TwoPhaseSink):
     KEEPS_FILES = False
 
     def __init__(self, store: Storage, *, compression: str = "snappy", checkpoint_interval: int = 100,
-                 key_cache_size: int = 16) -> None:
+                 key_cache_size: int = 16, target_file_size: int | None = None) -> None:
         self.store = store
         self.compression = compression
+        #: bytes a data file written here holds at most (a larger batch or partition is split)
+        self.target_file_size = target_file_size
         self.checkpoint_interval = checkpoint_interval
         for sub in (LOG_DIR, KEYS_DIR, STAGING_DIR, self.DATA_PREFIX.rstrip("/")):
             store.ensure_dir(sub)
@@ -318,7 +320,7 @@ class LakeSink(TwoPhaseSink):
                 self.store.make_durable(f"{staging}/{name}")
                 manifest["files"].append({"file": name, "rows": rows})
             failpoint("mid_prepare")
-        elif table.num_rows and self.partitioning is not None:
+        elif table.num_rows and (self.partitioning is not None or self.target_file_size):
             manifest["files"] += [{"file": name, "rows": rows} for name, rows in self._write_parts(table, staging, "part-0")]
             failpoint("mid_prepare")
         elif table.num_rows:
@@ -335,6 +337,9 @@ class LakeSink(TwoPhaseSink):
         self.store.write(f"{staging}/{MANIFEST}", json.dumps(manifest, separators=(",", ":")).encode())
 
     def _write_parquet(self, table: pa.Table, rel: str) -> None:
+        self.store.write(rel, self._parquet_bytes(table))
+
+    def _parquet_bytes(self, table: pa.Table) -> bytes:
         names = set(table.column_names)
         buf = io.BytesIO()
         pq.write_table(
@@ -346,18 +351,32 @@ class LakeSink(TwoPhaseSink):
             coerce_timestamps="us",
             allow_truncated_timestamps=True,
         )
-        self.store.write(rel, buf.getvalue())
+        return buf.getvalue()
 
     def _write_parts(self, table: pa.Table, staging: str, stem: str) -> list[tuple[str, int]]:
         """``table`` as ``<stem>-<i>.parquet`` files in ``staging``: one, or one per partition of a
-        partitioned table. Returns (name, rows) of each."""
+        partitioned table, each split in row order into files of about ``target_file_size``
+        when larger. Returns (name, rows) of each, in the rows' order."""
         parts = self.partitioning.split(table) if self.partitioning is not None else [table]
         out = []
-        for i, part in enumerate(parts):
-            name = f"{stem}-{i:05d}.parquet"
-            self._write_parquet(part, f"{staging}/{name}")
-            out.append((name, part.num_rows))
+        for part in parts:
+            for data, rows in self._sized(part):
+                name = f"{stem}-{len(out):05d}.parquet"
+                self.store.write(f"{staging}/{name}", data)
+                out.append((name, rows))
         return out
+
+    def _sized(self, part: pa.Table) -> list[tuple[bytes, int]]:
+        """``part`` as Parquet, in as many files of equal rows as ``target_file_size`` needs (its
+        size is known once written: a part over the target is written again in pieces)."""
+        data = self._parquet_bytes(part)
+        target = self.target_file_size
+        if not target or len(data) <= target or part.num_rows < 2:
+            return [(data, part.num_rows)]
+        pieces = min(part.num_rows, -(-len(data) // target))
+        rows = -(-part.num_rows // pieces)
+        return [(self._parquet_bytes(part.slice(at, rows)), min(rows, part.num_rows - at))
+                for at in range(0, part.num_rows, rows)]
 
     def _read_parquet(self, rel: str) -> pa.Table:
         return pq.read_table(io.BytesIO(self.store.read(rel)))

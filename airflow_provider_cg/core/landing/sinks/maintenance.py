@@ -56,7 +56,7 @@ class MaintenanceReport:
                 "protocol_log": self.protocol_log, "duration_s": round(self.duration_s, 3)}
 
 
-def check_maintenance(sink: str, *, compact: bool, target_file_size: int | None, retention_hours: float) -> None:
+def check_maintenance(sink: str, *, compact: bool, retention_hours: float) -> None:
     """The maintenance options' rules (``ConfigError`` naming the field)."""
     if sink not in ("delta", "iceberg"):
         raise ConfigError("sink", f"maintenance is for delta and iceberg tables (got {sink!r})")
@@ -64,19 +64,17 @@ def check_maintenance(sink: str, *, compact: bool, target_file_size: int | None,
             or not retention_hours >= MIN_RETENTION_HOURS:
         raise ConfigError("retention_hours", f"must be a number >= {MIN_RETENTION_HOURS:g} (a shorter one could "
                                              "remove a batch's files while a member commits them)")
-    if target_file_size is not None and (isinstance(target_file_size, bool) or not isinstance(target_file_size, int)
-                                         or target_file_size < 1 << 20):
-        raise ConfigError("target_file_size", "must be a whole number of bytes >= 1048576")
     if sink == "iceberg" and compact:
         raise ConfigError("compact", "pyiceberg has no data-file compaction (Iceberg's rewrite_data_files runs "
                                      "in Spark or Flink); expire and orphan clean-up run without it")
 
 
-def maintain(options: Any, *, compact: bool = True, target_file_size: int | None = None,
+def maintain(options: Any, *, compact: bool = True,
              retention_hours: float = DEFAULT_RETENTION_HOURS) -> MaintenanceReport:
-    """Maintain the table ``options`` (``SinkOptions``) name; see the module docstring."""
-    check_maintenance(options.sink, compact=compact, target_file_size=target_file_size,
-                      retention_hours=retention_hours)
+    """Maintain the table ``options`` (``SinkOptions``) name, compacting toward its
+    ``target_file_size`` (the one landing splits files at); see the module docstring."""
+    check_maintenance(options.sink, compact=compact, retention_hours=retention_hours)
+    target_file_size = options.target_file_size
     started = time.monotonic()
     sink = options.open()
     try:

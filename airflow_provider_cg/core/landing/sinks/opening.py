@@ -49,7 +49,7 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
         from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
 
         try:
-            return ParquetLakeSink(options.sink_path)
+            return ParquetLakeSink(options.sink_path, target_file_size=options.target_file_size)
         except OSError as e:
             raise ConfigError("sink_path", f"cannot create the lake in {options.sink_path!r} ({e.strerror})") \
                 from None
@@ -57,7 +57,8 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
         from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
 
         try:
-            return DeltaLakeSink(options.sink_path, partitioning=partitioning, merge=merge)
+            return DeltaLakeSink(options.sink_path, partitioning=partitioning, merge=merge,
+                                 target_file_size=options.target_file_size)
         except PermissionError as e:
             raise ConfigError("sink_path", f"cannot create the table in {options.sink_path!r} ({e.strerror})") \
                 from None
@@ -70,7 +71,8 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
         if not options.iceberg_table:
             raise ConfigError("iceberg_table", "required for the iceberg sink")
         return IcebergSink(uri, options.iceberg_table, warehouse=options.iceberg_warehouse,
-                           catalog_name=options.iceberg_catalog_name, partitioning=partitioning, merge=merge)
+                           catalog_name=options.iceberg_catalog_name, partitioning=partitioning, merge=merge,
+                           target_file_size=options.target_file_size)
     if sink != "postgres":
         raise ConfigError("sink", f"must be one of parquet, delta, iceberg, postgres (got {sink!r})")
     from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink

@@ -60,11 +60,12 @@ class ParquetLakeSink(LakeSink):
     KEEPS_FILES = True
 
     def __init__(self, path: str | os.PathLike, *, compression: str = "snappy", fsync: bool = True,
-                 checkpoint_interval: int = 100, key_cache_size: int = 16) -> None:
+                 checkpoint_interval: int = 100, key_cache_size: int = 16,
+                 target_file_size: int | None = None) -> None:
         store = LocalStorage(path, fsync=fsync)
         store.ensure_dir(DATA_DIR)
         super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval,
-                         key_cache_size=key_cache_size)
+                         key_cache_size=key_cache_size, target_file_size=target_file_size)
         self.root = store.root
         self.fsync = fsync
 
