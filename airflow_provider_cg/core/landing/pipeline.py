@@ -95,24 +95,40 @@ class SparkPipeline:
     DataFrame and a :class:`BatchContext`; ``sql`` runs over the temporary view ``batch``.
     Neither: the decoded rows land as they are."""
 
-    def __init__(self, spark, decoder: SparkDecoder, *, function: str | None = None, sql: str | None = None) -> None:
+    def __init__(self, session: Callable[[], Any], decoder: SparkDecoder, *, function: str | None = None,
+                 sql: str | None = None) -> None:
+        """``session`` returns the job's SparkSession; it is called on the first batch (a run that
+        finds nothing to land never starts Spark's context: about 2.5 s here)."""
         if function and sql:
             raise ConfigError("transform", "give either a function (package.module:function) or a SQL statement")
         if sql is not None and not sql.strip():
             raise ConfigError("transform_sql", "must not be empty")
-        self.spark, self.decoder = spark, decoder
+        self._session, self._spark = session, None
+        self.decoder = decoder
         self.fn = load_function(function) if function else None
         self.sql = sql
         self._one_at_a_time = threading.Lock()  # the view ``batch`` is the session's: one batch at a time
-        self.parallelism = spark.sparkContext.defaultParallelism  # tasks a batch read by executors is split in
-        # the batch goes to the executors as partitions of the job's data, not as a local
-        # relation that the driver's optimizer would decode row by row
-        spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", "0")
-        # readable by pyarrow, pandas and PostgreSQL tools like the driver-written files
-        spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            spark = self._session()
+            # the batch goes to the executors as partitions of the job's data, not as a local
+            # relation that the driver's optimizer would decode row by row
+            spark.conf.set("spark.sql.execution.arrow.localRelationThreshold", "0")
+            # readable by pyarrow, pandas and PostgreSQL tools like the driver-written files
+            spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+            self._spark = spark
+        return self._spark
+
+    @property
+    def parallelism(self) -> int:
+        """Tasks a batch read by executors is split in."""
+        return self.spark.sparkContext.defaultParallelism
 
     def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
         with self._one_at_a_time:
+            _ = self.spark  # started before any column is built (PySpark's functions need its context)
             return self._process(sink, table, batch_id)
 
     def _process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
