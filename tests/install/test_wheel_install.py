@@ -8,13 +8,13 @@ Slow (a venv and an Airflow DB migration): one test, marked ``install``."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.install.conftest import venv_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,10 +27,8 @@ def _run(cmd, *, cwd, env=None, timeout=900) -> subprocess.CompletedProcess:
     return r
 
 
-def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path):
-    dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, ROOT], cwd=tmp_path)
-    (wheel,) = dist.glob("airflow_provider_cg-*.whl")
+def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path, installed_wheel):
+    wheel, venv = installed_wheel.wheel, installed_wheel.venv  # built and probed by conftest.py, in the background
     names = set(zipfile.ZipFile(wheel).namelist())
     # every source of the checkout ships (setup.cfg lists the packages; dags/ and spark_apps/
     # sit at the repository's top and go into the package as example_dags and spark_apps)
@@ -41,27 +39,17 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path):
             needed = f"{inside}/{src.relative_to(ROOT / folder).as_posix()}"
             assert needed in names, f"{needed} is not in {wheel.name}"
 
-    venv = tmp_path / "venv"
-    _run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
     py = venv / "bin" / "python"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(
-        ("AIRFLOW", "CG_", "PYSPARK", "SPARK_"))}
-    env["PATH"] = str(venv / "bin") + os.pathsep + env.get("PATH", "")
-    # --no-compile: byte-compiling every file of Airflow and PySpark is a third of the install
-    # here (58 s against 39 s) and nothing below depends on it (imports compile what they use)
-    _run([py, "-m", "pip", "install", "-q", "--no-compile", f"{wheel}[all]"], cwd=tmp_path, env=env)
+    env = venv_env(venv)
 
     # installed, not the checkout; one PySpark: pyspark and the Spark provider's pyspark-client
     # are one release and no file of one was replaced by another version's
-    probe = _run([py, "-c", _ONE_PYSPARK], cwd=tmp_path, env=env).stdout
+    probe = installed_wheel.probe
     assert str(venv) in probe and str(ROOT) not in probe.split("\n")[0], probe
 
     # The README's way to get the example DAGs: Airflow's own provider example bundle (one
     # bundle, every shipped DAG parsing in the stock Airflow), and the UI plugin registered.
-    home = tmp_path / "airflow-home"
-    home.mkdir()
-    airflow_env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "True"}
-    found = json.loads(_run([py, "-c", _BUNDLES], cwd=tmp_path, env=airflow_env).stdout.strip().splitlines()[-1])
+    found = json.loads(installed_wheel.bundles.strip().splitlines()[-1])
     assert found["ours"] == [str(venv)] and found["errors"] == {}, found
     assert {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout", "cg_paid_orders_report",
             "cg_table_maintenance"} <= set(

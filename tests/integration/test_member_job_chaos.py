@@ -54,7 +54,7 @@ async def test_randomized_faults_with_spark_tasks_reading(request, nc, nats_serv
     also picks the group: elastic (the tasks read the work queue, the driver purges) or static
     (they read the origin, the driver moves the durables); a JVM per job makes both in one run
     too slow for the suite, and ``--chaos-seed`` replays either."""
-    cfg = _config(request, read="executors", seconds=7.0, messages=7_000, server_restarts=1,
+    cfg = _config(request, read="executors", seconds=5.0, messages=5_000, server_restarts=1,
                   members=("m1", "m2"), partitions=4)  # at most four JVMs on the test machine's two cores
     cfg.spark, cfg.static = True, bool(cfg.seed % 2)
     print("group:", "static" if cfg.static else "elastic")
@@ -80,7 +80,7 @@ async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request,
 
     nc = await NatsConnectionSettings(servers=nats_cluster.urls).connect()
     try:
-        cfg = _config(request, replicas=3, seconds=13.0, messages=26_000, server_restarts=2)
+        cfg = _config(request, replicas=3, seconds=10.0, messages=20_000, server_restarts=2)
         run = ChaosRun(cfg, nc, nats_cluster.servers, tmp_path, member_job_zip)
         await run.run()
         stats = await run.check()

@@ -34,10 +34,10 @@ def _ok(result) -> dict:
     return result.summary
 
 
-async def _two_members(zip_path, tmp_path, nats_server, env, sink_args, spark=True):
+async def _two_members(zip_path, tmp_path, nats_server, env, sink_args, spark=True, batch_size=4000):
     jobs = [start_member_job(zip_path, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP, member=m,
                              sink=sink_args[0], sink_path=sink_args[1], env=env, spark=spark,
-                             args=["--batch-size", "4000", *sink_args[2:]]) for m in ("m1", "m2")]
+                             args=["--batch-size", str(batch_size), *sink_args[2:]]) for m in ("m1", "m2")]
     return [await asyncio.to_thread(j.wait, 300) for j in jobs]
 
 
@@ -47,8 +47,9 @@ async def test_two_members_land_into_one_delta_table_on_local_disk(nc, nats_serv
     table = str(tmp_path / "orders_delta")
     # raw rows: the jobs land them from the driver (the same protocol; Spark's tasks writing a
     # table's files are the next test's), and Spark reads the table
+    # one batch per member: two versions for Spark to read back one by one (each costs it seconds)
     results = await _two_members(member_job_zip, tmp_path, nats_server, {},
-                                 ("delta", table, "--partition-by", "partition"), spark=False)
+                                 ("delta", table, "--partition-by", "partition"), spark=False, batch_size=6000)
     assert sum(_ok(r)["rows_written"] for r in results) == 10_000
     assert_exactly_once(delta_landed(table), expected)
     from deltalake import DeltaTable

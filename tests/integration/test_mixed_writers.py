@@ -47,8 +47,8 @@ def _run(request, tmp_path, nc, nats_server, member_job_zip, **overrides) -> tup
 
 async def test_every_writer_at_once_with_a_transformation_that_drops_rows(request, nc, nats_server, member_job_zip,
                                                                           tmp_path):
-    run, kw = _run(request, tmp_path, nc, nats_server, member_job_zip, transform="drop", seconds=10.0,
-                   messages=4_000)
+    run, kw = _run(request, tmp_path, nc, nats_server, member_job_zip, transform="drop", seconds=8.0,
+                   messages=3_200)
     await run.run()
     stats = await run.check(kw["pg_params"])
     print(run.report(), stats)
@@ -58,7 +58,7 @@ async def test_every_writer_at_once_with_a_transformation_that_drops_rows(reques
 async def test_every_writer_at_once_with_an_aggregation_and_a_re_created_origin(request, nc, nats_server,
                                                                                 member_job_zip, tmp_path):
     run, kw = _run(request, tmp_path, nc, nats_server, member_job_zip, transform="aggregate", recreate=True,
-                   seconds=10.0, messages=4_000, rotate=3)
+                   seconds=8.0, messages=3_200, rotate=3)
     await run.run()
     stats = await run.check(kw["pg_params"])
     print(run.report(), stats)

@@ -1,0 +1,95 @@
+"""The wheel test's slow part, the install of the wheel and its dependencies into a fresh
+virtual environment and the probes of that install (well over a minute here), runs in the
+background from the start of the session, niced, and the test runs last: the suite does not
+wait for pip."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+WHEEL_TEST = "tests/install/test_wheel_install.py"
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_future: concurrent.futures.Future | None = None
+_dir: str | None = None
+
+
+def _run(cmd, *, cwd, env=None) -> str:
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+                       preexec_fn=lambda: os.nice(10))
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def venv_env(venv: Path) -> dict[str, str]:
+    """The environment of a user's shell in ``venv``: nothing of the test run's own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith(
+        ("AIRFLOW", "CG_", "PYSPARK", "SPARK_"))}
+    env["PATH"] = str(venv / "bin") + os.pathsep + env.get("PATH", "")
+    return env
+
+
+@dataclass(frozen=True)
+class InstalledWheel:
+    wheel: Path
+    venv: Path
+    #: what the test's probes printed in the venv (``test_wheel_install._ONE_PYSPARK``, ``_BUNDLES``)
+    probe: str
+    bundles: str
+
+
+def _install(base: Path) -> InstalledWheel:
+    """Build the wheel, make a venv, install the wheel with every extra, run the test's probes
+    of the install (each a fresh interpreter importing Airflow or PySpark)."""
+    from tests.install.test_wheel_install import _BUNDLES, _ONE_PYSPARK
+
+    dist = base / "dist"
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, ROOT], cwd=base)
+    (wheel,) = dist.glob("airflow_provider_cg-*.whl")
+    venv = base / "venv"
+    _run([sys.executable, "-m", "venv", venv], cwd=base)
+    # --no-compile: byte-compiling every file of Airflow and PySpark is a third of the install
+    # here (58 s against 39 s) and nothing depends on it (imports compile what they use)
+    py, env = venv / "bin" / "python", venv_env(venv)
+    _run([py, "-m", "pip", "install", "-q", "--no-compile", f"{wheel}[all]"], cwd=base, env=env)
+    home = base / "airflow-home"
+    home.mkdir()
+    airflow_env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "True"}
+    return InstalledWheel(wheel, venv, _run([py, "-c", _ONE_PYSPARK], cwd=base, env=env),
+                          _run([py, "-c", _BUNDLES], cwd=base, env=airflow_env))
+
+
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only a test that runs starts it
+def pytest_collection_modifyitems(config, items):
+    global _pool, _future, _dir
+    wheel_tests = [i for i in items if i.nodeid.startswith(WHEEL_TEST)]
+    if not wheel_tests:
+        return
+    items[:] = [i for i in items if not i.nodeid.startswith(WHEEL_TEST)] + wheel_tests
+    _dir = tempfile.mkdtemp(prefix="cg-wheel-")
+    _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cg-wheel-install")
+    _future = _pool.submit(_install, Path(_dir))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+    if _dir is not None:
+        shutil.rmtree(_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def installed_wheel() -> InstalledWheel:
+    """The background install's result (its failure fails the test)."""
+    assert _future is not None, "the wheel is installed in the background when its test is collected"
+    return _future.result(timeout=900)
