@@ -38,7 +38,7 @@ async def test_randomized_faults_on_a_static_group(request, nc, nats_server, mem
     """A static group read by direct gets from its origin, each batch acknowledged by moving the
     member's durable: kills, stalls, step-downs and server restarts must not lose, repeat or
     reorder anything, and the durables end with nothing pending."""
-    run = ChaosRun(_config(request, static=True, seconds=14.0, messages=21_000, server_restarts=1), nc,
+    run = ChaosRun(_config(request, static=True, seconds=11.0, messages=16_500, server_restarts=1), nc,
                    [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()
@@ -95,7 +95,7 @@ async def test_randomized_faults_into_a_lake_table(request, sink, nc, nats_serve
     chooses; the mixed-writer runs land into both too); on MinIO the object store itself is
     stopped or SIGKILLed under the jobs' writes, and comes back."""
     pytest.importorskip("deltalake" if sink == "delta" else "pyiceberg")
-    cfg = _config(request, sink=sink, seconds=10.0, messages=12_000, server_restarts=1)
+    cfg = _config(request, sink=sink, seconds=8.0, messages=9_600, server_restarts=1)
     storage = request.config.getoption("--chaos-storage") or ("s3", "local")[(cfg.seed + (sink == "iceberg")) % 2]
     print("storage:", storage)
     store = request.getfixturevalue("minio_server") if storage == "s3" else None
