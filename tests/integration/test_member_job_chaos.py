@@ -34,6 +34,19 @@ async def test_randomized_faults_into_parquet(request, nc, nats_server, member_j
     print(run.report(), stats)
 
 
+async def test_randomized_faults_on_partition_streams_moving_between_layouts(request, nc, nats_server, member_job_zip,
+                                                                            tmp_path):
+    """The partition-streams layout under the same faults, moved to the work-queue layout and
+    back while the jobs run (``groups/moves.py``)."""
+    run = ChaosRun(_config(request, seconds=12.0, messages=24_000, layout="partition-streams", layout_moves=2), nc,
+                   [nats_server], tmp_path, member_job_zip)
+    await run.run()
+    stats = await run.check()
+    assert any("layout -> work-queue" in e for e in run.events) and \
+        any("layout -> partition-streams" in e for e in run.events), run.report()
+    print(run.report(), stats)
+
+
 async def test_randomized_faults_on_a_static_group(request, nc, nats_server, member_job_zip, tmp_path):
     """A static group read by direct gets from its origin, each batch acknowledged by moving the
     member's durable: kills, stalls, step-downs and server restarts must not lose, repeat or

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import StaticGroupConfig, static_consumer_name
 from airflow_provider_cg.core.jetstream.api import JsApi
@@ -63,6 +63,8 @@ class ChaosConfig:
     static: bool = False  # a static group on an origin with direct gets (no membership changes)
     read: str | None = None  # the jobs' --read (``executors``: Spark's tasks read; needs ``spark``)
     merge: bool = False  # upserts by key (--merge-keys key): a change stream, about 1 in 8 records a delete
+    layout: str = "work-queue"  # the elastic group's layout at the start (``groups/layout.py``)
+    layout_moves: int = 0  # moves to the other layout during the faults (a move back waits for the draining)
 
 
 @dataclass
@@ -88,6 +90,9 @@ class ChaosRun:
         self.deleted: set[tuple[str, int]] = set()  # merge: the records that are tombstones
         self.events: list[str] = [f"seed={self.config.seed}"]
         self.restarts_left = self.config.server_restarts
+        self.moves_left = self.config.layout_moves
+        self.layout = self.config.layout
+        self.draining = False  # a move back to the work-queue layout waits for the partition streams
         self.groups = ConsumerGroups(self.nc)
         self.store_restarts_left = self.config.store_restarts
         self.started: float | None = None
@@ -147,6 +152,8 @@ class ChaosRun:
                 await create_group(self.nc, self.stream, self.group, partitions=self.config.partitions,
                                    members=self.config.members, subjects_prefix="ord",
                                    replicas=self.config.replicas)
+                if self.layout != "work-queue":
+                    await self.groups.move_layout(self.stream, self.group, self.layout, wait=10)
                 return
             except Exception:  # creating the same stream and group again is a no-op
                 if time.monotonic() > deadline:
@@ -163,8 +170,10 @@ class ChaosRun:
 
     async def backlog(self) -> int:
         """Messages not yet acknowledged: the work queue's, or the static durables' pending."""
-        if not self.config.static:
+        if not self.config.static and self.layout == "work-queue" and not self.draining:
             return await wq_messages(self.nc, self.stream, self.group)
+        if not self.config.static:
+            return (await self.groups.status(self.stream, self.group)).backlog
         api, left = JsApi(self.nc), 0
         for m in self.current:
             info = await api.consumer_info(self.stream, static_consumer_name(self.group, m))
@@ -238,6 +247,32 @@ class ChaosRun:
             await self.restart_server()
         elif kind == "store":
             await self.restart_object_store()
+        elif kind == "layout":
+            await self.move_layout()
+
+    async def move_layout(self) -> None:
+        """Move the group to its other layout under the running jobs; a move back to the
+        work-queue layout is finished by ``finish_move`` once the partition streams are landed."""
+        to = "partition-streams" if self.layout == "work-queue" else "work-queue"
+        try:
+            move = await self.groups.move_layout(self.stream, self.group, to, wait=0 if to == "work-queue" else 10)
+        except ConsumerGroupError as e:  # e.g. across a server restart: the move is idempotent, do it again
+            self.log(f"layout -> {to} interrupted ({type(e).__name__}: {e}); again later")
+            return
+        self.moves_left -= 1
+        self.layout, self.draining = to, not move.done
+        self.log(f"layout -> {to}" + (f" (draining {sum(move.left.values())})" if self.draining else ""))
+
+    async def finish_move(self) -> None:
+        if self.draining:
+            try:
+                move = await self.groups.move_layout(self.stream, self.group, "work-queue", wait=0)
+            except ConsumerGroupError as e:
+                self.log(f"finishing the layout move interrupted ({type(e).__name__}); again later")
+                return
+            if move.done:
+                self.draining = False
+                self.log("layout move to work-queue finished")
 
     async def change_membership(self) -> None:
         base = [m for m in self.config.members if m in self.current]
@@ -312,7 +347,8 @@ class ChaosRun:
         """The server and store restarts whose share of the fault phase is up."""
         return [k for k, left, total in (
             ("restart", self.restarts_left, self.config.server_restarts),
-            ("store", self.store_restarts_left, self.config.store_restarts))
+            ("store", self.store_restarts_left, self.config.store_restarts),
+            ("layout", self.moves_left, self.config.layout_moves))
             if left and self._elapsed() >= (total - left + 1) / (total + 1)]
 
     def owed(self) -> bool:
@@ -335,6 +371,7 @@ class ChaosRun:
         published = 0
         while time.monotonic() < deadline or published < cfg.messages or self.owed():
             await self.resume_due()
+            await self.finish_move()
             self.supervise()
             publishing = published < cfg.messages and time.monotonic() >= next_publish
             if publishing:
@@ -362,14 +399,17 @@ class ChaosRun:
 
     async def drain(self, rounds: int = 6) -> None:
         for i in range(rounds):
+            await self.finish_move()
             left = await self.backlog()
-            if left == 0 and i > 0:
+            if left == 0 and i > 0 and not self.draining:
                 return
             self.log(f"drain round {i + 1}: {left} messages left")
             for job in [self.start_job(m) for m in self.current]:
                 await asyncio.to_thread(job.wait, 240)
+        await self.finish_move()
         left = await self.backlog()
         assert left == 0, f"{left} messages left after {rounds} drain rounds\n" + self.report()
+        assert not self.draining, "the move back to the work-queue layout never finished\n" + self.report()
 
     # --- the verdict ---------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ from airflow_provider_cg.core.groups.membership import (
     parse_mappings,
     parse_members,
 )
+from airflow_provider_cg.core.groups.moves import LayoutMove, LayoutMoves
 from airflow_provider_cg.core.groups.status import GroupObservation, GroupStatus, MemberState
 from airflow_provider_cg.core.groups.store import (
     ELASTIC,
@@ -73,13 +74,13 @@ from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 
 __all__ = [
     "ASSIGNMENTS", "DEFAULT_ACK_WAIT", "ELASTIC", "KINDS", "MAX_CONFIG_BYTES", "PRIORITY_GROUP", "STATIC",
-    "STATIC_ACK_WAIT", "ConsumerGroups", "GroupBroken", "GroupInfo", "GroupStatus", "MemberState",
+    "STATIC_ACK_WAIT", "ConsumerGroups", "GroupBroken", "GroupInfo", "GroupStatus", "LayoutMove", "MemberState",
     "check_assignment", "consumer_name_of", "consumer_stream_of", "current_members", "kind_of", "parse_mappings",
     "parse_members", "pinned_id", "priority_group_of", "static_max_ack_pending", "stored_subjects",
 ]
 
 
-class ConsumerGroups(Membership, GroupObservation):
+class ConsumerGroups(Membership, GroupObservation, LayoutMoves):
     """Async administration of consumer groups on one nats-py connection."""
 
     def __init__(

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.config import GroupConfig
 from airflow_provider_cg.core.groups.store import (
@@ -105,11 +106,17 @@ def with_filters(consumer_config: dict, filters: Sequence[str]) -> dict:
 
 
 
-def member_filters(config: GroupConfig, member: str) -> list[str]:
-    """The filter subjects of ``member``'s consumer ([] if it is not a member)."""
+def member_filters(config: GroupConfig, member: str, layout: str = grouplayout.WORK_QUEUE,
+                   wq: str | None = None) -> list[str]:
+    """The filter subjects of ``member``'s consumer ([] if it is not a member or has no
+    partitions): its partitions', or where its partitions are separate streams, its pin
+    subject on the work queue ``wq`` (``layout.py``)."""
     if not cgconfig.in_membership(config, member):
         return []
-    return list(partitioning.member_filter_subjects(config, member))
+    filters = list(partitioning.member_filter_subjects(config, member))
+    if filters and grouplayout.reads_partition_streams(layout):
+        return [grouplayout.pin_subject(wq, member)]
+    return filters
 
 
 class MemberConsumers(GroupStore):
@@ -147,6 +154,7 @@ class MemberConsumers(GroupStore):
         *,
         ack_wait: float = DEFAULT_ACK_WAIT,
         max_ack_pending: int | None = None,
+        layout: str = grouplayout.WORK_QUEUE,
     ) -> tuple[str, dict]:
         """``(consumer stream, raw consumer config)`` of a member, as orbit (v0.2) creates it.
 
@@ -165,7 +173,7 @@ class MemberConsumers(GroupStore):
         cgconfig.validate_name("member", member, "member")
         if not cgconfig.in_membership(config, member):
             raise ConfigError("member", f"{member!r} is not a member of group {group!r} on stream {stream!r}")
-        filters = member_filters(config, member)
+        filters = member_filters(config, member, layout, consumer_stream_of(kind, stream, group))
         if not filters:
             raise ConfigError("member", f"{member!r} gets no partitions (more members than max_members)")
         if not ack_wait > 0:
@@ -204,7 +212,8 @@ class MemberConsumers(GroupStore):
         seconds. ``opts`` go to :meth:`member_consumer_config`.
         """
         info = await self.get(stream, group)
-        cstream, cc = self.member_consumer_config(stream, group, member, info.config, **opts)
+        layout = await self.layout(info)
+        cstream, cc = self.member_consumer_config(stream, group, member, info.config, layout=layout, **opts)
         try:
             await self._create_consumer(cstream, cc, info.kind, stream, group, member, deadline=deadline)
         except JetStreamApiError as e:
@@ -239,8 +248,7 @@ class MemberConsumers(GroupStore):
                         check_pinned(cstream, have["config"])
                         return  # created by another instance of the member (ours or orbit's): use it
                     # stale filters: make sure ours are the current ones, then replace it
-                    info = await self.get(stream, group)
-                    want = member_filters(info.config, member)
+                    want = await self._wanted_filters(stream, group, member, cstream)
                     if not want:
                         raise ConfigError("member", f"{member!r} is no longer a member of group {group!r}") from None
                     cc = with_filters(cc, want)
@@ -270,12 +278,15 @@ class MemberConsumers(GroupStore):
                     ) from None
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, 1.0)
-                # the membership may have changed while we waited
-                info = await self.get(stream, group)
-                want = member_filters(info.config, member)
+                # the membership (or the layout) may have changed while we waited
+                want = await self._wanted_filters(stream, group, member, cstream)
                 if not want:
                     raise ConfigError("member", f"{member!r} is no longer a member of group {group!r}") from None
                 cc = with_filters(cc, want)
+
+    async def _wanted_filters(self, stream: str, group: str, member: str, cstream: str) -> list[str]:
+        info = await self.get(stream, group)
+        return member_filters(info.config, member, await self.layout(info), cstream)
 
     async def step_down(self, stream: str, group: str, member: str) -> None:
         """Unpin the member's active instance; the server pins another waiting one."""

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
@@ -86,9 +87,11 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
     oldest: dict[int, float] = {}
     if status.kind == "elastic":
         wq = cgconfig.work_queue_stream(stream, group)
+        split = grouplayout.reads_partition_streams(status.layout)
         for p, n in status.partitions.items():
-            if n:
-                msg = await api.next_msg(wq, 1, f"{p}.>")
+            if n:  # the oldest is in the partition's stream, if it has one and holds any
+                msg = await api.next_msg(grouplayout.partition_stream(wq, p), 1, ">") if split else None
+                msg = msg or await api.next_msg(wq, 1, f"{p}.>")
                 if msg:
                     oldest[p] = message_time(msg)
     members = []

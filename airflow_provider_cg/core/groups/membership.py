@@ -228,11 +228,12 @@ class Membership(MemberConsumers):
         for _ in range(10):
             info = await self.get(stream, group)
             cstream = consumer_stream_of(info.kind, stream, group)
+            layout = await self.layout(info)
             existing = await self._member_consumers(info, cstream)
             stale = [
                 (m, c)
                 for m, c in existing.items()
-                if sorted(filters_of(c["config"])) != sorted(member_filters(info.config, m))
+                if sorted(filters_of(c["config"])) != sorted(member_filters(info.config, m, layout, cstream))
                 and not (leave_pinned and pin_state(c)[0])
             ]
             for member, c in stale:
@@ -240,11 +241,11 @@ class Membership(MemberConsumers):
                 had.setdefault(member, c["config"])
                 deleted.append(c["name"])
             todo = {m: cfg for m, cfg in had.items() if cgconfig.in_membership(info.config, m)}
-            todo = {m: cfg for m, cfg in todo.items() if member_filters(info.config, m)}
+            todo = {m: cfg for m, cfg in todo.items() if member_filters(info.config, m, layout, cstream)}
             if stale and todo:
                 await asyncio.sleep(pause)
             for member, old in todo.items():
-                filters = member_filters(info.config, member)
+                filters = member_filters(info.config, member, layout, cstream)
                 await self._create_consumer(cstream, with_filters(old, filters), info.kind, stream, group, member)
             latest = await self.get(stream, group)
             if latest.revision == info.revision:

@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, member_filters, pin_state
 from airflow_provider_cg.core.groups.store import (
@@ -75,6 +76,7 @@ class GroupStatus:
     sourcing_stopped: dict | None = None  # a reset or resize stopped sourcing: {"op", "cut", ...}
     revision: int = 0
     ts: float = 0.0
+    layout: str = "work-queue"  # where an elastic group's partitions are stored (``layout.py``)
 
     @property
     def buffer_fill(self) -> float | None:
@@ -110,8 +112,9 @@ class GroupObservation(MemberConsumers):
         info = await self.get(stream, group, kind)
         return await self._member_states(info)
 
-    async def _member_states(self, info: GroupInfo) -> list[MemberState]:
+    async def _member_states(self, info: GroupInfo, layout: str | None = None) -> list[MemberState]:
         cstream = consumer_stream_of(info.kind, info.stream, info.group)
+        layout = layout or await self.layout(info)
         consumers = await self._member_consumers(info, cstream)
         assignment = partitioning.assign_partitions(info.config)
         out: list[MemberState] = []
@@ -134,7 +137,7 @@ class GroupObservation(MemberConsumers):
                 st.num_waiting = int(c.get("num_waiting", 0))
                 st.ack_floor = int((c.get("ack_floor") or {}).get("stream_seq", 0))
                 st.filters_current = sorted(filters_of(c["config"])) == sorted(
-                    member_filters(info.config, member)
+                    member_filters(info.config, member, layout, cstream)
                 )
             out.append(st)
         return out
@@ -144,7 +147,20 @@ class GroupObservation(MemberConsumers):
         one consumer list)."""
         info = await self.get(stream, group, kind)
         cfg = info.config
-        members = await self._member_states(info)
+        si = None
+        layout = grouplayout.WORK_QUEUE
+        if info.kind == ELASTIC:
+            wq = cgconfig.work_queue_stream(stream, group)
+            try:
+                si = await self.api.stream_info(wq, subjects_filter=">")
+            except JetStreamApiError as e:
+                if e.err_code != ERR_STREAM_NOT_FOUND:
+                    raise
+                raise GroupBroken(f"the work-queue stream {wq!r} of elastic group {group!r} is missing "
+                                  f"(deleted?): create the group again (same config) to restore it, or remove "
+                                  f"the group") from None
+            layout = grouplayout.layout_of(si.get("config") or {})
+        members = await self._member_states(info, layout)
         partitions = {p: 0 for p in range(cfg.max_members)}
         st = GroupStatus(
             kind=info.kind,
@@ -159,20 +175,18 @@ class GroupObservation(MemberConsumers):
             num_redelivered=sum(m.num_redelivered for m in members),
             revision=info.revision,
             ts=time.time(),
+            layout=layout,
         )
-        if info.kind == ELASTIC:
-            wq = cgconfig.work_queue_stream(stream, group)
-            try:
-                si = await self.api.stream_info(wq, subjects_filter=">")
-            except JetStreamApiError as e:
-                if e.err_code != ERR_STREAM_NOT_FOUND:
-                    raise
-                raise GroupBroken(f"the work-queue stream {wq!r} of elastic group {group!r} is missing "
-                                  f"(deleted?): create the group again (same config) to restore it, or remove "
-                                  f"the group") from None
-            count_partitions(partitions, si["state"].get("subjects") or {})
-            st.backlog = int(si["state"].get("messages", 0))
-            st.buffered_msgs = st.backlog
+        if si is not None:
+            if grouplayout.reads_partition_streams(layout):  # the backlog is in the partition streams
+                partitions.update(await grouplayout.partition_backlog(self.api, wq, range(cfg.max_members)))
+                if layout == grouplayout.DRAINING:  # new messages wait in the work queue meanwhile
+                    count_partitions(partitions, si["state"].get("subjects") or {})
+                st.backlog = sum(partitions.values())
+            else:
+                count_partitions(partitions, si["state"].get("subjects") or {})
+                st.backlog = int(si["state"].get("messages", 0))
+            st.buffered_msgs = int(si["state"].get("messages", 0))
             st.buffered_bytes = int(si["state"].get("bytes", 0))
             st.max_buffered_msgs = cfg.max_buffered_msgs or None
             st.max_buffered_bytes = cfg.max_buffered_bytes or None

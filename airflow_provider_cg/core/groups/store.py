@@ -24,6 +24,7 @@ from airflow_provider_cg.core.errors import (
     StoredConfigInvalid,
 )
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
@@ -170,10 +171,17 @@ class GroupStore:
 
     # --- create / get / list / delete ------------------------------------------------------
 
-    async def create(self, stream: str, group: str, config: GroupConfig) -> GroupInfo:
-        """Create a group (kind from the config type); idempotent for the same immutable config."""
+    async def create(self, stream: str, group: str, config: GroupConfig,
+                     layout: str = grouplayout.WORK_QUEUE) -> GroupInfo:
+        """Create a group (kind from the config type) in ``layout`` (``layout.py``; elastic
+        groups only); idempotent for the same immutable config and layout."""
         kind = kind_of(config)
         config.validate(stream, group)
+        grouplayout.check_layout("layout", layout)
+        if kind != ELASTIC and layout != grouplayout.WORK_QUEUE:
+            raise ConfigError("layout", "only an elastic group has a layout (a static group's members read the origin)")
+        if layout == grouplayout.PARTITION_STREAMS:
+            grouplayout.check_server(self.nc)
         other = STATIC if kind == ELASTIC else ELASTIC
         try:
             in_other = await self._read(other, stream, group)
@@ -207,11 +215,23 @@ class GroupStore:
         if kind == ELASTIC:
             try:
                 await self._ensure_wq_stream(stream, group, info.config, origin["config"])
+                await self._ensure_layout(info, layout, created)
             except BaseException:
                 if created:
                     await self._rollback(kv, key, info.revision)
                 raise
         return info
+
+    async def _ensure_layout(self, info: GroupInfo, layout: str, created: bool) -> None:
+        have = await self.layout(info)
+        if have != layout and not (created and have == grouplayout.WORK_QUEUE):
+            raise ConfigError("layout", f"group {info.group!r} on stream {info.stream!r} exists in the {have} layout; "
+                                        f"move it with: cg layout {info.stream} {info.group} {layout}")
+        if layout == grouplayout.PARTITION_STREAMS:
+            wq = cgconfig.work_queue_stream(info.stream, info.group)
+            cfg = await grouplayout.set_layout(self.api, wq, layout)
+            await grouplayout.ensure_partition_streams(self.api, cfg, info.config.max_members,
+                                                       deadline=asyncio.get_running_loop().time() + 5.0)
 
     async def _check_durable_names(self, stream: str, group: str, config: GroupConfig) -> None:
         """A static member's durable is ``<group>-<member>``: group ``a`` member ``b-m1`` and
@@ -297,6 +317,20 @@ class GroupStore:
                 "group", f"stream {want['name']!r} exists and is not this group's work-queue stream"
             )
 
+    async def layout(self, info: GroupInfo) -> str:
+        """Where the group's partitions are stored (``layout.py``): recorded on an elastic
+        group's work-queue stream; a static group's members read the origin (``work-queue``)."""
+        if info.kind != ELASTIC:
+            return grouplayout.WORK_QUEUE
+        try:
+            return grouplayout.layout_of(await grouplayout.wq_config(
+                self.api, cgconfig.work_queue_stream(info.stream, info.group)))
+        except JetStreamApiError as e:
+            if e.err_code != ERR_STREAM_NOT_FOUND:
+                raise
+            raise GroupBroken(f"the work-queue stream of elastic group {info.group!r} is missing (deleted?): create "
+                              "the group again (same config) to restore it, or remove the group") from None
+
     async def get(self, stream: str, group: str, kind: str | None = None) -> GroupInfo:
         """The stored group (both buckets are searched unless ``kind`` is given)."""
         cgconfig.validate_name("stream", stream, "stream")
@@ -366,20 +400,26 @@ class GroupStore:
                 await kv.delete(cgconfig.config_key(stream, group))
             if e.kind == ELASTIC:
                 with contextlib.suppress(JetStreamApiError):
-                    await self.api.delete_stream(cgconfig.work_queue_stream(stream, group))
+                    await self._delete_wq_streams(cgconfig.work_queue_stream(stream, group))
             return GroupInfo(e.kind, None, 0, stream, group)  # type: ignore[arg-type]
         kv = await self._kv(info.kind)
         async with nats_errors():
             await kv.delete(cgconfig.config_key(stream, group))
         if info.kind == ELASTIC:
-            try:
-                await self.api.delete_stream(cgconfig.work_queue_stream(stream, group))
-            except JetStreamApiError as e:
-                if e.err_code != ERR_STREAM_NOT_FOUND:
-                    raise
+            await self._delete_wq_streams(cgconfig.work_queue_stream(stream, group))
         else:
             names = {consumer_name_of(STATIC, group, m) for m in all_members(info.config)}
             for c in await self.api.list_consumers(stream):
                 if c.get("name", "") in names:
                     await self.api.delete_consumer(stream, c["name"])
         return info
+
+    async def _delete_wq_streams(self, wq: str) -> None:
+        """The work-queue stream and the partition streams mirroring it (any layout)."""
+        for name in await grouplayout.partition_streams_of(self.api, wq):
+            await self.api.delete_stream(name)
+        try:
+            await self.api.delete_stream(wq)
+        except JetStreamApiError as e:
+            if e.err_code != ERR_STREAM_NOT_FOUND:
+                raise

@@ -68,7 +68,8 @@ class PartitionBatch:
 
 @dataclass(frozen=True)
 class ReadRange:
-    """The messages of one filter ``subject`` with sequences in ``[first_seq, last_seq]``: a
+    """The messages of one filter ``subject`` with sequences in ``[first_seq, last_seq]`` (of
+    ``stream``, when given): a
     part of a planned batch that Spark tasks read (``landing/executor_reads.py``).
     ``partition``: the member partition it belongs to (``ALL``, or an index for a static
     member's subjects); ``messages``: how many it held when planned (an upper bound)."""
@@ -78,6 +79,7 @@ class ReadRange:
     first_seq: int
     last_seq: int
     messages: int
+    stream: str | None = None  # the stream it is in, when not the reader's (a partition stream)
 
     def __len__(self) -> int:
         return self.messages
@@ -87,7 +89,7 @@ class ReadRange:
         span = self.last_seq - self.first_seq + 1
         parts = max(1, min(parts, span, self.messages or 1))
         bounds = [self.first_seq + span * i // parts for i in range(parts + 1)]
-        return [ReadRange(self.partition, self.subject, a, b - 1, -(-self.messages * (b - a) // span))
+        return [ReadRange(self.partition, self.subject, a, b - 1, -(-self.messages * (b - a) // span), self.stream)
                 for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 
@@ -333,7 +335,29 @@ class PartitionReader:
         return False
 
 
-async def plan_ranges(reader: PartitionReader, starts: dict[int, tuple[str, int]], count: int,
+class PartitionStreamReaders:
+    """One :class:`PartitionReader` per partition stream of a group in the ``partition-streams``
+    layout (``groups/layout.py``): each stream holds one partition, read unfiltered and purged
+    by sequence; the sequences are the work queue's, so one cut spans them all."""
+
+    def __init__(self, nc, streams: dict[int, str], *, js_prefix: str = DEFAULT_PREFIX,
+                 fast_path: bool | None = None) -> None:
+        self.streams = dict(streams)
+        self.readers = {p: PartitionReader(nc, s, js_prefix=js_prefix, fast_path=fast_path) for p, s in streams.items()}
+
+    def __getitem__(self, partition: int) -> PartitionReader:
+        return self.readers[partition]
+
+    async def close(self) -> None:
+        for r in self.readers.values():
+            await r.close()
+
+    async def last_seq(self) -> int:
+        """The highest last sequence of the partition streams (a bound for a cut)."""
+        return max([await r.last_seq() for r in self.readers.values()] or [0])
+
+
+async def plan_ranges(reader: PartitionReader | PartitionStreamReaders, starts: dict[int, tuple[str, int]], count: int,
                       last_seq: int, rounds: int = 16) -> tuple[list[ReadRange], int]:
     """Plan a batch of at most ``count`` (>= 1) messages without reading it: for each
     ``partition: (subject, first sequence to read)``, the range from its first message up to
@@ -344,14 +368,17 @@ async def plan_ranges(reader: PartitionReader, starts: dict[int, tuple[str, int]
 
     Messages from the cut on are counted before those from the start, so a message stored in
     between is counted in the start's only: an overcount, and the batch never exceeds ``count``."""
-    found = await asyncio.gather(*(reader.count_from(subject, start) for subject, start in starts.values()))
+    def of(p: int) -> PartitionReader:
+        return reader[p] if isinstance(reader, PartitionStreamReaders) else reader
+
+    found = await asyncio.gather(*(of(p).count_from(subject, start) for p, (subject, start) in starts.items()))
     firsts = {p: first for p, (_, first) in zip(starts, found, strict=True) if 0 < first <= last_seq}
     if not firsts:
         return [], 0
 
     async def held_through(cut: int) -> dict[int, int]:
-        after = await asyncio.gather(*(reader.count_from(starts[p][0], cut + 1) for p in firsts))
-        total = await asyncio.gather(*(reader.count_from(starts[p][0], f) for p, f in firsts.items()))
+        after = await asyncio.gather(*(of(p).count_from(starts[p][0], cut + 1) for p in firsts))
+        total = await asyncio.gather(*(of(p).count_from(starts[p][0], f) for p, f in firsts.items()))
         return {p: max(0, t - a) for p, (t, _), (a, _) in zip(firsts, total, after, strict=True)}
 
     low = min(firsts.values())  # a cut here holds one message: it always fits
@@ -369,7 +396,8 @@ async def plan_ranges(reader: PartitionReader, starts: dict[int, tuple[str, int]
         cut = low
     if cut <= low:
         cut, held = low, await held_through(low)
-    ranges = [ReadRange(p, starts[p][0], f, cut, held[p]) for p, f in firsts.items() if held[p] and f <= cut]
+    stream = (lambda p: reader.streams[p]) if isinstance(reader, PartitionStreamReaders) else (lambda p: None)
+    ranges = [ReadRange(p, starts[p][0], f, cut, held[p], stream(p)) for p, f in firsts.items() if held[p] and f <= cut]
     return ranges, cut
 
 

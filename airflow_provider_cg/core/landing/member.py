@@ -27,6 +27,7 @@ import secrets
 import time
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
+from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership, subjects_regex
@@ -38,9 +39,7 @@ from airflow_provider_cg.core.groups.consumers import (
 )
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
-from airflow_provider_cg.core.jetstream.direct import (
-    PartitionReader,
-)
+from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders
 from airflow_provider_cg.core.jetstream.protocol import ConsumerGone, PinLost, PullTransient
 from airflow_provider_cg.core.landing.consumer_reads import ConsumerReads
 from airflow_provider_cg.core.landing.contract import (
@@ -52,7 +51,12 @@ from airflow_provider_cg.core.landing.contract import (
     Summary,
 )
 from airflow_provider_cg.core.landing.dead_letters import DeadLetters
-from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads, PartitionPositions
+from airflow_provider_cg.core.landing.direct_reads import (
+    ConsumerPosition,
+    DirectReads,
+    PartitionPositions,
+    PartitionStreamPositions,
+)
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
 from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, with_origin_key
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
@@ -129,8 +133,13 @@ class MemberRun:
         self.partitions = tuple(partitioning.member_partitions(self.config, o.member))
         self.lander.partition_count = self.config.max_members
         self.filters = partitioning.member_filter_subjects(self.config, o.member)
-        self.reader: PartitionReader | None = None
-        if o.read in ("auto", "executors") and (self.sourced or self.api.can_reset_consumers()):
+        self.reader: PartitionReader | PartitionStreamReaders | None = None
+        self.split = self.sourced and grouplayout.reads_partition_streams(await self.groups.layout(group))
+        if self.split:  # its partitions are streams of their own: read them, whatever ``read`` says
+            self.reader = PartitionStreamReaders(
+                self.nc, {p: grouplayout.partition_stream(self.consumer_stream, p) for p in self.partitions},
+                js_prefix=self.api.prefix)
+        elif o.read in ("auto", "executors") and (self.sourced or self.api.can_reset_consumers()):
             read = await self.api.stream_info(self.consumer_stream)
             if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
@@ -208,6 +217,9 @@ class MemberRun:
         self.priority_timeout = int(cfg.get("priority_timeout") or 0) / 1e9 or self.consumer_ack_wait
         self.pull_expires_max = max(0.5, min(self.consumer_ack_wait, self.priority_timeout) / 2)
         backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
+        if self.split:  # the member consumer holds only pin anchors: the backlog is the partitions'
+            backlog = sum((await grouplayout.partition_backlog(self.api, self.consumer_stream,
+                                                               self.partitions)).values())
         s.target = self.taken + backlog
         if o.max_messages:
             s.target = min(s.target, o.max_messages)
@@ -228,6 +240,9 @@ class MemberRun:
                     s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
                 return
             s.pin_id = self.client.pin_id
+            if self.split:  # the pin anchors: nothing to land
+                for m in first:
+                    await self.client.ack(m)
             pinned = await self.client.consumer_info()  # the consumer as this run was pinned on it
             self.pinned_consumer_created = pinned.get("created")
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", o.member, s.pin_id,
@@ -273,8 +288,10 @@ class MemberRun:
             return ExecutorReads(self, positions, self.pipeline.parallelism)
         return DirectReads(self, positions)
 
-    def _positions(self, consumer: str) -> PartitionPositions | ConsumerPosition:
+    def _positions(self, consumer: str) -> PartitionPositions | PartitionStreamPositions | ConsumerPosition:
         """Where a direct-get reader of this member reads from, and how it acks a range."""
+        if self.split:
+            return PartitionStreamPositions(self.reader, self.partitions)
         if self.sourced:
             return PartitionPositions(self.reader, self.partitions, self.config.max_members, self.filters)
         only, subjects = None, list(self.filters)
@@ -416,6 +433,8 @@ class MemberRun:
             expires = max(0.5, min(5.0, self.pull_expires_max, deadline - time.monotonic()))
             # reading by direct gets, the pin is all this pull is for
             want = 1 if self.reader is not None else min(self.batch_size, max(self.summary.target, 1))
+            if self.split:
+                await self._anchor_pin()
             try:
                 msgs = await self.client.pull(want, expires=expires)
             except PinLost as e:
@@ -428,6 +447,18 @@ class MemberRun:
             if msgs:
                 return msgs
         return None
+
+    async def _anchor_pin(self) -> None:
+        """The server pins a client only when it delivers a message: with partition streams,
+        make sure one small anchor waits on the member's pin subject (a standby's stays there
+        until the pinned instance's pin lapses; the pinned instance acks its own)."""
+        try:
+            info = await self.client.consumer_info()
+            if int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0) == 0:
+                await self.nc.request(grouplayout.pin_subject(self.consumer_stream, self.options.member),
+                                      b"", timeout=5.0, headers={"Cg-Pin-Anchor": self.owner})
+        except Exception as e:  # noqa: BLE001 - the next round tries again
+            log.debug("cg member=%s: pin anchor not published (%s)", self.options.member, e)
 
     def limit_reached(self) -> str | None:
         o, s = self.options, self.summary

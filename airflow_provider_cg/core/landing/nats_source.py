@@ -64,7 +64,7 @@ def batch_plan(ranges: list[ReadRange], *, stream: str, origin: str | None, grou
     split so that about ``parallelism`` tasks share the batch. ``origin_key``: the rows'
     ``origin_stream`` (the key of the origin's life in the sink)."""
     per_range = max(1, -(-parallelism // max(1, len(ranges))))
-    splits = [[r.partition, r.subject, r.first_seq, r.last_seq, r.messages]
+    splits = [[r.partition, r.subject, r.first_seq, r.last_seq, r.messages, *([r.stream] if r.stream else [])]
               for big in ranges for r in big.split(per_range)]
     return json.dumps({
         "stream": stream, "origin": origin, "group": group, "member": member, "js_prefix": js_prefix,
@@ -157,7 +157,7 @@ async def _read(plan: dict, settings: dict, rng: ReadRange):
         nc = None
         try:
             nc = await conn.connect()
-            reader = PartitionReader(nc, plan["stream"], js_prefix=plan["js_prefix"])
+            reader = PartitionReader(nc, rng.stream or plan["stream"], js_prefix=plan["js_prefix"])
             try:
                 async for chunk in reader.range_chunks(rng.subject, seq, rng.last_seq, rng.messages - got):
                     seq, got = chunk.last_seq + 1, got + len(chunk)
@@ -167,7 +167,7 @@ async def _read(plan: dict, settings: dict, rng: ReadRange):
                 await reader.close()
         except (DirectReadError, OSError, ConnectionError, TimeoutError) as e:
             if not getattr(e, "retryable", True) or time.monotonic() > deadline:
-                raise RuntimeError(f"{READ_FAILED}: {plan['stream']} {rng.subject} "
+                raise RuntimeError(f"{READ_FAILED}: {rng.stream or plan['stream']} {rng.subject} "
                                    f"[{rng.first_seq}, {rng.last_seq}]: {e}") from None
         except Exception as e:  # a refused connect (NatsConnectError) and the like: no retry helps
             raise RuntimeError(f"{READ_FAILED}: {type(e).__name__}: {e}") from None

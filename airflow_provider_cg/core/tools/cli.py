@@ -1,7 +1,7 @@
 """The ``cg`` command: administer partitioned consumer groups (orbit ``pcgroups`` compatible).
 
 Server commands: ``create``, ``info``, ``ls``, ``rm``, ``add``, ``drop``, ``mapping set|rm``,
-``step-down``, ``members``, ``status``, ``lag``, ``reset``, ``resize``, ``reconcile``. Offline: ``plan`` (which member gets
+``step-down``, ``members``, ``status``, ``lag``, ``reset``, ``resize``, ``reconcile``, ``layout``. Offline: ``plan`` (which member gets
 which partition, and what moves on a membership change) and ``hash`` (the partition of
 subjects, as the server computes it).
 
@@ -35,6 +35,7 @@ from airflow_provider_cg.core.errors import (
 )
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups.layout import LAYOUTS, WORK_QUEUE, LayoutError
 from airflow_provider_cg.core.groups.reset import ResetRefused
 from airflow_provider_cg.core.groups.resize import ResizeIncomplete
 from airflow_provider_cg.core.groups.sourcing import SourcingError
@@ -257,6 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--orbit-format", choices=("v0.2", "v0.1"), default="v0.2",
                    help="JSON shape of the stored config: orbit v0.2 (current) or v0.1 (one filter), for "
                         "groups that orbit v0.1 tools also manage")
+    p.add_argument("--layout", choices=LAYOUTS, default=WORK_QUEUE,
+                   help="elastic: where the partitions are stored: work-queue (orbit's: one stream, every member "
+                        "reads its partitions from it) or partition-streams (a stream per partition, mirrored "
+                        "from the work queue: members do not read each other's messages; orbit instances cannot "
+                        "consume it)")
 
     def kinded(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--kind", choices=cgconfig.KINDS, help="the group's kind, when a key is in both buckets")
@@ -292,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --sink: record the origin's current life in the table (after the stream was deleted "
                         "and created again), as the job's option of that name does: its jobs then land it")
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
+    p = sg(cmd("layout", "move an elastic group to another layout (work-queue / partition-streams) with nothing "
+                         "lost or landed twice; back to work-queue waits until the partition streams are landed"))
+    p.add_argument("layout", choices=LAYOUTS, metavar="LAYOUT", help=" or ".join(LAYOUTS))
+    p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to wait for the partition streams to be landed (moving to work-queue); "
+                        "if they are not, the group stays draining and running the command again goes on")
     p = sg(cmd("resize", "change an elastic group's partition count (max_members): a plan by default, "
                          "--execute to stop sourcing, let the members drain the old partitions, switch and resume"))
     p.add_argument("--max-members", type=int, required=True, metavar="N", help="the new number of partitions")
@@ -566,7 +578,7 @@ async def _online(args, out: TextIO) -> int:
         cg = ConsumerGroups(nc, js_prefix=args.js_prefix, timeout=args.timeout)
         c = args.command
         if c == "create":
-            info = await cg.create(args.stream, args.group, created_cfg)
+            info = await cg.create(args.stream, args.group, created_cfg, layout=args.layout)
             given = created_cfg.members or created_cfg.member_mappings
             if not info.created and given and (info.config.members, info.config.member_mappings) != (
                     created_cfg.members, created_cfg.member_mappings):
@@ -575,6 +587,13 @@ async def _online(args, out: TextIO) -> int:
             verb = "created" if info.created else "exists (same config):"
             _emit(args, {**info.to_dict(), "created": info.created},
                   f"{verb} {info.kind} group {args.group} on stream {args.stream}\n\n{_describe(info)}", out)
+        elif c == "layout":
+            move = await cg.move_layout(args.stream, args.group, args.layout, wait=args.wait)
+            if not move.done:
+                raise LayoutError(f"draining: {sum(move.left.values())} messages are still in the partition streams "
+                                  f"after {args.wait:g}s (their members land them; new ones wait in the work queue): "
+                                  "run the command again to finish")
+            _emit(args, move.to_dict(), f"group {args.group} is in the {move.layout} layout", out)
         elif c == "info":
             info = await cg.get(args.stream, args.group, args.kind)
             states = await cg.member_info(args.stream, args.group, args.kind)
@@ -670,7 +689,8 @@ def _stopped_text(stopped: dict | None) -> list[str]:
 
 
 def _status_text(st, lag=None) -> str:
-    lines = [f"group:        {st.group} on stream {st.stream} ({st.kind}, revision {st.revision})",
+    layout = f", layout {st.layout}" if st.kind == cgconfig.ELASTIC else ""
+    lines = [f"group:        {st.group} on stream {st.stream} ({st.kind}, revision {st.revision}{layout})",
              f"backlog:      {st.backlog}  pending {st.num_pending}  ack pending {st.num_ack_pending}  "
              f"redelivered {st.num_redelivered}"
              + (f"  oldest pending {_age(lag.oldest_pending_age_s)}" if lag is not None else "")]
@@ -827,6 +847,9 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         return EXIT_SERVER
     except (ResizeIncomplete, SourcingError) as e:
         _error(err, "resize" if isinstance(e, ResizeIncomplete) else "sourcing", str(e))
+        return EXIT_SERVER
+    except LayoutError as e:
+        _error(err, "layout", str(e))
         return EXIT_SERVER
     except (JetStreamApiError, ServerUnavailable, ConnectionError, ConsumerGroupError) as e:
         _error(err, "server", str(e))

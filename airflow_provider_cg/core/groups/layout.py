@@ -1,0 +1,277 @@
+"""Where an elastic group's partitions are stored: its *layout*.
+
+``work-queue`` (orbit ``pcgroups``'): one work-queue stream ``<stream>-<group>`` sources the
+origin and puts the partition token first; each member reads its partitions ``<p>.>`` from it.
+A filtered read walks the other partitions' messages (nats-server keeps no per-subject index of
+sequences; ``msgBlock.firstMatching`` loads and matches each message), so a group's server work
+grows with members x stream: measured here, a member of a 256-partition group read its
+partition at 0.13x the rate of a member of a 6-partition group.
+
+``partition-streams``: the same work-queue stream, and behind it one stream per partition,
+``<stream>-<group>-p<p>``, each a *filtered mirror* of the work queue through a durable
+flow-control consumer ``cg-partition-<p>`` (nats-server 2.14+, ADR-58: the work queue drops a
+message only once its partition stream stored it). A mirror keeps the work queue's sequence
+numbers and the message's own headers, so rows still name their origin message
+(``Nats-Stream-Source``) and a batch is still acknowledged as a range of work-queue sequences:
+both layouts are the same positions to the sinks, and a group can move between them with
+nothing lost or landed twice. (A *source* would not do: sourcing a sourced stream replaces the
+``Nats-Stream-Source`` header, nats-server ``stream.go``.) A member reads each of its
+partitions unfiltered from its own stream and purges it by sequence; a cluster places the
+partition streams on different servers.
+
+The member consumer stays on the work queue, named after the member, as the exclusivity token
+(priority group ``PCG``, ``pinned_client``). Its filter is the member's *pin subject*
+``_cg.pin.<wq>.<member>`` (the work queue captures ``_cg.pin.<wq>.*``): the mirrors' consumers
+hold the partition subjects, and a work queue allows no overlapping filters. The server pins a
+client only when it delivers a message, so a job that wants the pin publishes one small anchor
+message there first (``pin_anchor``).
+
+orbit: its CLI reads and changes the membership of a ``partition-streams`` group (the KV entry is
+the same JSON), but an orbit *instance* cannot consume one: its consumer's ``<p>.>`` filters
+overlap the mirrors' and the server refuses it (10100).
+
+The layout is recorded on the work-queue stream (``metadata["cg.layout"]``; orbit rewrites KV
+entries, never the stream). Moving back to ``work-queue`` first stops the mirrors (state
+``draining``: members keep landing the partition streams while new messages wait in the work
+queue), and finishes once every partition stream is empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.jetstream.api import (
+    ERR_CONSUMER_EXISTS,
+    ERR_STREAM_NAME_IN_USE,
+    ERR_STREAM_NOT_FOUND,
+    ERR_WQ_CONSUMER_NOT_UNIQUE,
+    JsApi,
+    server_version,
+)
+
+WORK_QUEUE = "work-queue"
+PARTITION_STREAMS = "partition-streams"
+DRAINING = "draining"  # moving from partition-streams back to work-queue
+LAYOUTS = (WORK_QUEUE, PARTITION_STREAMS)
+LAYOUT_KEY = "cg.layout"
+PARTITION_OF_KEY = "cg.partition_of"  # on a partition stream: its work queue and partition
+DURABLE_SOURCING_VERSION = (2, 14, 0)  # durable (flow-control) sourcing and mirroring, ADR-58
+MIRROR_HEARTBEAT_NS = 1_000_000_000
+MIRROR_MAX_ACK_PENDING = 10_000
+NS = 1_000_000_000
+
+
+class LayoutError(ConsumerGroupError):
+    """A layout change cannot go on (the message says what to do)."""
+
+
+def check_layout(field: str, value: Any) -> str:
+    if value not in LAYOUTS:
+        raise ConfigError(field, f"must be one of {', '.join(LAYOUTS)} (got {value!r})")
+    return value
+
+
+def layout_of(wq_config: dict) -> str:
+    """The layout recorded on a work-queue stream's config (``work-queue`` when none is)."""
+    return (wq_config.get("metadata") or {}).get(LAYOUT_KEY) or WORK_QUEUE
+
+
+def reads_partition_streams(layout: str) -> bool:
+    """Whether members read the partition streams (while draining back, too)."""
+    return layout in (PARTITION_STREAMS, DRAINING)
+
+
+def partition_stream(wq: str, p: int) -> str:
+    return f"{wq}-p{p}"
+
+
+def mirror_consumer(p: int) -> str:
+    return f"cg-partition-{p}"
+
+
+def is_mirror_consumer(name: str) -> bool:
+    head, _, tail = name.rpartition("-")
+    return head == "cg-partition" and tail.isdigit()
+
+
+def mirror_subject(wq: str, p: int) -> str:
+    return f"_cg.mirror.{wq}.{p}"
+
+
+def pin_subjects(wq: str) -> str:
+    return f"_cg.pin.{wq}.*"
+
+
+def pin_subject(wq: str, member: str) -> str:
+    return f"_cg.pin.{wq}.{member}"
+
+
+def mirror_consumer_config(p: int, wq: str) -> dict:
+    """The durable flow-control consumer that moves partition ``p`` of the work queue into its
+    stream (the server acks each message once the partition stream stored it)."""
+    return {
+        "name": mirror_consumer(p),
+        "durable_name": mirror_consumer(p),
+        "filter_subject": f"{p}.>",
+        "deliver_policy": "all",
+        "ack_policy": "flow_control",
+        "flow_control": True,
+        "idle_heartbeat": MIRROR_HEARTBEAT_NS,
+        "deliver_subject": mirror_subject(wq, p),
+        "max_deliver": -1,
+        "max_ack_pending": MIRROR_MAX_ACK_PENDING,
+    }
+
+
+def partition_stream_config(wq_config: dict, p: int) -> dict:
+    """Partition ``p``'s stream: a work-queue mirror of the work queue, filtered by its
+    consumer. No limits of its own: a full mirror stalls for good (checked on nats-server
+    2.15), so the group's buffered limits stay on the work queue."""
+    wq = wq_config["name"]
+    return {
+        "name": partition_stream(wq, p),
+        "retention": "workqueue",
+        "num_replicas": int(wq_config.get("num_replicas") or 1),
+        "storage": wq_config.get("storage") or "file",
+        "allow_direct": True,
+        "mirror": {"name": wq, "consumer": {"name": mirror_consumer(p), "deliver_subject": mirror_subject(wq, p)}},
+        "metadata": {PARTITION_OF_KEY: f"{wq} {p}"},
+    }
+
+
+def with_layout(wq_config: dict, layout: str) -> dict:
+    """The work queue's config recording ``layout`` (and capturing the pin subjects unless it
+    is ``work-queue``, where it is orbit's stream exactly)."""
+    cfg = {k: v for k, v in wq_config.items() if k not in ("subjects", "metadata")}
+    md = {k: v for k, v in (wq_config.get("metadata") or {}).items() if not k.startswith("_nats.") and k != LAYOUT_KEY}
+    if layout != WORK_QUEUE:
+        md[LAYOUT_KEY] = layout
+        cfg["subjects"] = [pin_subjects(wq_config["name"])]
+    if md:
+        cfg["metadata"] = md
+    return cfg
+
+
+async def wq_config(api: JsApi, wq: str) -> dict:
+    return (await api.stream_info(wq))["config"]
+
+
+async def set_layout(api: JsApi, wq: str, layout: str) -> dict:
+    cfg = with_layout(await wq_config(api, wq), layout)
+    return (await api.request(f"STREAM.UPDATE.{wq}", cfg))["config"]
+
+
+async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: int, deadline: float) -> None:
+    """Create (or find) every partition's mirror consumer and stream. A consumer whose filter
+    a member consumer still holds (10100, a job of the old layout not yet gone) is retried
+    until ``deadline`` (monotonic)."""
+    wq = wq_cfg["name"]
+    for p in range(partitions):
+        cc = mirror_consumer_config(p, wq)
+        while True:
+            try:
+                await api.create_consumer(wq, cc, action="create")
+                break
+            except JetStreamApiError as e:
+                if e.err_code == ERR_CONSUMER_EXISTS:
+                    raise LayoutError(f"consumer {cc['name']!r} on {wq!r} exists with another config; delete it "
+                                      "(it is not this group's partition mirror)") from None
+                if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE or time.monotonic() > deadline:
+                    if e.err_code == ERR_WQ_CONSUMER_NOT_UNIQUE:
+                        raise LayoutError(f"partition {p} of {wq!r} is still held by a member consumer with filter "
+                                          f"'{p}.>' (a job of the work-queue layout): stop it, or run again") from None
+                    raise
+                await asyncio.sleep(0.2)
+        want = partition_stream_config(wq_cfg, p)
+        try:
+            await api.add_stream(want)
+        except JetStreamApiError as e:
+            if e.err_code != ERR_STREAM_NAME_IN_USE:
+                raise
+            have = await wq_config(api, want["name"])
+            if (have.get("mirror") or {}).get("name") != wq or \
+                    (have.get("metadata") or {}).get(PARTITION_OF_KEY) != f"{wq} {p}":
+                raise LayoutError(f"stream {want['name']!r} exists and is not partition {p} of {wq!r}; "
+                                  "rename or remove it") from None
+
+
+async def stop_mirrors(api: JsApi, wq: str) -> int:
+    """Delete the partitions' mirror consumers (what they had not moved stays in the work queue)."""
+    n = 0
+    for c in await api.list_consumers(wq):
+        if is_mirror_consumer(c.get("name", "")):
+            n += await api.delete_consumer(wq, c["name"])
+    return n
+
+
+async def partition_streams_left(api: JsApi, wq: str, partitions: int) -> dict[int, int]:
+    """Messages still stored in each partition stream that exists."""
+    out: dict[int, int] = {}
+    for p in range(partitions):
+        try:
+            out[p] = int((await api.stream_info(partition_stream(wq, p)))["state"]["messages"])
+        except JetStreamApiError as e:
+            if e.err_code != ERR_STREAM_NOT_FOUND:
+                raise
+    return out
+
+
+async def partition_streams_of(api: JsApi, wq: str) -> list[str]:
+    """Names of the streams that are partitions of ``wq`` (by their metadata), whatever the
+    group's partition count is now."""
+    out: list[str] = []
+    offset = 0
+    while True:
+        page = await api.request("STREAM.LIST", {"offset": offset})
+        got = page.get("streams") or []
+        for si in got:
+            cfg = si.get("config") or {}
+            if ((cfg.get("metadata") or {}).get(PARTITION_OF_KEY) or "").rpartition(" ")[0] == wq:
+                out.append(cfg["name"])
+        offset += len(got)
+        if not got or offset >= int(page.get("total") or 0):
+            return sorted(out)
+
+
+async def remove_partition_streams(api: JsApi, wq: str) -> None:
+    await stop_mirrors(api, wq)
+    for name in await partition_streams_of(api, wq):
+        await api.delete_stream(name)
+
+
+async def partition_backlog(api: JsApi, wq: str, partitions) -> dict[int, int]:
+    """Per partition: what its stream holds plus what its mirror has not yet delivered. (The
+    work queue drops a moved message only at the mirror's next flow-control reply, so its own
+    count would count a moved message twice meanwhile.)"""
+    out: dict[int, int] = {}
+    for p in partitions:
+        n = 0
+        try:
+            n += int((await api.stream_info(partition_stream(wq, p)))["state"]["messages"])
+        except JetStreamApiError as e:
+            if e.err_code != ERR_STREAM_NOT_FOUND:
+                raise
+        info = await api.consumer_info(wq, mirror_consumer(p))
+        if info is not None:
+            n += int(info.get("num_pending") or 0)
+        out[p] = n
+    return out
+
+
+def refuse_split_layout(layout: str, what: str, stream: str, group: str) -> None:
+    """``reset`` and ``resize`` move work-queue positions and partition tokens; they are not
+    built for partition streams: say how to get there."""
+    if layout != WORK_QUEUE:
+        raise ConfigError("layout", f"a {what} needs the work-queue layout and group {group!r} is in the {layout} "
+                                    f"layout: cg layout {stream} {group} {WORK_QUEUE} first (it waits until the "
+                                    f"partition streams are landed), then {what}, then move it back")
+
+
+def check_server(nc) -> None:
+    if server_version(nc) < DURABLE_SOURCING_VERSION:
+        v = ".".join(map(str, server_version(nc)))
+        raise ConfigError("layout", f"{PARTITION_STREAMS} needs nats-server 2.14 or later (durable mirroring of a "
+                                    f"work-queue stream); the server is {v}")

@@ -1,0 +1,104 @@
+"""Moving an elastic group between layouts (``layout.py``) with nothing lost or landed twice.
+
+To ``partition-streams``: record the layout on the work queue first (a member job that joins
+from then on makes its consumer on its pin subject), delete the member consumers that hold
+partition filters (a job of the old layout loses its pin and lands nothing more: a batch not
+yet acknowledged rolls back), then create the mirrors and partition streams. The work queue's
+unacknowledged messages move into the partition streams in order. A batch that a job of the
+old layout committed but had not yet purged moves too; it is landed again by nobody: every
+sink refuses an input another writer committed (the rows' origin keys are the same in both
+layouts), and the job reading it drops it.
+
+Back to ``work-queue``: stop the mirrors (state ``draining``; new messages wait in the work
+queue, whose buffered limits pause the sourcing when it fills) while members land what the
+partition streams hold; once they are all empty, drop the pin consumers and the partition
+streams and record ``work-queue``. A call that runs out of ``wait`` leaves the group draining
+and says how much is left; calling again goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import layout as grouplayout
+from airflow_provider_cg.core.groups import sourcing
+from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, is_member_consumer
+from airflow_provider_cg.core.groups.store import ELASTIC
+
+
+@dataclass
+class LayoutMove:
+    """What a move did: the layout the group is in now, and whether the move is finished
+    (``left``: per partition, what a draining move still waits to be landed)."""
+
+    stream: str
+    group: str
+    layout: str
+    done: bool
+    left: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"stream": self.stream, "group": self.group, "layout": self.layout, "done": self.done,
+                "left": {str(p): n for p, n in sorted(self.left.items()) if n}}
+
+
+class LayoutMoves(MemberConsumers):
+    """``move_layout`` (see the module doc)."""
+
+    async def move_layout(self, stream: str, group: str, layout: str, *, wait: float = 60.0) -> LayoutMove:
+        grouplayout.check_layout("layout", layout)
+        if not wait >= 0:
+            raise ConfigError("wait", f"must be >= 0 seconds (got {wait!r})")
+        info = await self.get(stream, group)
+        if info.kind != ELASTIC:
+            raise ConfigError("layout", "only an elastic group has a layout (a static group's members read the origin)")
+        wq = cgconfig.work_queue_stream(stream, group)
+        cfg = await grouplayout.wq_config(self.api, wq)
+        if sourcing.stopped_state(cfg) is not None:
+            raise grouplayout.LayoutError(f"a reset or resize of {group!r} is under way (sourcing of {wq!r} is "
+                                          "stopped): run it again to finish it first")
+        have = grouplayout.layout_of(cfg)
+        deadline = time.monotonic() + wait
+        n = info.config.max_members
+        if layout == grouplayout.PARTITION_STREAMS:
+            grouplayout.check_server(self.nc)
+            if have != grouplayout.PARTITION_STREAMS:
+                cfg = await grouplayout.set_layout(self.api, wq, grouplayout.PARTITION_STREAMS)
+            await self._drop_member_consumers(wq, partition_filters=True)
+            await grouplayout.ensure_partition_streams(self.api, cfg, n, deadline=max(deadline, time.monotonic() + 5))
+            return LayoutMove(stream, group, layout, True)
+        if have == grouplayout.WORK_QUEUE:
+            return LayoutMove(stream, group, layout, True)
+        if have == grouplayout.PARTITION_STREAMS:
+            await grouplayout.set_layout(self.api, wq, grouplayout.DRAINING)
+        await grouplayout.stop_mirrors(self.api, wq)
+        while True:
+            left = await grouplayout.partition_streams_left(self.api, wq, n)
+            if not any(left.values()):
+                break
+            if time.monotonic() >= deadline:
+                return LayoutMove(stream, group, grouplayout.DRAINING, False, left)
+            await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        await grouplayout.set_layout(self.api, wq, grouplayout.WORK_QUEUE)
+        await self._drop_member_consumers(wq, partition_filters=False)
+        await grouplayout.remove_partition_streams(self.api, wq)
+        return LayoutMove(stream, group, layout, True)
+
+    async def _drop_member_consumers(self, wq: str, *, partition_filters: bool) -> list[str]:
+        """Delete the member consumers on ``wq`` that read partitions (``<p>.>`` filters) or,
+        with ``partition_filters`` False, those on pin subjects: their instances lose the pin."""
+        pins = grouplayout.pin_subjects(wq)[:-1]
+        dropped = []
+        for c in await self.api.list_consumers(wq):
+            ccfg = c.get("config") or {}
+            if not is_member_consumer(ccfg):
+                continue
+            on_pin = any(f.startswith(pins) for f in filters_of(ccfg))
+            if on_pin != partition_filters:
+                await self.api.delete_consumer(wq, c["name"])
+                dropped.append(c["name"])
+        return dropped

@@ -1,0 +1,158 @@
+"""The ``partition-streams`` layout (``core/groups/layout.py``) on a real nats-server: member jobs
+land it exactly once and in per-key order, status and lag count its partition streams, a group
+moves between layouts under running jobs with nothing lost or landed twice, orbit's member
+consumer is refused on it, and what it does not do yet is refused with the way there."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups import layout as grouplayout
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.groups.lag import group_lag
+from airflow_provider_cg.core.groups.reset import GroupReset, ResetTarget
+from airflow_provider_cg.core.groups.resize import GroupResize
+from airflow_provider_cg.core.jetstream.api import ERR_WQ_CONSUMER_NOT_UNIQUE, JsApi
+from airflow_provider_cg.core.errors import JetStreamApiError
+from airflow_provider_cg.core.tools.cli import main as cg_main
+from tests.support.member_job import (
+    assert_exactly_once,
+    parquet_landed,
+    publish_orders,
+    run_member_job,
+    start_member_job,
+)
+
+STREAM, GROUP = "ORD", "g"
+JOB = ["--batch-size", "700", "--ack-wait", "3", "--idle-timeout", "1", "--standby-timeout", "5"]
+
+
+async def _group(nc, partitions: int, members, layout: str = grouplayout.PARTITION_STREAMS):
+    await nc.jetstream().add_stream(name=STREAM, subjects=["orders.*"])
+    return await ConsumerGroups(nc).create(STREAM, GROUP, ElasticGroupConfig(
+        partitions, (PartitioningFilter("orders.*", (1,)),), members=tuple(members)), layout=layout)
+
+
+async def _partition_totals(nc, partitions: int) -> dict[int, int]:
+    return await grouplayout.partition_streams_left(JsApi(nc), f"{STREAM}-{GROUP}", partitions)
+
+
+def _drain(zip_path, workdir, nats_server, lake, members, rounds: int = 3) -> None:
+    for _ in range(rounds):
+        for m in members:
+            r = run_member_job(zip_path, workdir, nats_servers=nats_server.url, stream=STREAM, group=GROUP, member=m,
+                               sink="parquet", sink_path=lake, args=JOB, spark=False, timeout=120)
+            assert r.returncode == 0, r.describe()
+
+
+async def test_members_land_their_partition_streams_exactly_once(nc, nats_server, member_job_zip, tmp_path):
+    await _group(nc, 6, ("m1", "m2", "m3"))
+    api = JsApi(nc)
+    wq = f"{STREAM}-{GROUP}"
+    wq_cfg = (await api.stream_info(wq))["config"]
+    assert grouplayout.layout_of(wq_cfg) == grouplayout.PARTITION_STREAMS
+    expected = await publish_orders(nc, STREAM, GROUP, 6000, 300, wait_sourced=False)
+    for _ in range(100):  # the mirrors move everything out of the work queue
+        if sum((await _partition_totals(nc, 6)).values()) == 6000:
+            break
+        await asyncio.sleep(0.1)
+    per_stream = await _partition_totals(nc, 6)
+    assert sum(per_stream.values()) == 6000 and all(per_stream.values()), per_stream
+    # every partition stream holds only its partition, with the work queue's sequences and the origin's header
+    msg = await api.next_msg(grouplayout.partition_stream(wq, 4), 1, ">")
+    assert msg["subject"].startswith("4.orders.")
+
+    st = await ConsumerGroups(nc).status(STREAM, GROUP)
+    assert st.layout == grouplayout.PARTITION_STREAMS and st.backlog == 6000
+    lag = await group_lag(nc, STREAM, GROUP, status=st)
+    assert all(m.oldest_pending_age_s is not None for m in lag.members)
+
+    lake = tmp_path / "lake"
+    jobs = [start_member_job(member_job_zip, tmp_path / "jobs", nats_servers=nats_server.url, stream=STREAM,
+                             group=GROUP, member=m, sink="parquet", sink_path=lake, args=JOB, spark=False)
+            for m in ("m1", "m2", "m3")]
+    for j in jobs:
+        r = j.wait(120)
+        assert r.returncode == 0, r.describe()
+        assert r.summary["read_path"] == "direct", r.summary
+    _drain(member_job_zip, tmp_path / "jobs", nats_server, lake, ("m1", "m2", "m3"), rounds=1)
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert sum((await _partition_totals(nc, 6)).values()) == 0
+    assert (await ConsumerGroups(nc).status(STREAM, GROUP)).backlog == 0
+
+    # orbit's member consumer (its partitions' filters) is refused next to the mirrors
+    with pytest.raises(JetStreamApiError) as e:
+        await api.create_consumer(wq, {"name": "m1", "filter_subjects": ["0.>", "1.>"], "ack_policy": "explicit"},
+                                  action=None)
+    assert e.value.err_code in (ERR_WQ_CONSUMER_NOT_UNIQUE, 10148)
+
+
+async def test_moves_between_layouts_under_running_jobs(nc, nats_server, member_job_zip, tmp_path):
+    """work-queue -> partition-streams -> work-queue while jobs run and messages arrive: every
+    message lands once, in per-key order."""
+    await _group(nc, 4, ("m1", "m2"), layout=grouplayout.WORK_QUEUE)
+    cg = ConsumerGroups(nc)
+    lake = tmp_path / "lake"
+    expected = await publish_orders(nc, STREAM, GROUP, 4000, 200)
+    args = [*JOB, "--max-seconds", "20", "--batch-size", "300"]
+
+    def start(m):
+        return start_member_job(member_job_zip, tmp_path / "jobs", nats_servers=nats_server.url, stream=STREAM,
+                                group=GROUP, member=m, sink="parquet", sink_path=lake, args=args, spark=False)
+
+    jobs = [start(m) for m in ("m1", "m2")]
+    await asyncio.sleep(1.5)
+    move = await cg.move_layout(STREAM, GROUP, grouplayout.PARTITION_STREAMS, wait=30)
+    assert move.done and move.layout == grouplayout.PARTITION_STREAMS
+    expected.update(await publish_orders(nc, STREAM, GROUP, 3000, 200, wait_sourced=False))
+    jobs += [start(m) for m in ("m1", "m2")]
+    await asyncio.sleep(2.0)
+    move = await cg.move_layout(STREAM, GROUP, grouplayout.WORK_QUEUE, wait=0)  # draining: jobs land the rest
+    expected.update(await publish_orders(nc, STREAM, GROUP, 2000, 200, wait_sourced=False))
+    jobs += [start(m) for m in ("m1", "m2")]
+    for _ in range(60):
+        move = await cg.move_layout(STREAM, GROUP, grouplayout.WORK_QUEUE, wait=1)
+        if move.done:
+            break
+        if not any(j.running() for j in jobs[-2:]):
+            jobs += [start(m) for m in ("m1", "m2")]
+    assert move.done, move
+    for j in jobs:
+        r = j.wait(120)
+        assert r.returncode == 0, r.describe()
+    assert (await cg.status(STREAM, GROUP)).layout == grouplayout.WORK_QUEUE
+    assert await grouplayout.partition_streams_of(JsApi(nc), f"{STREAM}-{GROUP}") == []
+    _drain(member_job_zip, tmp_path / "jobs", nats_server, lake, ("m1", "m2"), rounds=2)
+    assert_exactly_once(parquet_landed(lake), expected)
+
+
+async def test_what_the_layout_refuses_says_how(nc, nats_server, tmp_path, capsys):
+    def cg(*argv: str) -> int:  # the CLI runs its own event loop
+        return asyncio.to_thread(cg_main, [*argv, "--server", nats_server.url])
+
+    await _group(nc, 3, ("m1",))
+    with pytest.raises(ConfigError, match="cg layout ORD g work-queue"):
+        await GroupResize(nc).plan(STREAM, GROUP, 4)
+    with pytest.raises(ConfigError, match="cg layout ORD g work-queue"):
+        await GroupReset(nc).plan(STREAM, GROUP, ResetTarget.parse(to_latest=True))
+    with pytest.raises(ConfigError, match="partition mirrors"):
+        await ConsumerGroups(nc).add_members(STREAM, GROUP, ["cg-partition-1"])
+    # creating it again in the other layout names the move
+    rc = await cg("create", "elastic", STREAM, GROUP, "--max-members", "3", "--filter", "orders.*", "--wildcards", "1",
+                  "--members", "m1")
+    assert rc == 1 and "cg layout ORD g work-queue" in capsys.readouterr().err
+    rc = await cg("layout", STREAM, GROUP, "sideways")
+    assert rc == 1 and "LAYOUT: invalid choice" in capsys.readouterr().err
+    # the CLI moves it and status says where it is
+    assert await cg("layout", STREAM, GROUP, "work-queue") == 0
+    assert await cg("status", STREAM, GROUP) == 0
+    assert "layout work-queue" in capsys.readouterr().out
+    # deleting a group removes its partition streams too
+    assert await cg("layout", STREAM, GROUP, "partition-streams") == 0
+    assert len(await grouplayout.partition_streams_of(JsApi(nc), f"{STREAM}-{GROUP}")) == 3
+    assert await cg("rm", STREAM, GROUP) == 0
+    assert await grouplayout.partition_streams_of(JsApi(nc), f"{STREAM}-{GROUP}") == []
