@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError
 from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
@@ -17,7 +17,6 @@ from airflow_provider_cg.core.groups.lag import group_lag
 from airflow_provider_cg.core.groups.reset import GroupReset, ResetTarget
 from airflow_provider_cg.core.groups.resize import GroupResize
 from airflow_provider_cg.core.jetstream.api import ERR_WQ_CONSUMER_NOT_UNIQUE, JsApi
-from airflow_provider_cg.core.errors import JetStreamApiError
 from airflow_provider_cg.core.tools.cli import main as cg_main
 from tests.support.member_job import (
     assert_exactly_once,
