@@ -12,9 +12,14 @@ driver (``--no-spark``, raw payloads, the Parquet lake), all of a case's jobs at
              work-queue layout's one member (the issue's baseline).
   read       one member reading its single partition of a group of 6, 64 and 256 partitions
              (``--read-messages`` in the stream), by the job's own reader (direct gets, purge
-             per batch): msg/s and server CPU per message; ratios to 6 partitions.
+             per batch): msg/s and server CPU per message; ratios to 6 partitions. Then every
+             other partition drained by its own reader: the server's CPU per landed message of
+             the whole group, sourcing and mirroring included.
   2of6       the member job holding 2 of 6 partitions (3 members) against the job holding the
              one partition of a 1-partition group (the issue's single-member rate).
+  startup    the CPU of a member run that finds nothing to land (what each run pays first).
+  large      1 and 6 members of the partition-streams layout at ``--large-messages``: the
+             runs' fixed costs spread over more messages.
   model      the landed rate a machine with more cores would reach, from the cpu figures (see
              ``model``), written next to them.
 
@@ -95,15 +100,14 @@ async def make_group(url: str, partitions: int, members=None, mappings=None, lay
                                                       members=members or (), member_mappings=mappings or ()),
                     layout=layout)
     wq = f"{STREAM}-{GROUP}"
-    while True:
-        if layout == grouplayout.WORK_QUEUE:
-            held = int((await api.stream_info(wq))["state"]["messages"])
-        else:
+    while True:  # polled lightly: the polls' own cost is charged to the sourcing
+        si = await api.stream_info(wq)
+        held = int(si["state"]["messages"])
+        if layout != grouplayout.WORK_QUEUE and held == 0 and int(si["state"]["last_seq"]) >= n:
             held = sum((await grouplayout.partition_streams_left(api, wq, partitions)).values())
-            held -= int((await api.stream_info(wq))["state"]["messages"])  # still in the work queue too
-        if held >= n:
+        if layout == grouplayout.WORK_QUEUE and held >= n or layout != grouplayout.WORK_QUEUE and held == n:
             break
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(1.0)
     await nc.close()
 
 
@@ -150,16 +154,16 @@ def cpu_case(layout: str, members: int, n: int, batch_size: int) -> dict:
             "sourcing_us": round(sourcing / n * 1e6, 2), "jobs_us": round(jobs / n * 1e6, 2)}
 
 
-async def read_partition(url: str, layout: str, partitions: int) -> tuple[int, float]:
-    """Read and purge partition 0 to its end as the member job does; ``(messages, seconds)``."""
+async def read_partition(url: str, layout: str, partitions: int, p: int = 0) -> tuple[int, float]:
+    """Read and purge partition ``p`` to its end as the member job does; ``(messages, seconds)``."""
     nc = await NatsConnectionSettings(servers=[url]).connect()
     wq = f"{STREAM}-{GROUP}"
     if layout == grouplayout.WORK_QUEUE:
         reader = PartitionReader(nc, wq)
-        positions = PartitionPositions(reader, [0], partitions, ["0.scale.*"])
+        positions = PartitionPositions(reader, [p], partitions, [f"{p}.scale.*"])
     else:
-        reader = PartitionStreamReaders(nc, {0: grouplayout.partition_stream(wq, 0)})
-        positions = PartitionStreamPositions(reader, [0])
+        reader = PartitionStreamReaders(nc, {p: grouplayout.partition_stream(wq, p)})
+        positions = PartitionStreamPositions(reader, [p])
     got, t = 0, time.perf_counter()
     while True:
         batches, cut = await positions.read(10_000)
@@ -173,17 +177,35 @@ async def read_partition(url: str, layout: str, partitions: int) -> tuple[int, f
     return got, seconds
 
 
+async def read_rest(url: str, layout: str, partitions: int) -> int:
+    """Every other partition read to its end, one after another, as their members would."""
+    got = 0
+    for p in range(1, partitions):
+        got += (await read_partition(url, layout, partitions, p))[0]
+    return got
+
+
 def read_case(layout: str, partitions: int, n: int) -> dict:
+    """Partition 0's reader: its rate and the server's CPU per message it read; then the whole
+    group drained (every partition by its own reader): the server's CPU per landed message,
+    sourcing (and mirroring) included."""
     mappings = (MemberMapping("m1", (0,)), MemberMapping("m2", tuple(range(1, partitions))))
     with tempfile.TemporaryDirectory(prefix="cg-scale-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
         asyncio.run(fill(srv.url, n))
-        asyncio.run(make_group(srv.url, partitions, mappings=mappings, layout=layout, n=n))
         settle(srv.pid)
         c0 = server_cpu(srv.pid)
+        asyncio.run(make_group(srv.url, partitions, mappings=mappings, layout=layout, n=n))
+        settle(srv.pid)
+        c1 = server_cpu(srv.pid)
         got, seconds = asyncio.run(read_partition(srv.url, layout, partitions))
-        cpu = server_cpu(srv.pid) - c0
+        c2 = server_cpu(srv.pid)
+        rest = asyncio.run(read_rest(srv.url, layout, partitions))
+        c3 = server_cpu(srv.pid)
+    if got + rest != n:
+        raise SystemExit(f"read {layout} {partitions}: drained {got + rest} of {n}")
     return {"layout": layout, "partitions": partitions, "messages": got, "msg_s": round(got / seconds),
-            "server_us": round(cpu / max(got, 1) * 1e6, 2)}
+            "server_us": round((c2 - c1) / max(got, 1) * 1e6, 2),
+            "group_server_us": round((c3 - c0) / n * 1e6, 2)}
 
 
 def job_case(layout: str, partitions: int, members: int, n: int, batch_size: int) -> dict:
@@ -195,6 +217,20 @@ def job_case(layout: str, partitions: int, members: int, n: int, batch_size: int
         s = summary_of(start_job(srv.url, Path(d), "m1", batch_size))
     return {"layout": layout, "partitions": partitions, "held": partitions // members, "messages": s["messages_read"],
             "msg_s": round(s["messages_read"] / s["duration_s"])}
+
+
+def startup_case(runs: int = 3) -> dict:
+    """CPU of a member run that finds nothing to land (the plain driver): what every run pays
+    before its first message (interpreter, imports, connect, group lookup)."""
+    with tempfile.TemporaryDirectory(prefix="cg-scale-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
+        asyncio.run(fill(srv.url, 0))
+        asyncio.run(make_group(srv.url, 6, members=("m1",)))
+        cpus = []
+        for _ in range(runs):
+            j0 = children_cpu()
+            summary_of(start_job(srv.url, Path(d), "m1", 1000))
+            cpus.append(children_cpu() - j0)
+    return {"runs": runs, "cpu_s": round(sorted(cpus)[len(cpus) // 2], 3)}
 
 
 def model(cpu_rows: list[dict], cores: tuple[int, ...] = (2, 4, 8, 16, 32)) -> list[dict]:
@@ -245,7 +281,8 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=300_000)
     p.add_argument("--read-messages", type=int, default=200_000)
     p.add_argument("--batch-size", type=int, default=20_000)
-    p.add_argument("--parts", default="cpu,read,2of6")
+    p.add_argument("--large-messages", type=int, default=1_000_000)
+    p.add_argument("--parts", default="cpu,startup,large,read,2of6")
     args = p.parse_args()
     parts = set(args.parts.split(","))
     result: dict = {"messages": args.messages, "read_messages": args.read_messages, "cpu": [], "read": [],
@@ -264,6 +301,17 @@ def main() -> None:
             wq = base[grouplayout.WORK_QUEUE]
             r["server_x_wq1"] = round((r["server_us"] + r["sourcing_us"]) / (wq["server_us"] + wq["sourcing_us"]), 2)
         result["model"] = model(result["cpu"])
+    if "startup" in parts:
+        result["startup"] = startup_case()
+        print(result["startup"], flush=True)
+    if "large" in parts:  # the same group at --large-messages: each run's fixed cost amortised
+        result["large"] = [cpu_case(grouplayout.PARTITION_STREAMS, m, args.large_messages, args.batch_size)
+                           for m in (1, 6)]
+        one = result["large"][0]
+        for r in result["large"]:
+            r["jobs_x"] = round(r["jobs_us"] / one["jobs_us"], 2)
+            r["server_x"] = round((r["server_us"] + r["sourcing_us"]) / (one["server_us"] + one["sourcing_us"]), 2)
+        print(result["large"], flush=True)
     if "read" in parts:
         for layout in LAYOUTS:
             for partitions in (6, 64, 256):
@@ -289,10 +337,17 @@ def main() -> None:
         print(table(result["model"], list(result["model"][0])))
         print()
     if result["read"]:
-        print(table(result["read"], ["layout", "partitions", "messages", "msg_s", "server_us", "x_6"]))
+        print(table(result["read"], ["layout", "partitions", "messages", "msg_s", "server_us", "x_6",
+                                     "group_server_us"]))
         print()
     if result["2of6"]:
         print(table(result["2of6"], ["layout", "partitions", "held", "messages", "msg_s", "x_1p"]))
+    if result.get("startup"):
+        print(f"\na member run with nothing to land: {result['startup']['cpu_s']} s of CPU")
+    if result.get("large"):
+        print()
+        print(table(result["large"], ["layout", "members", "messages", "landed_msg_s", "sourcing_us", "server_us",
+                                      "jobs_us", "server_x", "jobs_x"]))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "group_scale.json").write_text(json.dumps(result, indent=2))
     if result["cpu"] and result["read"]:

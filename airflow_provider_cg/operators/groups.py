@@ -31,6 +31,7 @@ from airflow_provider_cg.core.groups.config import (
     PartitioningFilter,
     StaticGroupConfig,
 )
+from airflow_provider_cg.core.groups.layout import WORK_QUEUE, LayoutError, check_layout
 from airflow_provider_cg.core.groups.membership import check_assignment, parse_mappings, parse_members
 from airflow_provider_cg.core.groups.store import ELASTIC, KINDS, STATIC, GroupInfo
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
@@ -150,6 +151,9 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
     :param max_buffered_bytes: elastic only: work-queue stream limit (0 = unlimited).
     :param members: member names, or
     :param member_mappings: ``{member: [partitions]}`` or ``[{"member", "partitions"}]``.
+    :param layout: elastic only: ``"work-queue"`` (default, orbit's) or ``"partition-streams"`` (a
+        stream per partition, so members do not read each other's messages; orbit instances cannot
+        consume it; see ``MoveConsumerGroupLayoutOperator``).
     :param create_stream: create the origin stream first when it does not exist: a raw
         JetStream stream config, e.g. ``{"subjects": ["orders.>"], "storage": "memory"}``
         (``name`` defaults to ``stream``). An existing stream is left as it is.
@@ -167,7 +171,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
     """
 
     CONFIG_FIELDS = ("kind", "max_members", "filters", "partitioning_filters", "max_buffered_msgs",
-                     "max_buffered_bytes", "members", "member_mappings", "create_stream")
+                     "max_buffered_bytes", "members", "member_mappings", "create_stream", "layout")
     template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", *CONFIG_FIELDS)
     template_fields_renderers = {"create_stream": "json", "member_mappings": "json", "partitioning_filters": "json"}
 
@@ -185,11 +189,13 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         members: Sequence[str] | None = None,
         member_mappings: Any = None,
         create_stream: dict[str, Any] | None = None,
+        layout: str = WORK_QUEUE,
         nats_conn_id: str = NatsHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
         super().__init__(stream=stream, group=group, nats_conn_id=nats_conn_id, **kwargs)
         self.kind = kind
+        self.layout = layout
         self.max_members = max_members
         self.filters = filters
         self.partitioning_filters = partitioning_filters
@@ -216,6 +222,9 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
             setattr(self, field, _literal(field, getattr(self, field)))
         if self.kind not in KINDS:
             raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
+        check_layout("layout", self.layout)
+        if self.kind == STATIC and self.layout != WORK_QUEUE:
+            raise ConfigError("layout", "only for elastic groups (a static group's members read the origin)")
         for field in ("max_members", "max_buffered_msgs", "max_buffered_bytes"):
             v = getattr(self, field)
             if isinstance(v, bool) or not isinstance(v, int):
@@ -284,7 +293,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
                 existing = None
             if existing is not None and existing.kind != self.kind:
                 raise ConfigError("kind", f"the group exists as a {existing.kind} group; cannot change after creation")
-            return await cg.create(self.stream, self.group, self.build_config()), stream_created
+            return await cg.create(self.stream, self.group, self.build_config(), layout=self.layout), stream_created
 
         info, stream_created = self._run(go)
         if stream_created:
@@ -554,6 +563,43 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
                       self.member or f"group {self.group}", plan["replay"], plan["skip"],
                       "" if plan["executed"] else " (dry run: nothing changed)")
         return plan
+
+
+class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
+    """Move an elastic group to another layout (``"work-queue"`` or ``"partition-streams"``), as
+    ``cg layout`` does (``core/groups/moves.py``), with nothing lost or landed twice while its
+    members' jobs run. To ``partition-streams`` it is done at once. Back to ``work-queue`` it
+    stops the mirrors and waits up to ``wait`` seconds for the members' jobs to land what the
+    partition streams hold (they must run meanwhile); if they have not, the task fails with the
+    group draining, and its retry (or any later move) goes on from there. Returns the move
+    (``layout``, ``done``, ``left`` per partition)."""
+
+    template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "layout")
+
+    def __init__(self, *, stream: str, group: str, layout: str, wait: float = 300.0, **kwargs: Any) -> None:
+        super().__init__(stream=stream, group=group, **kwargs)
+        self.layout, self.wait = layout, wait
+        if not _templated(layout):
+            check_layout("layout", layout)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise ConfigError("wait", "must be a number of seconds >= 0")
+
+    def _validate(self) -> None:
+        super()._validate()
+        check_layout("layout", self.layout)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        async def go(nc) -> dict[str, Any]:
+            return (await ConsumerGroups(nc).move_layout(self.stream, self.group, self.layout,
+                                                         wait=self.wait)).to_dict()
+
+        move = self._run(go)
+        if not move["done"]:
+            raise LayoutError(f"group {self.group} on {self.stream} is still draining after {self.wait:g}s: "
+                              f"{sum(move['left'].values())} messages in its partition streams wait for its "
+                              "members' jobs; a retry goes on")
+        self.log.info("Group %s on %s is in the %s layout", self.group, self.stream, move["layout"])
+        return move
 
 
 class ResizeConsumerGroupOperator(_ConsumerGroupOperator):

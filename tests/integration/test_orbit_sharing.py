@@ -321,3 +321,38 @@ async def test_a_static_member_passes_between_our_direct_reads_and_orbit(nc, nat
     theirs = peer.acked_origin_seqs()
     assert theirs and min(theirs) == 101, sorted(theirs)[:5]  # orbit started where our job's durable stood
     _check_once(peer, landed, expected)
+
+
+async def test_orbit_manages_a_partition_streams_group_but_cannot_consume_it(nc, nats_server, member_job_zip, tmp_path,
+                                                                            orbit_cli_binary, orbit_library_binary):
+    """In the partition-streams layout orbit's CLI still reads and changes the membership (the
+    KV entry is orbit's JSON; the layout is on the work-queue stream, which orbit's writes leave
+    alone), but an orbit instance cannot consume: its consumer's partition filters overlap the
+    mirrors' and the server refuses it. Nothing is processed by orbit; our jobs land it all."""
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
+
+    await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
+    cg = ConsumerGroups(nc)
+    assert (await cg.move_layout("ORDERS", "g", "partition-streams")).done
+    expected = await publish_orders(nc, "ORDERS", "g", MESSAGES, KEYS, wait_sourced=False)
+    orbit = OrbitCli.for_server(orbit_cli_binary, nats_server.url, tmp_path)
+    orbit.run("elastic", "add", "ORDERS", "g", "m2")
+    assert "m2" in orbit.run("elastic", "info", "ORDERS", "g").stdout
+    assert (await cg.status("ORDERS", "g")).layout == "partition-streams"
+    peer = _start_peer("library", orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "0s")
+    try:
+        await asyncio.to_thread(peer.proc.wait, 20)
+    except subprocess.TimeoutExpired:
+        pass
+    finally:
+        peer.stop()
+    assert not peer.acked_origin_seqs(), peer.text()[-2000:]
+    assert "not unique" in peer.text() or "10100" in peer.text(), peer.text()[-2000:]
+    for _ in range(2):
+        for m in ("m1", "m2"):
+            r = await asyncio.to_thread(start_member_job(
+                member_job_zip, tmp_path / "jobs", nats_servers=nats_server.url, stream="ORDERS", group="g", member=m,
+                sink_path=tmp_path / "lake", spark=False, args=["--idle-timeout", "1", "--standby-timeout", "10"]).wait,
+                120)
+            assert r.returncode == 0, r.describe()
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)
