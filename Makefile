@@ -31,6 +31,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_freshness.py
 	$(BIN)/python benchmarks/bench_tables.py
 	$(BIN)/python benchmarks/bench_protocol_log.py
+	$(BIN)/python benchmarks/bench_control_plane.py
+	$(BIN)/python benchmarks/bench_group_scale.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

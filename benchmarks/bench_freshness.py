@@ -1,31 +1,32 @@
-"""Benchmark: how fresh the lake is. Publish at a steady rate while the members land, and measure
-per message the time from its publish to the commit of its batch.
+"""Benchmark: how fresh the lake is, and the highest rate a group lands sustainably. Publish at
+a steady rate while the members land, and measure per message the time from its publish to the
+commit of its batch.
 
 In one run, on a fresh embedded nats-server:
 
   sourcing   the reference: the server's own sourcing of an origin into a group's work queue
              (origin filled first with ``--reference-messages``, then the group created; the
              rate at which the work queue fills), measured alone;
-  schedules  ``back-to-back`` (each member's next job starts when its last one ends) and
-             ``every-N-s`` (a job per member every ``--interval`` seconds, as a DAG would; one
-             still running is not doubled), each at publish rates that are fractions of the
-             sourcing rate (``--fractions``), for ``--seconds`` of publishing.
+  cases      for each member count (``--members``, default 1, 3 and 6 over ``--partitions`` 6)
+             and schedule (``--schedules``: ``back-to-back``, each member's next job starts when
+             its last one ends; ``every``, a job per member every ``--interval`` seconds, as a
+             DAG would), publish rates that are fractions of the sourcing rate (``--fractions``)
+             for ``--seconds`` each.
 
-A group of ``--partitions`` partitions and ``--members`` members lands into the Parquet lake; the
-jobs are the member job's plain Python driver (``--no-spark``, raw payloads: Spark's JVM start
-would add its seconds to every scheduled run; ``--spark`` runs spark-submit instead). Per
-message: freshness = commit time of its batch (the lake's commit log) - its publish time (the
-origin's timestamp), as p50 / p99 / max; landed msg/s; and whether the rate was *sustained*:
-the backlog (published - landed, sampled each second) did not grow while publishing (its mean
-over the last third of the publishing time exceeds its mean over the middle third by at most 5 %
-of the publish rate per second: each third spans at least one ``--interval`` when ``--seconds``
-is at least three intervals, so the scheduled saw-tooth averages out), once publishing stopped
-what was left landed within one ``--interval`` + 10 s, and p99 freshness was at most
-``--interval`` + 30 s. The publisher (nats-py,
-in this process) has a ceiling of its own: the rate *achieved* is what counts. Prints a table, writes
-``benchmarks/results/freshness.json`` and ``freshness.png``. Rates are comparable within a run.
+Publishing is ``--publishers`` processes (4), so one Python publisher is not the ceiling; the
+rate *achieved* (the origin's count over the publishing time) is what counts. The jobs are the
+member job's plain Python driver (``--no-spark``, raw payloads; ``--spark`` runs spark-submit
+instead) into the Parquet lake, in the group's ``--layout``. Per message: freshness = commit time
+of its batch (the lake's commit log) - its publish time (the origin's timestamp), as p50 / p99 /
+max; landed msg/s; and whether the rate was *sustained*: the backlog (published - landed,
+sampled each second) did not grow while publishing (its mean over the last third of the
+publishing time exceeds its mean over the middle third by at most 5 % of the publish rate per
+second), once publishing stopped what was left landed within one ``--interval`` + 10 s, and p99
+freshness was at most ``--interval`` + 30 s. Per member count: the highest rate sustained, as a
+fraction of the server's sourcing. Prints a table, writes ``benchmarks/results/freshness.json``
+and ``freshness.png``. Rates are comparable within a run.
 
-    .venv/bin/python benchmarks/bench_freshness.py [--seconds 30] [--fractions 0.25,0.5,0.75,0.9]
+    .venv/bin/python benchmarks/bench_freshness.py [--seconds 30] [--members 1,3,6] [--publishers 4]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
 from airflow_provider_cg.core.jetstream.api import JsApi
@@ -81,36 +83,59 @@ async def sourcing_rate(url: str, n: int) -> float:
 
 
 class Publisher:
-    """Publishes at ``rate`` msg/s in 20 ms ticks for ``seconds``; samples the backlog each second."""
+    """``processes`` publisher processes (``--publish-child``), each at ``rate / processes``
+    msg/s in 20 ms ticks for ``seconds``, so one Python process is never the ceiling. The
+    origin's message count is what was published; the backlog (published - landed) is sampled
+    each second."""
 
-    def __init__(self, url: str, stream: str, rate: float, seconds: float) -> None:
-        self.url, self.stream, self.rate, self.seconds = url, stream, rate, seconds
+    def __init__(self, url: str, stream: str, rate: float, seconds: float, processes: int) -> None:
+        self.url, self.stream, self.rate, self.seconds, self.processes = url, stream, rate, seconds, processes
         self.published = 0
         self.elapsed = 0.0  # how long publishing took (a publisher behind schedule runs over)
         self.samples: list[tuple[float, int]] = []  # (t, published - landed): the backlog
 
     async def run(self, landed) -> None:
         nc = await NatsConnectionSettings(servers=[self.url]).connect()
-        payload = os.urandom(SIZE)
+        api = JsApi(nc)
+        share = self.rate / self.processes
+        children = [subprocess.Popen([sys.executable, __file__, "--publish-child", self.url, self.stream,  # noqa: ASYNC220 - started once per case
+                                      str(share), str(self.seconds), str(i)], stdout=subprocess.DEVNULL)
+                    for i in range(self.processes)]
         start = time.perf_counter()
         next_sample = 1.0
         try:
-            while (now := time.perf_counter() - start) < self.seconds:
-                # at most a quarter second's worth per tick, so the backlog is sampled each second
-                # even when publishing falls behind
-                due = min(int(self.rate * now) - self.published, max(1, int(self.rate / 4)))
-                if due > 0:
-                    base = self.published
-                    await publish_many(nc, ((f"{self.stream.lower()}.k{(base + i) % KEYS}", payload)
-                                            for i in range(due)))
-                    self.published += due
+            while any(c.poll() is None for c in children):
+                now = time.perf_counter() - start
                 if now >= next_sample:
-                    self.samples.append((now, self.published - await landed()))
+                    published = int((await api.stream_info(self.stream))["state"]["messages"])
+                    self.samples.append((now, published - await landed()))
                     next_sample += 1.0
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.05)
+            if any(c.returncode for c in children):
+                raise SystemExit("a publisher process failed")
         finally:
+            for c in children:
+                if c.poll() is None:
+                    c.kill()
             self.elapsed = time.perf_counter() - start
+            self.published = int((await api.stream_info(self.stream))["state"]["messages"])
             await nc.close()
+
+
+async def publish_child(url: str, stream: str, rate: float, seconds: float, index: int) -> None:
+    """One publisher process: its share of the rate, keys of its own residue class."""
+    nc = await NatsConnectionSettings(servers=[url]).connect()
+    payload = os.urandom(SIZE)
+    start, published = time.perf_counter(), 0
+    while (now := time.perf_counter() - start) < seconds:
+        due = min(int(rate * now) - published, max(1, int(rate / 4)))
+        if due > 0:
+            base = published
+            await publish_many(nc, ((f"{stream.lower()}.k{(index + (base + i) * 7) % KEYS}", payload)
+                                    for i in range(due)))
+            published += due
+        await asyncio.sleep(0.02)
+    await nc.close()
 
 
 class Lander:
@@ -171,12 +196,16 @@ def freshness(lake: Path, stream: str) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0)
 
 
-async def landed_so_far(api: JsApi, stream: str) -> int:
-    """Messages no longer waiting: the origin's count minus the work queue's and the source's lag."""
+async def landed_so_far(api: JsApi, stream: str, partitions: int, layout: str) -> int:
+    """Messages no longer waiting: the origin's count minus the work queue's, the source's lag
+    and (partition streams) what the partition streams hold."""
     origin = int((await api.stream_info(stream))["state"]["messages"])
     wq = await api.stream_info(f"{stream}-g")
     lag = int((wq.get("sources") or [{}])[0].get("lag", 0))
-    return origin - int(wq["state"]["messages"]) - lag
+    held = 0
+    if layout != grouplayout.WORK_QUEUE:
+        held = sum((await grouplayout.partition_streams_left(api, f"{stream}-g", partitions)).values())
+    return origin - int(wq["state"]["messages"]) - lag - held
 
 
 def backlog_growth(samples: list[tuple[float, int]], seconds: float) -> float:
@@ -190,7 +219,8 @@ def backlog_growth(samples: list[tuple[float, int]], seconds: float) -> float:
 
 
 def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float | None, rate: float,
-             seconds: float, partitions: int, members: int, spark: bool, zip_path: Path) -> dict:
+             seconds: float, partitions: int, members: int, spark: bool, zip_path: Path,
+             publishers: int = 4, layout: str = grouplayout.WORK_QUEUE) -> dict:
     stream = name.upper()
     names = [f"m{i + 1}" for i in range(members)]
 
@@ -198,20 +228,20 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
         nc = await NatsConnectionSettings(servers=[url]).connect()
         await JsApi(nc).add_stream({"name": stream, "subjects": [f"{stream.lower()}.*"], "storage": "file"})
         await ConsumerGroups(nc).create(stream, "g", ElasticGroupConfig(
-            partitions, (PartitioningFilter(f"{stream.lower()}.*", (1,)),), members=tuple(names)))
+            partitions, (PartitioningFilter(f"{stream.lower()}.*", (1,)),), members=tuple(names)), layout=layout)
         await nc.close()
 
     asyncio.run(setup())
     lander = Lander(url, workdir, stream, names, interval, spark, zip_path)
     thread = threading.Thread(target=lander.run, daemon=True)
-    publisher = Publisher(url, stream, rate, seconds)
+    publisher = Publisher(url, stream, rate, seconds, publishers)
 
     async def go() -> bool:
         nc = await NatsConnectionSettings(servers=[url]).connect()
         api = JsApi(nc)
 
         async def landed() -> int:
-            return await landed_so_far(api, stream)
+            return await landed_so_far(api, stream, partitions, layout)
 
         thread.start()
         await publisher.run(landed)
@@ -239,7 +269,8 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
     growth = backlog_growth(publisher.samples, publisher.elapsed)
     sustained = (drain_s is not None and drain_s <= (interval or 0) + 10 and p99 <= (interval or 0) + 30
                  and growth <= 0.05 * achieved)
-    return {"schedule": schedule, "rate_target": round(rate), "rate_achieved": round(achieved),
+    return {"schedule": schedule, "members": members, "layout": layout, "publishers": publishers,
+            "rate_target": round(rate), "rate_achieved": round(achieved),
             "drain_s": None if drain_s is None else round(drain_s, 1), "published": publisher.published,
             "landed": int(len(f)), "landed_msg_s": round(len(f) / elapsed), "jobs": lander.jobs,
             "p50_s": round(float(np.percentile(f, 50)), 2) if len(f) else None,
@@ -256,17 +287,17 @@ def plot(rows: list[dict], reference: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for schedule in dict.fromkeys(r["schedule"] for r in rows):
-        pts = [r for r in rows if r["schedule"] == schedule]
+    for key in dict.fromkeys((r["schedule"], r["members"]) for r in rows):
+        pts = [r for r in rows if (r["schedule"], r["members"]) == key]
         x = [r["rate_achieved"] / 1000 for r in pts]
-        a.plot(x, [r["p99_s"] for r in pts], marker="o", label=f"{schedule} p99")
-        a.plot(x, [r["p50_s"] for r in pts], marker=".", linestyle="--", label=f"{schedule} p50")
-        b.plot(x, [r["landed_msg_s"] / 1000 for r in pts], marker="o", label=schedule)
+        label = f"{key[0]}, {key[1]} member{'s' if key[1] > 1 else ''}"
+        a.plot(x, [r["p99_s"] for r in pts], marker="o", label=f"{label} p99")
+        b.plot(x, [r["landed_msg_s"] / 1000 for r in pts], marker="o", label=label)
     for ax in (a, b):
         ax.axvline(reference / 1000, color="#999", linestyle=":", label="server sourcing alone")
         ax.set_xlabel("publish rate (thousand msg/s)")
-        ax.legend(fontsize=8)
-    a.set_ylabel("publish -> commit (s)")
+        ax.legend(fontsize=7)
+    a.set_ylabel("publish -> commit, p99 (s)")
     a.set_title("freshness of the lake")
     b.set_ylabel("landed (thousand msg/s)")
     b.set_title("landed rate")
@@ -275,44 +306,62 @@ def plot(rows: list[dict], reference: float, path: Path) -> None:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--publish-child":
+        url, stream, rate, seconds, index = sys.argv[2:7]
+        asyncio.run(publish_child(url, stream, float(rate), float(seconds), int(index)))
+        return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seconds", type=float, default=30.0, help="publishing time per case")
-    p.add_argument("--fractions", default="0.25,0.5,0.75,0.9", help="publish rates, as fractions of sourcing")
+    p.add_argument("--fractions", default="0.5,0.75,0.9,1.0", help="publish rates, as fractions of sourcing")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between scheduled runs")
     p.add_argument("--partitions", type=int, default=6)
-    p.add_argument("--members", type=int, default=3)
+    p.add_argument("--members", default="1,3,6", help="member counts to run (each holds partitions / members)")
+    p.add_argument("--schedules", default="back-to-back", help="back-to-back and/or every (comma-separated)")
+    p.add_argument("--publishers", type=int, default=4, help="publisher processes")
+    p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=grouplayout.LAYOUTS)
     p.add_argument("--reference-messages", type=int, default=300_000)
     p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
     args = p.parse_args()
     fractions = [float(x) for x in args.fractions.split(",")]
+    member_counts = [int(x) for x in args.members.split(",")]
+    known = {"back-to-back": None, "every": args.interval}
+    schedules = [(name if name == "back-to-back" else f"every-{args.interval:g}s", known[name])
+                 for name in args.schedules.split(",")]
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="cg-fresh-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
         zip_path = build_core_zip(Path(d) / "cg_core.zip")
         reference = asyncio.run(sourcing_rate(srv.url, args.reference_messages))
         print(f"server sourcing alone: {reference:,.0f} msg/s", flush=True)
-        schedules = [("back-to-back", None), (f"every-{args.interval:g}s", args.interval)]
-        for i, (schedule, interval) in enumerate(schedules):
-            for j, frac in enumerate(fractions):
-                row = run_case(srv.url, Path(d), f"F{i}x{j}", schedule, interval, reference * frac, args.seconds,
-                               args.partitions, args.members, args.spark, zip_path)
-                row["fraction"] = frac
-                rows.append(row)
-                print(f"  {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s published): "
-                      f"p50 {row['p50_s']} s, "
-                      f"p99 {row['p99_s']} s, max {row['max_s']} s, landed {row['landed_msg_s']:,} msg/s, "
-                      f"sustained {row['sustained']}", flush=True)
-    cols = ["schedule", "fraction", "rate_target", "rate_achieved", "published", "landed", "landed_msg_s", "p50_s",
-            "p99_s", "max_s", "backlog_max", "backlog_growth_msg_s", "drain_s", "jobs", "sustained"]
+        for k, members in enumerate(member_counts):
+            for i, (schedule, interval) in enumerate(schedules):
+                for j, frac in enumerate(fractions):
+                    row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}", schedule, interval, reference * frac,
+                                   args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
+                                   args.layout)
+                    row["fraction"] = frac
+                    rows.append(row)
+                    print(f"  {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
+                          f"published): p50 {row['p50_s']} s, p99 {row['p99_s']} s, max {row['max_s']} s, landed "
+                          f"{row['landed_msg_s']:,} msg/s, sustained {row['sustained']}", flush=True)
+    cols = ["members", "schedule", "fraction", "rate_target", "rate_achieved", "published", "landed",
+            "landed_msg_s", "p50_s", "p99_s", "max_s", "backlog_max", "backlog_growth_msg_s", "drain_s", "jobs",
+            "sustained"]
     print("\n" + " ".join(f"{c:>13}" for c in cols))
     for r in rows:
         print(" ".join(f"{r.get(c, '')!s:>13}" for c in cols))
-    best = {s: max([r["rate_achieved"] for r in rows if r["schedule"] == s and r["sustained"]] or [0])
-            for s in dict.fromkeys(r["schedule"] for r in rows)}
-    for s, rate in best.items():
-        print(f"{s}: highest sustained publish rate {rate:,} msg/s = {rate / reference:.2f}x the server's sourcing")
+    best = {}
+    for key in dict.fromkeys((r["members"], r["schedule"]) for r in rows):
+        rate = max([r["rate_achieved"] for r in rows if (r["members"], r["schedule"]) == key and r["sustained"]]
+                   or [0])
+        tried = max(r["rate_achieved"] for r in rows if (r["members"], r["schedule"]) == key)
+        best[f"{key[0]} members, {key[1]}"] = {"msg_s": rate, "x_sourcing": round(rate / reference, 2),
+                                               "highest_published": tried}
+        print(f"{key[0]} members, {key[1]}: highest sustained rate {rate:,} msg/s = {rate / reference:.2f}x the "
+              f"server's sourcing (highest published {tried:,} msg/s)")
     out = {"sourcing_msg_s": round(reference), "interval_s": args.interval, "partitions": args.partitions,
-           "members": args.members, "spark": args.spark, "cases": rows, "highest_sustained": best}
+           "publishers": args.publishers, "layout": args.layout, "spark": args.spark, "cases": rows,
+           "highest_sustained": best}
     (RESULTS / "freshness.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(rows, reference, RESULTS / "freshness.png")
     print(f"\nwrote {RESULTS / 'freshness.json'} and {RESULTS / 'freshness.png'}")

@@ -581,8 +581,8 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
         self.layout, self.wait = layout, wait
         if not _templated(layout):
             check_layout("layout", layout)
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
-            raise ConfigError("wait", "must be a number of seconds >= 0")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
+            raise ConfigError("wait", "must be a number of seconds from 0 to 1e6")
 
     def _validate(self) -> None:
         super()._validate()

@@ -24,6 +24,7 @@ GROUP_COMMANDS = [
     ("info",), ("rm",), ("add", "m9"), ("drop", "m1"), ("mapping", "set", '{"m1":[0,1,2,3]}'),
     ("mapping", "rm"), ("step-down", "m1"), ("members",), ("status",), ("reconcile",), ("lag",),
     ("reset", "--to-latest", "--execute", "--force"), ("resize", "--max-members", "8", "--execute"),
+    ("layout", "partition-streams"),
 ]
 
 
@@ -199,6 +200,19 @@ async def test_accepted_invalid_input_is_refused(nc, world):
         ["mapping", "set", "ORDERS", "g", "[]"],
         ["create", "static", "ORDERS", "g", "--max-members", "4"],  # exists as an elastic group
     ], None))
+
+
+async def test_bad_layout_moves(nc, world):
+    """``cg layout``: a layout that does not exist, a wait that is no number of seconds, a static
+    group (it has no layout), a group in the middle of a resize."""
+    failures = await _check(nc, world, [["layout", "ORDERS", "g", "sideways"], ["layout", "ORDERS", "g", ""]],
+                            "LAYOUT")
+    failures += await _check(nc, world, [["layout", "ORDERS", "g", "work-queue", "--wait", w]
+                                         for w in ("-1", "nan", "inf", "1e300")], "wait")
+    failures += await _check(nc, world, [["layout", "S", "st", "partition-streams"]], "layout")
+    failures += await _check(nc, world, [["create", "static", "S", "st", "--max-members", "2", "--members", "a,b",
+                                          "--layout", "partition-streams"]], "layout")
+    report(failures)
 
 
 async def test_bad_js_prefix_subcommand_and_config_file(nc, world, tmp_path):

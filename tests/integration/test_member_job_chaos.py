@@ -27,17 +27,11 @@ def _config(request, **overrides) -> ChaosConfig:
     return cfg
 
 
-async def test_randomized_faults_into_parquet(request, nc, nats_server, member_job_zip, tmp_path):
-    run = ChaosRun(_config(request, seconds=12.0, messages=30_000), nc, [nats_server], tmp_path, member_job_zip)
-    await run.run()
-    stats = await run.check()
-    print(run.report(), stats)
-
-
-async def test_randomized_faults_on_partition_streams_moving_between_layouts(request, nc, nats_server, member_job_zip,
-                                                                            tmp_path):
-    """The partition-streams layout under the same faults, moved to the work-queue layout and
-    back while the jobs run (``groups/moves.py``)."""
+async def test_randomized_faults_into_parquet_moving_between_layouts(request, nc, nats_server, member_job_zip,
+                                                                     tmp_path):
+    """Into the Parquet lake, starting in the partition-streams layout, moved to the work-queue
+    layout and back while the jobs run (``groups/moves.py``). (The other chaos tests run the
+    work-queue layout.)"""
     run = ChaosRun(_config(request, seconds=12.0, messages=24_000, layout="partition-streams", layout_moves=2), nc,
                    [nats_server], tmp_path, member_job_zip)
     await run.run()
@@ -64,13 +58,17 @@ async def test_randomized_faults_on_a_static_group(request, nc, nats_server, mem
 async def test_randomized_faults_with_spark_tasks_reading(request, nc, nats_server, member_job_zip, tmp_path):
     """Every job through spark-submit with --read executors: the batches' Spark tasks read NATS
     while their drivers are killed, stalled, stepped down and their server restarted. The seed
-    also picks the group: elastic (the tasks read the work queue, the driver purges) or static
-    (they read the origin, the driver moves the durables); a JVM per job makes both in one run
-    too slow for the suite, and ``--chaos-seed`` replays either."""
+    also picks the group: elastic (the tasks read the work queue, the driver purges), elastic in
+    the partition-streams layout (the tasks read the partition streams) or static (they read the
+    origin, the driver moves the durables); a JVM per job makes all three in one run too slow
+    for the suite, and ``--chaos-seed`` replays any."""
     cfg = _config(request, read="executors", seconds=5.0, messages=5_000, server_restarts=1,
                   members=("m1", "m2"), partitions=4)  # at most four JVMs on the test machine's two cores
-    cfg.spark, cfg.static = True, bool(cfg.seed % 2)
-    print("group:", "static" if cfg.static else "elastic")
+    kind = ("static", "elastic", "elastic partition-streams")[cfg.seed % 3]
+    cfg.spark, cfg.static = True, kind == "static"
+    if kind.endswith("partition-streams"):
+        cfg.layout = "partition-streams"
+    print("group:", kind)
     run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()

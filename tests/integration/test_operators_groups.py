@@ -527,3 +527,34 @@ def test_resize_operator_plans_then_resizes(airflow_env, nats_conn_id, bg):
     assert wq["sources"][0]["subject_transforms"][0]["dest"].startswith("{{Partition(4,")
     with pytest.raises(ConfigError, match="max_members"):
         ResizeConsumerGroupOperator(task_id="x", stream="ORDERS", group="workers", max_members=0)
+
+
+def test_layout_operators_create_in_and_move_between_layouts(airflow_env, nats_conn_id, bg):
+    """CreateConsumerGroupOperator(layout=...) and MoveConsumerGroupLayoutOperator under a real
+    DAG run: the group gets its partition streams, then moves back (nothing to drain)."""
+    from airflow.sdk import dag
+
+    from airflow_provider_cg.core.groups.layout import partition_streams_of
+    from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator, MoveConsumerGroupLayoutOperator
+
+    @dag(dag_id="cg_op_layouts", schedule=None)
+    def d():
+        common = {"stream": "ORDERS", "group": "workers", "nats_conn_id": nats_conn_id}
+        CreateConsumerGroupOperator(task_id="create", layout="partition-streams",
+                                    **elastic_kwargs(nats_conn_id, max_members=3)) >> \
+            MoveConsumerGroupLayoutOperator(task_id="back", layout="{{ 'work-queue' }}", wait=10, **common)
+
+    result = airflow_env.run_dag(d())
+    assert result.state == "success"
+    assert result.xcom("back") == {"stream": "ORDERS", "group": "workers", "layout": "work-queue", "done": True,
+                                   "left": {}}
+    assert bg.run(bg.cg.status("ORDERS", "workers")).layout == "work-queue"
+    assert bg.run(partition_streams_of(bg.api, "ORDERS-workers")) == []
+    with pytest.raises(ConfigError) as e:
+        MoveConsumerGroupLayoutOperator(task_id="x", stream="ORDERS", group="workers", layout="sideways")
+    assert e.value.field == "layout"
+    with pytest.raises(ConfigError) as e:
+        CreateConsumerGroupOperator(task_id="y", layout="partition-streams",
+                                    **elastic_kwargs(nats_conn_id, kind="static", partitioning_filters=None,
+                                                     filters=["orders.*"]))
+    assert e.value.field == "layout"

@@ -96,7 +96,7 @@ async def test_moves_between_layouts_under_running_jobs(nc, nats_server, member_
     await _group(nc, 4, ("m1", "m2"), layout=grouplayout.WORK_QUEUE)
     cg = ConsumerGroups(nc)
     lake = tmp_path / "lake"
-    expected = await publish_orders(nc, STREAM, GROUP, 4000, 200)
+    expected = await publish_orders(nc, STREAM, GROUP, 2500, 200)
     args = [*JOB, "--max-seconds", "20", "--batch-size", "300"]
 
     def start(m):
@@ -107,11 +107,11 @@ async def test_moves_between_layouts_under_running_jobs(nc, nats_server, member_
     await asyncio.sleep(1.5)
     move = await cg.move_layout(STREAM, GROUP, grouplayout.PARTITION_STREAMS, wait=30)
     assert move.done and move.layout == grouplayout.PARTITION_STREAMS
-    expected.update(await publish_orders(nc, STREAM, GROUP, 3000, 200, wait_sourced=False))
+    expected.update(await publish_orders(nc, STREAM, GROUP, 2000, 200, wait_sourced=False))
     jobs += [start(m) for m in ("m1", "m2")]
     await asyncio.sleep(2.0)
     move = await cg.move_layout(STREAM, GROUP, grouplayout.WORK_QUEUE, wait=0)  # draining: jobs land the rest
-    expected.update(await publish_orders(nc, STREAM, GROUP, 2000, 200, wait_sourced=False))
+    expected.update(await publish_orders(nc, STREAM, GROUP, 1500, 200, wait_sourced=False))
     jobs += [start(m) for m in ("m1", "m2")]
     for _ in range(60):
         move = await cg.move_layout(STREAM, GROUP, grouplayout.WORK_QUEUE, wait=1)

@@ -51,8 +51,8 @@ class LayoutMoves(MemberConsumers):
 
     async def move_layout(self, stream: str, group: str, layout: str, *, wait: float = 60.0) -> LayoutMove:
         grouplayout.check_layout("layout", layout)
-        if not wait >= 0:
-            raise ConfigError("wait", f"must be >= 0 seconds (got {wait!r})")
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
+            raise ConfigError("wait", f"must be a number of seconds from 0 to 1e6 (got {wait!r})")
         info = await self.get(stream, group)
         if info.kind != ELASTIC:
             raise ConfigError("layout", "only an elastic group has a layout (a static group's members read the origin)")
