@@ -26,7 +26,7 @@ freshness was at most ``--interval`` + 30 s. Per member count: the highest rate 
 fraction of the server's sourcing. Prints a table, writes ``benchmarks/results/freshness.json``
 and ``freshness.png``. Rates are comparable within a run.
 
-    .venv/bin/python benchmarks/bench_freshness.py [--seconds 30] [--members 1,3,6] [--publishers 4]
+    .venv/bin/python benchmarks/bench_freshness.py [--seconds 20] [--members 1,3,6] [--publishers 4]
 """
 
 from __future__ import annotations
@@ -311,8 +311,8 @@ def main() -> None:
         asyncio.run(publish_child(url, stream, float(rate), float(seconds), int(index)))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=30.0, help="publishing time per case")
-    p.add_argument("--fractions", default="0.5,0.75,0.9,1.0", help="publish rates, as fractions of sourcing")
+    p.add_argument("--seconds", type=float, default=20.0, help="publishing time per case")
+    p.add_argument("--fractions", default="0.1,0.2,0.3,0.5,0.75", help="publish rates, as fractions of sourcing")
     p.add_argument("--interval", type=float, default=10.0, help="seconds between scheduled runs")
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--members", default="1,3,6", help="member counts to run (each holds partitions / members)")

@@ -13,8 +13,9 @@ driver (``--no-spark``, raw payloads, the Parquet lake), all of a case's jobs at
   read       one member reading its single partition of a group of 6, 64 and 256 partitions
              (``--read-messages`` in the stream), by the job's own reader (direct gets, purge
              per batch): msg/s and server CPU per message; ratios to 6 partitions. Then every
-             other partition drained by its own reader: the server's CPU per landed message of
-             the whole group, sourcing and mirroring included.
+             other partition drained by its own reader, all read before any acknowledges (as
+             members running at once): the server's CPU per landed message of the whole group,
+             sourcing and mirroring included.
   2of6       the member job holding 2 of 6 partitions (3 members) against the job holding the
              one partition of a 1-partition group (the single-member rate) with as many messages
              as the 2-of-6 member's share; each the median of 3 runs (3 groups on one origin).
@@ -187,11 +188,31 @@ async def read_partition(url: str, layout: str, partitions: int, p: int = 0) -> 
 
 
 async def read_rest(url: str, layout: str, partitions: int) -> int:
-    """Every other partition read to its end, one after another, as their members would."""
-    got = 0
+    """Every other partition drained by its own reader, as members running at once would: each
+    reads its whole partition before any of them acknowledges (so each read finds the others'
+    messages still stored), then each purges what it read."""
+    nc = await NatsConnectionSettings(servers=[url]).connect()
+    wq = f"{STREAM}-{GROUP}"
+    readers, held = [], []
     for p in range(1, partitions):
-        got += (await read_partition(url, layout, partitions, p))[0]
-    return got
+        if layout == grouplayout.WORK_QUEUE:
+            reader = PartitionReader(nc, wq)
+            positions = PartitionPositions(reader, [p], partitions, [f"{p}.scale.*"])
+        else:
+            reader = PartitionStreamReaders(nc, {p: grouplayout.partition_stream(wq, p)})
+            positions = PartitionStreamPositions(reader, [p])
+        readers.append(reader)
+        while True:
+            batches, cut = await positions.read(10_000)
+            if not batches:
+                break
+            held.append((positions, batches, cut))
+    for positions, batches, cut in held:
+        await positions.ack(batches, cut)
+    for reader in readers:
+        await reader.close()
+    await nc.close()
+    return sum(len(b) for _, batches, _ in held for b in batches)
 
 
 def read_case(layout: str, partitions: int, n: int) -> dict:
