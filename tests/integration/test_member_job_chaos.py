@@ -32,7 +32,7 @@ async def test_randomized_faults_into_parquet_moving_between_layouts(request, nc
     """Into the Parquet lake, starting in the partition-streams layout, moved to the work-queue
     layout and back while the jobs run (``groups/moves.py``). (The other chaos tests run the
     work-queue layout.)"""
-    run = ChaosRun(_config(request, seconds=12.0, messages=24_000, layout="partition-streams", layout_moves=2), nc,
+    run = ChaosRun(_config(request, seconds=10.0, messages=20_000, layout="partition-streams", layout_moves=2), nc,
                    [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()

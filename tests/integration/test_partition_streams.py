@@ -104,12 +104,12 @@ async def test_moves_between_layouts_under_running_jobs(nc, nats_server, member_
                                 group=GROUP, member=m, sink="parquet", sink_path=lake, args=args, spark=False)
 
     jobs = [start(m) for m in ("m1", "m2")]
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.0)
     move = await cg.move_layout(STREAM, GROUP, grouplayout.PARTITION_STREAMS, wait=30)
     assert move.done and move.layout == grouplayout.PARTITION_STREAMS
     expected.update(await publish_orders(nc, STREAM, GROUP, 2000, 200, wait_sourced=False))
     jobs += [start(m) for m in ("m1", "m2")]
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(1.0)
     move = await cg.move_layout(STREAM, GROUP, grouplayout.WORK_QUEUE, wait=0)  # draining: jobs land the rest
     expected.update(await publish_orders(nc, STREAM, GROUP, 1500, 200, wait_sourced=False))
     jobs += [start(m) for m in ("m1", "m2")]
