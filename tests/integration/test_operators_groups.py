@@ -535,7 +535,10 @@ def test_layout_operators_create_in_and_move_between_layouts(airflow_env, nats_c
     from airflow.sdk import dag
 
     from airflow_provider_cg.core.groups.layout import partition_streams_of
-    from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator, MoveConsumerGroupLayoutOperator
+    from airflow_provider_cg.operators.groups import (
+        CreateConsumerGroupOperator,
+        MoveConsumerGroupLayoutOperator,
+    )
 
     @dag(dag_id="cg_op_layouts", schedule=None)
     def d():
