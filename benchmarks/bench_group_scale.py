@@ -47,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
+from bench_member_job import settle  # noqa: E402  (idle server between cases)
 
 from airflow_provider_cg.core.groups import layout as grouplayout  # noqa: E402
 from airflow_provider_cg.core.groups.admin import ConsumerGroups  # noqa: E402
@@ -74,16 +75,6 @@ def server_cpu(pid: int) -> float:
 def children_cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
-
-
-def settle(pid: int, limit: float = 60.0) -> None:
-    """Until the server is idle (under 5% of a core for a second)."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        before = server_cpu(pid)
-        time.sleep(1.0)
-        if server_cpu(pid) - before < 0.05:
-            return
 
 
 async def fill(url: str, n: int) -> None:
@@ -162,16 +153,20 @@ def cpu_case(layout: str, members: int, n: int, batch_size: int, one_by_one: boo
             "sourcing_us": round(sourcing / n * 1e6, 2), "jobs_us": round(jobs / n * 1e6, 2)}
 
 
-async def read_partition(url: str, layout: str, partitions: int, p: int = 0) -> tuple[int, float]:
-    """Read and purge partition ``p`` to its end as the member job does; ``(messages, seconds)``."""
-    nc = await NatsConnectionSettings(servers=[url]).connect()
+def partition_reader(nc, layout: str, partitions: int, p: int):
+    """``(reader, positions)`` of a member holding partition ``p`` alone, as its job reads it."""
     wq = f"{STREAM}-{GROUP}"
     if layout == grouplayout.WORK_QUEUE:
         reader = PartitionReader(nc, wq)
-        positions = PartitionPositions(reader, [p], partitions, [f"{p}.scale.*"])
-    else:
-        reader = PartitionStreamReaders(nc, {p: grouplayout.partition_stream(wq, p)})
-        positions = PartitionStreamPositions(reader, [p])
+        return reader, PartitionPositions(reader, [p], partitions, [f"{p}.scale.*"])
+    readers = PartitionStreamReaders(nc, {p: grouplayout.partition_stream(wq, p)})
+    return readers, PartitionStreamPositions(readers, [p])
+
+
+async def read_partition(url: str, layout: str, partitions: int, p: int = 0) -> tuple[int, float]:
+    """Read and purge partition ``p`` to its end as the member job does; ``(messages, seconds)``."""
+    nc = await NatsConnectionSettings(servers=[url]).connect()
+    reader, positions = partition_reader(nc, layout, partitions, p)
     for r in getattr(reader, "readers", {p: reader}).values():
         await r.start()  # its reply subscription: once per job run, not per read
     got, t = 0, time.perf_counter()
@@ -192,15 +187,9 @@ async def read_rest(url: str, layout: str, partitions: int) -> int:
     reads its whole partition before any of them acknowledges (so each read finds the others'
     messages still stored), then each purges what it read."""
     nc = await NatsConnectionSettings(servers=[url]).connect()
-    wq = f"{STREAM}-{GROUP}"
     readers, held = [], []
     for p in range(1, partitions):
-        if layout == grouplayout.WORK_QUEUE:
-            reader = PartitionReader(nc, wq)
-            positions = PartitionPositions(reader, [p], partitions, [f"{p}.scale.*"])
-        else:
-            reader = PartitionStreamReaders(nc, {p: grouplayout.partition_stream(wq, p)})
-            positions = PartitionStreamPositions(reader, [p])
+        reader, positions = partition_reader(nc, layout, partitions, p)
         readers.append(reader)
         while True:
             batches, cut = await positions.read(10_000)
