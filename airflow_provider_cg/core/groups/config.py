@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups.layout import is_mirror_consumer
 
 __all__ = [
     "ELASTIC",
@@ -84,7 +85,6 @@ _INT64_MAX = 2**63 - 1
 _KV_NAME_RE = re.compile(r"[-_=A-Za-z0-9]+")
 # Characters nats-server refuses in stream and consumer names (besides whitespace).
 _NAME_FORBIDDEN = ".*>/\\"
-_MIRROR_NAME_RE = re.compile(r"cg-partition-\d+")  # layout.mirror_consumer
 # A filter token that a transform destination would read as a placeholder ($1, {{...}}).
 _PLACEHOLDER_RE = re.compile(r"^(\$\d+|\{\{.*\}\})$")
 _PARTITION_FN_RE = re.compile(r"^\{\{\s*[pP]artition\s*\(\s*(\d+)")
@@ -348,7 +348,7 @@ class _GroupConfigBase:
 
     def _check_member(self, field: str, member: Any, group: str | None) -> None:
         validate_name(field, member, "member")
-        if self.kind == ELASTIC and _MIRROR_NAME_RE.fullmatch(member):
+        if self.kind == ELASTIC and is_mirror_consumer(member):
             raise ConfigError(field, f"{member!r}: names of the form cg-partition-<n> are the consumers of the "
                                      "partition mirrors on the work queue (groups/layout.py); choose another name")
         if (

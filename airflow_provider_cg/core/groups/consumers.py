@@ -200,7 +200,8 @@ class MemberConsumers(GroupStore):
         return consumer_stream_of(kind, stream, group), cc
 
     async def ensure_member_consumer(
-        self, stream: str, group: str, member: str, *, deadline: float | None = None, **opts: Any
+        self, stream: str, group: str, member: str, *, deadline: float | None = None, layout: str | None = None,
+        **opts: Any
     ) -> tuple[str, str]:
         """Create the member's consumer (create-only) unless it exists with the right filters.
 
@@ -209,10 +210,11 @@ class MemberConsumers(GroupStore):
         limits (an orbit instance's, say): replacing it would end the instance pinned on it.
         One with stale filters (membership changed) is deleted and re-created, as orbit does;
         an overlap with another member's consumer (10100) is retried until ``deadline``
-        seconds. ``opts`` go to :meth:`member_consumer_config`.
+        seconds. ``layout``: the group's, when the caller knows it (else read from the server).
+        ``opts`` go to :meth:`member_consumer_config`.
         """
         info = await self.get(stream, group)
-        layout = await self.layout(info)
+        layout = layout or await self.layout(info)
         cstream, cc = self.member_consumer_config(stream, group, member, info.config, layout=layout, **opts)
         try:
             await self._create_consumer(cstream, cc, info.kind, stream, group, member, deadline=deadline)

@@ -24,7 +24,7 @@ The member consumer stays on the work queue, named after the member, as the excl
 ``_cg.pin.<wq>.<member>`` (the work queue captures ``_cg.pin.<wq>.*``): the mirrors' consumers
 hold the partition subjects, and a work queue allows no overlapping filters. The server pins a
 client only when it delivers a message, so a job that wants the pin publishes one small anchor
-message there first (``pin_anchor``).
+message there first (``MemberRun._anchor_pin``).
 
 orbit: its CLI reads and changes the membership of a ``partition-streams`` group (the KV entry is
 the same JSON), but an orbit *instance* cannot consume one: its consumer's ``<p>.>`` filters
@@ -61,7 +61,6 @@ PARTITION_OF_KEY = "cg.partition_of"  # on a partition stream: its work queue an
 DURABLE_SOURCING_VERSION = (2, 14, 0)  # durable (flow-control) sourcing and mirroring, ADR-58
 MIRROR_HEARTBEAT_NS = 1_000_000_000
 MIRROR_MAX_ACK_PENDING = 10_000
-NS = 1_000_000_000
 
 
 class LayoutError(ConsumerGroupError):
@@ -179,11 +178,11 @@ async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: int, de
                 if e.err_code == ERR_CONSUMER_EXISTS:
                     raise LayoutError(f"consumer {cc['name']!r} on {wq!r} exists with another config; delete it "
                                       "(it is not this group's partition mirror)") from None
-                if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE or time.monotonic() > deadline:
-                    if e.err_code == ERR_WQ_CONSUMER_NOT_UNIQUE:
-                        raise LayoutError(f"partition {p} of {wq!r} is still held by a member consumer with filter "
-                                          f"'{p}.>' (a job of the work-queue layout): stop it, or run again") from None
+                if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE:
                     raise
+                if time.monotonic() > deadline:
+                    raise LayoutError(f"partition {p} of {wq!r} is still held by a member consumer with filter "
+                                      f"'{p}.>' (a job of the work-queue layout): stop it, or run again") from None
                 await asyncio.sleep(0.2)
         want = partition_stream_config(wq_cfg, p)
         try:
@@ -207,16 +206,20 @@ async def stop_mirrors(api: JsApi, wq: str) -> int:
     return n
 
 
+async def _stored(api: JsApi, wq: str, p: int) -> int | None:
+    """Messages stored in partition ``p``'s stream (None: it does not exist)."""
+    try:
+        return int((await api.stream_info(partition_stream(wq, p)))["state"]["messages"])
+    except JetStreamApiError as e:
+        if e.err_code != ERR_STREAM_NOT_FOUND:
+            raise
+        return None
+
+
 async def partition_streams_left(api: JsApi, wq: str, partitions: int) -> dict[int, int]:
     """Messages still stored in each partition stream that exists."""
-    out: dict[int, int] = {}
-    for p in range(partitions):
-        try:
-            out[p] = int((await api.stream_info(partition_stream(wq, p)))["state"]["messages"])
-        except JetStreamApiError as e:
-            if e.err_code != ERR_STREAM_NOT_FOUND:
-                raise
-    return out
+    out = {p: await _stored(api, wq, p) for p in range(partitions)}
+    return {p: n for p, n in out.items() if n is not None}
 
 
 async def partition_streams_of(api: JsApi, wq: str) -> list[str]:
@@ -248,16 +251,8 @@ async def partition_backlog(api: JsApi, wq: str, partitions) -> dict[int, int]:
     count would count a moved message twice meanwhile.)"""
     out: dict[int, int] = {}
     for p in partitions:
-        n = 0
-        try:
-            n += int((await api.stream_info(partition_stream(wq, p)))["state"]["messages"])
-        except JetStreamApiError as e:
-            if e.err_code != ERR_STREAM_NOT_FOUND:
-                raise
         info = await api.consumer_info(wq, mirror_consumer(p))
-        if info is not None:
-            n += int(info.get("num_pending") or 0)
-        out[p] = n
+        out[p] = (await _stored(api, wq, p) or 0) + (int(info.get("num_pending") or 0) if info else 0)
     return out
 
 

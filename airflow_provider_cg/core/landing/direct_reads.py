@@ -40,7 +40,6 @@ from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import keep_matching, rows_from_batches
 
 log = logging.getLogger("airflow_provider_cg.landing")
-ALL_SUBJECTS = ">"
 
 
 class PartitionPositions:
@@ -94,64 +93,16 @@ class PartitionPositions:
         return unknown
 
 
-class PartitionStreamPositions:
-    """An elastic member's place in its partition streams (``groups/layout.py``): the next
-    sequence to read in each. Each is read unfiltered from its first message (an earlier
-    holder's unacknowledged messages first) and a landed range goes with one purge by
-    sequence; the sequences are the work queue's, so rows and acks are as in the work queue."""
-
-    origin = None  # rows name their origin from the sourcing header (a mirror keeps it)
-    only = None
+class PartitionStreamPositions(PartitionPositions):
+    """An elastic member's place in its partition streams (``groups/layout.py``): as in the
+    work queue, but each partition is a stream of its own, read unfiltered from its first
+    message and purged by sequence (``PartitionStreamReaders``); the sequences are the work
+    queue's, so rows and acks are as in the work queue."""
 
     def __init__(self, readers: PartitionStreamReaders, partitions) -> None:
-        self.readers = readers
+        self.reader = readers
         self.starts = {p: 0 for p in partitions}
-
-    async def begin(self, first: list, info: dict) -> bool:
-        return True
-
-    async def read(self, count: int) -> tuple[list[PartitionBatch], None]:
-        """Up to ``count`` messages shared evenly by the partitions, read concurrently; what a
-        drained partition left is taken from the others."""
-        share = max(1, -(-count // max(1, len(self.starts))))
-        batches = list(await asyncio.gather(*(self.readers[p].read(p, s, share, subject=ALL_SUBJECTS)
-                                              for p, s in self.starts.items())))
-        left = count - sum(len(b) for b in batches)
-        for b in batches:
-            if left <= 0:
-                break
-            if b.pending and len(b) == share:
-                more = await self.readers[b.partition].read(b.partition, b.last_seq + 1, left, subject=ALL_SUBJECTS)
-                b.hdrs += more.hdrs
-                b.data += more.data
-                b.last_seq, b.pending = (more.last_seq or b.last_seq), more.pending
-                left -= len(more)
-        for b in batches:
-            if len(b):
-                self.starts[b.partition] = b.last_seq + 1
-        return [b for b in batches if len(b)], None
-
-    async def plan(self, count: int) -> tuple[list[ReadRange], int]:
-        starts = {p: (ALL_SUBJECTS, s) for p, s in self.starts.items()}
-        ranges, cut = await plan_ranges(self.readers, starts, count, await self.readers.last_seq())
-        if ranges:
-            self.starts = {p: max(s, cut + 1) for p, s in self.starts.items()}
-        return ranges, cut
-
-    async def ack(self, batches: list[PartitionBatch] | list[ReadRange], _cut: int | None) -> int:
-        """One purge by sequence per partition stream; returns how many messages' acks are unknown."""
-        unknown = 0
-        for b in batches:
-            reader = self.readers[b.partition]
-            try:
-                await reader.purge_through(ALL, b.last_seq, timeout=min(ACK_TIMEOUT, 10.0))
-            except Exception as e:  # the purge may or may not have taken effect
-                log.warning("cg purge of partition stream %s through %d: %s; checking", reader.stream, b.last_seq, e)
-                deadline = asyncio.get_running_loop().time() + ACK_TIMEOUT
-                if not await reader.acked_through(ALL, b.last_seq, deadline):
-                    unknown += len(b)
-            failpoint("mid_ack")
-        return unknown
+        self.subjects = {p: subject_filter(ALL) for p in partitions}
 
 
 class ConsumerPosition:

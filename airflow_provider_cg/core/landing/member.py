@@ -119,10 +119,11 @@ class MemberRun:
             raise ConfigError("member", f"{o.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
         elastic = isinstance(self.config, ElasticGroupConfig)
         self.ack_wait = o.consumer_ack_wait(elastic)
+        layout = await self.groups.layout(group)
         # As orbit creates it (an orbit instance of the member then shares it through the pin);
         # an existing one is used as it is.
         self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
-            o.stream, o.group, o.member, ack_wait=self.ack_wait,
+            o.stream, o.group, o.member, ack_wait=self.ack_wait, layout=layout,
             max_ack_pending=o.max_ack_pending or (None if elastic else static_max_ack_pending(self.batch_size)),
         )
         existing = await self.api.consumer_info(self.consumer_stream, consumer)
@@ -134,7 +135,7 @@ class MemberRun:
         self.lander.partition_count = self.config.max_members
         self.filters = partitioning.member_filter_subjects(self.config, o.member)
         self.reader: PartitionReader | PartitionStreamReaders | None = None
-        self.split = self.sourced and grouplayout.reads_partition_streams(await self.groups.layout(group))
+        self.split = grouplayout.reads_partition_streams(layout)
         if self.split:  # its partitions are streams of their own: read them, whatever ``read`` says
             self.reader = PartitionStreamReaders(
                 self.nc, {p: grouplayout.partition_stream(self.consumer_stream, p) for p in self.partitions},
