@@ -22,7 +22,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.errors import (
+    ConfigError,
+    ConsumerGroupError,
+    JetStreamApiError,
+    ServerUnavailable,
+)
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import StaticGroupConfig, static_consumer_name
 from airflow_provider_cg.core.jetstream.api import JsApi
@@ -241,6 +246,8 @@ class ChaosRun:
                 self.log(f"step-down {m}")
             except ConfigError:
                 self.log(f"step-down {m}: no consumer")
+            except (ServerUnavailable, JetStreamApiError) as e:  # e.g. the consumer's leader is being elected
+                self.log(f"step-down {m}: not answered ({type(e).__name__}); a later fault goes on")
         elif kind == "membership":
             await self.change_membership()
         elif kind == "restart":
