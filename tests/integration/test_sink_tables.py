@@ -409,19 +409,19 @@ def test_a_table_partitioned_otherwise_is_refused_before_anything_is_written(tab
 
 
 def test_a_spark_task_whose_staging_was_removed_reports_it_without_failing(tmp_path):
-    """The code Spark's tasks run (``_PartWriter``), called as a task would call it, after a
+    """The code Spark's tasks run (``TaskFileWriter``), called as a task would call it, after a
     recovering instance removed the write's staging folder: it tells the driver (rows -1, which
     stage() turns into PreparedWriteLost) instead of failing the task with a stack trace."""
     from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
-    from airflow_provider_cg.core.landing.sinks.tables import _PartWriter
+    from airflow_provider_cg.core.landing.sinks.parquet_files import TaskFileWriter
 
     (tmp_path / "t").mkdir()
     for partitioning in (None, Partitioning.parse("key", "delta")):
-        writer = _PartWriter(str(tmp_path / "t"), "_cg_staging/gone/spark", "snappy", partitioning)
+        writer = TaskFileWriter(str(tmp_path / "t"), "_cg_staging/gone/spark", "snappy", partitioning)
         out = [b.to_pydict() for b in writer(iter(rows(range(1, 7)).to_batches()))]
         assert out == [{"file": [""], "rows": [-1]}], out
     (tmp_path / "t" / "here").mkdir()
-    writer = _PartWriter(str(tmp_path / "t"), "here", "snappy", Partitioning.parse("key", "delta"))
+    writer = TaskFileWriter(str(tmp_path / "t"), "here", "snappy", Partitioning.parse("key", "delta"))
     out = [b.to_pydict() for b in writer(iter(rows(range(1, 7)).to_batches()))]
     assert sorted(r for b in out for r in b["rows"]) == [2, 2, 2]  # one file per key value
 

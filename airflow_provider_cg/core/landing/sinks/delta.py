@@ -38,6 +38,9 @@ from airflow_provider_cg.core.landing.sinks.tables import (
     stats_json,
 )
 
+#: the table property delta-rs writes a MERGE's files by
+TARGET_FILE_SIZE = "delta.targetFileSize"
+
 
 def delta_storage_options(settings: ObjectStoreSettings) -> dict[str, str]:
     """delta-rs storage options for an S3-compatible store (no secret is logged by delta-rs)."""
@@ -128,16 +131,27 @@ class DeltaLakeSink(TableSink):
         if dt is None:
             try:
                 DeltaTable.create(self.uri, schema=schema, mode="ignore", storage_options=self.storage_options or None,
-                                  partition_by=self.partitioning.columns if self.partitioning else None)
+                                  partition_by=self.partitioning.columns if self.partitioning else None,
+                                  configuration=self._file_size_property())
             except DeltaError:
                 pass  # another publisher created it meanwhile
             dt = self._table()
+        elif self.merge is not None and self._file_size_property() and \
+                dt.metadata().configuration.get(TARGET_FILE_SIZE) != str(self.target_file_size):
+            dt.alter.set_table_properties(self._file_size_property())
+            dt.update_incremental()
         added = new_columns(pa.schema(dt.schema().to_arrow()), schema)
         if added:
             fields = DeltaSchema.from_arrow(pa.schema(added)).fields
             dt.alter.add_columns([Field(f.name, f.type, nullable=True) for f in fields])
             dt.update_incremental()
         return dt
+
+    def _file_size_property(self) -> dict[str, str] | None:
+        """``delta.targetFileSize``: the size delta-rs's MERGE writes its files at (the sink's own
+        files are written at ``target_file_size`` by ``parquet_files.py``). delta-rs checks it
+        every 1,024 rows, so a merge's file can pass it by up to 1,024 rows' bytes."""
+        return {TARGET_FILE_SIZE: str(self.target_file_size)} if self.target_file_size else None
 
     def _publish_failed(self, e: Exception, what: str, pos: int) -> SinkError:
         """A failed table commit: ``TableConflict`` (another publisher was first: re-read and

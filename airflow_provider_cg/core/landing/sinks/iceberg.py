@@ -155,9 +155,10 @@ class IcebergSink(TableSink):
         if tbl is not None:
             self.partitioning = _table_partitioning(tbl, partitioning, self.identifier)
             location = tbl.location()
-            if tbl.properties.get("commit.retry.num-retries") != "0":
+            wanted = self._own_properties(target_file_size)
+            if any(tbl.properties.get(k) != v for k, v in wanted.items()):
                 with tbl.transaction() as tx:
-                    tx.set_properties(NO_RETRIES)
+                    tx.set_properties(wanted)
         elif warehouse:  # a SQL catalog's warehouse property, or (REST) the location asked for
             base = warehouse if "://" in warehouse else "file://" + os.path.abspath(warehouse)
             location = f"{base.rstrip('/')}/{self.namespace}.db/{self.name}"
@@ -171,6 +172,15 @@ class IcebergSink(TableSink):
         super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval,
                          target_file_size=target_file_size)
         self.location = store.uri() if isinstance(store, ObjectStorage) else "file://" + store.location
+
+    @staticmethod
+    def _own_properties(target_file_size: int | None) -> dict[str, str]:
+        """The table properties the sink relies on: no automatic commit retry (see the module
+        docstring) and, with ``target_file_size``, the size pyiceberg writes a merge's files at
+        (the sink's own files are written at it by ``parquet_files.py``)."""
+        if not target_file_size:
+            return dict(NO_RETRIES)
+        return {**NO_RETRIES, "write.target-file-size-bytes": str(target_file_size)}
 
     def load_table(self):
         """The table as pyiceberg loads it now (None if not created yet)."""
@@ -216,11 +226,12 @@ class IcebergSink(TableSink):
             if not self._namespace_exists():
                 raise
         try:
+            properties = self._own_properties(self.target_file_size)
             if self.partitioning is None:
                 return self.catalog.create_table(self.identifier, schema=schema, location=self.location,
-                                                 properties=dict(NO_RETRIES))
+                                                 properties=properties)
             tx = self.catalog.create_table_transaction(self.identifier, schema=schema, location=self.location,
-                                                       properties=dict(NO_RETRIES))
+                                                       properties=properties)
             with tx.update_spec() as spec:
                 for f in self.partitioning.fields:
                     spec.add_field(f.column, f.iceberg_transform(), f.name)

@@ -68,6 +68,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.sinks.base import (
@@ -92,6 +93,12 @@ from airflow_provider_cg.core.landing.sinks.base import (
     recovered_by,
     sorted_unique,
 )
+from airflow_provider_cg.core.landing.sinks.parquet_files import (
+    WRITE_FAILED,
+    SizedParquetFiles,
+    TaskFileWriter,
+    data_file_options,
+)
 from airflow_provider_cg.core.landing.sinks.protocol_log import (
     KEYS_DIR,
     LOG_DIR,
@@ -110,8 +117,6 @@ from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decid
 STAGING_DIR = "_cg_staging"
 MANIFEST = "prepared.json"
 SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
-_DICT_COLUMNS = ["origin_stream", "subject", "key", "group", "member", "headers"]
-_STATS_COLUMNS = ["origin_stream", "origin_seq", "subject", "partition", "key", "timestamp", "group", "member"]
 
 STORED_SCHEMA = pa.schema(
     [f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f for f in ROW_SCHEMA]
@@ -119,6 +124,13 @@ STORED_SCHEMA = pa.schema(
 """``ROW_SCHEMA`` as stored in Parquet files (microsecond timestamps, readable by Spark)."""
 
 log = logging.getLogger(__name__)
+
+
+class SchemaMismatch(SinkError, ConfigError):
+    """A batch the table cannot take (a column of another type, a required column missing)."""
+
+    def __init__(self, column: str, rule: str) -> None:
+        ConfigError.__init__(self, f"column {column!r}", rule)
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,8 @@ class LakeSink(TwoPhaseSink):
     ALL_STATISTICS = False
     #: the table's partitioning (``partitioning.py``): each data file then holds one partition
     partitioning = None
+    #: the upsert rule (``merging.py``): published by merging the batch's rows, not adding its files
+    merge = None
     #: the log's checkpoints keep the folded commits' files (the Parquet dataset is read from them)
     KEEPS_FILES = False
 
@@ -177,6 +191,81 @@ class LakeSink(TwoPhaseSink):
     def storable(self, table: pa.Table) -> pa.Table:
         """The batch's rows as the table stores them (by default: as they are)."""
         return table
+
+    # -- Spark writes the files -----------------------------------------------------------
+
+    def stage(self, batch_id: BatchId, frame) -> StagedFiles:
+        """Spark tasks write the batch's Parquet files straight into the write's staging (on
+        local disk or the object store), each at most ``target_file_size`` (``TaskFileWriter``);
+        the driver only lists them."""
+        staging = self.staging(batch_id.gid)
+        try:
+            self.store.start_dir(staging)
+        except FileExistsError:
+            raise SinkError(f"batch {batch_id.gid} is already prepared") from None
+        self.store.ensure_dir(f"{staging}/{SPARK_DIR}")  # tasks write into it, and never create it
+        try:
+            self._check_frame(frame)
+        except SchemaMismatch:
+            self.store.delete_tree(staging)
+            raise
+        writer = TaskFileWriter(self.store.location, f"{staging}/{SPARK_DIR}", self.compression, self.partitioning,
+                                target=self.target_file_size, all_statistics=self.ALL_STATISTICS)
+        if self.partitioning is not None:
+            # one task per partition value: one file per partition per commit (or several of the
+            # target size), not one per task and partition; rows in origin order within each
+            frame = frame.repartition(*self.partitioning.columns)
+            if "origin_seq" in frame.columns:
+                frame = frame.sortWithinPartitions(*(c for c in ("origin_stream", "origin_seq") if c in frame.columns))
+        try:
+            out = frame.mapInArrow(writer, "file string, rows long").collect()
+        except Exception as e:
+            if not self.store.dir_exists(staging):
+                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it") from None
+            self.store.delete_tree(staging)
+            text = str(e)
+            if WRITE_FAILED in text:
+                detail = text[text.index(WRITE_FAILED):].splitlines()[0]
+                raise SinkError(f"Spark tasks could not write the batch's files: {detail}") from None
+            raise
+        if any(int(r["rows"]) < 0 for r in out):  # a task found the staging folder gone
+            raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it")
+        files = tuple(sorted((f"{SPARK_DIR}/{r['file']}", int(r["rows"])) for r in out))
+        if files and not self.store.exists(f"{staging}/{files[0][0]}"):
+            self.store.delete_tree(staging)  # the tasks wrote to their own disks: never commit a batch for it
+            raise SinkError(f"Spark's output for {batch_id.gid} is not in {self.store.location} as the driver sees "
+                            "it (is the lake on a filesystem mounted at the same path on the driver and the "
+                            "executors?)")
+        if files:
+            schema = pq.read_schema(io.BytesIO(self.store.read(f"{staging}/{files[0][0]}")))
+            try:
+                self.check_schema(schema)
+            except SchemaMismatch:
+                self.store.delete_tree(staging)
+                raise
+        return StagedFiles(batch_id.gid, files)
+
+    def _check_frame(self, frame) -> None:
+        """The partition and merge columns of a Spark batch, before its tasks write anything."""
+        if self.merge is not None:
+            self.merge.check_schema(pa.schema([pa.field(c, pa.null()) for c in frame.columns]))
+        if self.partitioning is None:
+            return
+        missing = [c for c in self.partitioning.columns if c not in frame.columns]
+        if missing:
+            raise SchemaMismatch(missing[0], f"is a partition column (partition_by {self.partitioning}) "
+                                             "but not in this batch")
+        try:
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            schema = to_arrow_schema(frame.select(*self.partitioning.columns).schema)
+        except Exception:  # noqa: BLE001 - a type Arrow lacks: the files' own check follows
+            return
+        self.partitioning.check_schema(schema)
+
+    def discard(self, staged) -> None:
+        if isinstance(staged, StagedFiles):
+            self.store.delete_tree(self.staging(staged.gid))
 
     # -- prepare --------------------------------------------------------------------------------
 
@@ -337,46 +426,24 @@ class LakeSink(TwoPhaseSink):
         self.store.write(f"{staging}/{MANIFEST}", json.dumps(manifest, separators=(",", ":")).encode())
 
     def _write_parquet(self, table: pa.Table, rel: str) -> None:
-        self.store.write(rel, self._parquet_bytes(table))
+        self.store.write(rel, self._parquet_files(table.schema, None).files(table)[0][0])
 
-    def _parquet_bytes(self, table: pa.Table) -> bytes:
-        names = set(table.column_names)
-        buf = io.BytesIO()
-        pq.write_table(
-            table,
-            buf,
-            compression=self.compression,
-            use_dictionary=[c for c in _DICT_COLUMNS if c in names],
-            write_statistics=True if self.ALL_STATISTICS else [c for c in _STATS_COLUMNS if c in names],
-            coerce_timestamps="us",
-            allow_truncated_timestamps=True,
-        )
-        return buf.getvalue()
+    def _parquet_files(self, schema: pa.Schema, target: int | None) -> SizedParquetFiles:
+        """The writer of this sink's data files (its compression, dictionaries and statistics)."""
+        return SizedParquetFiles(schema, target, **data_file_options(schema, self.compression, self.ALL_STATISTICS))
 
     def _write_parts(self, table: pa.Table, staging: str, stem: str) -> list[tuple[str, int]]:
         """``table`` as ``<stem>-<i>.parquet`` files in ``staging``: one, or one per partition of a
-        partitioned table, each split in row order into files of about ``target_file_size``
-        when larger. Returns (name, rows) of each, in the rows' order."""
+        partitioned table, each split in row order into files of at most ``target_file_size``
+        (``parquet_files.py``). Returns (name, rows) of each, in the rows' order."""
         parts = self.partitioning.split(table) if self.partitioning is not None else [table]
         out = []
         for part in parts:
-            for data, rows in self._sized(part):
+            for data, rows in self._parquet_files(part.schema, self.target_file_size).files(part):
                 name = f"{stem}-{len(out):05d}.parquet"
                 self.store.write(f"{staging}/{name}", data)
                 out.append((name, rows))
         return out
-
-    def _sized(self, part: pa.Table) -> list[tuple[bytes, int]]:
-        """``part`` as Parquet, in as many files of equal rows as ``target_file_size`` needs (its
-        size is known once written: a part over the target is written again in pieces)."""
-        data = self._parquet_bytes(part)
-        target = self.target_file_size
-        if not target or len(data) <= target or part.num_rows < 2:
-            return [(data, part.num_rows)]
-        pieces = min(part.num_rows, -(-len(data) // target))
-        rows = -(-part.num_rows // pieces)
-        return [(self._parquet_bytes(part.slice(at, rows)), min(rows, part.num_rows - at))
-                for at in range(0, part.num_rows, rows)]
 
     def _read_parquet(self, rel: str) -> pa.Table:
         return pq.read_table(io.BytesIO(self.store.read(rel)))

@@ -17,9 +17,9 @@ Files written with an extra column and files without it coexist: read with
 ``spark.read.option("mergeSchema", "true")``; ``read_committed`` unifies schemas itself.
 pyarrow skips ``_``-prefixed directories, so ``pq.read_table(root)`` is safe too.
 
-A batch computed by Spark (``stage``) is written by Spark tasks into its staging directory,
-so on a cluster the dataset must be mounted at the same path on the driver and every
-executor. Requires a POSIX filesystem with atomic ``link`` (local disk, NFSv3+), not an object
+A batch computed by Spark (``LakeSink.stage``) is written by Spark tasks into its staging
+directory, in files of at most ``target_file_size``, so on a cluster the dataset must be
+mounted at the same path on the driver and every executor. Requires a POSIX filesystem with atomic ``link`` (local disk, NFSv3+), not an object
 store (use the Delta or Iceberg sink there).
 """
 
@@ -31,10 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.landing.rows import BatchId
-from airflow_provider_cg.core.landing.sinks.base import PreparedWriteLost, SinkError
 from airflow_provider_cg.core.landing.sinks.lake import (
-    SPARK_DIR,
     STAGING_DIR,
     STORED_SCHEMA,
     DatasetCorrupt,
@@ -76,38 +73,6 @@ class ParquetLakeSink(LakeSink):
     def data_path(self) -> Path:
         """The directory plain readers read."""
         return self.root / DATA_DIR
-
-    def stage(self, batch_id: BatchId, frame) -> StagedFiles:
-        """Spark tasks write the DataFrame ``frame`` into the write's staging directory (the
-        driver writes only the manifest and keys in ``prepare``)."""
-        staging = self.staging(batch_id.gid)
-        try:
-            self.store.start_dir(staging)
-        except FileExistsError:
-            raise SinkError(f"batch {batch_id.gid} is already prepared") from None
-        out = self.root / staging / SPARK_DIR
-        try:
-            # a plain file: path (Hadoop's Path escapes it itself; a URI's %-escapes would be doubled)
-            frame.write.option("compression", self.compression).parquet("file://" + os.path.abspath(out))
-        except Exception:
-            if not self.store.dir_exists(staging):  # a recovering instance removed it: no longer the holder
-                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it") from None
-            self.store.delete_tree(staging)
-            raise
-        if not (out / "_SUCCESS").exists():  # Spark wrote somewhere else: never commit an empty batch for it
-            self.store.delete_tree(staging)
-            raise SinkError(f"Spark's output for {batch_id.gid} is not in {out} (is the lake on a filesystem "
-                            "mounted at the same path on the driver and the executors?)")
-        files = []
-        for f in sorted(out.glob("part-*.parquet")):
-            rows = pq.read_metadata(f).num_rows
-            if rows:
-                files.append((f"{SPARK_DIR}/{f.name}", rows))
-        return StagedFiles(batch_id.gid, tuple(files))
-
-    def discard(self, staged) -> None:
-        if isinstance(staged, StagedFiles):
-            self.store.delete_tree(self.staging(staged.gid))
 
     def publish(self, record: dict) -> None:
         """Link a committed record's files into data/, then drop its staging."""

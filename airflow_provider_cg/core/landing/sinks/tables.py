@@ -16,19 +16,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.base import PreparedWriteLost, SinkError
-from airflow_provider_cg.core.landing.sinks.lake import SPARK_DIR, DatasetCorrupt, LakeSink, StagedFiles
+from airflow_provider_cg.core.landing.sinks.base import SinkError
+from airflow_provider_cg.core.landing.sinks.lake import DatasetCorrupt, LakeSink, SchemaMismatch
+from airflow_provider_cg.core.landing.sinks.parquet_files import utc_schema
+
+__all__ = ["APP_ID", "DataFile", "SchemaMismatch", "TableConflict", "TableSink", "file_stats", "new_columns",
+           "stats_json", "utc_schema"]
 
 APP_ID = "airflow-provider-cg"
 """The Delta app-transaction id (and Iceberg property prefix) that records log positions."""
-
-
-class SchemaMismatch(SinkError, ConfigError):
-    """A batch the table cannot take (a column of another type, a required column missing)."""
-
-    def __init__(self, column: str, rule: str) -> None:
-        ConfigError.__init__(self, f"column {column!r}", rule)
 
 
 def _norm(t: pa.DataType) -> str:
@@ -69,25 +65,6 @@ def new_columns(table: pa.Schema, batch: pa.Schema) -> list[pa.Field]:
     return added
 
 
-def _utc(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_timestamp(t) and t.tz is not None and t.tz != "UTC":
-        return pa.timestamp(t.unit, "UTC")
-    if pa.types.is_struct(t):
-        return pa.struct([f.with_type(_utc(f.type)) for f in t])
-    if pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(_utc(t.value_type)))
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(_utc(t.value_type)))
-    return t
-
-
-def utc_schema(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with every zoned timestamp labelled ``UTC``. Arrow keeps instants in UTC
-    whatever the label, so this changes no value; Spark labels them with its session zone
-    (``Etc/UTC``, ``Europe/Paris``), which a Delta table refuses and readers would disagree on."""
-    return pa.schema([f.with_type(_utc(f.type)) for f in schema], metadata=schema.metadata)
-
-
 def file_stats(data: bytes | None = None, *, metadata: pq.FileMetaData | None = None) -> tuple[int, dict]:
     """(rows, Delta-style stats) of a Parquet file: numRecords, and min/max/nullCount of its
     top-level integer and string columns (what readers skip files by, e.g. origin_seq)."""
@@ -126,74 +103,6 @@ def file_stats(data: bytes | None = None, *, metadata: pq.FileMetaData | None = 
 
 def stats_json(stats: dict) -> str:
     return json.dumps(stats, separators=(",", ":"), default=str)
-
-
-#: how a failed write of a data file reads inside the PythonException Spark raises in the driver:
-#: the sink's storage failing, not the user's transformation (so: transient, exit 2, not 1)
-WRITE_FAILED = "cg-sink: writing a data file failed"
-
-
-class _PartWriter:
-    """Runs in Spark's Python workers (``mapInArrow``): writes each task's rows as Parquet files
-    under the write's staging -- one file, or one per partition of a partitioned table -- and
-    yields (file, rows) of each. The store is rebuilt in the worker from the location and the
-    worker's environment, so no credential travels in a task. A file is named by the Spark
-    partition it holds, so a batch's files list (and are committed) in the order of its
-    input: per-key order within a batch, for rows one per input."""
-
-    def __init__(self, location: str, folder: str, compression: str, partitioning=None) -> None:
-        self.location, self.folder, self.compression = location, folder, compression
-        self.partitioning = partitioning
-
-    def __call__(self, batches):
-        import secrets
-
-        from airflow_provider_cg.core.landing.sinks.storage import open_storage
-
-        files: dict = {}  # partition key -> [writer, buffer, rows], in order of first row
-        target = None
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            if target is None:
-                target = utc_schema(batch.schema)
-            batch = batch if batch.schema == target else batch.cast(target)
-            parts = [batch] if self.partitioning is None else self.partitioning.split(batch)
-            for part in parts:
-                key = None if self.partitioning is None else tuple(self.partitioning.first_values(part))
-                out = files.get(key)
-                if out is None:
-                    buf = io.BytesIO()
-                    out = files[key] = [pq.ParquetWriter(buf, target, compression=self.compression,
-                                                         coerce_timestamps="us", allow_truncated_timestamps=True),
-                                        buf, 0]
-                out[0].write_batch(part)
-                out[2] += part.num_rows
-        if not files:
-            return
-        from pyspark import TaskContext
-
-        task = TaskContext.get()
-        try:
-            store = open_storage(self.location, fsync=True)
-        except Exception as e:  # noqa: BLE001 - the worker cannot reach the storage
-            first = (str(e).splitlines() or [""])[0][:300]
-            raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
-        for k, (writer, buf, rows) in enumerate(files.values()):
-            writer.close()
-            name = f"{self.folder}/part-{task.partitionId() if task else 0:05d}-{k:04d}-{secrets.token_hex(8)}.parquet"
-            try:
-                store.write(name, buf.getvalue())
-            except FileNotFoundError:
-                # the write's staging folder was removed (an instance that took the member over
-                # recovered it): say so to the driver instead of failing the task, whose stack
-                # trace Spark would print for a case the protocol handles
-                yield pa.record_batch({"file": pa.array([""]), "rows": pa.array([-1], pa.int64())})
-                return
-            except Exception as e:  # noqa: BLE001 - any storage failure; the message says which
-                first = (str(e).splitlines() or [""])[0][:300]
-                raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
-            yield pa.record_batch({"file": pa.array([name.rsplit("/", 1)[-1]]), "rows": pa.array([rows], pa.int64())})
 
 
 @dataclass(frozen=True)
@@ -241,9 +150,6 @@ class TableSink(LakeSink):
         target = utc_schema(table.schema)
         return table if target == table.schema else table.cast(target)
 
-    #: the upsert rule (``merging.py``): published by merging the batch's rows, not adding its files
-    merge = None
-
     def check_schema(self, schema: pa.Schema) -> None:
         if self.partitioning is not None:
             self.partitioning.check_schema(utc_schema(schema))
@@ -260,74 +166,6 @@ class TableSink(LakeSink):
         f = pq.ParquetFile(self.store.filesystem().open_input_file(self.store.file_path(path)))
         first = f.read_row_group(0, columns=self.partitioning.columns).slice(0, 1)
         return self.partitioning.first_values(first)
-
-    def _check_frame(self, frame) -> None:
-        """The partition and merge columns of a Spark batch, before its tasks write anything."""
-        if self.merge is not None:
-            self.merge.check_schema(pa.schema([pa.field(c, pa.null()) for c in frame.columns]))
-        if self.partitioning is None:
-            return
-        missing = [c for c in self.partitioning.columns if c not in frame.columns]
-        if missing:
-            raise SchemaMismatch(missing[0], f"is a partition column (partition_by {self.partitioning}) "
-                                             "but not in this batch")
-        try:
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            schema = to_arrow_schema(frame.select(*self.partitioning.columns).schema)
-        except Exception:  # noqa: BLE001 - a type Arrow lacks: the files' own check follows
-            return
-        self.partitioning.check_schema(schema)
-
-    # -- Spark writes the files -----------------------------------------------------------
-
-    def stage(self, batch_id, frame) -> StagedFiles:
-        """Spark tasks write the batch's Parquet files straight into the write's staging (on
-        local disk or the object store); the driver only lists them."""
-        staging = self.staging(batch_id.gid)
-        try:
-            self.store.start_dir(staging)
-        except FileExistsError:
-            raise SinkError(f"batch {batch_id.gid} is already prepared") from None
-        self.store.ensure_dir(f"{staging}/{SPARK_DIR}")  # tasks write into it, and never create it
-        try:
-            self._check_frame(frame)
-        except SchemaMismatch:
-            self.store.delete_tree(staging)
-            raise
-        writer = _PartWriter(self.store.location, f"{staging}/{SPARK_DIR}", self.compression, self.partitioning)
-        if self.partitioning is not None:
-            # one task per partition value: one file per partition per commit, not one per task
-            # and partition; rows in origin order within each file
-            frame = frame.repartition(*self.partitioning.columns)
-            if "origin_seq" in frame.columns:
-                frame = frame.sortWithinPartitions(*(c for c in ("origin_stream", "origin_seq") if c in frame.columns))
-        try:
-            out = frame.mapInArrow(writer, "file string, rows long").collect()
-        except Exception as e:
-            if not self.store.dir_exists(staging):
-                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it") from None
-            self.store.delete_tree(staging)
-            text = str(e)
-            if WRITE_FAILED in text:
-                detail = text[text.index(WRITE_FAILED):].splitlines()[0]
-                raise SinkError(f"Spark tasks could not write the batch's files: {detail}") from None
-            raise
-        if any(int(r["rows"]) < 0 for r in out):  # a task found the staging folder gone
-            raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it")
-        files = tuple(sorted((f"{SPARK_DIR}/{r['file']}", int(r["rows"])) for r in out))
-        if files:
-            schema = pq.read_schema(io.BytesIO(self.store.read(f"{staging}/{files[0][0]}")))
-            try:
-                self.check_schema(schema)
-            except SchemaMismatch:
-                self.store.delete_tree(staging)
-                raise
-        return StagedFiles(batch_id.gid, files)
-
-    def discard(self, staged) -> None:
-        if isinstance(staged, StagedFiles):
-            self.store.delete_tree(self.staging(staged.gid))
 
     # -- publish in log order -------------------------------------------------------------
 
