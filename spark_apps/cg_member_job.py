@@ -66,12 +66,13 @@ def _build_pipeline(spec, session: JobSession | None):
     from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, SparkPipeline
 
     if session is None:
-        return ArrowPipeline(text_decoder() if spec.payload_format == "text" else None)
+        return ArrowPipeline(text_decoder() if spec.payload_format == "text" else None, bad_records=spec.bad_records)
     if spec.payload_format == "raw" and not spec.transforming and spec.read != "executors":
-        return ArrowPipeline()
+        return ArrowPipeline(bad_records=spec.bad_records)
     now = spec.payload_format in ("json", "avro") or spec.read == "executors"
     decoder = SparkDecoder(session() if now else None, spec.payload_format, spec.json_schema or spec.avro_schema)
-    return SparkPipeline(session, decoder, function=spec.transform, sql=spec.transform_sql)
+    return SparkPipeline(session, decoder, function=spec.transform, sql=spec.transform_sql,
+                         bad_records=spec.bad_records)
 
 
 async def _run(spec, make_sink, pipeline):

@@ -103,6 +103,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         ``origin_stream`` is ``<stream>#2``), ``"continue:<created>"`` as the same messages (a
         restored backup); ``<created>`` is the creation time the job's refusal names (templated).
         Without it such a job fails with exit 1, nothing acked (``core/landing/stream_life.py``).
+    :param bad_records: what happens to a record its table cannot take (with ``merge_keys``: a
+        merge key null, or absent from the message): ``"dead-letter"`` (the default) moves its
+        message to the dead-letter stream ``<stream>-<group>-dlq`` with the reason and lands the
+        rest; ``"fail"`` fails the task (exit 1, no retry) naming the column, nothing acknowledged.
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
     :param check_backlog: skip without starting Spark when the member has nothing to read (a
         backfill: when the window holds no message of the group).
@@ -179,6 +183,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         progress_interval: float | str | None = None,
         read: str | None = None,
         stream_life: str | None = None,
+        bad_records: str | None = None,
         partitions: Sequence[int] | None = None,
         backlog: int | None = None,
         check_backlog: bool = True,
@@ -212,7 +217,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             "max_seconds": max_seconds, "standby_timeout": standby_timeout, "ack_wait": ack_wait,
             "max_ack_pending": max_ack_pending, "max_deliver": max_deliver, "idle_timeout": idle_timeout, "progress_interval": progress_interval,
             "read": read, "backfill_start": backfill_start, "backfill_end": backfill_end,
-            "stream_life": stream_life,
+            "stream_life": stream_life, "bad_records": bad_records,
         }
         assert set(job) == set(JOB_FIELDS), "every option of the member job is a parameter"
         for field, value in job.items():

@@ -52,6 +52,7 @@ SINKS = ("parquet", "postgres", "delta", "iceberg")
 PATH_SINKS = ("parquet", "delta")
 PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
 READ_MODES = ("auto", "consumer", "executors")
+BAD_RECORDS = ("dead-letter", "fail")
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
 ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome before it commits anyway
 
@@ -226,6 +227,10 @@ class MemberJobSpec(SinkOptions, BatchOptions):
     transform_sql: str | None = _opt(help="or a Spark SQL statement over the temporary view 'batch'")
     backfill_start: str | None = _opt(help="backfill mode: window start (ISO 8601, inclusive; naive = UTC)")
     backfill_end: str | None = _opt(help="backfill mode: window end (ISO 8601, exclusive)")
+    bad_records: str = _opt("dead-letter", str, "a record its table cannot take (a merge key null or missing): "
+                            "dead-letter moves its message to the dead-letter stream with the reason and lands the "
+                            "rest; fail ends the run with exit 1 naming the column, nothing acknowledged",
+                            BAD_RECORDS)
     no_spark: bool = _opt(False, bool, "run without a SparkSession (raw/text payloads only)")
     summary_file: str | None = _opt(help="also write the summary JSON to this file (atomically)")
 

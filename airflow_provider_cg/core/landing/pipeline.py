@@ -11,6 +11,14 @@ poison rows come back with that same job (an observed metric), so a good batch i
 once. Exactly-once is kept per *input* message: inputs already committed are dropped before
 the DataFrame is built, and the sink records the keys of the batch's good inputs with its
 output. The driver keeps the NATS work, the protocol and the commit. No Airflow import.
+
+Records the sink refuses (``TwoPhaseSink.refusals``: a merge key null or missing) are the
+message's problem, not the table's: on every path their messages become poison rows of the
+batch (the dead-letter stream, with the reason), or, with ``bad_records=fail``, the run ends
+(``BadRecords``, exit 1) before anything is prepared or acknowledged. In Spark the refused rows
+are found in the same job that stages the batch (an observed metric, filtered out of what the
+tasks write); the rare batch that has some is discarded and computed again with their messages
+marked poison, so no other row of theirs lands either.
 """
 
 from __future__ import annotations
@@ -53,6 +61,38 @@ class ProcessedBatch:
     skipped: int = 0  # inputs committed already, dropped before processing
 
 
+#: batches computed again because the sink refused some of their rows, before giving up
+MAX_REFUSAL_ROUNDS = 10
+FAIL = "fail"  # ``bad_records``: refused records end the run
+
+
+class BadRecords(ConfigError):
+    """Records their table cannot take, under ``bad_records=fail``: the run ends (exit 1) before
+    anything is prepared or acknowledged. ``refused``: (origin_stream, origin_seq) -> why."""
+
+    def __init__(self, refused: dict[tuple[str, int], str]) -> None:
+        self.refused = refused
+        first = refused[min(refused)]
+        column, _, rule = first.partition(": ")
+        shown = ", ".join(f"{stream} #{seq}" for stream, seq in sorted(refused)[:5])
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        super().__init__(column, f"{rule} in {len(refused)} message(s) ({shown}{more}); nothing was acknowledged "
+                                 "(bad_records=fail; with dead-letter, the default, they go to the dead-letter "
+                                 "stream and the rest lands)")
+
+
+def refuse(bad_records: str, refused: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
+    """Refused records as poison (their messages to the dead-letter stream), or ``BadRecords``."""
+    if refused and bad_records == FAIL:
+        raise BadRecords(refused)
+    return refused
+
+
+def _origins(table: pa.Table, rows) -> list[tuple[str, int]]:
+    streams, seqs = table.column("origin_stream"), table.column("origin_seq")
+    return [(streams[i].as_py(), int(seqs[i].as_py())) for i in rows]
+
+
 #: an input's partition (0 to 65,535: ``config.MAX_PARTITIONS``) in the low bits of the number
 #: the tasks report for it, its origin sequence in the others (up to 2**47)
 _PARTITION_BITS = 16
@@ -72,15 +112,22 @@ class RangesRead:
 
 
 class ArrowPipeline:
-    """The rows as read (``decode``: the driver-side text decoder, or none), minus poison rows."""
+    """The rows as read (``decode``: the driver-side text decoder, or none), minus poison rows
+    and the rows the sink refuses."""
 
-    def __init__(self, decode: Callable[[pa.Table], tuple[pa.Table, dict[int, str]]] | None = None) -> None:
-        self.decode = decode
+    def __init__(self, decode: Callable[[pa.Table], tuple[pa.Table, dict[int, str]]] | None = None, *,
+                 bad_records: str = "dead-letter") -> None:
+        self.decode, self.bad_records = decode, bad_records
 
     def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
         bad: dict[int, str] = {}
         if self.decode is not None and table.num_rows:
             table, bad = self.decode(table)
+        refused = {i: why for i, why in sink.refusals(table).items() if i not in bad}
+        if refused:
+            rows = sorted(refused)
+            refuse(self.bad_records, dict(zip(_origins(table, rows), (refused[i] for i in rows), strict=True)))
+            bad.update(refused)
         if bad:
             keep = np.ones(table.num_rows, dtype=bool)
             keep[list(bad)] = False
@@ -96,7 +143,7 @@ class SparkPipeline:
     Neither: the decoded rows land as they are."""
 
     def __init__(self, session: Callable[[], Any], decoder: SparkDecoder, *, function: str | None = None,
-                 sql: str | None = None) -> None:
+                 sql: str | None = None, bad_records: str = "dead-letter") -> None:
         """``session`` returns the job's SparkSession; it is called on the first batch (a run that
         finds nothing to land never starts Spark's context: about 2.5 s here)."""
         if function and sql:
@@ -107,6 +154,7 @@ class SparkPipeline:
         self.decoder = decoder
         self.fn = load_function(function) if function else None
         self.sql = sql
+        self.bad_records = bad_records
         self._one_at_a_time = threading.Lock()  # the view ``batch`` is the session's: one batch at a time
 
     @property
@@ -141,19 +189,33 @@ class SparkPipeline:
         fresh = table.filter(pa.array(~drop)) if skipped else table
         if fresh.num_rows == 0:
             return ProcessedBatch(fresh, {}, {}, skipped)
-        frame = self._frame(fresh, rows)
-        decoded = self.decoder.apply(frame)
-        observation = None
-        if self.decoder.can_fail:
-            observation = Observation(f"cg_poison_{batch_id.uid}_{batch_id.batch_seq}")
-            decoded = decoded.observe(observation, F.collect_list(
-                F.when(F.col(ERROR).isNotNull(), F.struct(F.col(ROW), F.col(ERROR)))).alias("bad"))
-            decoded = decoded.where(F.col(ERROR).isNull())
-        good = decoded.drop(ERROR, ROW)
-        ranges = {p: (first, last) for p, first, last, _ in partition_ranges(fresh)}
-        ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, tuple(sorted(ranges)),
-                           ranges)
-        staged, metrics = self._stage(sink, batch_id, self._transform(good, ctx), observation)
+        at = {origin: int(rows[i]) for i, origin in enumerate(_origins(fresh, range(fresh.num_rows)))}
+        refused: dict[int, str] = {}  # inputs whose rows the sink refused: poison (their index as read)
+        for _ in range(MAX_REFUSAL_ROUNDS):
+            decoded = _marked(self.decoder.apply(self._frame(fresh, rows)), F.col(ROW), refused)
+            observation = None
+            if self.decoder.can_fail or refused:
+                observation = Observation(f"cg_poison_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
+                decoded = decoded.observe(observation, F.collect_list(
+                    F.when(F.col(ERROR).isNotNull(), F.struct(F.col(ROW), F.col(ERROR)))).alias("bad"))
+                decoded = decoded.where(F.col(ERROR).isNull())
+            good = decoded.drop(ERROR, ROW)
+            ranges = {p: (first, last) for p, first, last, _ in partition_ranges(fresh)}
+            ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, tuple(sorted(ranges)),
+                               ranges)
+            out, refusals = _refusing(sink, self._transform(good, ctx), batch_id)
+            staged, metrics = self._stage(sink, batch_id, out, observation, refusals)
+            found = _refused_inputs(metrics, at, refused)
+            if not found:
+                break
+            sink.discard(staged)
+            for origin, why in refuse(self.bad_records, found).items():
+                refused[at[origin]] = why
+            log.info("cg batch %s: the sink refuses %d of its records (%s); computing it without their messages",
+                     batch_id.gid, len(found), next(iter(found.values())))
+        else:
+            raise ConsumerGroupError(f"batch {batch_id.gid}: its sink keeps refusing records after "
+                                     f"{MAX_REFUSAL_ROUNDS} rounds")
         bad = {int(r[0]): str(r[1]) for r in metrics.get("bad") or ()}
         keep = np.ones(fresh.num_rows, dtype=bool)
         if bad:
@@ -190,22 +252,35 @@ class SparkPipeline:
         the source's plan minus the inputs in ``skip``. The inputs read come back with the
         batch's Spark job (an observed metric), and are checked against the sink's committed
         ones only then; in the rare batch that holds some (a batch committed whose ack did not
-        take effect), the staged result is dropped and the batch computed again without them."""
+        take effect), or records the sink refuses, the staged result is dropped and the batch
+        computed again without them (the refused ones marked poison)."""
         with self._one_at_a_time:
             skip = np.zeros(0, np.int64)
-            for _ in range(3):
-                staged, read = self._read_ranges(sink, plan(skip if len(skip) else None), batch_id, partitions)
+            refused: dict[int, str] = {}  # origin_seq -> why: poison rows of the next computation
+            retries = 0
+            while True:
+                staged, read, found = self._read_ranges(sink, plan(skip if len(skip) else None), batch_id,
+                                                        partitions, origin_stream, refused)
+                if found:
+                    sink.discard(staged)
+                    if retries >= MAX_REFUSAL_ROUNDS:
+                        raise ConsumerGroupError(f"batch {batch_id.gid}: its sink keeps refusing records")
+                    for (_, seq), why in refuse(self.bad_records, found).items():
+                        refused[seq] = why
+                    retries += 1
+                    continue
                 seqs = read.inputs.column("origin_seq").to_numpy()
                 committed = sink.committed_keys_exist(origin_stream, seqs) if len(seqs) else np.zeros(0, bool)
                 if not committed.any():
                     break
                 sink.discard(staged)
+                if retries >= 3:
+                    raise ConsumerGroupError(f"batch {batch_id.gid}: inputs keep turning up committed while it is "
+                                             "computed (another writer of the same messages?)")
+                retries += 1
                 skip = np.union1d(skip, seqs[committed])
                 log.info("cg batch %s: %d of its inputs are committed already; computing it without them",
                          batch_id.gid, int(committed.sum()))
-            else:
-                raise ConsumerGroupError(f"batch {batch_id.gid}: inputs keep turning up committed while it is "
-                                         "computed (another writer of the same messages?)")
             bad = {i: str(e) for i, e in enumerate(read.poison.column(ERROR).to_pylist())}
             good = np.setdiff1d(seqs, read.poison.column("origin_seq").to_numpy()) if bad else np.sort(seqs)
             keys = {origin_stream: good}
@@ -213,14 +288,15 @@ class SparkPipeline:
                 keys = None
             return ProcessedBatch(staged, bad, keys, len(skip)), read
 
-    def _read_ranges(self, sink: TwoPhaseSink, plan: str, batch_id: BatchId, partitions: tuple[int, ...]):
+    def _read_ranges(self, sink: TwoPhaseSink, plan: str, batch_id: BatchId, partitions: tuple[int, ...],
+                     origin_stream: str, refused: dict[int, str]):
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
         from airflow_provider_cg.core.landing.nats_source import SOURCE_NAME
 
         frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
-        decoded = self.decoder.apply(frame)
+        decoded = _marked(self.decoder.apply(frame), F.col("origin_seq"), refused)
         observation = Observation(f"cg_read_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
         decoded = decoded.observe(
             observation,
@@ -232,13 +308,19 @@ class SparkPipeline:
             F.collect_list(F.when(F.col(ERROR).isNotNull(), F.struct(*_POISON_FIELDS))).alias("bad"))
         good = decoded.where(F.col(ERROR).isNull()).drop(ERROR)
         ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, partitions)
-        staged, metrics = self._stage(sink, batch_id, self._transform(good, ctx), observation)
+        out, refusals = _refusing(sink, self._transform(good, ctx), batch_id)
+        staged, metrics = self._stage(sink, batch_id, out, observation, refusals)
         packed = np.asarray(json.loads(metrics["inputs"] or "[]"), dtype=np.int64)
         inputs = pa.table({"partition": pa.array(packed & ((1 << _PARTITION_BITS) - 1), pa.int32()),
                            "origin_seq": pa.array(packed >> _PARTITION_BITS)})
         bad = [r.asDict() for r in metrics.get("bad") or ()]
         poison = pa.Table.from_pylist(bad, schema=_POISON_SCHEMA) if bad else _POISON_SCHEMA.empty_table()
-        return staged, RangesRead(inputs, poison, len(packed), int(metrics["bytes"] or 0))
+        read = RangesRead(inputs, poison, len(packed), int(metrics["bytes"] or 0))
+        found = {}
+        if metrics.get("refused"):
+            at = {(origin_stream, int(q)): int(q) for q in inputs.column("origin_seq").to_pylist()}
+            found = _refused_inputs(metrics, at, refused)
+        return staged, read, found
 
     def _frame(self, fresh: pa.Table, rows: np.ndarray):
         """The batch as a DataFrame: columns equal on every row (the origin stream, group,
@@ -278,7 +360,7 @@ class SparkPipeline:
             raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
         return out
 
-    def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out, observation) -> tuple[Any, dict]:
+    def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out, *observations) -> tuple[Any, dict]:
         """Run the batch's one Spark job (``sink.stage``); its result and observed metrics."""
         from airflow_provider_cg.core.landing.nats_source import READ_FAILED
 
@@ -294,7 +376,11 @@ class SparkPipeline:
                 raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
             raise _spark_failure(e) from e
         try:
-            return staged, ({} if observation is None else self._observed(observation))
+            metrics: dict = {}
+            for observation in observations:
+                if observation is not None:
+                    metrics.update(self._observed(observation))
+            return staged, metrics
         except BaseException:
             sink.discard(staged)
             raise
@@ -344,3 +430,57 @@ def partition_ranges(table) -> list[tuple[int, int, int, int]]:
         [("origin_seq", "min"), ("origin_seq", "max"), ("origin_seq", "count")])
     return sorted((int(r["partition"]), int(r["origin_seq_min"]), int(r["origin_seq_max"]), int(r["origin_seq_count"]))
                   for r in grouped.to_pylist())
+
+
+def _marked(decoded, row, refused: dict[int, str]):
+    """``decoded`` with the inputs in ``refused`` (by ``row``, their number) marked poison, why
+    they are refused as their error (a decoding error of theirs stays first)."""
+    if not refused:
+        return decoded
+    from pyspark.sql import functions as F
+
+    by_reason: dict[str, list[int]] = {}
+    for n, why in refused.items():
+        by_reason.setdefault(why, []).append(int(n))
+    reason = None
+    for why, ns in by_reason.items():
+        hit = row.isin(ns)
+        reason = F.when(hit, F.lit(why)) if reason is None else reason.when(hit, F.lit(why))
+    return decoded.withColumn(ERROR, F.coalesce(F.col(ERROR), reason))
+
+
+def _refusing(sink: TwoPhaseSink, out, batch_id: BatchId):
+    """The batch's output minus the rows the sink refuses, and an observation of those rows'
+    origins and reasons (None when the sink refuses nothing, or the output lacks the origin
+    columns: the sink's schema check then names them)."""
+    from pyspark.sql import DataFrame, Observation
+    from pyspark.sql import functions as F
+
+    if not isinstance(out, DataFrame) or not {"origin_stream", "origin_seq"} <= set(out.columns):
+        return out, None
+    why = sink.refusal_column(out.columns)
+    if why is None:
+        return out, None
+    observation = Observation(f"cg_refused_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
+    out = out.observe(observation, F.collect_list(F.when(why.isNotNull(), F.struct(
+        F.col("origin_stream").alias("origin_stream"), F.col("origin_seq").alias("origin_seq"),
+        why.alias("why")))).alias("refused"))
+    return out.where(why.isNull()), observation
+
+
+def _refused_inputs(metrics: dict, at: dict[tuple[str, int], int], refused) -> dict[tuple[str, int], str]:
+    """The inputs (origin_stream, origin_seq) of the refused rows the job observed, new ones
+    only; ``at`` maps each input of the batch to its number. A refused row that names no input
+    of the batch cannot be dead-lettered: the transformation changed its origin columns."""
+    found: dict[tuple[str, int], str] = {}
+    for r in metrics.get("refused") or ():
+        d = r.asDict()
+        origin = (d["origin_stream"], d["origin_seq"])
+        if origin[1] is None or origin not in at:
+            raise TransformError(f"transform: a row the sink refuses ({d['why']}) names no message of the batch "
+                                 f"(origin_stream {origin[0]!r}, origin_seq {origin[1]}): keep both columns as "
+                                 "the batch gives them")
+        origin = (origin[0], int(origin[1]))
+        if at[origin] not in refused:
+            found.setdefault(origin, d["why"])
+    return found

@@ -169,6 +169,20 @@ class PreparedWrite:
 class TwoPhaseSink(abc.ABC):
     """Prepare / commit / abort / recover, deduplicating by ``(origin_stream, origin_seq)``."""
 
+    #: the upsert rule (``merging.MergeSpec``), if the sink merges by key
+    merge: Any = None
+
+    def refusals(self, table: pa.Table) -> dict[int, str]:
+        """Rows of a batch this sink cannot take, whatever else is in the table (a record without
+        its merge key): row index -> why. The pipeline takes their messages out of the batch
+        before ``prepare`` (``pipeline.py``)."""
+        return self.merge.refusals(table) if self.merge is not None else {}
+
+    def refusal_column(self, columns: list[str]):
+        """``refusals`` as a Spark column (why, or null) over a DataFrame with ``columns``; None
+        when the sink refuses no row."""
+        return self.merge.refusal_column(columns) if self.merge is not None else None
+
     @abc.abstractmethod
     def fence(self, stream: str, group: str, fence: Fence) -> None:
         """Make ``fence.owner`` the only instance that may mark writes of ``fence.partitions``

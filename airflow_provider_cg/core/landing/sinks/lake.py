@@ -156,8 +156,6 @@ class LakeSink(TwoPhaseSink):
     ALL_STATISTICS = False
     #: the table's partitioning (``partitioning.py``): each data file then holds one partition
     partitioning = None
-    #: the upsert rule (``merging.py``): published by merging the batch's rows, not adding its files
-    merge = None
     #: the log's checkpoints keep the folded commits' files (the Parquet dataset is read from them)
     KEEPS_FILES = False
 
@@ -366,6 +364,9 @@ class LakeSink(TwoPhaseSink):
         if not staged and table.num_rows:
             table = self.storable(table)
             self.check_schema(table.schema)
+            if self.merge is not None and self.refusals(table):  # the pipeline takes them out first
+                column = next(k for k in self.merge.keys if table.column(k).null_count)
+                raise SchemaMismatch(column, "is a merge key, and this batch has rows without it")
         staging = self.staging(batch_id.gid)
         if staged:
             if not self.store.dir_exists(staging):

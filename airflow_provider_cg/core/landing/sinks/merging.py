@@ -13,6 +13,12 @@ in the prepared transaction). Rows must keep ``origin_stream`` and ``origin_seq`
 transformation must select them), and a key's records must come in per-key order, which the
 group's partitioning gives when the key is (or determines) the partition key.
 
+A record without its key (a merge key null, or absent from the message) is the message's
+problem, not the table's: NULL matches no row in a MERGE, so such records would pile up as rows
+of no key (Delta) or replace one another (Iceberg). ``refusals`` names them, the pipeline takes
+their messages out of the batch before anything is prepared (to the dead-letter stream, or the
+run fails with ``bad_records=fail``), and ``prepare`` refuses any that still reaches a sink.
+
 A deleted key leaves no row behind: a record older than the delete that was never landed (a
 hole a backfill later fills) would insert the key again. Keep a soft-delete column instead
 (no ``delete_when``: the tombstone is then an ordinary newer version) where that matters.
@@ -29,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.base import SinkError
 
 #: the column a merge source carries: whether the row is a tombstone
 DELETE_FLAG = "_cg_delete"
@@ -78,6 +85,33 @@ class MergeSpec:
                     "ordering the records of a key" if col in ORDER_COLUMNS else "the tombstone rule's column")
                 raise SchemaMismatch(col, f"is {what} but not in this batch")
 
+    def refusals(self, table: pa.Table) -> dict[int, str]:
+        """Rows without their key (a merge key null): row index -> why."""
+        out: dict[int, str] = {}
+        for k in self.keys:
+            if table.schema.get_field_index(k) < 0 or not table.column(k).null_count:
+                continue
+            missing = pc.is_null(table.column(k)).to_numpy(zero_copy_only=False)
+            for i in np.flatnonzero(missing):
+                out.setdefault(int(i), self.missing_key(k))
+        return out
+
+    def refusal_column(self, columns: list[str]):
+        """``refusals`` as a Spark column over a DataFrame with ``columns`` (None when it lacks a
+        key column: the sink's schema check names it)."""
+        from pyspark.sql import functions as F
+
+        if any(k not in columns for k in self.keys):
+            return None
+        why = F.when(F.col(self.keys[0]).isNull(), F.lit(self.missing_key(self.keys[0])))
+        for k in self.keys[1:]:
+            why = why.when(F.col(k).isNull(), F.lit(self.missing_key(k)))
+        return why
+
+    @staticmethod
+    def missing_key(column: str) -> str:
+        return f"column {column!r}: a merge key, is null or missing"
+
     def tombstones(self, table: pa.Table) -> np.ndarray:
         """Per row: whether the tombstone rule matches it."""
         if self.delete_column is None or table.num_rows == 0:
@@ -91,6 +125,8 @@ class MergeSpec:
         """The latest record of each key (by origin order), with ``DELETE_FLAG`` set on tombstones."""
         if table.num_rows == 0:
             return table.append_column(DELETE_FLAG, pa.array([], pa.bool_()))
+        if self.refusals(table):  # refused before prepare (the pipeline, the sinks): never merged
+            raise SinkError("rows without their merge key reached a merge (they are refused before prepare)")
         order = np.lexsort((table.column("origin_seq").to_numpy(), _life_numbers(table.column("origin_stream"))))
         ranked = table.take(pa.array(order[::-1]))  # newest first
         index = pa.table({**{f"k{i}": ranked.column(k) for i, k in enumerate(self.keys)},
