@@ -22,7 +22,6 @@ from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.lake import STAGING_DIR
 from airflow_provider_cg.core.landing.transform import TransformError
 from tests.support.sink_rows import refs_for, rows
-from tests.support.spark_session import spark_session  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

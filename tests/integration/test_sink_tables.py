@@ -412,8 +412,8 @@ def test_a_spark_task_whose_staging_was_removed_reports_it_without_failing(tmp_p
     """The code Spark's tasks run (``TaskFileWriter``), called as a task would call it, after a
     recovering instance removed the write's staging folder: it tells the driver (rows -1, which
     stage() turns into PreparedWriteLost) instead of failing the task with a stack trace."""
-    from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
     from airflow_provider_cg.core.landing.sinks.parquet_files import TaskFileWriter
+    from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 
     (tmp_path / "t").mkdir()
     for partitioning in (None, Partitioning.parse("key", "delta")):
