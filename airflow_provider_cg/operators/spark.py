@@ -128,7 +128,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     Submits through the Spark provider's public ``SparkSubmitHook`` (``hooks/spark_submit.py``
     keeps the secrets out of sight). Returns the job's summary (result, committed, partitions,
     ...) as the task's only XCom, also when the task is then skipped (result ``empty``,
-    ``not-pinned`` or ``revoked``). A job that exits 1 (invalid input, a failing
+    ``not-pinned`` or ``revoked``, or a run that committed without writing a row: every message
+    landed already, dead-lettered or dropped by the transformation; a skipped task emits no asset
+    event, so nothing scheduled on the table runs for it). A job that exits 1 (invalid input, a failing
     transformation) fails the task without retries, with the job's error as the message; exit
     2 (server, database) is retried as configured. With a YARN/Kubernetes cluster-mode driver
     the summary stays with the driver: the result is ``submitted``.
@@ -286,17 +288,23 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             summary_file = os.path.join(tmp, "summary.json")
             job = MemberJobSpec.build({**spec.values(), "summary_file": summary_file})
             summary = self._submit(spec, job.to_argv(), summary_file)
-        self.log.info("member %s: %s (%s)", spec.member, summary.get("result"), summary.get("stop_reason", ""))
+        who = _writer_name(spec)
+        self.log.info("%s: %s (%s)", who, summary.get("result"), summary.get("stop_reason", ""))
         self.log.info("%s", describe_counts(summary))
         if summary.get("read_path_reason"):  # the job read through the consumer: slower, and why
-            self.log.warning("member %s read through the consumer, the slow path: %s", spec.member,
-                             summary["read_path_reason"])
+            self.log.warning("%s read through the consumer, the slow path: %s", who, summary["read_path_reason"])
         self._summary = summary
         if summary.get("result") in contract.SKIP_RESULTS:
             _push_summary(context, summary)
             raise AirflowSkipException(
-                f"member {spec.member}: {summary['result']} ({summary.get('stop_reason') or 'nothing consumed'})"
+                f"{who}: {summary['result']} ({summary.get('stop_reason') or 'nothing consumed'})"
             )
+        if not summary.get("rows_written") and summary.get("result") == contract.RESULT_COMMITTED:
+            # the table did not change (every message landed already, dead-lettered, or dropped by the
+            # transformation): no asset event, so nothing downstream runs for it
+            _push_summary(context, summary)
+            raise AirflowSkipException(f"{who}: committed, but no row was written to the table "
+                                       f"({describe_counts(summary)}): no asset event")
         self._announce(context, spec, summary)
         return summary
 
@@ -464,6 +472,13 @@ def _table_outlets(sink_options: dict[str, Any]) -> list:
         return [table_asset(**{k: v for k, v in sink_options.items() if v is not None})]
     except ValueError:  # incomplete or invalid: the contract check that follows names the field
         return []
+
+
+def _writer_name(spec: MemberJobSpec) -> str:
+    """How a log line names the writer: the member, or the backfill and its window."""
+    if spec.backfill:
+        return f"backfill [{spec.backfill_start}, {spec.backfill_end})"
+    return f"member {spec.member}"
 
 
 def describe_counts(summary: dict[str, Any]) -> str:

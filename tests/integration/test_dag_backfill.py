@@ -59,6 +59,17 @@ def _interval(dag_id: str, run_id: str) -> tuple[dt.datetime, dt.datetime]:
         return dr.data_interval_start, dr.data_interval_end
 
 
+def _asset_events(uri: str) -> list:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        rows = s.scalars(select(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                         .where(AssetModel.uri == uri)).all()
+        return [dict(r.extra or {}) for r in rows]
+
+
 def _rows(path) -> dict[int, dict]:
     from airflow_provider_cg.core.landing.sinks import read_committed
 
@@ -109,13 +120,17 @@ def test_backfill_dag_lands_each_interval_exactly_once(airflow_env, nats_conn_id
     # Messages before the first and after the last interval were not touched.
     assert min(times) not in expected and max(times) not in expected
 
-    # Re-running the first interval adds nothing.
+    # Re-running the first interval adds nothing: the task is skipped (no row written), so it
+    # emits no asset event and nothing scheduled on the table runs for it
     before = _rows(lake)
+    events_before = len(_asset_events(f"file://{lake}"))
+    assert events_before == 2
     again = airflow_env.run_dag(dag, logical_date=t0 + dt.timedelta(seconds=INTERVAL))
-    assert again.state == "success", again.ti_states
+    assert again.state == "success" and again.state_of("backfill") == "skipped", again.ti_states
     summary = again.xcom("backfill")
     assert summary["rows_written"] == 0 and summary["duplicates_skipped"] == summary["messages_read"] > 0
     assert _rows(lake) == before
+    assert len(_asset_events(f"file://{lake}")) == events_before
 
     # A window after the last message is skipped before any Spark starts.
     empty = airflow_env.run_dag(dag, logical_date=t0 + dt.timedelta(seconds=5 * INTERVAL))

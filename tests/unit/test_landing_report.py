@@ -20,3 +20,13 @@ def test_a_list_of_summaries_is_reported_per_member_and_in_total(capsys):
 def test_the_one_summary_of_a_single_member_is_a_report_too():
     report = landing_report(S1)
     assert [m["member"] for m in report["members"]] == ["m2"] and report["totals"]["messages_read"] == 7
+
+
+def test_the_operator_names_a_backfill_by_its_window_not_as_member_none():
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec
+    from airflow_provider_cg.operators.spark import _writer_name
+
+    spec = MemberJobSpec.build({"stream": "O", "group": "g", "sink_path": "/tmp/x", "backfill_start": "2026-01-01T00:00:00Z",
+                                "backfill_end": "2026-01-01T01:00:00Z"})
+    assert _writer_name(spec) == "backfill [2026-01-01T00:00:00Z, 2026-01-01T01:00:00Z)"
+    assert _writer_name(MemberJobSpec.build({"stream": "O", "group": "g", "member": "m1", "sink_path": "/x"})) == "member m1"
