@@ -69,6 +69,16 @@ def table_asset(name: str | None = None, **location: Any):
     return Asset(name=name or uri, uri=uri)
 
 
+def table_assets(**options: Any) -> list:
+    """The Assets of the tables sink options name: one, or (``routes``) each route's table;
+    none for a PostgreSQL-only landing (its table has no file or catalog URI an engine reads)."""
+    out = []
+    for _, route in SinkOptions.build(options).tables():
+        if route.sink in ("delta", "iceberg", "parquet"):
+            out.append(table_asset(**route.given()))
+    return out
+
+
 def server_addresses(servers: Any) -> list[str]:
     """``host:port`` of each NATS server URL (no scheme, no credentials), sorted: the servers
     a landing went through, as the consumer-groups page matches them to a connection."""
@@ -107,6 +117,27 @@ def landed_extra(spec: Any, summary: dict[str, Any], servers: Any = ()) -> dict[
     if spec.backfill:
         extra["window"] = [summary.get("window_start"), summary.get("window_end")]
     return extra
+
+
+def landed_extras(spec: Any, summary: dict[str, Any], servers: Any = ()) -> list[dict[str, Any]]:
+    """The asset event extras of one landing run, one per table it wrote: the table's, or
+    (``routes``) each route's with rows written, carrying that route's own counts and ranges."""
+    import dataclasses
+
+    if spec.routes is None:
+        return [landed_extra(spec, summary, servers)]
+    out = []
+    for name, options in spec.tables():
+        counts = (summary.get("routes") or {}).get(name) or {}
+        if not counts.get("rows_written"):
+            continue
+        table_spec = dataclasses.replace(spec, routes=None, route_by=None,
+                                         **{f: getattr(options, f) for f in SinkOptions.__dataclass_fields__
+                                            if f not in ("routes", "route_by")})
+        extra = landed_extra(table_spec, {**summary, **counts}, servers)
+        extra["route"] = name
+        out.append(extra)
+    return out
 
 
 def landed_rows(extras: list[dict[str, Any]], columns: list[str] | None = None, *,

@@ -49,11 +49,12 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     namespace, name = stream_dataset_name(servers, spec.stream)
-    out_namespace, out_name = table_dataset_name(spec, pg_location)
-    output_facets = {}
-    if summary and summary.get("rows_written") is not None:
-        output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(summary["rows_written"]))
-    return OperatorLineage(
-        inputs=[InputDataset(namespace=namespace, name=name)],
-        outputs=[OutputDataset(namespace=out_namespace, name=out_name, outputFacets=output_facets)],
-    )
+    outputs = []
+    for route, options in spec.tables():  # one table, or each route's
+        out_namespace, out_name = table_dataset_name(options, pg_location)
+        counts = summary if route is None or not summary else (summary.get("routes") or {}).get(route) or {}
+        output_facets = {}
+        if counts and counts.get("rows_written") is not None:
+            output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(counts["rows_written"]))
+        outputs.append(OutputDataset(namespace=out_namespace, name=out_name, outputFacets=output_facets))
+    return OperatorLineage(inputs=[InputDataset(namespace=namespace, name=name)], outputs=outputs)

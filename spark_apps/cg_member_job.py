@@ -30,8 +30,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 def _build_sink(spec):
     sink = spec.sink_options.open(transformed=spec.transforming)
-    if spec.sink == "postgres":
-        sink.check()  # an unreachable database fails here, before the pin is taken
+    check = getattr(sink, "check", None)
+    if check is not None:
+        check()  # an unreachable database fails here, before the pin is taken
     return sink
 
 

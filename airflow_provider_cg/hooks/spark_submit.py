@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -117,17 +118,19 @@ def aws_env(aws_conn_id: str) -> dict[str, str]:
     return env
 
 
-def sink_env(sink: str, *, pg_conn_id: str | None, iceberg_conn_id: str | None,
+def sink_env(sinks: str | Iterable[str], *, pg_conn_id: str | None, iceberg_conn_id: str | None,
              aws_conn_id: str | None) -> dict[str, str]:
-    """A sink's credentials from its Airflow connections, as the environment the member job
-    and ``cg`` read (``CG_PG_DSN``, ``CG_ICEBERG_CATALOG_*``, ``AWS_*``): the PostgreSQL sink's
-    DSN, an Iceberg catalog in PostgreSQL or behind a REST endpoint, the object store's keys."""
+    """The credentials of a landing's sinks (one, or a routed landing's several) from their
+    Airflow connections, as the environment the member job and ``cg`` read (``CG_PG_DSN``,
+    ``CG_ICEBERG_CATALOG_*``, ``AWS_*``): the PostgreSQL sink's DSN, an Iceberg catalog in
+    PostgreSQL or behind a REST endpoint, the object store's keys."""
+    kinds = {sinks} if isinstance(sinks, str) else set(sinks)
     env: dict[str, str] = {}
-    if sink == "postgres" and pg_conn_id:
+    if "postgres" in kinds and pg_conn_id:
         env["CG_PG_DSN"] = pg_dsn(pg_conn_id)
-    elif sink == "iceberg" and pg_conn_id:
+    if "iceberg" in kinds and pg_conn_id:
         env["CG_ICEBERG_CATALOG_URI"] = pg_dsn(pg_conn_id)
-    elif sink == "iceberg" and iceberg_conn_id:
+    elif "iceberg" in kinds and iceberg_conn_id:
         env.update(iceberg_env(iceberg_conn_id))
     if aws_conn_id:
         env.update(aws_env(aws_conn_id))

@@ -32,6 +32,11 @@ SETTLE_TIMEOUT = 30.0
 
 
 def templated(value: Any) -> bool:
+    """Whether a value holds a Jinja template (in a dict's or list's items too)."""
+    if isinstance(value, dict):
+        return any(templated(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(templated(v) for v in value)
     return isinstance(value, str) and ("{{" in value or "{%" in value)
 
 

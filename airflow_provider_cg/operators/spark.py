@@ -72,6 +72,13 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         ``partition_by`` partitions a Delta or Iceberg table the job creates;
         ``target_file_size`` splits a batch's files above it (Parquet, Delta, Iceberg). An
         option of another sink than ``sink`` is refused, naming it.
+    :param routes: several tables, each landed exactly once: ``{"<route>": {<sink options of its
+        table>, "subjects": [...]}}`` (a dict, or its JSON); a route's options default to the ones
+        given here, but each names its own table (``sink_path``, ``iceberg_table``, ``pg_table``).
+        Rows go to the route whose name ``route_by`` (a column of the rows or of the
+        transformation's output) holds, or, without ``route_by``, messages to the routes whose
+        ``subjects`` match theirs. Each table gets its own asset event with its own ranges;
+        a record no route takes is dead-lettered (``bad_records``).
     :param iceberg_conn_id: Airflow ``iceberg`` connection of a REST catalog (host: its URL;
         login / password: OAuth2 client id / secret, or extra ``token``: a bearer token); they
         reach the driver as ``CG_ICEBERG_CATALOG_*`` environment, never as an argument.
@@ -164,6 +171,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         target_file_size: int | str | None = None,
         merge_keys: str | None = None,
         delete_when: str | None = None,
+        routes: dict[str, dict[str, Any]] | str | None = None,
+        route_by: str | None = None,
         pg_conn_id: str | None = None,
         iceberg_conn_id: str | None = None,
         aws_conn_id: str | None = None,
@@ -207,7 +216,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
                         "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
                         "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
-                        "merge_keys": merge_keys, "delete_when": delete_when, "target_file_size": target_file_size}
+                        "merge_keys": merge_keys, "delete_when": delete_when, "target_file_size": target_file_size,
+                        "routes": routes, "route_by": route_by}
         assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
         if "outlets" not in kwargs:  # the table, as an Asset, when its location is known now
             kwargs["outlets"] = _table_outlets(sink_options)
@@ -254,7 +264,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             spec = MemberJobSpec.build(values)
         else:
             MemberJobSpec.check_known(values, {k for k, v in values.items() if templated(v)})
-        if self.sink == "postgres" and not self.pg_conn_id:
+        kinds = _sink_kinds(spec, values)
+        if "postgres" in kinds and not self.pg_conn_id:
             raise ConfigError("pg_conn_id", "required for the postgres sink")
         if self.payload_format == "avro" and (rendered or not templated(self.avro_package)) \
                 and not _MAVEN_COORDINATE.fullmatch(str(self.avro_package or "")):
@@ -309,26 +320,30 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         return summary
 
     def _announce(self, context: Any, spec: MemberJobSpec, summary: dict[str, Any]) -> None:
-        """Attach what this run landed to the asset event of the table it wrote: an outlet
-        Asset whose URI is that table's, or, through an outlet ``AssetAlias``, the Asset of the
-        rendered table (a location given by a template or a param). An outlet Asset that names
-        another table gets nothing: its event (Airflow sends one) carries no landing."""
+        """Attach what this run landed to the asset event of each table it wrote (one, or each
+        route's): an outlet Asset whose URI is that table's, or, through an outlet
+        ``AssetAlias``, the Asset of the rendered table (a location given by a template or a
+        param). An outlet Asset that names another table gets nothing: its event (Airflow sends
+        one) carries no landing."""
         from airflow.sdk import Asset, AssetAlias
 
-        from airflow_provider_cg.assets import landed_extra
+        from airflow_provider_cg.assets import landed_extras
 
         events = context.get("outlet_events") if context else None
         if events is None:
             return
-        extra = landed_extra(spec, summary, self.hook.get_settings().servers)
+        extras = landed_extras(spec, summary, self.hook.get_settings().servers)
+        tables = {e["table"] for e in extras}
         for outlet in self.outlets or []:
             if isinstance(outlet, AssetAlias):
-                events[outlet].add(Asset(name=extra["table"], uri=extra["table"]), extra=extra)
-            elif isinstance(outlet, Asset) and outlet.uri == extra["table"]:
-                events[outlet].extra.update(extra)
-            elif isinstance(outlet, Asset):
-                self.log.warning("outlet asset %s is not the table this run wrote (%s): no landing on its event; "
-                                 "give the table's asset, or an AssetAlias", outlet.uri, extra["table"])
+                for extra in extras:
+                    events[outlet].add(Asset(name=extra.get("name") or extra["table"], uri=extra["table"]),
+                                       extra=extra)
+            elif isinstance(outlet, Asset) and outlet.uri in tables:
+                events[outlet].extra.update(next(e for e in extras if e["table"] == outlet.uri))
+            elif isinstance(outlet, Asset) and outlet.uri not in _written_tables(spec):
+                self.log.warning("outlet asset %s is not a table this run wrote (%s): no landing on its event; "
+                                 "give the table's asset, or an AssetAlias", outlet.uri, ", ".join(sorted(tables)))
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """OpenLineage (Airflow's provider calls this when installed): the origin stream in,
@@ -337,7 +352,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
         spec = self.job_spec()
         pg = None
-        if spec.sink == "postgres" and self.pg_conn_id:
+        if "postgres" in spec.sink_kinds and self.pg_conn_id:
             from airflow.sdk import BaseHook
 
             conn = BaseHook.get_connection(self.pg_conn_id)
@@ -403,7 +418,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     def _secrets(self, spec: MemberJobSpec) -> dict[str, str]:
         env = self.hook.get_settings().to_env()  # registers masks
-        env.update(spark_submit.sink_env(spec.sink, pg_conn_id=self.pg_conn_id, iceberg_conn_id=self.iceberg_conn_id,
+        env.update(spark_submit.sink_env(spec.sink_kinds, pg_conn_id=self.pg_conn_id, iceberg_conn_id=self.iceberg_conn_id,
                                          aws_conn_id=self.aws_conn_id))
         return env
 
@@ -458,20 +473,41 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
 
 def _table_outlets(sink_options: dict[str, Any]) -> list:
-    """``[Asset]`` of a table whose sink options are given as plain values, else an
-    ``AssetAlias`` through which a run names the table it rendered."""
+    """``[Asset]`` of each table (one, or each route's) whose sink options are given as plain
+    values, else an ``AssetAlias`` through which a run names the tables it rendered."""
     from airflow.sdk import AssetAlias
 
-    from airflow_provider_cg.assets import LANDED_TABLES, table_asset
+    from airflow_provider_cg.assets import LANDED_TABLES, table_assets
 
     if any(templated(v) for v in sink_options.values()):
         return [AssetAlias(LANDED_TABLES)]
-    if sink_options.get("sink") not in ("delta", "iceberg", "parquet"):
-        return []
     try:
-        return [table_asset(**{k: v for k, v in sink_options.items() if v is not None})]
-    except ValueError:  # incomplete or invalid: the contract check that follows names the field
+        return table_assets(**{k: v for k, v in sink_options.items() if v is not None})
+    except (ValueError, ConfigError):  # incomplete or invalid: the contract check that follows names the field
         return []
+
+
+def _sink_kinds(spec: MemberJobSpec | None, values: dict[str, Any]) -> frozenset[str]:
+    """The sinks of the tables a task lands into, as far as known before rendering."""
+    if spec is not None:
+        return spec.sink_kinds
+    try:
+        return contract.SinkOptions.build({k: values.get(k) for k in SINK_FIELDS
+                                           if not templated(values.get(k))}).sink_kinds
+    except ConfigError:
+        return frozenset({values.get("sink") or "parquet"})
+
+
+def _written_tables(spec: MemberJobSpec) -> set[str]:
+    from airflow_provider_cg.assets import table_uri
+
+    out = set()
+    for _, options in spec.tables():
+        try:
+            out.add(table_uri(options))
+        except ValueError:
+            continue
+    return out
 
 
 def _writer_name(spec: MemberJobSpec) -> str:

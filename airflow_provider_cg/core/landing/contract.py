@@ -159,6 +159,13 @@ class SinkOptions:
     delete_when: str | None = _opt(help="with merge_keys: the tombstone rule, column = 'text' | <integer> | "
                                    "true|false (e.g. op = 'd'): a matching record deletes its key",
                                    sinks=("delta", "iceberg", "postgres"))
+    routes: str | None = _opt(help="land into several tables, each exactly once: a JSON object of routes, "
+                              '{"<route>": {<sink options of its table>, "subjects": [...]}}; every option not '
+                              "given by a route is the one given here, but for the table's location "
+                              "(sink_path, iceberg_table, pg_table), which each route names", kind=dict)
+    route_by: str | None = _opt(help="with routes: the column of the rows (or of the transformation's output) "
+                                "whose value names each row's route; without it, each route lands the messages "
+                                "of its subjects")
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -179,6 +186,19 @@ class SinkOptions:
         """The options not at their default (what a command line or an asset needs)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(SinkOptions)
                 if getattr(self, f.name) is not None and getattr(self, f.name) != f.default}
+
+    def tables(self) -> list[tuple[str | None, SinkOptions]]:
+        """The tables these options land into: ``(None, self)``, or each route's name and options."""
+        if self.routes is None:
+            return [(None, self)]
+        from airflow_provider_cg.core.landing.sinks.routing import Routes
+
+        return [(r.name, r.options) for r in Routes.parse(self).routes]
+
+    @property
+    def sink_kinds(self) -> frozenset[str]:
+        """The sinks of the tables these options land into (a routed landing may mix them)."""
+        return frozenset(options.sink for _, options in self.tables())
 
     def open(self, *, transformed: bool = False):
         """The two-phase sink these options name (``sinks/opening.py``)."""
@@ -369,7 +389,20 @@ def _converted(values: Mapping[str, Any], kind: type | None = None) -> dict[str,
 
 
 def _convert(name: str, value: Any, kind: type) -> Any:
-    """Text (argv, rendered templates) to the field's kind; numbers stay numbers."""
+    """Text (argv, rendered templates) to the field's kind; numbers stay numbers. A ``dict``
+    field (``routes``) is kept as compact JSON text, given as text or as a mapping."""
+    if kind is dict:
+        if isinstance(value, Mapping):
+            return json.dumps(value, separators=(",", ":"))
+        if not isinstance(value, str):
+            raise ConfigError(name, f"must be a JSON object or a mapping (got {type(value).__name__})")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(name, f"not JSON ({e.msg} at character {e.pos})") from None
+        if not isinstance(parsed, dict):
+            raise ConfigError(name, "must be a JSON object")
+        return json.dumps(parsed, separators=(",", ":"))
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -458,6 +491,13 @@ def _check_job(spec: MemberJobSpec) -> None:
 def check_sink(spec: Any) -> None:
     """The rules of the sink options (``SinkOptions``' fields of ``spec``), for the member job,
     the operator and ``cg lag --sink`` alike."""
+    if spec.route_by is not None and spec.routes is None:
+        raise ConfigError("route_by", "needs routes (the tables a row's route names)")
+    if spec.routes is not None:  # each route's options are checked as a table's own
+        from airflow_provider_cg.core.landing.sinks.routing import Routes
+
+        Routes.parse(spec)
+        return
     for f in dataclasses.fields(SinkOptions):
         owners = f.metadata["sinks"]
         value = getattr(spec, f.name)
@@ -538,6 +578,8 @@ _RULE_FIELDS = {
     "target_file_size": {"sink", "target_file_size"},
     "merge_keys": {"sink", "merge_keys", "delete_when"},
     "delete_when": {"sink", "merge_keys", "delete_when"},
+    "routes": {"routes", "route_by", *SINK_FIELDS},
+    "route_by": {"routes", "route_by"},
     "json_schema": {"payload_format", "json_schema"},
     "avro_schema": {"payload_format", "avro_schema"},
     "transform": {"transform", "transform_sql", "no_spark"},
@@ -586,7 +628,7 @@ class Summary:
     or an earlier instance's deliveries still in flight; ``read_path_reason`` then says which and
     what to do, as the job's warning does). ``origin_key``: the ``origin_stream`` the run's
     rows carry (the stream's name, or ``<stream>#<n>`` for the n-th life of a stream deleted and created
-    again: ``stream_life.py``)."""
+    again: ``stream_life.py``). ``routes``: a routed landing's counts per route (its table)."""
 
     stream: str
     group: str
@@ -618,13 +660,23 @@ class Summary:
     left_to_members: int = 0  # backfill: pending for members whose partition lags behind the window (they land them)
     exit_code: int = EXIT_OK
     error: str | None = None
+    #: a routed landing (``routes``): per route, what its table got: ``rows_written``,
+    #: ``duplicates_skipped``, ``messages_landed`` (inputs it recorded) and ``partitions``, as above
+    routes: dict[str, dict] = field(default_factory=dict)
 
-    def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int) -> None:
-        p = self.partitions.setdefault(str(partition), {"messages": 0, "first_origin_seq": first_seq,
-                                                        "last_origin_seq": last_seq})
+    def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int,
+                        into: dict | None = None) -> None:
+        parts = self.partitions if into is None else into
+        p = parts.setdefault(str(partition), {"messages": 0, "first_origin_seq": first_seq,
+                                              "last_origin_seq": last_seq})
         p["messages"] += n
         p["first_origin_seq"] = min(p["first_origin_seq"], first_seq)
         p["last_origin_seq"] = max(p["last_origin_seq"], last_seq)
+
+    def route(self, name: str) -> dict:
+        """A route's counts (created at zero)."""
+        return self.routes.setdefault(name, {"rows_written": 0, "duplicates_skipped": 0, "messages_landed": 0,
+                                             "partitions": {}})
 
     @classmethod
     def failed(cls, spec: MemberJobSpec | None, exit_code: int, error: str) -> Summary:

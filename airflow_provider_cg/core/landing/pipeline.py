@@ -24,6 +24,7 @@ marked poison, so no other row of theirs lands either.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
 import secrets
@@ -40,6 +41,7 @@ from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.landing.decode import ERROR, SparkDecoder
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
+from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
 from airflow_provider_cg.core.landing.transform import BATCH_VIEW, BatchContext, TransformError, load_function
 
 log = logging.getLogger("airflow_provider_cg.pipeline")
@@ -132,6 +134,8 @@ class ArrowPipeline:
             keep = np.ones(table.num_rows, dtype=bool)
             keep[list(bad)] = False
             table = table.filter(pa.array(keep))
+        if isinstance(sink, RoutedSink):  # each route's rows, recorded as landed by its table
+            return ProcessedBatch(sink.split_rows(table), bad)
         return ProcessedBatch(table, bad)
 
 
@@ -183,12 +187,14 @@ class SparkPipeline:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        drop = committed_inputs(sink, table)
+        held = TableInputs.of(sink, table)
+        drop = held.everywhere
         skipped = int(drop.sum())
         rows = np.flatnonzero(~drop)
         fresh = table.filter(pa.array(~drop)) if skipped else table
         if fresh.num_rows == 0:
-            return ProcessedBatch(fresh, {}, {}, skipped)
+            return ProcessedBatch(_nothing(sink, fresh), {}, {}, skipped)
+        extra = held.extra_keys(table)
         at = {origin: int(rows[i]) for i, origin in enumerate(_origins(fresh, range(fresh.num_rows)))}
         refused: dict[int, str] = {}  # inputs whose rows the sink refused: poison (their index as read)
         for _ in range(MAX_REFUSAL_ROUNDS):
@@ -203,8 +209,8 @@ class SparkPipeline:
             ranges = {p: (first, last) for p, first, last, _ in partition_ranges(fresh)}
             ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, tuple(sorted(ranges)),
                                ranges)
-            out, refusals = _refusing(sink, self._transform(good, ctx), batch_id)
-            staged, metrics = self._stage(sink, batch_id, out, observation, refusals)
+            staged, observations = self._outputs(sink, batch_id, good, ctx, extra)
+            metrics = self._collect(sink, staged, observation, *observations)
             found = _refused_inputs(metrics, at, refused)
             if not found:
                 break
@@ -221,10 +227,37 @@ class SparkPipeline:
         if bad:
             keep[np.searchsorted(rows, np.fromiter(bad, np.int64, len(bad)))] = False
         good_inputs = fresh.filter(pa.array(keep)) if bad else fresh
+        if isinstance(staged, RoutedRows):
+            self._record_inputs(sink, staged, good_inputs, extra)
+            return ProcessedBatch(staged, bad, None, skipped)
         keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(good_inputs).items()}
-        if self.fn is None and self.sql is None and isinstance(staged, pa.Table):
+        if not self._transforms(staged):
             keys = None  # decoded rows in the driver are one per message: the sink dedupes them as rows
         return ProcessedBatch(staged, bad, keys, skipped)
+
+    def _transforms(self, staged) -> bool:
+        """Whether a staged result stands for its inputs (a transformation's output, or files
+        Spark wrote) rather than being one row per message the sink dedupes as rows."""
+        return not (self.fn is None and self.sql is None and isinstance(staged, pa.Table))
+
+    def _record_inputs(self, sink, staged: RoutedRows, good_inputs: pa.Table,
+                       extra: dict[str, dict[str, np.ndarray]]) -> None:
+        """What each route's table records as landed: routed by a column, every good input of
+        the batch it does not hold; routed by subject, those of its subjects."""
+        routes = sink.routes
+        takes = routes.split(good_inputs) if routes.route_by is None else None
+        for name, part in staged.parts.items():
+            inputs = good_inputs if takes is None else good_inputs.filter(pa.array(takes[name]))
+            keys = {st: np.sort(np.asarray(q, dtype=np.int64)) for st, q in keys_by_stream(inputs).items()}
+            for st, q in (extra.get(name) or {}).items():
+                if st in keys:
+                    keys[st] = np.setdiff1d(keys[st], q)
+            keys = {st: q for st, q in keys.items() if len(q)}
+            if self._transforms(part.rows):
+                part.input_keys, part.landed = keys, keys
+            else:
+                part.input_keys = None
+                part.landed = {st: np.sort(q) for st, q in keys_by_stream(part.rows).items()}
 
     def read_in_tasks(self, settings) -> None:
         """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
@@ -253,14 +286,16 @@ class SparkPipeline:
         batch's Spark job (an observed metric), and are checked against the sink's committed
         ones only then; in the rare batch that holds some (a batch committed whose ack did not
         take effect), or records the sink refuses, the staged result is dropped and the batch
-        computed again without them (the refused ones marked poison)."""
+        computed again without them (the refused ones marked poison; with routes, inputs one
+        table holds are left out of that table's share only)."""
         with self._one_at_a_time:
             skip = np.zeros(0, np.int64)
+            extra: dict[str, dict[str, np.ndarray]] = {}  # per route, inputs only its table holds
             refused: dict[int, str] = {}  # origin_seq -> why: poison rows of the next computation
             retries = 0
             while True:
-                staged, read, found = self._read_ranges(sink, plan(skip if len(skip) else None), batch_id,
-                                                        partitions, origin_stream, refused)
+                staged, read, found, routed_inputs = self._read_ranges(
+                    sink, plan(skip if len(skip) else None), batch_id, partitions, origin_stream, refused, extra)
                 if found:
                     sink.discard(staged)
                     if retries >= MAX_REFUSAL_ROUNDS:
@@ -270,26 +305,42 @@ class SparkPipeline:
                     retries += 1
                     continue
                 seqs = read.inputs.column("origin_seq").to_numpy()
-                committed = sink.committed_keys_exist(origin_stream, seqs) if len(seqs) else np.zeros(0, bool)
-                if not committed.any():
+                held = TableInputs.of_seqs(sink, origin_stream, seqs)
+                everywhere = held.everywhere
+                more = held.extra_keys_of(origin_stream, seqs, extra)
+                if not everywhere.any() and not more:
                     break
                 sink.discard(staged)
                 if retries >= 3:
                     raise ConsumerGroupError(f"batch {batch_id.gid}: inputs keep turning up committed while it is "
                                              "computed (another writer of the same messages?)")
                 retries += 1
-                skip = np.union1d(skip, seqs[committed])
+                skip = np.union1d(skip, seqs[everywhere])
+                for name, keys in more.items():
+                    mine = extra.setdefault(name, {})
+                    for st, q in keys.items():
+                        mine[st] = np.union1d(mine.get(st, np.zeros(0, np.int64)), q)
                 log.info("cg batch %s: %d of its inputs are committed already; computing it without them",
-                         batch_id.gid, int(committed.sum()))
+                         batch_id.gid, int(everywhere.sum()) + sum(len(q) for k in more.values() for q in k.values()))
             bad = {i: str(e) for i, e in enumerate(read.poison.column(ERROR).to_pylist())}
-            good = np.setdiff1d(seqs, read.poison.column("origin_seq").to_numpy()) if bad else np.sort(seqs)
+            poisoned = read.poison.column("origin_seq").to_numpy()
+            good = np.setdiff1d(seqs, poisoned) if bad else np.sort(seqs)
+            if isinstance(staged, RoutedRows):
+                for name, part in staged.parts.items():
+                    mine = good if routed_inputs is None else np.setdiff1d(routed_inputs[name], poisoned)
+                    mine = np.setdiff1d(mine, (extra.get(name) or {}).get(origin_stream, np.zeros(0, np.int64)))
+                    keys = {origin_stream: mine} if len(mine) else {}
+                    part.input_keys = keys if self._transforms(part.rows) else None
+                    part.landed = keys if self._transforms(part.rows) else \
+                        {st: np.sort(q) for st, q in keys_by_stream(part.rows).items()}
+                return ProcessedBatch(staged, bad, None, len(skip)), read
             keys = {origin_stream: good}
-            if self.fn is None and self.sql is None and isinstance(staged, pa.Table):
+            if not self._transforms(staged):
                 keys = None
             return ProcessedBatch(staged, bad, keys, len(skip)), read
 
     def _read_ranges(self, sink: TwoPhaseSink, plan: str, batch_id: BatchId, partitions: tuple[int, ...],
-                     origin_stream: str, refused: dict[int, str]):
+                     origin_stream: str, refused: dict[int, str], extra: dict[str, dict[str, np.ndarray]]):
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -298,6 +349,11 @@ class SparkPipeline:
         frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
         decoded = _marked(self.decoder.apply(frame), F.col("origin_seq"), refused)
         observation = Observation(f"cg_read_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
+        routes = sink.routes if isinstance(sink, RoutedSink) else None
+        per_route = []
+        if routes is not None and routes.route_by is None:  # routed by subject: each route's inputs
+            per_route = [F.to_json(F.collect_list(F.when(routes.takes(r.name), F.col("origin_seq")))).alias(f"in_{i}")
+                         for i, r in enumerate(routes.routes)]
         decoded = decoded.observe(
             observation,
             # one number per input (its sequence and partition), the cheapest list to gather
@@ -305,11 +361,12 @@ class SparkPipeline:
                                      + F.coalesce(F.col("partition"), F.lit(0))))
              .alias("inputs"),
             F.coalesce(F.sum(F.length("payload")), F.lit(0)).alias("bytes"),
-            F.collect_list(F.when(F.col(ERROR).isNotNull(), F.struct(*_POISON_FIELDS))).alias("bad"))
+            F.collect_list(F.when(F.col(ERROR).isNotNull(), F.struct(*_POISON_FIELDS))).alias("bad"),
+            *per_route)
         good = decoded.where(F.col(ERROR).isNull()).drop(ERROR)
         ctx = BatchContext(batch_id.stream, batch_id.group, batch_id.member, batch_id.gid, partitions)
-        out, refusals = _refusing(sink, self._transform(good, ctx), batch_id)
-        staged, metrics = self._stage(sink, batch_id, out, observation, refusals)
+        staged, observations = self._outputs(sink, batch_id, good, ctx, extra)
+        metrics = self._collect(sink, staged, observation, *observations)
         packed = np.asarray(json.loads(metrics["inputs"] or "[]"), dtype=np.int64)
         inputs = pa.table({"partition": pa.array(packed & ((1 << _PARTITION_BITS) - 1), pa.int32()),
                            "origin_seq": pa.array(packed >> _PARTITION_BITS)})
@@ -320,7 +377,11 @@ class SparkPipeline:
         if metrics.get("refused"):
             at = {(origin_stream, int(q)): int(q) for q in inputs.column("origin_seq").to_pylist()}
             found = _refused_inputs(metrics, at, refused)
-        return staged, read, found
+        routed_inputs = None
+        if per_route:
+            routed_inputs = {r.name: np.sort(np.asarray(json.loads(metrics[f"in_{i}"] or "[]"), dtype=np.int64))
+                             for i, r in enumerate(routes.routes)}
+        return staged, read, found, routed_inputs
 
     def _frame(self, fresh: pa.Table, rows: np.ndarray):
         """The batch as a DataFrame: columns equal on every row (the origin stream, group,
@@ -360,12 +421,63 @@ class SparkPipeline:
             raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
         return out
 
-    def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out, *observations) -> tuple[Any, dict]:
-        """Run the batch's one Spark job (``sink.stage``); its result and observed metrics."""
+    def _outputs(self, sink: TwoPhaseSink, batch_id: BatchId, good, ctx: BatchContext,
+                 extra: dict[str, dict[str, np.ndarray]]) -> tuple[Any, list]:
+        """The batch's output staged in the sink -- one Spark job, or one per route of a routed
+        sink -- and the observations of the rows the sink refuses. ``extra``: per route, the
+        inputs its table holds that the others do not (left out of its share only)."""
+        if not isinstance(sink, RoutedSink):
+            out, refusals = _refusing(sink, self._transform(good, ctx), batch_id)
+            return self._stage(sink, batch_id, out), [refusals]
+        routes, observations = sink.routes, []
+        unrouted = sink.input_refusal_column(good.columns)  # routed by subject: a message no route takes
+        if unrouted is not None:
+            good, seen = _observe_refusals(good, unrouted, batch_id)
+            observations.append(seen)
+        several = len(routes.routes) > 1
+        if several and routes.route_by is None:
+            good = good.persist()  # decoded (and read) once for the routes' transformations
+        shared = None  # routed by a column: the transformation computed once for every route
+        parts: dict[str, RoutePart] = {}
+        try:
+            for route in routes.routes:
+                mine = extra.get(route.name)
+                if routes.route_by is None:
+                    source = good.where(routes.takes(route.name))
+                    if mine:
+                        source = _excluding(source, mine)
+                    base = self._transform(source, dataclasses.replace(ctx, route=route.name))
+                elif mine or shared is None:
+                    base = self._transform(_excluding(good, mine) if mine else good, ctx)
+                    why = sink.refusal_column(base.columns)  # a row whose column names no route
+                    if why is not None:
+                        base, seen = _observe_refusals(base, why, batch_id)
+                        observations.append(seen)
+                    if not mine:
+                        shared = base = base.persist() if several else base
+                else:
+                    base = shared
+                out = base.where(routes.takes(route.name)) if routes.route_by is not None else base
+                out, refusals = _refusing(sink.sinks[route.name], out, batch_id)
+                observations.append(refusals)
+                staged = self._stage(sink.sinks[route.name], sink.part_batch(batch_id, route.name), out)
+                parts[route.name] = RoutePart(staged, None, {})
+        except BaseException:
+            sink.discard(RoutedRows(parts))
+            raise
+        finally:
+            for cached in (shared, good if several and routes.route_by is None else None):
+                if cached is not None:
+                    cached.unpersist()
+        return RoutedRows(parts), observations
+
+    def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out) -> Any:
+        """Run one Spark job of the batch (``sink.stage``): its result, or the failure as the job
+        reports it (the sink's storage, NATS, the user's transformation)."""
         from airflow_provider_cg.core.landing.nats_source import READ_FAILED
 
         try:
-            staged = sink.stage(batch_id, out)
+            return sink.stage(batch_id, out)
         except (SinkError, ConnectionError, OSError):
             raise  # the sink's storage in the driver (its staging on an object store away): exit 2
         except Exception as e:  # in the user's code, in the tasks' reads, or in Spark itself
@@ -375,12 +487,18 @@ class SparkPipeline:
             if self.fn is None and self.sql is None:
                 raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
             raise _spark_failure(e) from e
+
+    def _collect(self, sink: TwoPhaseSink, staged, *observations) -> dict:
+        """The observed metrics of the batch's Spark jobs (the staged result is discarded when
+        they cannot be had)."""
         try:
             metrics: dict = {}
             for observation in observations:
                 if observation is not None:
-                    metrics.update(self._observed(observation))
-            return staged, metrics
+                    got = self._observed(observation)
+                    for k, v in got.items():  # several routes' refusals add up
+                        metrics[k] = [*metrics[k], *v] if k == "refused" and k in metrics else v
+            return metrics
         except BaseException:
             sink.discard(staged)
             raise
@@ -453,19 +571,118 @@ def _refusing(sink: TwoPhaseSink, out, batch_id: BatchId):
     """The batch's output minus the rows the sink refuses, and an observation of those rows'
     origins and reasons (None when the sink refuses nothing, or the output lacks the origin
     columns: the sink's schema check then names them)."""
-    from pyspark.sql import DataFrame, Observation
-    from pyspark.sql import functions as F
+    from pyspark.sql import DataFrame
 
-    if not isinstance(out, DataFrame) or not {"origin_stream", "origin_seq"} <= set(out.columns):
+    if not isinstance(out, DataFrame):
         return out, None
-    why = sink.refusal_column(out.columns)
+    why = sink.refusal_column(out.columns) if not isinstance(sink, RoutedSink) else None
     if why is None:
         return out, None
+    return _observe_refusals(out, why, batch_id)
+
+
+def _observe_refusals(frame, why, batch_id: BatchId):
+    """``frame`` minus the rows ``why`` (a Spark column: why a row is refused, or null) refuses,
+    and an observation of their origins and reasons. Without the origin columns nothing can be
+    refused: the sink's schema check names the missing column."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    if not {"origin_stream", "origin_seq"} <= set(frame.columns):
+        return frame, None
     observation = Observation(f"cg_refused_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
-    out = out.observe(observation, F.collect_list(F.when(why.isNotNull(), F.struct(
+    frame = frame.observe(observation, F.collect_list(F.when(why.isNotNull(), F.struct(
         F.col("origin_stream").alias("origin_stream"), F.col("origin_seq").alias("origin_seq"),
         why.alias("why")))).alias("refused"))
-    return out.where(why.isNull()), observation
+    return frame.where(why.isNull()), observation
+
+
+def _excluding(frame, keys: dict[str, np.ndarray]):
+    """``frame`` without the inputs ``keys`` names ({origin_stream: origin_seqs}), as ranges of
+    consecutive sequences (a few, as a table's committed inputs are), else by a join."""
+    from pyspark.sql import functions as F
+
+    from airflow_provider_cg.core.landing.sinks.base import seq_ranges
+
+    for stream, seqs in keys.items():
+        seqs = np.unique(np.asarray(seqs, dtype=np.int64))
+        if not len(seqs):
+            continue
+        runs = list(seq_ranges(seqs))
+        if len(runs) <= 64:
+            hit = None
+            for first, last in runs:
+                one = F.col("origin_seq").between(first, last)
+                hit = one if hit is None else hit | one
+            frame = frame.where(~((F.col("origin_stream") == F.lit(stream)) & hit))
+        else:
+            spark = frame.sparkSession
+            held = spark.createDataFrame(pa.table({"_cg_stream": pa.array([stream] * len(seqs)),
+                                                   "_cg_seq": pa.array(seqs)}))
+            frame = frame.join(held, (frame["origin_stream"] == held["_cg_stream"])
+                               & (frame["origin_seq"] == held["_cg_seq"]), "left_anti")
+    return frame
+
+
+def _nothing(sink: TwoPhaseSink, empty: pa.Table):
+    """What a batch whose every input is landed already stages: nothing, per route too."""
+    if isinstance(sink, RoutedSink):
+        return RoutedRows({n: RoutePart(empty, None, {}) for n in sink.routes.names})
+    return empty
+
+
+@dataclass
+class TableInputs:
+    """Which of a batch's inputs each table holds already: one mask per table (a single sink:
+    one), over the batch's rows. After a crash between two tables' commits of a routed batch,
+    the tables differ; each computes its share without what it holds."""
+
+    each: dict[str | None, np.ndarray]
+
+    @classmethod
+    def of(cls, sink: TwoPhaseSink, table: pa.Table) -> TableInputs:
+        if isinstance(sink, RoutedSink):
+            return cls({n: committed_inputs(s, table) for n, s in sink.sinks.items()})
+        return cls({None: committed_inputs(sink, table)})
+
+    @classmethod
+    def of_seqs(cls, sink: TwoPhaseSink, stream: str, seqs: np.ndarray) -> TableInputs:
+        if not len(seqs):
+            return cls({None: np.zeros(0, dtype=bool)})
+        if isinstance(sink, RoutedSink):
+            return cls({n: s.committed_keys_exist(stream, seqs) for n, s in sink.sinks.items()})
+        return cls({None: sink.committed_keys_exist(stream, seqs)})
+
+    @property
+    def everywhere(self) -> np.ndarray:
+        masks = list(self.each.values())
+        out = masks[0].copy()
+        for m in masks[1:]:
+            out &= m
+        return out
+
+    def extra_keys(self, table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
+        """Per route, the inputs its table holds that not every table does."""
+        every, out = self.everywhere, {}
+        for name, mask in self.each.items():
+            only = mask & ~every
+            if name is not None and only.any():
+                out[name] = {st: np.sort(q) for st, q in keys_by_stream(table.filter(pa.array(only))).items()}
+        return out
+
+    def extra_keys_of(self, stream: str, seqs: np.ndarray,
+                      known: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
+        """``extra_keys`` of inputs given by sequence, minus those already ``known``."""
+        every, out = self.everywhere, {}
+        for name, mask in self.each.items():
+            only = np.sort(seqs[mask & ~every])
+            if name is None or not len(only):
+                continue
+            seen = (known.get(name) or {}).get(stream)
+            new = only if seen is None else np.setdiff1d(only, seen)
+            if len(new):
+                out[name] = {stream: new}
+        return out
 
 
 def _refused_inputs(metrics: dict, at: dict[tuple[str, int], int], refused) -> dict[tuple[str, int], str]:

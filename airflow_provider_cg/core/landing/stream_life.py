@@ -84,15 +84,18 @@ def life_key(stream: str, n: int) -> str:
     return stream if n == 1 else f"{stream}#{n}"
 
 
-def decide(stream: str, created: str, lives: Sequence[Life], choice: LifeChoice | None) -> tuple[Life, bool]:
+def decide(stream: str, created: str, lives: Sequence[Life], choice: LifeChoice | None,
+           first_key: str | None = None) -> tuple[Life, bool]:
     """The life of an origin created at ``created``, given the ``lives`` a sink holds (oldest
     first), and whether the sink must record it. Raises ``StreamLifeChanged`` or a
-    ``ConfigError`` for a choice that names another creation time."""
+    ``ConfigError`` for a choice that names another creation time. ``first_key``: the key a
+    sink that holds no life of the stream takes (the stream's name unless the other tables of
+    a routed landing know this life by another key)."""
     for life in lives:
         if life.created == created:
             return life, False
     if not lives:
-        return Life(created, stream), True
+        return Life(created, first_key or stream), True
     if choice is None:
         raise StreamLifeChanged(stream, lives[-1], created)
     if choice.created != created:

@@ -39,6 +39,8 @@ class BatchContext:
     partitions: tuple[int, ...] = ()
     #: per partition: (first origin sequence, last origin sequence) of the batch's messages
     seq_ranges: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: routed by subject (``routes``): the route whose messages this call transforms
+    route: str | None = None
 
 
 def parse_spec(spec: str) -> tuple[str, str]:

@@ -41,6 +41,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     TwoPhaseSink,
     WriteState,
 )
+from airflow_provider_cg.core.landing.sinks.routing import RoutedRows
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
@@ -72,6 +73,8 @@ def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, sum
                 continue
             committed.append(prepared)
             summary.rows_written += res.rows_written  # an earlier run read (and counted) its messages
+            for name, r in getattr(res, "routes", {}).items():
+                summary.route(name)["rows_written"] += r.rows_written
         else:
             aborted += 1
     summary.recovered_committed += len(committed)
@@ -89,6 +92,28 @@ def _landed_inputs(inputs, input_keys: dict[str, np.ndarray] | None):
         np.zeros(0, np.int64)
     keep = np.isin(inputs.column("origin_seq").to_numpy(), seqs)
     return inputs if keep.all() else inputs.filter(pa.array(keep))
+
+
+def _count_routes(s: Summary, rows: RoutedRows, inputs, result) -> None:
+    """A routed batch in the summary: each route's counts and ranges, and the inputs landed in
+    any table as the batch's own."""
+    every: dict[str, np.ndarray] = {}
+    per_route = getattr(result, "routes", {})
+    for name, part in rows.parts.items():
+        counts = s.route(name)
+        if name in per_route:
+            counts["rows_written"] += per_route[name].rows_written
+            counts["duplicates_skipped"] += per_route[name].duplicates_skipped
+        landed = _landed_inputs(inputs, part.landed)
+        counts["messages_landed"] += landed.num_rows if part.landed else 0
+        if not part.landed:
+            continue
+        for p, first, last, n in partition_ranges(landed):
+            s.count_partition(p, first, last, n, into=counts["partitions"])
+        for st, q in part.landed.items():
+            every[st] = np.union1d(every.get(st, np.zeros(0, np.int64)), q)
+    for p, first, last, n in partition_ranges(_landed_inputs(inputs, every)) if every else ():
+        s.count_partition(p, first, last, n)
 
 
 class TwoPhaseLander:
@@ -204,6 +229,9 @@ class TwoPhaseLander:
         s.bytes += n_bytes
         # per partition what this batch landed (an asset event's ranges: a run that read inputs
         # again after a recovery does not announce them twice); rows are deduplicated by the sink
+        if isinstance(processed.rows, RoutedRows):  # per route, what its table recorded
+            _count_routes(s, processed.rows, inputs, result)
+            return True
         for p, first, last, n in partition_ranges(_landed_inputs(inputs, processed.input_keys)):
             s.count_partition(p, first, last, n)
         return True

@@ -252,11 +252,13 @@ class TwoPhaseSink(abc.ABC):
         return {}
 
     @abc.abstractmethod
-    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None) -> str:
+    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
+                    first_key: str | None = None) -> str:
         """The key the messages of origin ``stream`` created at ``created`` land under (their
         rows' ``origin_stream``), recording a life the sink did not hold (``stream_life.decide``:
-        raises ``StreamLifeChanged`` for an unknown life without ``choice``). Atomic against
-        other writers recording a life of the same stream."""
+        raises ``StreamLifeChanged`` for an unknown life without ``choice``; ``first_key`` is
+        the key of a first life). Atomic against other writers recording a life of the same
+        stream."""
 
     @abc.abstractmethod
     def stream_lives(self, stream: str) -> list[Life]:

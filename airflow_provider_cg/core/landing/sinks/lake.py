@@ -278,12 +278,13 @@ class LakeSink(TwoPhaseSink):
                 except FileExistsError:
                     continue  # another writer took the position: try the next one
 
-    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None) -> str:
+    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
+                    first_key: str | None = None) -> str:
         """From the log's ``life`` records; a new life is claimed as one."""
         with self._lock:
             while True:
                 self._log.refresh()
-                life, new = decide(stream, created, self._log.lives.get(stream, ()), choice)
+                life, new = decide(stream, created, self._log.lives.get(stream, ()), choice, first_key)
                 if not new:
                     return life.key
                 try:

@@ -73,6 +73,8 @@ def maintain(options: Any, *, compact: bool = True,
              retention_hours: float = DEFAULT_RETENTION_HOURS) -> MaintenanceReport:
     """Maintain the table ``options`` (``SinkOptions``) name, compacting toward its
     ``target_file_size`` (the one landing splits files at); see the module docstring."""
+    if getattr(options, "routes", None) is not None:
+        raise ConfigError("routes", "maintenance is of one table: give that table's own options (a route's)")
     check_maintenance(options.sink, compact=compact, retention_hours=retention_hours)
     target_file_size = options.target_file_size
     started = time.monotonic()

@@ -22,6 +22,22 @@ if TYPE_CHECKING:
 def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSink:
     """The sink ``options`` name (``parquet``, ``delta``, ``iceberg``, ``postgres``); ``ConfigError``
     naming the field when it cannot be opened as asked."""
+    if options.routes is not None:  # several tables, each its own sink (``routing.py``)
+        from airflow_provider_cg.core.landing.sinks.routing import RoutedSink, Routes
+
+        routes = Routes.parse(options)
+        opened: dict[str, TwoPhaseSink] = {}
+        try:
+            for route in routes.routes:
+                try:
+                    opened[route.name] = open_sink(route.options, transformed=transformed)
+                except ConfigError as e:
+                    raise ConfigError(f"routes.{route.name}.{e.field}", e.rule) from None
+        except BaseException:
+            for sink in opened.values():
+                sink.close()
+            raise
+        return RoutedSink(routes, opened)
     sink = options.sink
     extra = {"delta": "deltalake", "iceberg": "pyiceberg"}.get(sink)
     if extra:

@@ -501,7 +501,8 @@ class PostgresSink(TwoPhaseSink):
         except SinkError as exc:
             raise self._lock_error(exc, f"fence of {stream}/{group}") from None
 
-    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None) -> str:
+    def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
+                    first_key: str | None = None) -> str:
         """From ``cg_stream_lives``; read and recorded under a transaction-level advisory lock
         per target and stream, so writers meeting a new life at once record it once."""
         self.ensure_tables()
@@ -513,7 +514,7 @@ class PostgresSink(TwoPhaseSink):
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cg-life:{target}:{stream}",))
                 cur.execute(f"SELECT created, key FROM {self._side(LIVES_TABLE)} WHERE target = %s AND stream = %s "
                             "ORDER BY n", (target, stream))
-                life, new = decide(stream, created, [Life(c, k) for c, k in cur.fetchall()], choice)
+                life, new = decide(stream, created, [Life(c, k) for c, k in cur.fetchall()], choice, first_key)
                 if new:
                     cur.execute(f"INSERT INTO {self._side(LIVES_TABLE)} (target, stream, created, key) "
                                 "VALUES (%s, %s, %s, %s)", (target, stream, created, life.key))
