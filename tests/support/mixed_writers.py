@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -268,3 +270,145 @@ def _summary_counts(output: str, field: str) -> list[str]:
     import re
 
     return re.findall(rf'"{field}":(\d+)', output)
+
+
+#: the routed run's transformation: odd messages to ``all`` (appended), even ones to ``latest``
+#: (upserted by customer); the payload's customer is the subject's key, or absent (keyless)
+ROUTED_SQL = ("SELECT origin_stream, origin_seq, key, `partition`, value.customer AS customer, value.n AS n, "
+              "CASE WHEN origin_seq % 2 = 0 THEN 'latest' ELSE 'all' END AS route FROM batch")
+KEYLESS_SHARE = 0.03
+
+
+class RoutedMixedRun(MixedWritersRun):
+    """Every writer at once into two tables chosen per row by a column (``routes``,
+    ``route_by``): ``all`` appends the odd messages (in the table kind the seed picked), ``latest``
+    upserts the even ones by customer (Delta, or Iceberg when the seed picked Delta). About 3% of
+    the payloads lack the customer: an even one has no merge key and is dead-lettered, an odd one
+    lands in ``all`` like any other. ``check`` asserts ``all`` holds every odd message once in
+    per-key order and nothing else, ``latest`` is the last state per customer of the even ones
+    with a customer, and the dead-letter stream holds each keyless even message once."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.keyless: set[tuple[str, int]] = set()
+        remote = self.object_store is not None
+        self.latest_kind = "iceberg" if self.config.sink == "delta" else "delta"
+        self.latest = f"s3://{self.bucket}/latest" if remote else str(self.workdir / "latest")
+
+    def routes(self) -> dict:
+        sink_path, sink_args = self.sink_args()
+        every = {"sink": self.config.sink}
+        if sink_path is not None:
+            every["sink_path"] = str(sink_path)
+        flags = dict(zip(sink_args[::2], sink_args[1::2], strict=True))
+        for flag, value in flags.items():
+            every[flag[2:].replace("-", "_")] = value
+        latest = {"sink": self.latest_kind, "merge_keys": "customer"}
+        if self.latest_kind == "delta":
+            latest["sink_path"] = self.latest
+        else:
+            latest.update(iceberg_table="lake.latest", iceberg_catalog_uri=self.catalog_uri,
+                          iceberg_warehouse=self.warehouse)
+        return {"all": every, "latest": latest}
+
+    def _args(self) -> tuple[list[str], object]:
+        from tests.support.chaos import JOB_ARGS
+
+        life = ["--stream-life", self.stream_life] if self.stream_life else []
+        return [*JOB_ARGS, "--routes", json.dumps(self.routes()), "--route-by", "route", "--payload-format", "json",
+                "--json-schema", "customer STRING, n BIGINT", "--transform-sql", ROUTED_SQL, *life], None
+
+    async def publish_chunk(self, n: int) -> None:
+        before = time.time()
+        missing = {i for i in range(n) if self.rng.random() < KEYLESS_SHARE}
+
+        def payload(i: int) -> bytes:
+            if i in missing:
+                return b'{"n":%d}' % i
+            return b'{"customer":"k%d","n":%d}' % (i % self.config.keys, i)
+
+        got = await publish_orders(self.nc, self.stream, self.group, n, self.config.keys, subjects_prefix="ord",
+                                   payload=payload)
+        seqs = sorted(got)
+        self.keyless |= {(self.key, seqs[i][1]) for i in missing}
+        self.expected |= {(self.key, q): k for (_, q), k in got.items()}
+        self.windows.append((before - 0.001, time.time() + 0.001))
+        self.log(f"published {n} ({len(missing)} without a customer; total {len(self.expected)})")
+
+    def open_sink(self):
+        """The jobs' routed sink, opened here with the jobs' credentials (``sink_env``)."""
+        from unittest import mock
+
+        from airflow_provider_cg.core.landing.contract import SinkOptions
+
+        with mock.patch.dict(os.environ, self.sink_env):
+            return SinkOptions.build({"routes": self.routes(), "route_by": "route"}).open(transformed=True)
+
+    def prepared_left(self, pg_params=None) -> list[str]:
+        sink, parts = self.open_sink(), range(self.config.partitions)
+        return sorted({w.gid for m in self.ever for w in sink.recover(self.stream, self.group, m, parts)})
+
+    def latest_state(self) -> dict[str, int]:
+        """``latest``: customer -> origin_seq, as delta-rs or pyiceberg read it (one row a customer)."""
+        if self.latest_kind == "delta":
+            from tests.support.member_job import read_delta
+
+            t = read_delta(self.latest, ["customer", "origin_seq"], self.storage_options())
+        else:
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            from airflow_provider_cg.core.landing.sinks.iceberg import iceberg_io_properties
+            from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+
+            props = iceberg_io_properties(ObjectStoreSettings.from_env(self.sink_env))
+            t = SqlCatalog("default", uri=self.catalog_uri, **props).load_table("lake.latest").scan(
+                selected_fields=("customer", "origin_seq")).to_arrow()
+        customers = t.column("customer").to_pylist()
+        assert None not in customers, "a row without its merge key"
+        assert len(customers) == len(set(customers)), "a customer has two rows"
+        return dict(zip(customers, t.column("origin_seq").to_pylist(), strict=True))
+
+    async def dead_lettered(self) -> list[tuple[str, int]]:
+        from airflow_provider_cg.core.jetstream.api import JsApi
+
+        api, out = JsApi(self.nc), []
+        try:
+            last = int((await api.stream_info(f"{self.stream}-{self.group}-dlq"))["state"]["last_seq"])
+        except Exception:  # noqa: BLE001 - no dead letter yet: no stream
+            return out
+        js = self.nc.jetstream()
+        for seq in range(1, last + 1):
+            msg = await js.get_msg(f"{self.stream}-{self.group}-dlq", seq)
+            assert "column 'customer': a merge key" in msg.headers["Cg-Error"], msg.headers
+            out.append((self.key, int(msg.headers["Cg-Origin-Seq"])))
+        return out
+
+    async def check(self, pg_params=None) -> dict:
+        odd = {k: v for k, v in self.expected.items() if k[1] % 2}
+        last: dict[str, int] = {}
+        for (stream, seq), key in sorted(self.expected.items(), key=lambda kv: kv[0][1]):
+            if seq % 2 == 0 and (stream, seq) not in self.keyless:
+                last[key] = seq
+        try:
+            assert_exactly_once(self.landed(pg_params), odd)
+            got = self.latest_state()
+            wrong = sorted(k for k in set(last) | set(got) if last.get(k) != got.get(k))
+            assert not wrong, f"{len(wrong)} customers differ from their last state, e.g. " \
+                              f"{[(k, last.get(k), got.get(k)) for k in wrong[:5]]} (customer, want, table)"
+            dead = await self.dead_lettered()
+            want_dead = {k for k in self.keyless if k[1] % 2 == 0}
+            assert len(dead) == len(set(dead)) and set(dead) == want_dead, \
+                f"dead letters {sorted(dead)[:10]} (of {len(dead)}), expected {sorted(want_dead)[:10]}"
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.report()}") from None
+        assert await self.backlog() == 0, self.report()
+        tracebacks = [j for _, j in self.jobs if "Traceback" in j.output_so_far()]
+        assert not tracebacks, tracebacks[0].result().describe() + "\n" + self.report()
+        refused = [j for _, j in self.jobs if j.proc.returncode == 1 and "is not a member of group" not in
+                   last_error(j)]
+        assert not refused, f"a job refused its input: {last_error(refused[0])}\n{self.report()}"
+        left = self.prepared_left(pg_params)
+        assert not left, f"prepared writes left behind: {left}\n{self.report()}"
+        kinds = Counter(m if m == "backfill" else "member" for m, _ in self.jobs)
+        return {"jobs": dict(kinds), "landed": len(self.expected), "keyless": len(self.keyless),
+                "dead_lettered": len(want_dead)}

@@ -36,8 +36,14 @@ def test_every_option_round_trips_through_argv():
                "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse",
                "iceberg_catalog_name": "lakehouse", "partition_by": "day(ts), bucket(16, id)",
                "target_file_size": 134217728}
+    routed = {"stream": "S", "group": "g", "member": "m", "sink": "delta", "route_by": "table",
+              "routes": {"paid": {"sink_path": "/lake/paid", "merge_keys": "id"},
+                         "refunds": {"sink": "iceberg", "iceberg_table": "lake.refunds",
+                                     "iceberg_catalog_uri": "sqlite:////tmp/c.db"}},
+              "bad_records": "fail", "transform_sql": "SELECT *, 'paid' AS table FROM batch"}
     for values in (LIVE, BACKFILL, {"stream": "S", "group": "g", "member": "m", "sink_path": "/l", "no_spark": True,
-                                    "payload_format": "text", "stream_life": "new:2026-11-26T12:00:00.5Z"}, iceberg):
+                                    "payload_format": "text", "stream_life": "new:2026-11-26T12:00:00.5Z"}, iceberg,
+                   routed):
         spec = MemberJobSpec.build(values)
         again = MemberJobSpec.from_argv(spec.to_argv())
         assert again == spec, spec.to_argv()
