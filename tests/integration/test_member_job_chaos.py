@@ -31,9 +31,10 @@ async def test_randomized_faults_into_parquet_moving_between_layouts(request, nc
                                                                      tmp_path):
     """Into the Parquet lake, starting in the partition-streams layout, moved to the work-queue
     layout and back while the jobs run (``groups/moves.py``). (The other chaos tests run the
-    work-queue layout.)"""
-    run = ChaosRun(_config(request, seconds=10.0, messages=20_000, layout="partition-streams", layout_moves=2), nc,
-                   [nats_server], tmp_path, member_job_zip)
+    work-queue layout.) The jobs route by subject: every message into the lake, those of 40 keys
+    also into a second one (``routes``), each table exactly once and in per-key order."""
+    run = ChaosRun(_config(request, seconds=10.0, messages=20_000, layout="partition-streams", layout_moves=2,
+                           routed_keys=40), nc, [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()
     assert any("layout -> work-queue" in e for e in run.events) and \

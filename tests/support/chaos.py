@@ -15,6 +15,7 @@ left behind, and no traceback in any job's output. The seed and every fault are 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import time
@@ -70,6 +71,7 @@ class ChaosConfig:
     merge: bool = False  # upserts by key (--merge-keys key): a change stream, about 1 in 8 records a delete
     layout: str = "work-queue"  # the elastic group's layout at the start (``groups/layout.py``)
     layout_moves: int = 0  # moves to the other layout during the faults (a move back waits for the draining)
+    routed_keys: int = 0  # routes by subject: every message into the table, and those of this many keys into a second
 
 
 @dataclass
@@ -134,8 +136,17 @@ class ChaosRun:
             return self.table, merge
         return None, ["--pg-table", "orders", *merge]
 
+    def routes_args(self, sink_path) -> list[str]:
+        """``routed_keys``: the table (``sink_path``: every message) and a second Parquet lake of
+        the messages of the first ``routed_keys`` keys, both routed by subject."""
+        few = [f"ord.k{i}" for i in range(self.config.routed_keys)]
+        return ["--routes", json.dumps({"all": {"sink_path": str(sink_path), "subjects": ["ord.*"]},
+                                        "few": {"sink_path": str(self.workdir / "few"), "subjects": few}})]
+
     def start_job(self, member: str) -> MemberJob:
         sink_path, sink_args = self.sink_args()
+        if self.config.routed_keys:
+            sink_path, sink_args = None, [*sink_args, *self.routes_args(sink_path)]
         job = start_member_job(
             self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream, group=self.group,
             member=member, sink=self.config.sink, sink_path=sink_path,
@@ -497,6 +508,10 @@ class ChaosRun:
                                    f"{[(k, want.get(k), got.get(k)) for k in wrong[:5]]} (key, want, table)")
             else:
                 assert_exactly_once(self.landed(pg_params), self.expected)
+            if self.config.routed_keys:  # the second table: its keys' messages, once each, in order
+                few = {f"k{i}" for i in range(self.config.routed_keys)}
+                assert_exactly_once(parquet_landed(self.workdir / "few"),
+                                    {k: v for k, v in self.expected.items() if v in few})
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.report()}") from None
         assert await self.backlog() == 0, self.report()
@@ -513,9 +528,14 @@ class ChaosRun:
 
     def prepared_left(self, pg_params=None) -> list[str]:
         if self.config.sink != "postgres":
-            sink = self.open_sink()
+            sinks = [self.open_sink()]
+            if self.config.routed_keys:
+                from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
+
+                sinks.append(ParquetLakeSink(self.workdir / "few"))
             parts = range(self.config.partitions)
-            return sorted({w.gid for m in self.ever for w in sink.recover(self.stream, self.group, m, parts)})
+            return sorted({w.gid for sink in sinks for m in self.ever
+                           for w in sink.recover(self.stream, self.group, m, parts)})
         import psycopg2
 
         with psycopg2.connect(**pg_params) as conn, conn.cursor() as cur:
