@@ -491,3 +491,29 @@ def test_job_exit_codes_mean_something_in_airflow(airflow_env, nats, shim, tmp_p
     out = capfd.readouterr()
     assert "AirflowException: member job: cannot reach NATS" in out.out + out.err + caplog.text
     assert not lake.exists() or not list(lake.rglob("*.parquet"))
+
+
+@pytest.mark.spark
+def test_routes_land_into_two_tables_with_an_asset_event_each(airflow_env, nats, shim, tmp_path):
+    """``routes`` as a dict: one Asset per table as the task's outlets, one asset event per table
+    carrying that table's own rows and ranges, the summary counting per route."""
+    from airflow_provider_cg.assets import landed_rows
+    from airflow_provider_cg.core.landing.sinks import read_committed
+
+    nats.publish([f"orders.c{i % 4}" for i in range(200)])  # c0/c1 to one table, c2/c3 to the other
+    lakes = {"early": tmp_path / "early", "late": tmp_path / "late"}
+    routes = {"early": {"sink_path": str(lakes["early"]), "subjects": ["orders.c0", "orders.c1"]},
+              "late": {"sink_path": str(lakes["late"]), "subjects": "orders.c2, orders.c3"}}
+    dag = _dag("cg_spark_routes", routes=routes)
+    assert sorted(a.uri for a in dag.get_task("consume").outlets) == sorted(f"file://{p}" for p in lakes.values())
+    result = airflow_env.run_dag(dag)
+    assert result.state_of("consume") == "success", result.ti_states
+    summary = result.xcom("consume")
+    assert {k: v["rows_written"] for k, v in summary["routes"].items()} == {"early": 100, "late": 100}
+    for name, lake in lakes.items():
+        (event,) = _asset_events(f"file://{lake}")
+        assert event["route"] == name and event["rows_written"] == 100 and event["format"] == "parquet", event
+        rows = landed_rows([event], ["subject"])
+        assert rows.num_rows == 100 and set(rows.column("subject").to_pylist()) == set(
+            (routes[name]["subjects"] if name == "early" else ["orders.c2", "orders.c3"]))
+        assert read_committed(lake).num_rows == 100
