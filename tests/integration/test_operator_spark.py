@@ -515,5 +515,5 @@ def test_routes_land_into_two_tables_with_an_asset_event_each(airflow_env, nats,
         assert event["route"] == name and event["rows_written"] == 100 and event["format"] == "parquet", event
         rows = landed_rows([event], ["subject"])
         assert rows.num_rows == 100 and set(rows.column("subject").to_pylist()) == set(
-            (routes[name]["subjects"] if name == "early" else ["orders.c2", "orders.c3"]))
+            routes[name]["subjects"] if name == "early" else ["orders.c2", "orders.c3"])
         assert read_committed(lake).num_rows == 100

@@ -321,18 +321,21 @@ class MemberJobSpec(SinkOptions, BatchOptions):
     # --- checks of the machine the driver runs on -----------------------------------------
 
     def check_local_paths(self) -> None:
-        """The Parquet lake directory can be created and written by this user, here (the job
-        checks it on its driver; the operator too when the driver runs on its machine)."""
-        if self.sink not in PATH_SINKS or not self.sink_path or "://" in self.sink_path:
-            return
-        path = os.path.abspath(self.sink_path)
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigError("sink_path", f"{self.sink_path!r} exists and is not a directory")
-        existing = path
-        while not os.path.exists(existing):
-            existing = os.path.dirname(existing)
-        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
-            raise ConfigError("sink_path", f"{self.sink_path!r} is not writable (by this user)")
+        """Each local table directory (the lake, a Delta table's; every route's) can be created
+        and written by this user, here (the job checks it on its driver; the operator too when
+        the driver runs on its machine)."""
+        for route, options in self.tables():
+            field = "sink_path" if route is None else f"routes.{route}.sink_path"
+            if options.sink not in PATH_SINKS or not options.sink_path or "://" in options.sink_path:
+                continue
+            path = os.path.abspath(options.sink_path)
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise ConfigError(field, f"{options.sink_path!r} exists and is not a directory")
+            existing = path
+            while not os.path.exists(existing):
+                existing = os.path.dirname(existing)
+            if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+                raise ConfigError(field, f"{options.sink_path!r} is not writable (by this user)")
 
 
 class UsageError(ConfigError):
@@ -578,7 +581,6 @@ _RULE_FIELDS = {
     "target_file_size": {"sink", "target_file_size"},
     "merge_keys": {"sink", "merge_keys", "delete_when"},
     "delete_when": {"sink", "merge_keys", "delete_when"},
-    "routes": {"routes", "route_by", *SINK_FIELDS},
     "route_by": {"routes", "route_by"},
     "json_schema": {"payload_format", "json_schema"},
     "avro_schema": {"payload_format", "avro_schema"},
@@ -590,6 +592,8 @@ _RULE_FIELDS = {
 
 
 def _involves(name: str, unknown: set[str]) -> bool:
+    if "routes" in unknown and (name in SINK_FIELDS or name.startswith("routes.")):
+        return True  # with routes, every sink option's rule is a route's
     return bool(_RULE_FIELDS.get(name, {name}) & unknown)
 
 

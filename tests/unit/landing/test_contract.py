@@ -117,6 +117,17 @@ BAD = [
     ({"backfill_start": "yesterday", "backfill_end": "2026-01-01T00:00:00Z"}, "backfill_start"),
     ({"backfill_start": "2026-01-02T00:00:00Z", "backfill_end": "2026-01-01T00:00:00Z"}, "backfill_end"),
     ({"backfill_start": "2026-01-01T00:00:00Z", "backfill_end": "2026-01-01T00:00:00Z"}, "backfill_end"),
+    ({"bad_records": "skip"}, "bad_records"),
+    ({"route_by": "t"}, "route_by"),
+    ({"sink_path": None, "routes": "{x"}, "routes"),
+    ({"sink_path": None, "routes": json.dumps({"a": {"sink_path": "/a"}})}, "routes.a.subjects"),
+    ({"routes": json.dumps({"a": {"sink_path": "/a", "subjects": "s"}})}, "sink_path"),
+    ({"sink_path": None, "routes": json.dumps({"a": {"sink_path": "/a", "subjects": "s", "partition_by": "x"}})},
+     "routes.a.partition_by"),
+    ({"sink_path": None, "routes": json.dumps({"a": {"sink_path": "/a", "subjects": "s"}, "b": {"sink_path": "/b"}})},
+     "routes.b.subjects"),
+    ({"sink_path": None, "route_by": "t", "routes": json.dumps({"a": {"sink_path": "/a"}, "b": {"sink_path": "/a/"}})},
+     "routes.b"),
 ]
 
 
