@@ -13,7 +13,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.contract import SINK_FIELDS, SinkOptions, flag
+from airflow_provider_cg.core.landing.contract import TABLE_FIELDS, SinkOptions, flag
 from airflow_provider_cg.core.landing.sinks.maintenance import DEFAULT_RETENTION_HOURS, check_maintenance
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.operators.members import UI_COLOR
@@ -39,7 +39,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
     as the task's XCom. Invalid options fail the task without retries.
     """
 
-    template_fields: Sequence[str] = (*SINK_FIELDS, "retention_hours", "aws_conn_id",
+    template_fields: Sequence[str] = (*TABLE_FIELDS, "retention_hours", "aws_conn_id",
                                       "pg_conn_id", "iceberg_conn_id")
     ui_color = UI_COLOR
 
@@ -54,7 +54,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
                         "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
                         "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
                         "merge_keys": merge_keys, "delete_when": delete_when, "target_file_size": target_file_size}
-        assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
+        assert set(sink_options) == set(TABLE_FIELDS), "every option of a table is a parameter"
         super().__init__(**kwargs)
         for name, value in sink_options.items():
             setattr(self, name, value)
@@ -62,7 +62,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
         self.aws_conn_id, self.pg_conn_id, self.iceberg_conn_id = aws_conn_id, pg_conn_id, iceberg_conn_id
 
     def _options(self) -> tuple[SinkOptions, bool]:
-        options = SinkOptions.build({k: getattr(self, k) for k in SINK_FIELDS})
+        options = SinkOptions.build({k: getattr(self, k) for k in TABLE_FIELDS})
         compact = options.sink == "delta" if self.compact is None else bool(self.compact)
         check_maintenance(options.sink, compact=compact, retention_hours=float(self.retention_hours))
         return options, compact

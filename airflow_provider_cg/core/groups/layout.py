@@ -256,6 +256,52 @@ async def partition_backlog(api: JsApi, wq: str, partitions) -> dict[int, int]:
     return out
 
 
+#: a mirror with messages to move that has not heard from the work queue for this long is stalled
+MIRROR_STALLED_NS = 15_000_000_000
+
+
+async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dict | None = None,
+                                   timeout: float = 5.0) -> str | None:
+    """Why partition ``p``'s stream is not current, or None when it is: it does not answer, has
+    no leader (a cluster lost its quorum), its mirror reports an error, or its mirror has
+    messages to move and has stalled. (A replica catching up is no problem: the leader serves.)"""
+    name = partition_stream(wq, p)
+    try:
+        info = await api.request(f"STREAM.INFO.{name}", timeout=timeout)
+    except JetStreamApiError as e:
+        if e.err_code == ERR_STREAM_NOT_FOUND:
+            return "missing (the layout is partition-streams: run cg layout again to create it)"
+        return f"unavailable ({e.description})"
+    except ConsumerGroupError as e:  # no answer: no server holds it, or none can answer
+        return f"unavailable ({e})"
+    cluster = info.get("cluster") or {}
+    if cluster and not cluster.get("leader"):
+        offline = [r.get("name") for r in cluster.get("replicas") or () if r.get("offline")]
+        return "no leader" + (f" (replicas offline: {', '.join(offline)})" if offline else " (no quorum)")
+    mirror = info.get("mirror") or {}
+    if mirror.get("error"):
+        return f"its mirror failed ({(mirror['error'] or {}).get('description') or mirror['error']})"
+    if mirror_info is None:
+        mirror_info = await api.consumer_info(wq, mirror_consumer(p))
+    if mirror_info is None:
+        return f"its mirror consumer {mirror_consumer(p)!r} on {wq!r} is missing"
+    pending = int(mirror_info.get("num_pending") or 0)
+    active = int(mirror.get("active") or 0)
+    if pending and active > MIRROR_STALLED_NS:
+        return f"its mirror stalled ({pending} messages to move, none for {active / 1e9:.0f} s)"
+    return None
+
+
+async def partition_stream_problems(api: JsApi, wq: str, partitions) -> dict[int, str]:
+    """``partition_stream_problem`` of each partition (only those that have one)."""
+    out: dict[int, str] = {}
+    for p in partitions:
+        why = await partition_stream_problem(api, wq, p)
+        if why is not None:
+            out[p] = why
+    return out
+
+
 def refuse_split_layout(layout: str, what: str, stream: str, group: str) -> None:
     """``reset`` and ``resize`` move work-queue positions and partition tokens; they are not
     built for partition streams: say how to get there."""

@@ -209,6 +209,8 @@ class SinkOptions:
 
 #: the sink options' names, as every layer spells them
 SINK_FIELDS = tuple(f.name for f in dataclasses.fields(SinkOptions))
+#: the options of one table (what a route gives, what ``cg maintain`` takes): all but the routing
+TABLE_FIELDS = tuple(f for f in SINK_FIELDS if f not in ("routes", "route_by"))
 
 
 def add_sink_arguments(parser: argparse.ArgumentParser, *, sink_help: str | None = None) -> None:
