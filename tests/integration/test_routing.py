@@ -163,8 +163,9 @@ async def test_the_member_job_routes_into_three_formats_at_the_target_file_size(
     """spark-submit with executor reads, a transformation routing each order by a column into a
     Parquet lake, a Delta table and an Iceberg table upserted by key, each with a 1 MiB target:
     every table holds exactly its route's rows (read by pyarrow, delta-rs and pyiceberg), every
-    data file is at most 1.1x the target (the file sizes those readers list), and the summary
-    and asset extras count per table."""
+    data file is at most 1.1x the target (the file sizes those readers list), the summary and
+    asset extras count per table -- and the records no table can take (an upsert without its
+    key, a kind no route names) are dead-lettered with their reasons, the rest landing."""
     from pyiceberg.catalog.sql import SqlCatalog
 
     from airflow_provider_cg.assets import landed_extras
@@ -174,9 +175,15 @@ async def test_the_member_job_routes_into_three_formats_at_the_target_file_size(
     await create_group(nc, "ORD", "g", partitions=2, members=("m1",))
     js = nc.jetstream()
     n = 3600
+    keyless, unrouted = {7, 301, 2999}, {11, 1200}
     for i in range(1, n + 1):  # ~2.7 kB each: ~3 MB a table in one batch, several files each
-        blob = base64.b64encode(os.urandom(2000)).decode()
-        await js.publish(f"orders.c{i % 50}", json.dumps({"id": i, "blob": blob}).encode())
+        order = {"id": i, "kind": "pdi"[i % 3], "blob": base64.b64encode(os.urandom(2000)).decode()}
+        if i in keyless:
+            order["kind"] = "i"
+            del order["id"]
+        if i in unrouted:
+            order["kind"] = "x"
+        await js.publish(f"orders.c{i % 50}", json.dumps(order).encode())
     for _ in range(200):
         if await wq_messages(nc, "ORD", "g") >= n:
             break
@@ -189,19 +196,27 @@ async def test_the_member_job_routes_into_three_formats_at_the_target_file_size(
               "iceberg_warehouse": str(tmp_path / "wh"), "merge_keys": "id"},
     }
     sql = ("SELECT origin_stream, origin_seq, `partition`, value.id AS id, value.blob AS blob, "
-           "concat('lane', value.id % 2) AS lane, element_at(array('p', 'd', 'i'), CAST(value.id % 3 + 1 AS INT)) AS route "
-           "FROM batch")
-    args = ["--payload-format", "json", "--json-schema", "id BIGINT, blob STRING", "--transform-sql", sql,
-            "--routes", json.dumps(routes), "--route-by", "route", "--target-file-size", str(target),
+           "concat('lane', value.id % 2) AS lane, value.kind AS route FROM batch")
+    args = ["--payload-format", "json", "--json-schema", "id BIGINT, kind STRING, blob STRING", "--transform-sql",
+            sql, "--routes", json.dumps(routes), "--route-by", "route", "--target-file-size", str(target),
             "--read", "executors", "--batch-size", "3600"]
     r = await asyncio.to_thread(run_member_job, member_job_zip, tmp_path, nats_servers=nats_server.url, stream="ORD",
                                 group="g", member="m1", args=args, timeout=300)
     assert r.returncode == 0 and r.summary["result"] == "committed", r.describe()
     assert await wq_messages(nc, "ORD", "g") == 0
-    want = {name: {i for i in range(1, n + 1) if "pdi"[i % 3] == name} for name in "pdi"}
+    bad = keyless | unrouted
+    want = {name: {i for i in range(1, n + 1) if "pdi"[i % 3] == name and i not in bad} for name in "pdi"}
     per_route = r.summary["routes"]
     assert {k: v["rows_written"] for k, v in per_route.items()} == {k: len(v) for k, v in want.items()}, per_route
-    assert all(v["messages_landed"] == n for v in per_route.values())  # each table records every input
+    assert all(v["messages_landed"] == n - len(bad) for v in per_route.values())  # each table records every input
+    assert r.summary["dead_lettered"] == len(bad)
+    dead = []  # (the message's origin sequence, its id, why)
+    for seq in range(1, len(bad) + 1):
+        msg = await js.get_msg("ORD-g-dlq", seq)
+        dead.append((int(msg.headers["Cg-Origin-Seq"]), json.loads(msg.data).get("id"), msg.headers["Cg-Error"]))
+    assert sorted(q for q, _, _ in dead) == sorted(bad), dead  # the origin holds them at seq = i
+    assert all("column 'id': a merge key" in why for q, i, why in dead if q in keyless), dead
+    assert all(i == q and "column 'route': names no route ('x'" in why for q, i, why in dead if q in unrouted), dead
 
     sizes: dict[str, list[int]] = {}
     got: dict[str, list[int]] = {}
@@ -226,4 +241,4 @@ async def test_the_member_job_routes_into_three_formats_at_the_target_file_size(
     extras = landed_extras(spec, r.summary)
     assert [e["route"] for e in extras] == ["p", "d", "i"]
     assert [e["format"] for e in extras] == ["parquet", "delta", "iceberg"]
-    assert {e["rows_written"] for e in extras} == {n // 3}
+    assert [e["rows_written"] for e in extras] == [len(want[k]) for k in "pdi"]

@@ -1,5 +1,5 @@
 """One local SparkSession in the test process, for tests of the Spark pipeline that need no
-spark-submit of their own (one JVM start for a module's tests instead of one per case)."""
+spark-submit of their own (one JVM start for the whole session instead of one per case)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark_session():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
