@@ -109,6 +109,8 @@ async def request(nc, subject: str, body: dict | None = None) -> dict:
             reply = json.loads(msg.data)
             if "error" in reply and reply["error"].get("code") in (503,):
                 raise TimeoutError(reply["error"])
+            if "error" in reply:
+                raise RuntimeError(f"{subject}: {reply['error']}")
             return reply
         except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError):
             await asyncio.sleep(0.5)
@@ -169,16 +171,27 @@ async def main(args) -> int:
         for p in range(PARTITIONS):
             await request(nc, f"CONSUMER.CREATE.WQ.mirror-{p}", {"stream_name": "WQ", "config": {
                 "name": f"mirror-{p}", "durable_name": f"mirror-{p}", "filter_subject": f"{p}.>",
-                **({"deliver_policy": "by_start_sequence", "opt_start_seq": 1} if args.start_at_1
-                   else {"deliver_policy": "all"}), "ack_policy": "flow_control", "flow_control": True,
+                "deliver_policy": "all", "ack_policy": "flow_control", "flow_control": True,
                 "idle_heartbeat": 1_000_000_000, "deliver_subject": f"_mirror.{p}", "max_deliver": -1,
                 "max_ack_pending": 10_000}, "action": "create"})
-            await request(nc, f"STREAM.CREATE.{mirrors[p]}", {
-                "name": mirrors[p], "retention": "workqueue", "num_replicas": args.replicas, "allow_direct": True,
-                "mirror": {"name": "WQ", "consumer": {"name": f"mirror-{p}", "deliver_subject": f"_mirror.{p}"}}})
+            cfg = {"name": mirrors[p], "retention": "workqueue", "allow_direct": True,
+                   "num_replicas": 1 if args.scale_up else args.replicas,
+                   "mirror": {"name": "WQ", "consumer": {"name": f"mirror-{p}", "deliver_subject": f"_mirror.{p}"}}}
+            await request(nc, f"STREAM.CREATE.{mirrors[p]}", cfg)
+            if args.scale_up:  # R1 until its mirror jumped past the gap on its own, then the replicas
+                first = int((await request(nc, "STREAM.INFO.WQ"))["state"]["first_seq"])
+                while int((await request(nc, f"STREAM.INFO.{mirrors[p]}"))["state"]["last_seq"]) < first - 1:
+                    await asyncio.sleep(0.1)
+                await request(nc, f"STREAM.UPDATE.{mirrors[p]}", {**cfg, "num_replicas": args.replicas})
         sent = args.consumed
         try:
-            bad = await restarts(args, nc, servers, mirrors, sent)
+            bad, sent, moved = await restarts(args, nc, servers, mirrors, sent)
+            moved += await drained(nc, mirrors, args.settle)
+            missing = sent - args.consumed - moved
+            left = int((await request(nc, "STREAM.INFO.WQ"))["state"]["messages"])
+            print(f"published {sent - args.consumed} after the mirrors were made, {moved} read from them"
+                  + (f": {missing} STUCK OR LOST ({left} still in the work queue, not moved)" if missing else ""))
+            bad = bad or missing != 0
         except RuntimeError as e:  # a mirror stopped answering (no leader)
             print(f"  a mirror stopped answering: {e}")
             bad = True
@@ -197,16 +210,17 @@ async def main(args) -> int:
     return 1 if bad else 0
 
 
-async def restarts(args, nc, servers: list[Server], mirrors: list[str], sent: int) -> bool:
-    """Publish and read while the leader of the first mirror is SIGKILLed and restarted;
-    whether the cluster failed to become healthy again in time."""
-    bad = False
+async def restarts(args, nc, servers: list[Server], mirrors: list[str], sent: int) -> tuple[bool, int, int]:
+    """Publish and read while the leader of the first mirror is SIGKILLed and restarted:
+    whether the cluster failed to become healthy again in time, what was published in all, and
+    how many messages were read from the mirrors."""
+    bad, moved = False, 0
     for rnd in range(args.rounds):
         for _ in range(5):
             await publish(nc, 2000, sent)
             sent += 2000
             await asyncio.sleep(0.5)
-            await drain_partitions(nc, mirrors, False)
+            moved += await drain_partitions(nc, mirrors, False)
         info = await request(nc, "STREAM.INFO.WQ-p0")
         leader = (info.get("cluster") or {}).get("leader") or "n0"
         victim = next(s for s in servers if s.name == leader)
@@ -230,8 +244,22 @@ async def restarts(args, nc, servers: list[Server], mirrors: list[str], sent: in
                 bad = True
                 break
             await asyncio.sleep(0.5)
-        await drain_partitions(nc, mirrors, False)
-    return bad
+        moved += await drain_partitions(nc, mirrors, False)
+    return bad, sent, moved
+
+
+async def drained(nc, mirrors: list[str], patience: float) -> int:
+    """Read (purge) the mirrors until the work queue and they are empty, or ``patience`` runs
+    out; how many messages they held meanwhile."""
+    moved, deadline = 0, time.monotonic() + patience
+    while time.monotonic() < deadline:
+        moved += await drain_partitions(nc, mirrors, False)
+        left = int((await request(nc, "STREAM.INFO.WQ"))["state"]["messages"])
+        held = [int((await request(nc, f"STREAM.INFO.{m}"))["state"]["messages"]) for m in mirrors]
+        if not left and not any(held):
+            break
+        await asyncio.sleep(0.5)
+    return moved
 
 
 if __name__ == "__main__":
@@ -241,9 +269,9 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=2, help="server restarts")
     p.add_argument("--consumed", type=int, default=6000, help="messages consumed from the work queue before the "
                                                               "mirrors are created (0: they start with it)")
-    p.add_argument("--start-at-1", action="store_true",
-                   help="create the mirrors' consumers at sequence 1, below the work queue's first: a mirror "
-                        "that has delivered nothing yet then skips the gap through Raft (the workaround)")
+    p.add_argument("--scale-up", action="store_true",
+                   help="create each mirror R1 and scale it to --replicas once it has jumped past the work "
+                        "queue's consumed messages (a workaround)")
     p.add_argument("--settle", type=float, default=60.0, help="seconds the cluster has to be healthy again")
     p.add_argument("--keep", action="store_true", help="keep the servers' stores and logs")
     sys.exit(asyncio.run(main(p.parse_args())))

@@ -31,7 +31,7 @@ from airflow_provider_cg.core.groups.config import (
     PartitioningFilter,
     StaticGroupConfig,
 )
-from airflow_provider_cg.core.groups.layout import WORK_QUEUE, LayoutError, check_layout
+from airflow_provider_cg.core.groups.layout import WORK_QUEUE, LayoutError, check_layout, check_replicas
 from airflow_provider_cg.core.groups.membership import check_assignment, parse_mappings, parse_members
 from airflow_provider_cg.core.groups.store import ELASTIC, KINDS, STATIC, GroupInfo
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
@@ -572,15 +572,18 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
     stops the mirrors and waits up to ``wait`` seconds for the members' jobs to land what the
     partition streams hold (they must run meanwhile); if they have not, the task fails with the
     group draining, and its retry (or any later move) goes on from there. Returns the move
-    (``layout``, ``done``, ``left`` per partition)."""
+    (``layout``, ``done``, ``left`` per partition). ``partition_replicas``: the partition
+    streams' replicas (default: the work queue's)."""
 
     template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "layout")
 
-    def __init__(self, *, stream: str, group: str, layout: str, wait: float = 300.0, **kwargs: Any) -> None:
+    def __init__(self, *, stream: str, group: str, layout: str, wait: float = 300.0,
+                 partition_replicas: int | None = None, **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
-        self.layout, self.wait = layout, wait
+        self.layout, self.wait, self.partition_replicas = layout, wait, partition_replicas
         if not _templated(layout):
             check_layout("layout", layout)
+        check_replicas("partition_replicas", partition_replicas)
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
             raise ConfigError("wait", "must be a number of seconds from 0 to 1e6")
 
@@ -590,8 +593,8 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         async def go(nc) -> dict[str, Any]:
-            return (await ConsumerGroups(nc).move_layout(self.stream, self.group, self.layout,
-                                                         wait=self.wait)).to_dict()
+            return (await ConsumerGroups(nc).move_layout(self.stream, self.group, self.layout, wait=self.wait,
+                                                         partition_replicas=self.partition_replicas)).to_dict()
 
         move = self._run(go)
         if not move["done"]:

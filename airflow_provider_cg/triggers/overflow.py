@@ -98,6 +98,8 @@ def measure(status: GroupStatus, member: str | None = None, lag: GroupLag | None
         "ack_pending": int(ack_pending),
         "backlog": int(backlog),
         "partitions": {str(p): int(status.partitions.get(p, 0)) for p in parts},
+        # partition streams that are not current: their backlog is not known (``layout.py``)
+        "partition_problems": {str(p): why for p, why in sorted(status.partition_problems.items()) if p in parts},
     }
     if lag is not None:
         ages = [m.oldest_pending_age_s for m in lag.members if member is None or m.member == member]
@@ -251,6 +253,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
         armed = True
         failures = 0
         last: dict[str, Any] | None = None
+        warned: dict[str, str] = {}
         self.log.info(
             "Watching %s (mode %s): min_pending=%s min_ack_pending=%s max_oldest_age=%s every %ss",
             self._where(), self.mode, self.min_pending, self.min_ack_pending, self.max_oldest_age, self.poke_interval,
@@ -296,6 +299,12 @@ class GroupOverflowTrigger(BaseEventTrigger):
                     continue
                 failures = 0
                 last = figures
+                problems = figures.get("partition_problems") or {}
+                if problems != warned:
+                    if problems:
+                        self.log.warning("%s: partition streams not current, their backlog unknown: %s",
+                                         self._where(), "; ".join(f"{p}: {why}" for p, why in problems.items()))
+                    warned = problems
                 if exceeds(figures, self.min_pending, self.min_ack_pending, self.max_oldest_age):
                     if armed:
                         self.log.info(
@@ -307,7 +316,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
                         if self.mode == ONCE:
                             return
                         armed = False
-                elif not armed:
+                elif not armed and not problems:  # an unknown backlog is not a low one
                     self.log.info("Below the thresholds again on %s: re-armed", self._where())
                     armed = True
                 await self._sleep(self.poke_interval)

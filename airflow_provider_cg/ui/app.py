@@ -185,6 +185,9 @@ svg.spark{{display:block;background:#f7fafc}} .legend{{font-size:.8rem}}
             + (f', source lag {g["source_lag"]}' if g.get("source_lag") is not None else "")
             + (f', unassigned partitions {e(str(g["unassigned_partitions"]))}' if g["unassigned_partitions"] else "")
             + "</p>"
+            + "".join(f'<p class="err" data-partition="{e(p)}">partition {e(p)}: its stream is not current: '
+                      f'{e(why)} (its backlog is not known)</p>'
+                      for p, why in (g.get("partition_problems") or {}).items())
             + f'<div class="group-chart">{last_hour_svg(g.get("history") or {}, now, width=480, height=60)}</div>'
             + '<p class="legend muted">last hour: <i style="background:#90cdf4"></i>messages landed per 5 min'
               '<i style="background:#c53030;height:2px"></i>backlog, sampled while this page is shown</p>'

@@ -88,11 +88,16 @@ async def test_randomized_faults_into_postgres(request, nc, nats_server, member_
 
 async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request, nats_cluster, member_job_zip,
                                                                         tmp_path):
+    """An R3 cluster whose group moves from the work-queue layout to partition streams and back
+    while the jobs run (the partition streams created on a work queue that has moved on), with a
+    server SIGKILLed or restarted in each layout: the work queue's leader, then a partition
+    stream's leader. Everything lands once, in per-key order, and the group drains."""
     from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
     nc = await NatsConnectionSettings(servers=nats_cluster.urls).connect()
     try:
-        cfg = _config(request, replicas=3, seconds=10.0, messages=20_000, server_restarts=2)
+        cfg = _config(request, replicas=3, seconds=10.0, messages=20_000, server_restarts=2, layout_moves=2,
+                      restarts_on_schedule=True)
         run = ChaosRun(cfg, nc, nats_cluster.servers, tmp_path, member_job_zip)
         await run.run()
         stats = await run.check()

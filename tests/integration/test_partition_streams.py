@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError
+from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError, ServerUnavailable
 from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
@@ -155,3 +155,82 @@ async def test_what_the_layout_refuses_says_how(nc, nats_server, tmp_path, capsy
     assert len(await grouplayout.partition_streams_of(JsApi(nc), f"{STREAM}-{GROUP}")) == 3
     assert await cg("rm", STREAM, GROUP) == 0
     assert await grouplayout.partition_streams_of(JsApi(nc), f"{STREAM}-{GROUP}") == []
+
+
+async def test_a_partition_stream_that_cannot_serve_is_shown_and_its_member_ends_with_exit_2(nats_cluster,
+                                                                                             member_job_zip,
+                                                                                             tmp_path):
+    """An R3 cluster, the group moved to partition streams after its work queue moved on (the
+    partition streams R1: nats-server 2.15.1 loses replicated filtered mirrors), the server
+    holding one partition stream stopped: cg status, cg lag, the sensor's figures and the page
+    name that stream as not current instead of showing an empty backlog, and the member's job
+    ends with exit 2 naming it; with the server back, the job lands everything once."""
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+    from airflow_provider_cg.triggers.overflow import measure
+    from airflow_provider_cg.ui.app import render
+    from tests.support.member_job import create_group, wq_messages
+
+    nc = await NatsConnectionSettings(servers=nats_cluster.urls).connect()
+    urls = ",".join(nats_cluster.urls)
+    lake = tmp_path / "lake"
+    try:
+        for _ in range(60):  # a fresh cluster elects its meta leader first
+            try:
+                await create_group(nc, STREAM, GROUP, partitions=3, members=("m1",), replicas=3)
+                break
+            except Exception:  # noqa: BLE001 - not yet
+                await asyncio.sleep(0.5)
+        expected = await publish_orders(nc, STREAM, GROUP, 900, 90)
+        r = run_member_job(member_job_zip, tmp_path / "jobs", nats_servers=urls, stream=STREAM, group=GROUP,
+                           member="m1", sink="parquet", sink_path=lake, args=JOB, spark=False, timeout=120)
+        assert r.returncode == 0 and await wq_messages(nc, STREAM, GROUP) == 0, r.describe()
+        cg = ConsumerGroups(nc)
+        with pytest.raises(ConfigError, match="partition_replicas: must be 1 on nats-server 2.15.1"):
+            await cg.move_layout(STREAM, GROUP, grouplayout.PARTITION_STREAMS, partition_replicas=3)
+        await cg.move_layout(STREAM, GROUP, grouplayout.PARTITION_STREAMS)  # on a work queue past sequence 1
+        expected |= await publish_orders(nc, STREAM, GROUP, 900, 90, wait_sourced=False)
+        api, wq = JsApi(nc), f"{STREAM}-{GROUP}"
+        for _ in range(100):
+            if sum((await _partition_totals(nc, 3)).values()) == 900:
+                break
+            await asyncio.sleep(0.1)
+        infos = [await api.stream_info(grouplayout.partition_stream(wq, p)) for p in range(3)]
+        assert [i["config"]["num_replicas"] for i in infos] == [1, 1, 1]
+        host = next(s for s in nats_cluster.servers if s.name == infos[1]["cluster"]["leader"])
+        on_host = {p for p, i in enumerate(infos) if i["cluster"]["leader"] == host.name}  # R1: one server each
+        host.stop()
+        try:
+            for _ in range(40):  # the client reconnects to another server (it may have been on that one)
+                try:
+                    status = await cg.status(STREAM, GROUP)
+                    break
+                except ServerUnavailable:
+                    await asyncio.sleep(0.5)
+            assert set(status.partition_problems) == on_host, status  # those streams, and only those
+            lag = await group_lag(nc, STREAM, GROUP, status=status)
+            assert "1" in lag.partition_problems
+            assert "1" in measure(status)["partition_problems"]  # the sensor's and trigger's figures
+            page = render(["nats"], "nats", [lag.to_dict()], None)
+            assert "partition 1: its stream is not current" in page
+            out = await asyncio.to_thread(
+                __import__("subprocess").run, [__import__("sys").executable, "-m", "airflow_provider_cg.core.tools.cli",
+                                               "status", STREAM, GROUP, "--server", urls],
+                capture_output=True, text=True, timeout=60)
+            assert f"NOT CURRENT:  partition 1's stream {wq}-p1" in out.stdout, out.stdout + out.stderr
+            r = run_member_job(member_job_zip, tmp_path / "jobs", nats_servers=urls, stream=STREAM, group=GROUP,
+                               member="m1", sink="parquet", sink_path=lake, args=JOB, spark=False, timeout=120)
+            assert r.returncode == 2, r.describe()
+            first = min(on_host)
+            assert f"partition {first}'s stream {wq}-p{first} is not current" in r.output, r.describe()
+            assert "Traceback" not in r.output
+        finally:
+            host.start()
+        for _ in range(3):
+            r = run_member_job(member_job_zip, tmp_path / "jobs", nats_servers=urls, stream=STREAM, group=GROUP,
+                               member="m1", sink="parquet", sink_path=lake, args=JOB, spark=False, timeout=120)
+            assert r.returncode == 0, r.describe()
+            if not sum((await _partition_totals(nc, 3)).values()):
+                break
+        assert_exactly_once(parquet_landed(lake), expected)
+    finally:
+        await nc.close()

@@ -47,6 +47,7 @@ from tests.support.member_job import (
 )
 
 ACK_WAIT = 3.0
+HEALTHY_WITHIN = 30.0  # seconds a cluster has to report every server healthy after a restart
 MERGE_RULE = "payload_text = 'deleted'"
 JOB_ARGS = ["--batch-size", "400", "--ack-wait", str(ACK_WAIT), "--standby-timeout", "6",
             "--idle-timeout", "1.5", "--max-seconds", "45", "--progress-interval", "30"]
@@ -72,6 +73,8 @@ class ChaosConfig:
     layout: str = "work-queue"  # the elastic group's layout at the start (``groups/layout.py``)
     layout_moves: int = 0  # moves to the other layout during the faults (a move back waits for the draining)
     routed_keys: int = 0  # routes by subject: every message into the table, and those of this many keys into a second
+    partition_replicas: int | None = None  # the partition streams' replicas (default 1)
+    restarts_on_schedule: bool = False  # server restarts only at their shares of the time (none drawn at random)
 
 
 @dataclass
@@ -98,6 +101,7 @@ class ChaosRun:
         self.events: list[str] = [f"seed={self.config.seed}"]
         self.restarts_left = self.config.server_restarts
         self.moves_left = self.config.layout_moves
+        self.healthy_after: list[float] = []  # per server restart (a cluster): seconds until /healthz was ok
         self.layout = self.config.layout
         self.draining = False  # a move back to the work-queue layout waits for the partition streams
         self.groups = ConsumerGroups(self.nc)
@@ -116,6 +120,8 @@ class ChaosRun:
 
     def log(self, what: str) -> None:
         self.events.append(f"{time.monotonic() - self.t0:7.2f}s {what}")
+        if os.environ.get("CG_CHAOS_LIVE"):  # a run that hangs: watch it as it goes (pytest -s)
+            print(self.events[-1], flush=True)
 
     @property
     def urls(self) -> str:
@@ -169,7 +175,8 @@ class ChaosRun:
                                    members=self.config.members, subjects_prefix="ord",
                                    replicas=self.config.replicas)
                 if self.layout != "work-queue":
-                    await self.groups.move_layout(self.stream, self.group, self.layout, wait=10)
+                    await self.groups.move_layout(self.stream, self.group, self.layout, wait=10,
+                                                  partition_replicas=self.config.partition_replicas)
                 return
             except Exception:  # creating the same stream and group again is a no-op
                 if time.monotonic() > deadline:
@@ -231,7 +238,8 @@ class ChaosRun:
 
     async def fault(self) -> None:
         kind = self.rng.choices(["kill", "stop", "step-down", "membership", "restart", "store", "none"],
-                                weights=[30, 20, 18, 12, 6 if self.restarts_left else 0,
+                                weights=[30, 20, 18, 12, 6 if self.restarts_left and not self.config.restarts_on_schedule
+                                         else 0,
                                          6 if self.store_restarts_left else 0, 14])[0]
         if kind == "membership" and self.config.static:  # a static group's membership is fixed
             kind = "none"
@@ -273,7 +281,9 @@ class ChaosRun:
         work-queue layout is finished by ``finish_move`` once the partition streams are landed."""
         to = "partition-streams" if self.layout == "work-queue" else "work-queue"
         try:
-            move = await self.groups.move_layout(self.stream, self.group, to, wait=0 if to == "work-queue" else 10)
+            move = await self.groups.move_layout(self.stream, self.group, to, wait=0 if to == "work-queue" else 10,
+                                                 partition_replicas=self.config.partition_replicas
+                                                 if to == "partition-streams" else None)
         except ConsumerGroupError as e:  # e.g. across a server restart: the move is idempotent, do it again
             self.log(f"layout -> {to} interrupted ({type(e).__name__}: {e}); again later")
             return
@@ -322,17 +332,42 @@ class ChaosRun:
         self.restarts_left -= 1
         if len(self.servers) == 1:
             server = self.servers[0]
-        else:  # the node leading the work-queue stream
-            info = await JsApi(self.nc).stream_info(f"{self.stream}-{self.group}")
-            leader = (info.get("cluster") or {}).get("leader")
+        else:  # the node leading the work-queue stream, or (partition streams) a partition's stream
+            led = f"{self.stream}-{self.group}"
+            if self.layout == "partition-streams" and not self.draining:
+                led = f"{led}-p{self.rng.randrange(self.config.partitions)}"
+            try:
+                leader = ((await JsApi(self.nc).stream_info(led)).get("cluster") or {}).get("leader")
+            except (ServerUnavailable, JetStreamApiError):
+                leader = None
             server = next((s for s in self.servers if s.name == leader), self.rng.choice(self.servers))
+            self.log(f"{led} led by {leader}")
         crash = self.rng.random() < 0.5
         self.log(f"{'SIGKILL' if crash else 'restart'} nats-server {server.name}")
         await asyncio.to_thread(server.kill if crash else server.stop)
         await asyncio.sleep(self.rng.uniform(0.5, 3.0))
         await asyncio.to_thread(server.start)
+        back = time.monotonic()
         await self.wait_for_streams()
         self.log(f"nats-server {server.name} back")
+        if len(self.servers) > 1 and all(s.http_port for s in self.servers):
+            await self.wait_healthy(back)
+
+    async def wait_healthy(self, since: float) -> None:
+        """Every server's ``/healthz`` ok again (its streams current) after a restart: how long
+        it took is recorded, and ``check`` holds it to ``HEALTHY_WITHIN``."""
+        while True:
+            states = [await asyncio.to_thread(s.healthz) for s in self.servers]
+            if all(ok for ok, _ in states):
+                self.healthy_after.append(time.monotonic() - since)
+                self.log(f"cluster healthy {self.healthy_after[-1]:.1f}s after the restart")
+                return
+            if time.monotonic() - since > 3 * HEALTHY_WITHIN:
+                self.healthy_after.append(float("inf"))
+                self.log(f"cluster NOT healthy {3 * HEALTHY_WITHIN:.0f}s after the restart: "
+                         + "; ".join(body for ok, body in states if not ok))
+                return
+            await asyncio.sleep(0.5)
 
     async def restart_object_store(self) -> None:
         """Stop (or SIGKILL) the S3-compatible server under the jobs' writes, then start it
@@ -353,6 +388,13 @@ class ChaosRun:
                 if not self.config.static:
                     await api.stream_info(f"{self.stream}-{self.group}")
                 await api.stream_info(self.stream)
+                if self.layout == "partition-streams" and not self.draining:  # each with a leader again
+                    from airflow_provider_cg.core.groups.layout import partition_stream_problems
+
+                    problems = await partition_stream_problems(api, f"{self.stream}-{self.group}",
+                                                               range(self.config.partitions))
+                    if problems:
+                        raise ServerUnavailable(f"partition streams not current: {problems}")
                 return
             except Exception:
                 if time.monotonic() > deadline:
@@ -362,12 +404,14 @@ class ChaosRun:
     # --- the run ---------------------------------------------------------------------------
 
     def _owed_restarts(self) -> list[str]:
-        """The server and store restarts whose share of the fault phase is up."""
-        return [k for k, left, total in (
+        """The server and store restarts (and layout moves) whose share of the fault phase is up,
+        the one due first first: a layout move a little before the restart of its share, so a
+        restart meets each layout."""
+        due = [((total - left + 1) / (total + 1) - (0.05 if k == "layout" else 0), k) for k, left, total in (
             ("restart", self.restarts_left, self.config.server_restarts),
             ("store", self.store_restarts_left, self.config.store_restarts),
-            ("layout", self.moves_left, self.config.layout_moves))
-            if left and self._elapsed() >= (total - left + 1) / (total + 1)]
+            ("layout", self.moves_left, self.config.layout_moves)) if left]
+        return [k for at, k in sorted(due) if self._elapsed() >= at]
 
     def owed(self) -> bool:
         """A fault every run must have is due: it comes even while publishing catches up
@@ -515,6 +559,8 @@ class ChaosRun:
         except AssertionError as e:
             raise AssertionError(f"{e}\n{self.report()}") from None
         assert await self.backlog() == 0, self.report()
+        assert all(t <= HEALTHY_WITHIN for t in self.healthy_after), \
+            f"the cluster was not healthy within {HEALTHY_WITHIN:g}s of a restart\n{self.report()}"
         tracebacks = [j for _, j in self.jobs if "Traceback" in j.output_so_far()]
         assert not tracebacks, (f"{len(tracebacks)} jobs crashed with a traceback, e.g.:\n"
                                 + tracebacks[0].result().describe() + "\n" + self.report())

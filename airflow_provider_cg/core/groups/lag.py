@@ -46,6 +46,8 @@ class GroupLag:
     unassigned_partitions: list[int] = field(default_factory=list)
     source_lag: int | None = None
     sourcing_stopped: dict | None = None
+    #: partition streams that are not current: "<p>" -> why (their backlog is not known)
+    partition_problems: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,7 +92,9 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
         split = grouplayout.reads_partition_streams(status.layout)
         for p, n in status.partitions.items():
             if n:  # the oldest is in the partition's stream, if it has one and holds any
-                msg = await api.next_msg(grouplayout.partition_stream(wq, p), 1, ">") if split else None
+                msg = None
+                if split and p not in status.partition_problems:
+                    msg = await api.next_msg(grouplayout.partition_stream(wq, p), 1, ">")
                 msg = msg or await api.next_msg(wq, 1, f"{p}.>")
                 if msg:
                     oldest[p] = message_time(msg)
@@ -109,13 +113,16 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
             num_ack_pending=m.num_ack_pending, oldest_pending_age_s=round(now - min(times), 3) if times else None,
             pin_holder=m.pinned_id, pinned_since=m.pinned_since, active=m.consumer_exists,
             by_partition={str(p): {"stored": int(status.partitions.get(p, 0)),
-                                   "oldest_pending_age_s": round(now - oldest[p], 3) if p in oldest else None}
+                                   "oldest_pending_age_s": round(now - oldest[p], 3) if p in oldest else None,
+                                   **({"problem": status.partition_problems[p]}
+                                      if p in status.partition_problems else {})}
                           for p in m.partitions}))
     ages = [x.oldest_pending_age_s for x in members if x.oldest_pending_age_s is not None]
     return GroupLag(stream=stream, group=group, kind=status.kind, max_members=status.max_members,
                     backlog=status.backlog, oldest_pending_age_s=max(ages) if ages else None, members=members,
                     unassigned_partitions=list(status.unassigned_partitions), source_lag=status.source_lag,
-                    sourcing_stopped=status.sourcing_stopped)
+                    sourcing_stopped=status.sourcing_stopped,
+                    partition_problems={str(p): why for p, why in sorted(status.partition_problems.items())})
 
 
 async def all_groups_lag(nc, *, js_prefix: str = DEFAULT_PREFIX) -> list[GroupLag | dict]:

@@ -57,6 +57,7 @@ PARTITION_STREAMS = "partition-streams"
 DRAINING = "draining"  # moving from partition-streams back to work-queue
 LAYOUTS = (WORK_QUEUE, PARTITION_STREAMS)
 LAYOUT_KEY = "cg.layout"
+REPLICAS_KEY = "cg.partition_replicas"  # on the work queue: the partition streams' replicas, if chosen
 PARTITION_OF_KEY = "cg.partition_of"  # on a partition stream: its work queue and partition
 DURABLE_SOURCING_VERSION = (2, 14, 0)  # durable (flow-control) sourcing and mirroring, ADR-58
 MIRROR_HEARTBEAT_NS = 1_000_000_000
@@ -110,7 +111,8 @@ def pin_subject(wq: str, member: str) -> str:
 
 def mirror_consumer_config(p: int, wq: str) -> dict:
     """The durable flow-control consumer that moves partition ``p`` of the work queue into its
-    stream (the server acks each message once the partition stream stored it)."""
+    stream (the server acks each message once the partition stream stored it). A work queue
+    takes only ``deliver_policy: all``."""
     return {
         "name": mirror_consumer(p),
         "durable_name": mirror_consumer(p),
@@ -125,6 +127,42 @@ def mirror_consumer_config(p: int, wq: str) -> dict:
     }
 
 
+def partition_replicas(wq_config: dict) -> int:
+    """The partition streams' replicas: as recorded on the work queue when the group moved to
+    ``partition-streams``, else 1 (see ``check_replicas``)."""
+    recorded = (wq_config.get("metadata") or {}).get(REPLICAS_KEY)
+    return int(recorded) if recorded and str(recorded).isdigit() else 1
+
+
+#: the newest nats-server on which replicated filtered mirrors were seen to fail (and none after)
+REPLICATED_MIRRORS_FAIL_THROUGH = (2, 15, 1)
+
+
+def check_replicas(field: str, value: Any, server: tuple[int, ...] | None = None) -> int | None:
+    """The partition streams' replicas: 1 by default, and on the servers checked here, 1 only.
+
+    A partition stream is a *filtered mirror* of the work queue, and nats-server 2.14 to 2.15.1
+    loses replicated ones: created on a work queue that has moved past sequence 1 the leader
+    jumps its own store over the gap and its followers then refuse every write (critical write
+    error, no quorum: the group stalls); created otherwise, a leader killed under load comes
+    back having dropped messages its mirror had acknowledged to the work queue (in 2 of 2 runs
+    of ``benchmarks/repro_clustered_filtered_mirror.py --scale-up``: 12,000 and 1,000 of 44,000
+    lost). R1 partition streams have no Raft group, so neither path exists (44,000 of 44,000 in
+    3 of 3 runs, each SIGKILLing the server that holds the stream 4 times). The work queue and
+    the origin keep their replicas; what a partition stream holds is on one server until landed
+    (after a server's disk is lost for good, ``cg reset`` replays it from the origin)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5:
+        raise ConfigError(field, f"must be 1 to 5 (got {value!r})")
+    if value > 1 and server is not None and server <= REPLICATED_MIRRORS_FAIL_THROUGH:
+        v = ".".join(map(str, server))
+        raise ConfigError(field, f"must be 1 on nats-server {v}: it stalls or loses replicated filtered mirrors "
+                                 "(benchmarks/repro_clustered_filtered_mirror.py); the work queue and the origin "
+                                 "keep their replicas")
+    return value
+
+
 def partition_stream_config(wq_config: dict, p: int) -> dict:
     """Partition ``p``'s stream: a work-queue mirror of the work queue, filtered by its
     consumer. No limits of its own: a full mirror stalls for good (checked on nats-server
@@ -133,7 +171,7 @@ def partition_stream_config(wq_config: dict, p: int) -> dict:
     return {
         "name": partition_stream(wq, p),
         "retention": "workqueue",
-        "num_replicas": int(wq_config.get("num_replicas") or 1),
+        "num_replicas": partition_replicas(wq_config),
         "storage": wq_config.get("storage") or "file",
         "allow_direct": True,
         "mirror": {"name": wq, "consumer": {"name": mirror_consumer(p), "deliver_subject": mirror_subject(wq, p)}},
@@ -141,12 +179,17 @@ def partition_stream_config(wq_config: dict, p: int) -> dict:
     }
 
 
-def with_layout(wq_config: dict, layout: str) -> dict:
+def with_layout(wq_config: dict, layout: str, replicas: int | None = None) -> dict:
     """The work queue's config recording ``layout`` (and capturing the pin subjects unless it
-    is ``work-queue``, where it is orbit's stream exactly)."""
+    is ``work-queue``, where it is orbit's stream exactly) and the partition streams' replicas
+    (``replicas``; None keeps what is recorded)."""
     cfg = {k: v for k, v in wq_config.items() if k not in ("subjects", "metadata")}
     md = {k: v for k, v in (wq_config.get("metadata") or {}).items() if not k.startswith("_nats.") and k != LAYOUT_KEY}
-    if layout != WORK_QUEUE:
+    if replicas is not None:
+        md[REPLICAS_KEY] = str(replicas)
+    if layout == WORK_QUEUE:
+        md.pop(REPLICAS_KEY, None)
+    else:
         md[LAYOUT_KEY] = layout
         cfg["subjects"] = [pin_subjects(wq_config["name"])]
     if md:
@@ -158,8 +201,8 @@ async def wq_config(api: JsApi, wq: str) -> dict:
     return (await api.stream_info(wq))["config"]
 
 
-async def set_layout(api: JsApi, wq: str, layout: str) -> dict:
-    cfg = with_layout(await wq_config(api, wq), layout)
+async def set_layout(api: JsApi, wq: str, layout: str, replicas: int | None = None) -> dict:
+    cfg = with_layout(await wq_config(api, wq), layout, replicas)
     return (await api.request(f"STREAM.UPDATE.{wq}", cfg))["config"]
 
 
@@ -176,6 +219,9 @@ async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: int, de
                 break
             except JetStreamApiError as e:
                 if e.err_code == ERR_CONSUMER_EXISTS:
+                    have = await api.consumer_info(wq, cc["name"])
+                    if _ours(have, cc):  # made by an earlier version (deliver_policy all): it is this mirror
+                        break
                     raise LayoutError(f"consumer {cc['name']!r} on {wq!r} exists with another config; delete it "
                                       "(it is not this group's partition mirror)") from None
                 if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE:
@@ -195,6 +241,13 @@ async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: int, de
                     (have.get("metadata") or {}).get(PARTITION_OF_KEY) != f"{wq} {p}":
                 raise LayoutError(f"stream {want['name']!r} exists and is not partition {p} of {wq!r}; "
                                   "rename or remove it") from None
+
+
+def _ours(info: dict | None, want: dict) -> bool:
+    """Whether an existing consumer is this partition's mirror consumer, whatever deliver policy
+    it was made with."""
+    cfg = (info or {}).get("config") or {}
+    return all(cfg.get(k) == want[k] for k in ("filter_subject", "deliver_subject", "ack_policy"))
 
 
 async def stop_mirrors(api: JsApi, wq: str) -> int:
@@ -245,14 +298,27 @@ async def remove_partition_streams(api: JsApi, wq: str) -> None:
         await api.delete_stream(name)
 
 
-async def partition_backlog(api: JsApi, wq: str, partitions) -> dict[int, int]:
+async def partition_backlog(api: JsApi, wq: str, partitions, problems: dict[int, str] | None = None,
+                            mirrored: bool = True) -> dict[int, int]:
     """Per partition: what its stream holds plus what its mirror has not yet delivered. (The
     work queue drops a moved message only at the mirror's next flow-control reply, so its own
-    count would count a moved message twice meanwhile.)"""
+    count would count a moved message twice meanwhile.) With ``problems``, each partition
+    stream's health is looked at too (``partition_stream_problem``), and a stream that does not
+    answer counts only what its mirror has to move, instead of failing the whole count."""
     out: dict[int, int] = {}
     for p in partitions:
         info = await api.consumer_info(wq, mirror_consumer(p))
-        out[p] = (await _stored(api, wq, p) or 0) + (int(info.get("num_pending") or 0) if info else 0)
+        pending = int(info.get("num_pending") or 0) if info else 0
+        if problems is None:
+            out[p] = (await _stored(api, wq, p) or 0) + pending
+            continue
+        why = await partition_stream_problem(api, wq, p, mirror_info=info, mirrored=mirrored)
+        if why is not None:
+            problems[p] = why
+        try:
+            out[p] = (await _stored(api, wq, p) or 0) + pending
+        except ConsumerGroupError:
+            out[p] = pending
     return out
 
 
@@ -261,10 +327,11 @@ MIRROR_STALLED_NS = 15_000_000_000
 
 
 async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dict | None = None,
-                                   timeout: float = 5.0) -> str | None:
+                                   timeout: float = 5.0, mirrored: bool = True) -> str | None:
     """Why partition ``p``'s stream is not current, or None when it is: it does not answer, has
     no leader (a cluster lost its quorum), its mirror reports an error, or its mirror has
-    messages to move and has stalled. (A replica catching up is no problem: the leader serves.)"""
+    messages to move and has stalled. (A replica catching up is no problem: the leader serves.)
+    ``mirrored`` False: the mirrors are stopped (draining back to the work queue)."""
     name = partition_stream(wq, p)
     try:
         info = await api.request(f"STREAM.INFO.{name}", timeout=timeout)
@@ -278,6 +345,8 @@ async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dic
     if cluster and not cluster.get("leader"):
         offline = [r.get("name") for r in cluster.get("replicas") or () if r.get("offline")]
         return "no leader" + (f" (replicas offline: {', '.join(offline)})" if offline else " (no quorum)")
+    if not mirrored:
+        return None
     mirror = info.get("mirror") or {}
     if mirror.get("error"):
         return f"its mirror failed ({(mirror['error'] or {}).get('description') or mirror['error']})"
@@ -292,11 +361,11 @@ async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dic
     return None
 
 
-async def partition_stream_problems(api: JsApi, wq: str, partitions) -> dict[int, str]:
+async def partition_stream_problems(api: JsApi, wq: str, partitions, mirrored: bool = True) -> dict[int, str]:
     """``partition_stream_problem`` of each partition (only those that have one)."""
     out: dict[int, str] = {}
     for p in partitions:
-        why = await partition_stream_problem(api, wq, p)
+        why = await partition_stream_problem(api, wq, p, mirrored=mirrored)
         if why is not None:
             out[p] = why
     return out

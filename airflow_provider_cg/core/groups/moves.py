@@ -28,6 +28,7 @@ from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups import sourcing
 from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, is_member_consumer
 from airflow_provider_cg.core.groups.store import ELASTIC
+from airflow_provider_cg.core.jetstream.api import server_version
 
 
 @dataclass
@@ -49,8 +50,14 @@ class LayoutMove:
 class LayoutMoves(MemberConsumers):
     """``move_layout`` (see the module doc)."""
 
-    async def move_layout(self, stream: str, group: str, layout: str, *, wait: float = 60.0) -> LayoutMove:
+    async def move_layout(self, stream: str, group: str, layout: str, *, wait: float = 60.0,
+                          partition_replicas: int | None = None) -> LayoutMove:
+        """``partition_replicas``: the partition streams' replicas (default and, on the servers
+        checked, only 1: ``layout.check_replicas`` says why)."""
         grouplayout.check_layout("layout", layout)
+        grouplayout.check_replicas("partition_replicas", partition_replicas, server_version(self.nc))
+        if partition_replicas is not None and layout != grouplayout.PARTITION_STREAMS:
+            raise ConfigError("partition_replicas", "is for the partition-streams layout")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
             raise ConfigError("wait", f"must be a number of seconds from 0 to 1e6 (got {wait!r})")
         info = await self.get(stream, group)
@@ -66,8 +73,13 @@ class LayoutMoves(MemberConsumers):
         n = info.config.max_members
         if layout == grouplayout.PARTITION_STREAMS:
             grouplayout.check_server(self.nc)
-            if have != grouplayout.PARTITION_STREAMS:
-                cfg = await grouplayout.set_layout(self.api, wq, grouplayout.PARTITION_STREAMS)
+            if partition_replicas is not None and have in (grouplayout.PARTITION_STREAMS, grouplayout.DRAINING) \
+                    and grouplayout.partition_replicas(cfg) != partition_replicas:
+                raise ConfigError("partition_replicas", f"the partition streams exist with "
+                                                        f"{grouplayout.partition_replicas(cfg)} replicas: move the "
+                                                        "group to work-queue first to change them")
+            if have != grouplayout.PARTITION_STREAMS or partition_replicas is not None:
+                cfg = await grouplayout.set_layout(self.api, wq, grouplayout.PARTITION_STREAMS, partition_replicas)
             await self._drop_member_consumers(wq, partition_filters=True)
             await grouplayout.ensure_partition_streams(self.api, cfg, n, deadline=max(deadline, time.monotonic() + 5))
             return LayoutMove(stream, group, layout, True)

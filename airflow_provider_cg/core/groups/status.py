@@ -77,6 +77,9 @@ class GroupStatus:
     revision: int = 0
     ts: float = 0.0
     layout: str = "work-queue"  # where an elastic group's partitions are stored (``layout.py``)
+    #: partition streams that are not current (no leader, a failed or stalled mirror): partition ->
+    #: why; their backlog is unknown beyond what their mirrors have yet to move
+    partition_problems: dict[int, str] = field(default_factory=dict)
 
     @property
     def buffer_fill(self) -> float | None:
@@ -91,6 +94,7 @@ class GroupStatus:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["partitions"] = {str(p): n for p, n in sorted(self.partitions.items())}
+        d["partition_problems"] = {str(p): why for p, why in sorted(self.partition_problems.items())}
         d["buffer_fill"] = self.buffer_fill
         return d
 
@@ -179,7 +183,9 @@ class GroupObservation(MemberConsumers):
         )
         if si is not None:
             if grouplayout.reads_partition_streams(layout):  # the backlog is in the partition streams
-                partitions.update(await grouplayout.partition_backlog(self.api, wq, range(cfg.max_members)))
+                partitions.update(await grouplayout.partition_backlog(
+                    self.api, wq, range(cfg.max_members), problems=st.partition_problems,
+                    mirrored=layout == grouplayout.PARTITION_STREAMS))
                 if layout == grouplayout.DRAINING:  # new messages wait in the work queue meanwhile
                     count_partitions(partitions, si["state"].get("subjects") or {})
                 st.backlog = sum(partitions.values())

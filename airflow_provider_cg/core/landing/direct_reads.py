@@ -232,6 +232,8 @@ class DirectReads:
                     if landing is not None:
                         await self.run.await_landing(landing)
                         landing = None
+                    if self.run.split:  # nothing read: an empty partition stream, or one that cannot serve
+                        await self.run.ensure_partition_streams_current()
                     s.stop_reason = "backlog drained" if await self.run.client.holds_pin() else "pin lost"
                     break
                 self.run.taken += sum(len(b) for b in batches)

@@ -136,6 +136,7 @@ class MemberRun:
         self.filters = partitioning.member_filter_subjects(self.config, o.member)
         self.reader: PartitionReader | PartitionStreamReaders | None = None
         self.split = grouplayout.reads_partition_streams(layout)
+        self.mirrored = layout == grouplayout.PARTITION_STREAMS  # draining back: the mirrors are stopped
         if self.split:  # its partitions are streams of their own: read them, whatever ``read`` says
             self.reader = PartitionStreamReaders(
                 self.nc, {p: grouplayout.partition_stream(self.consumer_stream, p) for p in self.partitions},
@@ -219,6 +220,7 @@ class MemberRun:
         self.pull_expires_max = max(0.5, min(self.consumer_ack_wait, self.priority_timeout) / 2)
         backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
         if self.split:  # the member consumer holds only pin anchors: the backlog is the partitions'
+            await self.ensure_partition_streams_current()
             backlog = sum((await grouplayout.partition_backlog(self.api, self.consumer_stream,
                                                                self.partitions)).values())
         s.target = self.taken + backlog
@@ -470,6 +472,32 @@ class MemberRun:
         if self.taken >= s.target:
             return "target reached"
         return self.revoked
+
+    async def ensure_partition_streams_current(self) -> None:
+        """The member's partition streams answer, have a leader and a working mirror, or the run
+        ends with a server error (exit 2, retried) naming the stream, rather than landing nothing
+        from a stream that cannot serve it. A server restart or a leader election heals within
+        seconds: the run waits up to its ``standby_timeout`` first, as it would for its pin."""
+        deadline = time.monotonic() + self.options.standby_timeout
+        while True:
+            problems = await grouplayout.partition_stream_problems(self.api, self.consumer_stream, self.partitions,
+                                                                   mirrored=self.mirrored)
+            if problems and self.mirrored:  # a move back to the work queue may have stopped the mirrors
+                layout = grouplayout.layout_of(await grouplayout.wq_config(self.api, self.consumer_stream))
+                self.mirrored = layout == grouplayout.PARTITION_STREAMS
+                if not self.mirrored:
+                    continue
+            if not problems:
+                return
+            if time.monotonic() >= deadline:
+                p, why = min(problems.items())
+                raise ConsumerGroupError(
+                    f"partition {p}'s stream {grouplayout.partition_stream(self.consumer_stream, p)} is not current: "
+                    f"{why}; nothing of it can be landed until the cluster serves it again (cg status shows it)")
+            log.warning("cg member=%s: partition streams not current (%s); waiting", self.options.member,
+                        "; ".join(f"{grouplayout.partition_stream(self.consumer_stream, p)}: {why}"
+                                  for p, why in sorted(problems.items())))
+            await asyncio.sleep(1.0)
 
     async def keep_pin_until_lost(self) -> None:
         """Keep the member consumer's pin while reading around it; returns when it is lost."""

@@ -34,6 +34,7 @@ from airflow_provider_cg.core.errors import (
     ServerUnavailable,
 )
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.layout import LAYOUTS, WORK_QUEUE, LayoutError
 from airflow_provider_cg.core.groups.reset import ResetRefused
@@ -304,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                    help="how long to wait for the partition streams to be landed (moving to work-queue); "
                         "if they are not, the group stays draining and running the command again goes on")
+    p.add_argument("--partition-replicas", type=int, metavar="N",
+                   help="(to partition-streams) the partition streams' replicas, 1 to 5 (default: the work "
+                        "queue's)")
     p = sg(cmd("resize", "change an elastic group's partition count (max_members): a plan by default, "
                          "--execute to stop sourcing, let the members drain the old partitions, switch and resume"))
     p.add_argument("--max-members", type=int, required=True, metavar="N", help="the new number of partitions")
@@ -588,7 +592,8 @@ async def _online(args, out: TextIO) -> int:
             _emit(args, {**info.to_dict(), "created": info.created},
                   f"{verb} {info.kind} group {args.group} on stream {args.stream}\n\n{_describe(info)}", out)
         elif c == "layout":
-            move = await cg.move_layout(args.stream, args.group, args.layout, wait=args.wait)
+            move = await cg.move_layout(args.stream, args.group, args.layout, wait=args.wait,
+                                        partition_replicas=args.partition_replicas)
             if not move.done:
                 raise LayoutError(f"draining: {sum(move.left.values())} messages are still in the partition streams "
                                   f"after {args.wait:g}s (their members land them; new ones wait in the work queue): "
@@ -700,6 +705,9 @@ def _status_text(st, lag=None) -> str:
         lines.append(f"buffer:       {st.buffered_msgs} msgs / {st.buffered_bytes} bytes"
                      + (f" ({fill:.0%} full)" if fill is not None else "")
                      + (f", source lag {st.source_lag}" if st.source_lag is not None else ""))
+    for p, why in sorted(st.partition_problems.items()):  # its backlog is unknown: say so
+        lines.append(f"NOT CURRENT:  partition {p}'s stream {grouplayout.partition_stream(work_queue_of(st), p)}: "
+                     f"{why}")
     if st.inactive_members:
         lines.append(f"no consumer:  {', '.join(st.inactive_members)}")
     if st.unassigned_partitions:
@@ -710,6 +718,10 @@ def _status_text(st, lag=None) -> str:
     if st.members:
         lines += ["", _members_table(st.members)]
     return "\n".join(lines)
+
+
+def work_queue_of(st) -> str:
+    return cgconfig.work_queue_stream(st.stream, st.group)
 
 
 def _age(seconds: float | None) -> str:
@@ -759,6 +771,8 @@ def _lag_text(lag, commits: dict | None = None) -> str:
              f"backlog:      {lag.backlog}  oldest pending {_age(lag.oldest_pending_age_s)}"
              + (f"  source lag {lag.source_lag}" if lag.source_lag is not None else "")]
     lines += _stopped_text(lag.sourcing_stopped)
+    for p, why in sorted(lag.partition_problems.items(), key=lambda kv: int(kv[0])):
+        lines.append(f"NOT CURRENT:  partition {p}'s stream: {why} (its backlog is not known)")
     if lag.unassigned_partitions:
         lines.append(f"unassigned:   partitions {ranges(lag.unassigned_partitions)}")
     rows = [(m.member, ranges(m.partitions), m.backlog, m.num_ack_pending, _age(m.oldest_pending_age_s),

@@ -71,6 +71,7 @@ class EmbeddedNatsServer:
         routes: list[int] | None = None,
         config_extra: str = "",
         log_file: str | os.PathLike | None = None,
+        monitor: bool = False,
     ) -> None:
         self._own_store = store_dir is None
         self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="cg-nats-"))
@@ -82,6 +83,7 @@ class EmbeddedNatsServer:
         self.config_extra = config_extra
         self.log_file = Path(log_file) if log_file else self.store_dir / "server.log"
         self.proc: subprocess.Popen | None = None
+        self.http_port = free_port() if monitor else None  # the monitoring endpoint (``healthz``)
 
     @property
     def url(self) -> str:
@@ -103,6 +105,8 @@ class EmbeddedNatsServer:
                 f'cluster {{ name: "{self.cluster_name}", listen: "{LOOPBACK}:{self.cluster_port}", '
                 f"routes: [{routes}] }}"
             )
+        if self.http_port:
+            lines.append(f'http: "{LOOPBACK}:{self.http_port}"')
         if self.config_extra:
             lines.append(self.config_extra)
         return "\n".join(lines) + "\n"
@@ -143,6 +147,19 @@ class EmbeddedNatsServer:
             proc.kill()
             proc.wait(10)
 
+    def healthz(self) -> tuple[bool, str]:
+        """The server's ``/healthz`` (needs ``monitor``): whether it is ok, and what it said."""
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://{LOOPBACK}:{self.http_port}/healthz", timeout=2) as r:
+                return r.status == 200, r.read().decode(errors="replace")[:300]
+        except urllib.error.HTTPError as e:
+            return False, e.read().decode(errors="replace")[:300]
+        except OSError as e:
+            return False, str(e)
+
     def restart(self, timeout: float = 20.0) -> None:
         self.stop()
         self.start(timeout)
@@ -162,7 +179,7 @@ class EmbeddedNatsServer:
 class EmbeddedNatsCluster:
     """A cluster of ``size`` servers on loopback (for R3 streams)."""
 
-    def __init__(self, size: int = 3, base_dir: str | os.PathLike | None = None) -> None:
+    def __init__(self, size: int = 3, base_dir: str | os.PathLike | None = None, monitor: bool = True) -> None:
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="cg-nats-cluster-"))
         cluster_ports = [free_port() for _ in range(size)]
@@ -173,6 +190,7 @@ class EmbeddedNatsCluster:
                 cluster_name="cg-cluster",
                 cluster_port=cluster_ports[i],
                 routes=[p for j, p in enumerate(cluster_ports) if j != i],
+                monitor=monitor,
             )
             for i in range(size)
         ]

@@ -33,8 +33,11 @@ def test_recording_a_layout_keeps_other_metadata_and_drops_the_servers():
 
 
 def test_a_partition_stream_is_a_limitless_mirror_through_its_flow_control_consumer():
-    cfg = gl.partition_stream_config(WQ, 4)
-    assert cfg["name"] == "ORDERS-g-p4" and cfg["retention"] == "workqueue" and cfg["num_replicas"] == 3
+    cfg = gl.partition_stream_config(WQ, 4)  # one replica, whatever the work queue's (check_replicas says why)
+    assert cfg["name"] == "ORDERS-g-p4" and cfg["retention"] == "workqueue" and cfg["num_replicas"] == 1
+    recorded = gl.with_layout(WQ, gl.PARTITION_STREAMS, replicas=2)
+    assert gl.partition_stream_config(recorded, 4)["num_replicas"] == 2
+    assert gl.REPLICAS_KEY not in (gl.with_layout(recorded, gl.WORK_QUEUE).get("metadata") or {})
     assert "max_msgs" not in cfg and "discard" not in cfg  # a full mirror stalls for good
     assert cfg["mirror"] == {"name": "ORDERS-g", "consumer": {"name": "cg-partition-4",
                                                               "deliver_subject": "_cg.mirror.ORDERS-g.4"}}
@@ -56,3 +59,13 @@ def test_member_names_that_are_mirror_consumers_are_refused():
     with pytest.raises(ConfigError) as e:
         ElasticGroupConfig(2, members=("m1", "cg-partition-0")).validate()
     assert e.value.field == "members[1]"
+
+
+def test_replicated_partition_streams_are_refused_on_the_servers_that_lose_them():
+    assert gl.check_replicas("partition_replicas", 1, (2, 15, 1)) == 1
+    with pytest.raises(ConfigError, match="partition_replicas: must be 1 on nats-server 2.15.1"):
+        gl.check_replicas("partition_replicas", 3, (2, 15, 1))
+    assert gl.check_replicas("partition_replicas", 3, (2, 16, 0)) == 3  # not checked there: allowed
+    for bad in (0, 6, True, "3", 1.5):
+        with pytest.raises(ConfigError, match="partition_replicas: must be 1 to 5"):
+            gl.check_replicas("partition_replicas", bad)
