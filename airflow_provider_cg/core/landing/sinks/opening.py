@@ -34,8 +34,8 @@ def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSin
                 except ConfigError as e:
                     raise ConfigError(f"routes.{route.name}.{e.field}", e.rule) from None
         except BaseException:
-            for sink in opened.values():
-                sink.close()
+            for table in opened.values():
+                table.close()
             raise
         return RoutedSink(routes, opened)
     sink = options.sink
