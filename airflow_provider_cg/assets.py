@@ -18,11 +18,11 @@ commit) has its row once in the table and is included.
 
 from __future__ import annotations
 
-import os
 from typing import Any
-from urllib.parse import quote
 
+from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.contract import COUNTS, SinkOptions
+from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
 #: the asset event extra's layout version
 EXTRA_VERSION = 1
@@ -31,33 +31,11 @@ LANDED_TABLES = "cg_landed_tables"
 
 
 def table_uri(options: Any) -> str:
-    """The Asset URI of a landing table (``SinkOptions``, or a spec carrying them):
-    ``file:///abs/path`` or ``s3://bucket/prefix`` (Delta, Parquet),
-    ``iceberg://<catalog host or sqlite>/<namespace>/<table>``, ``postgres:///<table>``."""
-    sink, sink_path = options.sink, options.sink_path
-    if sink in ("delta", "parquet"):
-        if not sink_path:
-            raise ValueError("sink_path is needed for a delta or parquet table's asset")
-        if "://" in sink_path:
-            from urllib.parse import urlsplit
-
-            parts = urlsplit(sink_path)
-            if parts.username or parts.password:  # the contract refuses it too: never in an asset
-                raise ValueError("sink_path: credentials do not belong in a table's location")
-            return sink_path.rstrip("/")
-        return "file://" + quote(os.path.abspath(sink_path))
-    if sink == "iceberg":
-        iceberg_table, catalog_uri = options.iceberg_table, options.iceberg_catalog_uri
-        if not iceberg_table or "." not in iceberg_table:
-            raise ValueError("iceberg_table (namespace.table) is needed for an iceberg table's asset")
-        namespace, _, table = iceberg_table.rpartition(".")
-        where = "sqlite" if (catalog_uri or "").startswith("sqlite") else "catalog"
-        if catalog_uri and not catalog_uri.startswith("sqlite"):
-            where = catalog_uri.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0] or "catalog"
-        return f"iceberg://{where}/{namespace.replace('.', '/')}/{table}"
-    if sink == "postgres":
-        return f"postgres:///{options.pg_table or SinkOptions.pg_table}"
-    raise ValueError(f"no asset for sink {sink!r}")
+    """The Asset URI of a landing table (``SinkOptions``, or a spec carrying them), as its sink
+    declares it (``SinkKind.asset_uri``): ``file:///abs/path`` or ``s3://bucket/prefix``
+    (Delta, Parquet), ``iceberg://<catalog host or sqlite>/<namespace>/<table>``,
+    ``postgres:///<table>``."""
+    return sink_kind(options.sink).asset_uri(options)
 
 
 def table_asset(name: str | None = None, **location: Any):
@@ -74,7 +52,7 @@ def table_assets(**options: Any) -> list:
     none for a PostgreSQL-only landing (its table has no file or catalog URI an engine reads)."""
     out = []
     for _, route in SinkOptions.build(options).tables():
-        if route.sink in ("delta", "iceberg", "parquet"):
+        if sink_kind(route.sink).has_asset:
             out.append(table_asset(**route.given()))
     return out
 
@@ -108,12 +86,7 @@ def landed_extra(spec: Any, summary: dict[str, Any], servers: Any = ()) -> dict[
         **{k: int(summary.get(k) or 0) for k in COUNTS},
         "batch_ids": list(summary.get("batch_ids") or []),
     }
-    if spec.sink == "iceberg":
-        extra["iceberg_table"] = spec.iceberg_table
-        if spec.iceberg_catalog_uri:  # never a password: the contract refuses one in it
-            extra["iceberg_catalog_uri"] = spec.iceberg_catalog_uri
-    if spec.sink in ("delta", "parquet"):
-        extra["sink_path"] = spec.sink_path
+    extra.update(sink_kind(spec.sink).asset_extra(spec))  # where a reader finds the table again
     if spec.backfill:
         extra["window"] = [summary.get("window_start"), summary.get("window_end")]
     return extra
@@ -170,46 +143,16 @@ def landed_rows(extras: list[dict[str, Any]], columns: list[str] | None = None, 
 def read_table(fmt: str, *, sink_path: str | None = None, iceberg_table: str | None = None,
                iceberg_catalog_uri: str | None = None, storage_options: dict[str, str] | None = None,
                columns: list[str] | None = None, row_filter=None):
-    """A landed table as a reader without Spark sees it (delta-rs's file list read by pyarrow,
-    pyiceberg, the Parquet lake's commit log); ``s3://`` locations with ``AWS_*`` settings.
-    ``row_filter`` (a pyarrow expression) is pushed down to the Delta table's Parquet files;
-    the other formats return every row."""
-    if fmt == "delta":
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-        from deltalake import DeltaTable
-
-        from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
-
-        remote = sink_path.startswith("s3://")
-        store = ObjectStoreSettings.from_env() if remote else None  # AWS_* (an aws connection's)
-        if remote and storage_options is None:
-            storage_options = store.object_store_options()
-        dt = DeltaTable(sink_path, storage_options=storage_options)
-        schema = pa.schema(dt.schema().to_arrow())
-        if columns:
-            schema = pa.schema([schema.field(c) for c in columns])
-        uris = dt.file_uris()
-        if not uris:
-            return schema.empty_table()
-        # (not to_pyarrow_dataset(): its scan threads abort the interpreter at exit, delta-rs #2184)
-        if remote:
-            return pq.read_table([u[len("s3://"):] for u in uris], schema=schema,
-                                 filesystem=store.pyarrow_filesystem(), filters=row_filter)
-        return pq.read_table(uris, schema=schema, filters=row_filter)
-    if fmt == "iceberg":
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        uri = iceberg_catalog_uri or os.environ.get("CG_ICEBERG_CATALOG_URI")
-        if not uri:
-            raise ValueError("iceberg_catalog_uri: no catalog named")
-        scan = SqlCatalog("default", uri=uri).load_table(iceberg_table)
-        return (scan.scan(selected_fields=tuple(columns)) if columns else scan.scan()).to_arrow()
-    if fmt == "parquet":
-        from airflow_provider_cg.core.landing.sinks import read_committed
-
-        return read_committed(sink_path, columns=columns)
-    raise ValueError(f"cannot read a {fmt!r} table")
+    """A landed table as a reader without Spark sees it (``SinkKind.read_table``: delta-rs's
+    file list read by pyarrow, pyiceberg, the Parquet lake's commit log); ``s3://`` locations
+    with ``AWS_*`` settings. ``row_filter`` (a pyarrow expression) is pushed down to the Delta
+    table's Parquet files; the other formats return every row."""
+    try:
+        kind = sink_kind(fmt)
+    except ConfigError:
+        raise ValueError(f"cannot read a {fmt!r} table") from None
+    return kind.read_table(sink_path=sink_path, iceberg_table=iceberg_table, iceberg_catalog_uri=iceberg_catalog_uri,
+                           storage_options=storage_options, columns=columns, row_filter=row_filter)
 
 
 def _read_table(extra: dict[str, Any], storage_options: dict[str, str] | None, catalog_uri: str | None,

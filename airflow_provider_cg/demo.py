@@ -26,7 +26,7 @@ from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.tools.packaging import example_dags_folder
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
-from airflow_provider_cg.examples import ORDERS_TABLE, TABLE_FORMATS, iceberg_defaults, lake_dir
+from airflow_provider_cg.examples import ORDERS_TABLE, iceberg_defaults, lake_dir, orders_table, table_formats
 
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
 DAG_ID = "cg_scheduled_consumption"
@@ -84,18 +84,11 @@ def read_table(fmt: str, columns: list[str]):
 
 
 def how_to_read(fmt: str) -> list[str]:
-    path = lake_dir(ORDERS_TABLE)
-    if fmt == "delta":
-        return [f"python -c \"import pyarrow.parquet as pq; from deltalake import DeltaTable; "
-                f"print(pq.read_table(DeltaTable('{path}').file_uris()))\"",
-                "spark-submit --packages io.delta:delta-spark_2.13:4.4.0 ... "
-                f"spark.read.format('delta').load('{path}')"]
-    if fmt == "iceberg":
-        ice = iceberg_defaults()
-        return [f"python -c \"from pyiceberg.catalog.sql import SqlCatalog; print(SqlCatalog('default', "
-                f"uri='{ice['iceberg_catalog_uri']}').load_table('{ice['iceberg_table']}').scan().to_pandas())\""]
-    return [f"python -c \"import pyarrow.parquet as pq; print(pq.read_table('{path}/data').num_rows)\"",
-            f"spark.read.option('mergeSchema', 'true').parquet('{path}/data')"]
+    """Commands that read the orders table with other tools than ours."""
+    from airflow_provider_cg.core.landing.contract import SinkOptions
+
+    options = SinkOptions.build(orders_table(fmt))
+    return options.kind.how_to_read(options)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=str(default_dir), help="demo directory (recreated)")
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--customers", type=int, default=3000)
-    p.add_argument("--format", choices=TABLE_FORMATS, default="delta", help="the table the DAG lands into")
+    p.add_argument("--format", choices=table_formats(), default="delta", help="the table the DAG lands into")
     p.add_argument("--publish-to", metavar="URL", help="only create the ORDERS stream (if missing) on this NATS "
                    "server and publish --messages orders to it (for DAGs run under your own Airflow)")
     p.add_argument("--first-order", type=int, default=1, help="with --publish-to: the first order id")
@@ -173,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     ok = sorted(order_ids) == sorted(paid)
     print(f"\n[demo] {'OK' if ok else 'MISMATCH'}: db migrate {t_migrate:.0f} s, publish {t_publish:.1f} s, "
           f"DAG run {t_dag:.0f} s, total {time.perf_counter() - t0:.0f} s")
-    where = iceberg_defaults()["iceberg_table"] if args.format == "iceberg" else lake_dir(ORDERS_TABLE)
+    from airflow_provider_cg.core.landing.contract import SinkOptions
+
+    options = SinkOptions.build(orders_table(args.format))
+    where = options.kind.describe(options)
     print(f"[demo] {args.format} table: {where}  (DAG log: {demo / 'dags-test.log'})")
     for i, line in enumerate(how_to_read(args.format)):
         print(f"[demo] {'read it' if i == 0 else '     or'}: {line}")

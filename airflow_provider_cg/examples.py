@@ -11,7 +11,6 @@ from typing import Any
 
 from airflow_provider_cg.core.landing.contract import COUNTS
 
-TABLE_FORMATS = ("delta", "iceberg", "parquet")
 ORDERS_JSON_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"
 ORDERS_TRANSFORM = "cg_order_transforms:paid_orders"
 ORDERS_TABLE = "paid_orders"
@@ -34,6 +33,23 @@ def iceberg_defaults() -> dict[str, str]:
     return {"iceberg_table": f"{ICEBERG_NAMESPACE}.{ORDERS_TABLE}",
             "iceberg_catalog_uri": f"sqlite:///{lake_dir('catalog.db')}",
             "iceberg_warehouse": lake_dir("warehouse")}
+
+
+def table_formats() -> tuple[str, ...]:
+    """The sinks the example DAGs can land the orders into: those whose table is an Asset."""
+    from airflow_provider_cg.core.landing.sinks.registry import sink_kinds
+
+    return tuple(k.name for k in sink_kinds() if k.has_asset)
+
+
+def orders_table(sink: str, values: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The options of the orders table in ``sink`` at its default location (the embedded
+    default's lake directory or SQLite catalog), each replaced by ``values``'s."""
+    from airflow_provider_cg.core.landing.sinks.registry import sink_kind
+
+    given = {k: v for k, v in (values or {}).items() if v is not None}
+    defaults = {"sink_path": lake_dir(ORDERS_TABLE), **iceberg_defaults(), **given}
+    return {"sink": sink, **{k: v for k, v in defaults.items() if k in sink_kind(sink).option_fields()}}
 
 
 def paid_orders_asset():
@@ -63,16 +79,15 @@ def orders_landing(env_prefix: str) -> dict[str, Any]:
 
     transform = env("TRANSFORM", ORDERS_TRANSFORM)
     payload_format = env("PAYLOAD_FORMAT", "json")
+    sink = env("SINK", "delta") or "delta"
+    table = orders_table(sink, {k: env(k.upper(), None) for k in ("sink_path", *iceberg_defaults())})
     out: dict[str, Any] = {
-        "sink": env("SINK", "delta"),
-        "sink_path": env("SINK_PATH", lake_dir(ORDERS_TABLE)),
+        **{k: v for k, v in table.items() if v is not None},
         "payload_format": payload_format,
         "json_schema": ORDERS_JSON_SCHEMA if payload_format == "json" else None,
         "transform": None if transform == "none" else transform,
         "aws_conn_id": env("AWS_CONN_ID", None),
     }
-    if out["sink"] == "iceberg":
-        out.update({k: env(k.upper(), v) for k, v in iceberg_defaults().items()})
     return out
 
 

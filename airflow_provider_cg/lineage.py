@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow_provider_cg.assets import table_uri
+from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
 
 def stream_dataset_name(servers: list[str], stream: str) -> tuple[str, str]:
@@ -23,23 +23,15 @@ def stream_dataset_name(servers: list[str], stream: str) -> tuple[str, str]:
     return f"nats://{url.hostname or 'localhost'}:{url.port or 4222}", stream
 
 
-def table_dataset_name(spec: Any, pg_location: tuple[str, str] | None = None) -> tuple[str, str]:
-    """``(namespace, name)`` of the table a ``MemberJobSpec`` lands into."""
-    if spec.sink == "postgres":
-        where, db = pg_location or ("localhost:5432", "postgres")
-        table = spec.pg_table if "." in (spec.pg_table or "") else f"public.{spec.pg_table}"
-        return f"postgres://{where}", f"{db}.{table}"
-    uri = table_uri(spec)
-    if uri.startswith("file://"):
-        return "file", urlsplit(uri).path
-    if uri.startswith("iceberg://"):
-        return f"iceberg://{urlsplit(uri).netloc}", spec.iceberg_table
-    parts = urlsplit(uri)
-    return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
+def table_dataset_name(spec: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
+    """``(namespace, name)`` of the table a ``MemberJobSpec`` lands into, as its sink names it
+    (``SinkKind.dataset``); ``table_location``: host and database of the connection that
+    locates the table (PostgreSQL's)."""
+    return sink_kind(spec.sink).dataset(spec, table_location)
 
 
 def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | None,
-                     pg_location: tuple[str, str] | None = None):
+                     table_location: tuple[str, str] | None = None):
     """The provider's ``OperatorLineage`` for one landing run."""
     from airflow.providers.common.compat.openlineage.facet import (
         InputDataset,
@@ -51,7 +43,7 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
     namespace, name = stream_dataset_name(servers, spec.stream)
     outputs = []
     for route, options in spec.tables():  # one table, or each route's
-        out_namespace, out_name = table_dataset_name(options, pg_location)
+        out_namespace, out_name = table_dataset_name(options, table_location)
         counts = summary if route is None or not summary else (summary.get("routes") or {}).get(route) or {}
         output_facets = {}
         if counts and counts.get("rows_written") is not None:

@@ -36,10 +36,10 @@ from airflow_provider_cg.examples import (
     ORDERS_JSON_SCHEMA,
     ORDERS_TABLE,
     ORDERS_TRANSFORM,
-    TABLE_FORMATS,
     iceberg_defaults,
     lake_dir,
     landing_report,
+    table_formats,
 )
 from airflow_provider_cg.operators.groups import CreateConsumerGroupOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
@@ -96,7 +96,7 @@ with DAG(
         "max_members": Param(6, type="integer", minimum=1),
         "partitioning_filter": Param("orders.*", type="string"),
         "partitioning_wildcards": Param([1], type="array"),
-        "table_format": Param("delta", enum=list(TABLE_FORMATS), description="the table the members land into"),
+        "table_format": Param("delta", enum=list(table_formats()), description="the table the members land into"),
         "sink_path": Param(lake_dir(ORDERS_TABLE), type="string", description="delta, parquet: where the table is"),
         **{k: Param(v, type="string", description="iceberg") for k, v in iceberg_defaults().items()},
         "aws_conn_id": Param(None, type=["null", "string"], description="an aws connection for s3:// tables"),

@@ -23,6 +23,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
 #: Spark's default ``spark.redaction.regex``, spelled so that the Spark provider's masking of the
 #: logged command (it hides the value after any word "secret" or "password") leaves it readable
@@ -120,18 +121,22 @@ def aws_env(aws_conn_id: str) -> dict[str, str]:
 
 def sink_env(sinks: str | Iterable[str], *, pg_conn_id: str | None, iceberg_conn_id: str | None,
              aws_conn_id: str | None) -> dict[str, str]:
-    """The credentials of a landing's sinks (one, or a routed landing's several) from their
-    Airflow connections, as the environment the member job and ``cg`` read (``CG_PG_DSN``,
-    ``CG_ICEBERG_CATALOG_*``, ``AWS_*``): the PostgreSQL sink's DSN, an Iceberg catalog in
-    PostgreSQL or behind a REST endpoint, the object store's keys."""
-    kinds = {sinks} if isinstance(sinks, str) else set(sinks)
+    """The credentials of a landing's sinks (one, or a routed landing's several) from the
+    Airflow connections each sink declares (``SinkKind.connections``, the first given one per
+    sink), as the environment the member job and ``cg`` read (``CG_PG_DSN``,
+    ``CG_ICEBERG_CATALOG_*``): a DSN (PostgreSQL's, or an Iceberg catalog's in PostgreSQL), a
+    REST catalog's URI and token; and the object store's keys (``AWS_*``) for any of them."""
+    given = {"pg_conn_id": pg_conn_id, "iceberg_conn_id": iceberg_conn_id}
     env: dict[str, str] = {}
-    if "postgres" in kinds and pg_conn_id:
-        env["CG_PG_DSN"] = pg_dsn(pg_conn_id)
-    if "iceberg" in kinds and pg_conn_id:
-        env["CG_ICEBERG_CATALOG_URI"] = pg_dsn(pg_conn_id)
-    elif "iceberg" in kinds and iceberg_conn_id:
-        env.update(iceberg_env(iceberg_conn_id))
+    for name in sorted({sinks} if isinstance(sinks, str) else set(sinks)):
+        connection = next((c for c in sink_kind(name).connections if given.get(c.param)), None)
+        if connection is None:
+            continue
+        conn_id = given[connection.param]
+        if connection.gives == "dsn" and connection.env:
+            env[connection.env] = pg_dsn(conn_id)
+        else:
+            env.update(iceberg_env(conn_id))
     if aws_conn_id:
         env.update(aws_env(aws_conn_id))
     return env

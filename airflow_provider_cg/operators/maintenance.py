@@ -15,6 +15,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.contract import TABLE_FIELDS, SinkOptions, flag
 from airflow_provider_cg.core.landing.sinks.maintenance import DEFAULT_RETENTION_HOURS, check_maintenance
+from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.operators.members import UI_COLOR
 
@@ -50,11 +51,8 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
                  compact: bool | None = None, target_file_size: int | None = None,
                  retention_hours: float = DEFAULT_RETENTION_HOURS, aws_conn_id: str | None = None,
                  pg_conn_id: str | None = None, iceberg_conn_id: str | None = None, **kwargs: Any) -> None:
-        sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
-                        "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
-                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
-                        "merge_keys": merge_keys, "delete_when": delete_when, "target_file_size": target_file_size}
-        assert set(sink_options) == set(TABLE_FIELDS), "every option of a table is a parameter"
+        params = dict(locals())  # every option of a table is a parameter of its own name
+        sink_options = {name: params[name] for name in TABLE_FIELDS}
         super().__init__(**kwargs)
         for name, value in sink_options.items():
             setattr(self, name, value)
@@ -63,7 +61,7 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
 
     def _options(self) -> tuple[SinkOptions, bool]:
         options = SinkOptions.build({k: getattr(self, k) for k in TABLE_FIELDS})
-        compact = options.sink == "delta" if self.compact is None else bool(self.compact)
+        compact = sink_kind(options.sink).compacts if self.compact is None else bool(self.compact)
         check_maintenance(options.sink, compact=compact, retention_hours=float(self.retention_hours))
         return options, compact
 

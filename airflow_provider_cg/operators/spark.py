@@ -25,6 +25,7 @@ from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.landing import contract
 from airflow_provider_cg.core.landing.contract import SINK_FIELDS, MemberJobSpec
 from airflow_provider_cg.core.landing.decode import SPARK_AVRO_PACKAGE
+from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kinds
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.hooks.nats import NatsHook
@@ -213,25 +214,12 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             if field in kwargs:
                 raise ConfigError(field, "is set by the operator (use the member job's options instead)")
         spark_options = {k: kwargs.pop(k) for k in list(kwargs) if k in SPARK_SUBMIT_OPTIONS}
-        sink_options = {"sink": sink, "sink_path": sink_path, "pg_table": pg_table, "iceberg_table": iceberg_table,
-                        "iceberg_catalog_uri": iceberg_catalog_uri, "iceberg_warehouse": iceberg_warehouse,
-                        "iceberg_catalog_name": iceberg_catalog_name, "partition_by": partition_by,
-                        "merge_keys": merge_keys, "delete_when": delete_when, "target_file_size": target_file_size,
-                        "routes": routes, "route_by": route_by}
-        assert set(sink_options) == set(SINK_FIELDS), "every sink option is a parameter"
+        params = dict(locals())  # every sink option and job option is a parameter of its own name
+        sink_options = {name: params[name] for name in SINK_FIELDS}
         if "outlets" not in kwargs:  # the table, as an Asset, when its location is known now
             kwargs["outlets"] = _table_outlets(sink_options)
         super().__init__(**kwargs)
-        job = {
-            "stream": stream, "group": group, "member": member, **sink_options, "payload_format": payload_format, "json_schema": json_schema,
-            "avro_schema": avro_schema, "transform": transform, "transform_sql": transform_sql,
-            "batch_size": batch_size, "max_messages": max_messages, "max_bytes": max_bytes,
-            "max_seconds": max_seconds, "standby_timeout": standby_timeout, "ack_wait": ack_wait,
-            "max_ack_pending": max_ack_pending, "max_deliver": max_deliver, "idle_timeout": idle_timeout, "progress_interval": progress_interval,
-            "read": read, "backfill_start": backfill_start, "backfill_end": backfill_end,
-            "stream_life": stream_life, "bad_records": bad_records,
-        }
-        assert set(job) == set(JOB_FIELDS), "every option of the member job is a parameter"
+        job = {name: params[name] for name in JOB_FIELDS}
         for field, value in job.items():
             setattr(self, field, value)
         self.avro_package, self.pg_conn_id, self.aws_conn_id = avro_package, pg_conn_id, aws_conn_id
@@ -264,9 +252,11 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             spec = MemberJobSpec.build(values)
         else:
             MemberJobSpec.check_known(values, {k for k, v in values.items() if templated(v)})
-        kinds = _sink_kinds(spec, values)
-        if "postgres" in kinds and not self.pg_conn_id:
-            raise ConfigError("pg_conn_id", "required for the postgres sink")
+        names = _sink_kinds(spec, values)
+        for kind in (k for k in sink_kinds() if k.name in names):  # a connection a sink cannot do without
+            for connection in kind.connections:
+                if connection.required and not getattr(self, connection.param):
+                    raise ConfigError(connection.param, f"required for the {kind.name} sink")
         if self.payload_format == "avro" and (rendered or not templated(self.avro_package)) \
                 and not _MAVEN_COORDINATE.fullmatch(str(self.avro_package or "")):
             raise ConfigError("avro_package", "must be Maven coordinates group:artifact:version")
@@ -351,13 +341,15 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         from airflow_provider_cg.lineage import operator_lineage
 
         spec = self.job_spec()
-        pg = None
-        if "postgres" in spec.sink_kinds and self.pg_conn_id:
+        located = None  # host and database of a connection that says where the table is (PostgreSQL's)
+        conn_id = next((getattr(self, c.param) for name in sorted(spec.sink_kinds)
+                        for c in sink_kind(name).connections if c.locates_table and getattr(self, c.param)), None)
+        if conn_id:
             from airflow.sdk import BaseHook
 
-            conn = BaseHook.get_connection(self.pg_conn_id)
-            pg = (f"{conn.host or 'localhost'}:{conn.port or 5432}", conn.schema or "postgres")
-        return operator_lineage(spec, self.hook.get_settings().servers, self._summary, pg)
+            conn = BaseHook.get_connection(conn_id)
+            located = (f"{conn.host or 'localhost'}:{conn.port or 5432}", conn.schema or "postgres")
+        return operator_lineage(spec, self.hook.get_settings().servers, self._summary, located)
 
     def job_spec(self) -> MemberJobSpec:
         """The member job's spec of this task (its fields rendered)."""
@@ -495,7 +487,7 @@ def _sink_kinds(spec: MemberJobSpec | None, values: dict[str, Any]) -> frozenset
         return contract.SinkOptions.build({k: values.get(k) for k in SINK_FIELDS
                                            if not templated(values.get(k))}).sink_kinds
     except ConfigError:
-        return frozenset({values.get("sink") or "parquet"})
+        return frozenset({values.get("sink") or contract.SinkOptions.sink})
 
 
 def _written_tables(spec: MemberJobSpec) -> set[str]:

@@ -343,7 +343,8 @@ def _regions(seqs):
 def _partitioned(table: Table, text: str | None = None):
     from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 
-    return table.sink(partitioning=Partitioning.parse(text or PARTITIONING[table.fmt], table.fmt))
+    return table.sink(partitioning=Partitioning.parse(text or PARTITIONING[table.fmt], table.fmt,
+                                                                  transforms=table.fmt == "iceberg"))
 
 
 def test_a_partitioned_table_holds_one_partition_per_file_and_readers_prune_by_it(table):
@@ -416,12 +417,12 @@ def test_a_spark_task_whose_staging_was_removed_reports_it_without_failing(tmp_p
     from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 
     (tmp_path / "t").mkdir()
-    for partitioning in (None, Partitioning.parse("key", "delta")):
+    for partitioning in (None, Partitioning.parse("key", "delta", transforms=False)):
         writer = TaskFileWriter(str(tmp_path / "t"), "_cg_staging/gone/spark", "snappy", partitioning)
         out = [b.to_pydict() for b in writer(iter(rows(range(1, 7)).to_batches()))]
         assert out == [{"file": [""], "rows": [-1]}], out
     (tmp_path / "t" / "here").mkdir()
-    writer = TaskFileWriter(str(tmp_path / "t"), "here", "snappy", Partitioning.parse("key", "delta"))
+    writer = TaskFileWriter(str(tmp_path / "t"), "here", "snappy", Partitioning.parse("key", "delta", transforms=False))
     out = [b.to_pydict() for b in writer(iter(rows(range(1, 7)).to_batches()))]
     assert sorted(r for b in out for r in b["rows"]) == [2, 2, 2]  # one file per key value
 

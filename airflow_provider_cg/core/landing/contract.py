@@ -29,10 +29,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
+from airflow_provider_cg.core.landing.sinks.registry import SinkKind, option_owners, sink_kind, sink_names
 from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
@@ -47,9 +47,8 @@ RESULT_SUBMITTED = "submitted"  # the operator's, for a cluster-mode driver that
 #: results that end the Airflow task as skipped: nothing was there or it was not this task's to land
 SKIP_RESULTS = frozenset({RESULT_EMPTY, RESULT_NOT_PINNED, RESULT_REVOKED})
 
-SINKS = ("parquet", "postgres", "delta", "iceberg")
-#: sinks whose table lives at ``sink_path`` (a local path; Delta also ``s3://bucket/prefix``)
-PATH_SINKS = ("parquet", "delta")
+#: the registered sinks (``sinks/registry.py``; each declared in ``sinks/kinds/``)
+SINKS = sink_names()
 PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
 READ_MODES = ("auto", "consumer", "executors")
 BAD_RECORDS = ("dead-letter", "fail")
@@ -58,11 +57,10 @@ ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome b
 
 
 def _opt(default: Any = None, kind: type = str, help: str = "", choices: tuple[str, ...] | None = None,
-         positive: bool = False, sinks: tuple[str, ...] | None = None) -> Any:
-    """A field of the contract: ``kind`` is how argv text (and rendered templates) convert;
-    ``sinks``: the sinks a sink option belongs to (any other refuses it)."""
-    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive,
-                                            "sinks": sinks})
+         positive: bool = False) -> Any:
+    """A field of the contract: ``kind`` is how argv text (and rendered templates) convert.
+    Which sinks take a sink option is theirs to say (``registry.option_owners``)."""
+    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive})
 
 
 def flag(name: str) -> str:
@@ -124,41 +122,34 @@ MIN_TARGET_FILE_SIZE = 1 << 20
 class SinkOptions:
     """Where the batches land and how the table is shaped: one type for the member job, the
     operator, ``cg`` (its sink flags are generated from these fields), assets and lineage.
-    Each option names the sinks it belongs to; one given to another sink is refused, naming
-    it. No option carries a secret: credentials come from the environment (``opening.py``)."""
+    Each sink declares the options it takes (``sinks/registry.py``); one given to another sink
+    is refused, naming it. No option carries a secret: credentials come from the environment (``opening.py``)."""
 
     sink: str = _opt("parquet", str, "where the batches land", SINKS)
     sink_path: str | None = _opt(help="the Parquet sink's dataset directory, or the Delta table's location (a path "
-                                 "or s3://bucket/prefix; object-store credentials come from AWS_* environment)",
-                                 sinks=PATH_SINKS)
-    pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink", sinks=("postgres",))
-    iceberg_table: str | None = _opt(help="the Iceberg sink's table, namespace.table", sinks=("iceberg",))
+                                 "or s3://bucket/prefix; object-store credentials come from AWS_* environment)")
+    pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink")
+    iceberg_table: str | None = _opt(help="the Iceberg sink's table, namespace.table")
     iceberg_catalog_uri: str | None = _opt(help="the Iceberg catalog: SQL, sqlite:////path/catalog.db or "
                                            "postgresql://host/db without a password (with one: CG_ICEBERG_CATALOG_URI), "
                                            "or REST, http(s)://host:port/path (its token or client credentials from "
-                                           "CG_ICEBERG_CATALOG_TOKEN / CG_ICEBERG_CATALOG_CREDENTIAL)",
-                                           sinks=("iceberg",))
+                                           "CG_ICEBERG_CATALOG_TOKEN / CG_ICEBERG_CATALOG_CREDENTIAL)")
     iceberg_warehouse: str | None = _opt(help="where the Iceberg sink creates its table if missing (a path or "
-                                         "s3://bucket/prefix)", sinks=("iceberg",))
+                                         "s3://bucket/prefix)")
     iceberg_catalog_name: str = _opt("default", str, "the Iceberg catalog's name: a SQL catalog keys its rows by "
-                                     "it, so other engines see the table only under the name they use",
-                                     sinks=("iceberg",))
+                                     "it, so other engines see the table only under the name they use")
     partition_by: str | None = _opt(help="partitioning of a table the sink creates, comma-separated: Delta takes "
                                     "columns (order_date, region); Iceberg also day(ts), hour(ts), month(ts), "
                                     "year(ts), bucket(16, id), truncate(4, name). A column may be one your "
-                                    "transformation derives; an existing table partitioned otherwise is refused",
-                                    sinks=("delta", "iceberg"))
+                                    "transformation derives; an existing table partitioned otherwise is refused")
     target_file_size: int | None = _opt(None, int, "bytes a data file the job writes may hold at most (at least "
                                         "1048576): a batch (of a partition) larger than this lands as several files "
                                         "of about this size; smaller ones stay one file each, and `cg maintain "
-                                        "--target-file-size` compacts them", positive=True,
-                                        sinks=("parquet", "delta", "iceberg"))
+                                        "--target-file-size` compacts them", positive=True)
     merge_keys: str | None = _opt(help="upsert by these columns (comma-separated): the latest record of a key, by "
-                                  "origin order, replaces the table's row; never an older one over a newer one",
-                                  sinks=("delta", "iceberg", "postgres"))
+                                  "origin order, replaces the table's row; never an older one over a newer one")
     delete_when: str | None = _opt(help="with merge_keys: the tombstone rule, column = 'text' | <integer> | "
-                                   "true|false (e.g. op = 'd'): a matching record deletes its key",
-                                   sinks=("delta", "iceberg", "postgres"))
+                                   "true|false (e.g. op = 'd'): a matching record deletes its key")
     routes: str | None = _opt(help="land into several tables, each exactly once: a JSON object of routes, "
                               '{"<route>": {<sink options of its table>, "subjects": [...]}}; every option not '
                               "given by a route is the one given here, but for the table's location "
@@ -196,6 +187,11 @@ class SinkOptions:
         return [(r.name, r.options) for r in Routes.parse(self).routes]
 
     @property
+    def kind(self) -> SinkKind:
+        """The sink's declaration (``sinks/registry.py``): everything a layer asks of it."""
+        return sink_kind(self.sink)
+
+    @property
     def sink_kinds(self) -> frozenset[str]:
         """The sinks of the tables these options land into (a routed landing may mix them)."""
         return frozenset(options.sink for _, options in self.tables())
@@ -218,7 +214,7 @@ def add_sink_arguments(parser: argparse.ArgumentParser, *, sink_help: str | None
     for f in dataclasses.fields(SinkOptions):
         meta = f.metadata
         text = sink_help if f.name == "sink" and sink_help else meta["help"]
-        owners = meta["sinks"]
+        owners = option_owners(f.name)
         if owners:
             text += f" [{', '.join(owners)}]"
         parser.add_argument(flag(f.name), dest=f.name, metavar=f.name.upper(), default=None,
@@ -328,7 +324,8 @@ class MemberJobSpec(SinkOptions, BatchOptions):
         the driver runs on its machine)."""
         for route, options in self.tables():
             field = "sink_path" if route is None else f"routes.{route}.sink_path"
-            if options.sink not in PATH_SINKS or not options.sink_path or "://" in options.sink_path:
+            if "sink_path" not in sink_kind(options.sink).location or not options.sink_path \
+                    or "://" in options.sink_path:
                 continue
             path = os.path.abspath(options.sink_path)
             if os.path.exists(path) and not os.path.isdir(path):
@@ -503,69 +500,21 @@ def check_sink(spec: Any) -> None:
 
         Routes.parse(spec)
         return
+    kind = sink_kind(spec.sink)
     for f in dataclasses.fields(SinkOptions):
-        owners = f.metadata["sinks"]
+        owners = option_owners(f.name)
         value = getattr(spec, f.name)
         if owners and spec.sink not in owners and value is not None and value != f.default:
             raise ConfigError(f.name, f"is an option of the {' and '.join(owners)} sink"
                                       f"{'s' if len(owners) > 1 else ''}, not of {spec.sink}")
-    if spec.partition_by is not None:
-        from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
-
-        Partitioning.parse(spec.partition_by, spec.sink)
+    kind.partitioning(spec)
     if spec.target_file_size is not None and spec.target_file_size < MIN_TARGET_FILE_SIZE:
         raise ConfigError("target_file_size", f"must be at least {MIN_TARGET_FILE_SIZE} bytes (1 MiB): smaller "
                                               "files cost readers more than they gain")
     if spec.delete_when is not None and spec.merge_keys is None:
         raise ConfigError("delete_when", "needs merge_keys (a tombstone deletes a key's row)")
-    if spec.merge_keys is not None:
-        from airflow_provider_cg.core.landing.sinks.merging import MergeSpec
-
-        MergeSpec.parse(spec.merge_keys, spec.delete_when)
-    if spec.sink in PATH_SINKS:
-        if not spec.sink_path:
-            raise ConfigError("sink_path", f"required for the {spec.sink} sink")
-        _check_location("sink_path", spec.sink_path, object_store=spec.sink == "delta")
-    elif spec.sink == "iceberg":
-        from airflow_provider_cg.core.landing.sinks.iceberg import parse_identifier
-
-        if not spec.iceberg_table:
-            raise ConfigError("iceberg_table", "required for the iceberg sink (namespace.table)")
-        parse_identifier(spec.iceberg_table)
-        uri = spec.iceberg_catalog_uri
-        if uri is not None:
-            if not uri.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://", "http://", "https://")):
-                raise ConfigError("iceberg_catalog_uri", "must be sqlite:////path/catalog.db, postgresql://host/db "
-                                                         "or a REST catalog's http(s)://host:port/path")
-            if uri.startswith(("http://", "https://")) and (urlsplit(uri).username or not urlsplit(uri).hostname):
-                raise ConfigError("iceberg_catalog_uri", "must be http(s)://host[:port][/path] with no credentials in "
-                                                         "it (a token goes in CG_ICEBERG_CATALOG_TOKEN, or the "
-                                                         "operator's iceberg_conn_id)")
-            if urlsplit(uri).password:
-                raise ConfigError("iceberg_catalog_uri", "must not contain a password (pass the URI in "
-                                                         "CG_ICEBERG_CATALOG_URI, or pg_conn_id to the operator)")
-        if spec.iceberg_warehouse is not None:
-            _check_location("iceberg_warehouse", spec.iceberg_warehouse, object_store=True)
-        if not spec.iceberg_catalog_name.replace("_", "").replace("-", "").isalnum():
-            raise ConfigError("iceberg_catalog_name", "must be letters, digits, '_' or '-' "
-                                                      f"(got {spec.iceberg_catalog_name!r})")
-    else:
-        from airflow_provider_cg.core.landing.sinks.postgres import OWN_TABLES, validate_identifier
-
-        validate_identifier("pg_table", spec.pg_table)
-        if spec.pg_table in OWN_TABLES:
-            raise ConfigError("pg_table", f"{spec.pg_table!r} is one of the sink's own tables ({', '.join(OWN_TABLES)})")
-
-def _check_location(name: str, value: str, *, object_store: bool) -> None:
-    """A local path, or (where allowed) an ``s3://bucket/prefix`` URL without credentials."""
-    parts = urlsplit(value)
-    if parts.scheme in ("s3", "s3a"):
-        if not object_store:
-            raise ConfigError(name, "the parquet sink needs a local path (use the delta sink on object storage)")
-        if not parts.netloc or "@" in parts.netloc:
-            raise ConfigError(name, "must be s3://bucket/prefix, with no credentials in it")
-    elif parts.scheme not in ("", "file") and len(parts.scheme) > 1:
-        raise ConfigError(name, f"unsupported scheme {parts.scheme!r} (a local path or s3://bucket/prefix)")
+    kind.merge(spec)
+    kind.check(kind.typed(spec))  # the sink's own rules (where its table is)
 
 
 #: the fields each cross-field rule reads, for ``check_known``

@@ -359,11 +359,12 @@ def cmd_maintain(args, out: TextIO) -> int:
     """``cg maintain``: ``core/landing/sinks/maintenance.py`` on the table the sink options name."""
     from airflow_provider_cg.core.landing.contract import sink_options_from_args
     from airflow_provider_cg.core.landing.sinks.maintenance import maintain
+    from airflow_provider_cg.core.landing.sinks.registry import maintained_names, sink_kind
 
     options = sink_options_from_args(args)
     if options is None:
-        raise ConfigError("sink", "required (delta or iceberg)")
-    compact = options.sink == "delta" if args.compact is None else args.compact
+        raise ConfigError("sink", f"required ({' or '.join(maintained_names())})")
+    compact = sink_kind(options.sink).compacts if args.compact is None else args.compact
     report = maintain(options, compact=compact, retention_hours=args.retention_hours)
     r = report.to_dict()
     text = (f"maintained {r['table']} in {r['duration_s']:.1f}s: compacted {r['compacted'] or '-'}, "

@@ -79,7 +79,7 @@ class DeltaLakeSink(TableSink):
         if asked is not None and asked.columns != columns:
             raise ConfigError("partition_by", f"the table {self.uri} exists partitioned by "
                                               f"({', '.join(columns) or 'nothing'}), not ({asked})")
-        return Partitioning.parse(", ".join(columns), "delta") if columns else None
+        return Partitioning.parse(", ".join(columns), "delta", transforms=False) if columns else None
 
     def _table(self, *, fresh: bool = True):
         from deltalake import DeltaTable

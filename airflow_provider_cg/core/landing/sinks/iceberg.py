@@ -20,6 +20,7 @@ import time
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.kinds.iceberg import parse_identifier
 from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.sinks.partitioning import PartitionField, Partitioning
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
@@ -52,13 +53,6 @@ def iceberg_io_properties(settings: ObjectStoreSettings) -> dict[str, str]:
     if settings.session_token:
         out["s3.session-token"] = settings.session_token
     return out
-
-
-def parse_identifier(table: str) -> tuple[str, str]:
-    parts = table.split(".") if table else []
-    if len(parts) != 2 or not all(p and p.replace("_", "").isalnum() for p in parts):
-        raise ConfigError("iceberg_table", f"must be namespace.table of letters, digits and '_' (got {table!r})")
-    return parts[0], parts[1]
 
 
 #: where a REST catalog's credentials come from (never an option: see ``open_catalog``)
@@ -312,7 +306,7 @@ def _table_partitioning(tbl, asked: Partitioning | None, identifier: str) -> Par
         kind, _, width = str(pf.transform).partition("[")
         fields.append(PartitionField(schema.find_column_name(pf.source_id), kind,
                                      int(width.rstrip("]")) if width else None))
-    found = Partitioning(tuple(fields), "iceberg") if fields else None
+    found = Partitioning(tuple(fields), "iceberg", transforms=True) if fields else None
     if asked is not None and (found is None or found.fields != asked.fields):
         raise ConfigError("partition_by", f"the table {identifier!r} exists partitioned by "
                                           f"({found or 'nothing'}), not ({asked})")

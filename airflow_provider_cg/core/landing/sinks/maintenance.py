@@ -32,6 +32,7 @@ from typing import Any
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.base import SinkError
 from airflow_provider_cg.core.landing.sinks.protocol_log import clean_protocol_log
+from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
 MIN_RETENTION_HOURS = 1.0
 DEFAULT_RETENTION_HOURS = 168.0  # Delta's own default (7 days)
@@ -57,16 +58,15 @@ class MaintenanceReport:
 
 
 def check_maintenance(sink: str, *, compact: bool, retention_hours: float) -> None:
-    """The maintenance options' rules (``ConfigError`` naming the field)."""
-    if sink not in ("delta", "iceberg"):
-        raise ConfigError("sink", f"maintenance is for delta and iceberg tables (got {sink!r})")
+    """The maintenance options' rules (``ConfigError`` naming the field): the sink's own
+    (``SinkKind.check_maintenance``), then the retention's."""
+    kind = sink_kind(sink)
+    kind.check_maintenance(compact=False)  # its tables are maintained at all
     if isinstance(retention_hours, bool) or not isinstance(retention_hours, int | float) \
             or not retention_hours >= MIN_RETENTION_HOURS:
         raise ConfigError("retention_hours", f"must be a number >= {MIN_RETENTION_HOURS:g} (a shorter one could "
                                              "remove a batch's files while a member commits them)")
-    if sink == "iceberg" and compact:
-        raise ConfigError("compact", "pyiceberg has no data-file compaction (Iceberg's rewrite_data_files runs "
-                                     "in Spark or Flink); expire and orphan clean-up run without it")
+    kind.check_maintenance(compact=compact)
 
 
 def maintain(options: Any, *, compact: bool = True,
@@ -80,7 +80,8 @@ def maintain(options: Any, *, compact: bool = True,
     started = time.monotonic()
     sink = options.open()
     try:
-        report = (_delta if options.sink == "delta" else _iceberg)(sink, compact, target_file_size, retention_hours)
+        report = sink_kind(options.sink).maintain(sink, compact=compact, target_file_size=target_file_size,
+                                                  retention_hours=retention_hours)
         report.protocol_log = clean_protocol_log(sink.store, retention_hours).to_dict()
     except (ConfigError, SinkError):
         raise
@@ -107,7 +108,8 @@ def _retrying(action, reload, attempts: int = 5):
     raise AssertionError("unreachable")
 
 
-def _delta(sink, compact: bool, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
+def maintain_delta(sink, compact: bool, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
+    """A Delta table's maintenance (``registry``'s ``Delta.maintain``): see the module docstring."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -128,7 +130,8 @@ def _delta(sink, compact: bool, target_file_size: int | None, retention_hours: f
     return report
 
 
-def _iceberg(sink, compact: bool, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
+def maintain_iceberg(sink, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
+    """An Iceberg table's maintenance (``Iceberg.maintain``): see the module docstring."""
     from pyarrow import fs as pafs
 
     report = MaintenanceReport(sink.identifier)

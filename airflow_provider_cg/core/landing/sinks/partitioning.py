@@ -29,7 +29,7 @@ _FIELD = re.compile(r"^\s*(?:(?P<fn>[a-z]+)\s*\(\s*(?:(?P<width>\d+)\s*,\s*)?(?P
                     r"|(?P<col>[A-Za-z_][A-Za-z0-9_]*))\s*$")
 
 
-def _delta_type_ok(t: pa.DataType) -> bool:
+def _column_type_ok(t: pa.DataType) -> bool:
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
             or pa.types.is_date32(t) or pa.types.is_boolean(t))
 
@@ -92,11 +92,13 @@ class Partitioning:
     """A table's partition fields, in order (``parse`` reads the ``partition_by`` option)."""
 
     fields: tuple[PartitionField, ...]
-    sink: str = "delta"
+    sink: str = "delta"  # the table's sink, as its messages name it
+    transforms: bool = False  # Iceberg's transforms (``day(ts)``), not only columns (Delta)
 
     @classmethod
-    def parse(cls, text: str, sink: str) -> Partitioning:
-        """``ConfigError("partition_by", ...)`` naming the rule a field breaks."""
+    def parse(cls, text: str, sink: str, *, transforms: bool) -> Partitioning:
+        """``ConfigError("partition_by", ...)`` naming the rule a field breaks; ``transforms``:
+        the sink takes Iceberg's partition transforms (``SinkKind.partition_transforms``)."""
         items = _split(text)
         if not items or any(not s.strip() for s in items):
             raise ConfigError("partition_by", f"must be comma-separated partition fields (got {text!r})")
@@ -117,15 +119,15 @@ class Partitioning:
                 if width is not None and int(width) < 1:
                     raise ConfigError("partition_by", f"{item.strip()!r}: the width must be >= 1")
                 field = PartitionField(m["arg"], fn, int(width) if width is not None else None)
-            if sink == "delta" and field.transform != "identity":
-                raise ConfigError("partition_by", f"{field} is an Iceberg transform; a Delta table is partitioned "
+            if not transforms and field.transform != "identity":
+                raise ConfigError("partition_by", f"{field} is an Iceberg transform; a {sink.capitalize()} table is partitioned "
                                                   "by columns (derive one in your transformation, e.g. "
                                                   "to_date(ts) AS order_date)")
             fields.append(field)
         names = [f.name for f in fields]
-        if len(set(names)) != len(names) or (sink == "delta" and len({f.column for f in fields}) != len(fields)):
+        if len(set(names)) != len(names) or (not transforms and len({f.column for f in fields}) != len(fields)):
             raise ConfigError("partition_by", f"names a partition field twice ({text!r})")
-        return cls(tuple(fields), sink)
+        return cls(tuple(fields), sink, transforms)
 
     def __str__(self) -> str:
         return ", ".join(str(f) for f in self.fields)
@@ -144,7 +146,7 @@ class Partitioning:
             if idx < 0:
                 raise SchemaMismatch(f.column, f"is a partition column (partition_by {self}) but not in this batch")
             t = schema.field(idx).type
-            ok = _delta_type_ok(t) if self.sink == "delta" else _iceberg_type_ok(f.transform, t)
+            ok = _iceberg_type_ok(f.transform, t) if self.transforms else _column_type_ok(t)
             if not ok:
                 raise SchemaMismatch(f.column, f"has type {t}, which {f} cannot partition a {self.sink} table by")
 

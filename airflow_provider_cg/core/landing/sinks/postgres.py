@@ -74,31 +74,18 @@ from airflow_provider_cg.core.landing.sinks.base import (
     origin_ranges,
     recovered_by,
 )
+from airflow_provider_cg.core.landing.sinks.kinds.postgres import (
+    FENCES_TABLE,
+    INPUTS_TABLE,
+    LIVES_TABLE,
+    MARKERS_TABLE,
+    OWN_TABLES,
+    REFS_TABLE,
+    validate_identifier,
+)
 from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
-PG_MAX_IDENTIFIER = 63  # bytes; PostgreSQL silently truncates longer names
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def validate_identifier(field: str, name: Any) -> str:
-    """A table or schema name: a plain SQL identifier of at most 63 bytes (PostgreSQL would
-    cut a longer one, and two names could then mean one table)."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(field, "must be a non-empty name")
-    if len(name.encode()) > PG_MAX_IDENTIFIER:
-        raise ConfigError(field, f"must be at most {PG_MAX_IDENTIFIER} bytes (PostgreSQL truncates longer names)")
-    if not _IDENTIFIER.fullmatch(name):
-        raise ConfigError(field, "must be a plain identifier: a letter or _, then letters, digits or _")
-    return name
-
-
-REFS_TABLE = "cg_prepared_writes"
-MARKERS_TABLE = "cg_committed_writes"
-FENCES_TABLE = "cg_partition_fences"
-INPUTS_TABLE = "cg_committed_inputs"  # per target: input messages of transformed batches
-LIVES_TABLE = "cg_stream_lives"  # per target and origin stream: the lives landed (stream_life.py)
-OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE, LIVES_TABLE)  # never a target table
 _JSON_COLUMNS = {"headers"}
 _NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}
 _SECRET_PATTERNS = [

@@ -214,14 +214,9 @@ def _subjects(field: str, value: Any) -> tuple[str, ...]:
 
 def _table_key(options: Any) -> tuple:
     """Which table sink options name (two routes into one table are refused)."""
-    import os
+    from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
-    if options.sink in ("parquet", "delta"):
-        path = options.sink_path or ""
-        return ("path", path.rstrip("/") if "://" in path else os.path.abspath(path))
-    if options.sink == "iceberg":
-        return ("iceberg", options.iceberg_catalog_uri, options.iceberg_catalog_name, options.iceberg_table)
-    return ("postgres", options.pg_table)
+    return sink_kind(options.sink).table_key(options)
 
 
 @dataclass

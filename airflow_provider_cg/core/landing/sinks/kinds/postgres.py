@@ -1,0 +1,88 @@
+"""The PostgreSQL sink's declaration: a table in the database of ``CG_PG_DSN`` (the
+operator's ``pg_conn_id``), with the sink's own bookkeeping tables beside it
+(``sinks/postgres.py``)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.registry import Connection, SinkKind
+
+DSN_ENV, DSN_FILE_ENV = "CG_PG_DSN", "CG_PG_DSN_FILE"
+PG_MAX_IDENTIFIER = 63  # bytes; PostgreSQL silently truncates longer names
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+REFS_TABLE = "cg_prepared_writes"
+MARKERS_TABLE = "cg_committed_writes"
+FENCES_TABLE = "cg_partition_fences"
+INPUTS_TABLE = "cg_committed_inputs"  # per target: input messages of transformed batches
+LIVES_TABLE = "cg_stream_lives"  # per target and origin stream: the lives landed (stream_life.py)
+OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE, LIVES_TABLE)  # never a target table
+
+
+@dataclass(frozen=True)
+class PostgresOptions:
+    pg_table: str = "cg_events"
+    merge_keys: str | None = None
+    delete_when: str | None = None
+
+
+def validate_identifier(field: str, name: Any) -> str:
+    """A table or schema name: a plain SQL identifier of at most 63 bytes (PostgreSQL would
+    cut a longer one, and two names could then mean one table)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(field, "must be a non-empty name")
+    if len(name.encode()) > PG_MAX_IDENTIFIER:
+        raise ConfigError(field, f"must be at most {PG_MAX_IDENTIFIER} bytes (PostgreSQL truncates longer names)")
+    if not _IDENTIFIER.fullmatch(name):
+        raise ConfigError(field, "must be a plain identifier: a letter or _, then letters, digits or _")
+    return name
+
+
+def dsn_from_env() -> str:
+    """The DSN from ``CG_PG_DSN`` or the file ``CG_PG_DSN_FILE`` names (never an argument)."""
+    dsn = os.environ.get(DSN_ENV)
+    if not dsn and os.environ.get(DSN_FILE_ENV):
+        try:
+            with open(os.environ[DSN_FILE_ENV], encoding="utf-8") as f:
+                dsn = f.read().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(DSN_FILE_ENV, f"cannot read the file it names ({type(e).__name__})") from None
+    if not dsn:
+        raise ConfigError(DSN_ENV, f"the PostgreSQL sink needs a DSN in {DSN_ENV} or {DSN_FILE_ENV}")
+    return dsn
+
+
+class Postgres(SinkKind):
+    name = "postgres"
+    options_class = PostgresOptions
+    location = ("pg_table",)
+    connections = (Connection("pg_conn_id", "dsn", env=DSN_ENV, required=True, locates_table=True),)
+    has_asset = False
+
+    def check(self, options: Any) -> None:
+        validate_identifier("pg_table", options.pg_table)
+        if options.pg_table in OWN_TABLES:
+            raise ConfigError("pg_table", f"{options.pg_table!r} is one of the sink's own tables "
+                                          f"({', '.join(OWN_TABLES)})")
+
+    def open(self, options: Any, *, transformed: bool = False):
+        from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
+
+        return PostgresSink(dsn_from_env(), table=options.pg_table, transformed=transformed,
+                            merge=self.merge(options))
+
+    def asset_uri(self, options: Any) -> str:
+        return f"postgres:///{options.pg_table or PostgresOptions.pg_table}"
+
+    def dataset(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
+        where, db = table_location or ("localhost:5432", "postgres")
+        table = options.pg_table if "." in (options.pg_table or "") else f"public.{options.pg_table}"
+        return f"postgres://{where}", f"{db}.{table}"
+
+
+KIND = Postgres()
