@@ -36,6 +36,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy airflow_provider_cg spark_apps
 
 clean:
 	rm -rf $(VENV) .demo build *.egg-info

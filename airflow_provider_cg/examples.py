@@ -101,7 +101,7 @@ def landing_report(summaries: list[dict[str, Any]] | dict[str, Any]) -> dict[str
     one summary, not a list (``xcom_pull`` of a task mapped once)."""
     if isinstance(summaries, dict):
         summaries = [summaries]
-    members = []
+    members: list[dict[str, Any]] = []
     for s in sorted((s for s in summaries if s), key=lambda s: str(s.get("member"))):
         parts = {int(p): info.get("messages", 0) for p, info in (s.get("partitions") or {}).items()}
         members.append({"member": s.get("member"), "result": s.get("result"),

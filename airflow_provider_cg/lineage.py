@@ -45,7 +45,7 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
     for route, options in spec.tables():  # one table, or each route's
         out_namespace, out_name = table_dataset_name(options, table_location)
         counts = summary if route is None or not summary else (summary.get("routes") or {}).get(route) or {}
-        output_facets = {}
+        output_facets: dict[str, Any] = {}
         if counts and counts.get("rows_written") is not None:
             output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(counts["rows_written"]))
         outputs.append(OutputDataset(namespace=out_namespace, name=out_name, outputFacets=output_facets))

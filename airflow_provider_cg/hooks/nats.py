@@ -28,7 +28,7 @@ from airflow_provider_cg.core.jetstream.connection import SECRET_FIELDS, NatsCon
 try:
     from airflow.sdk import BaseHook
 except ImportError:  # Airflow 3.0
-    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
+    from airflow.hooks.base import BaseHook  # type: ignore[no-redef,attr-defined]
 
 if TYPE_CHECKING:
     from nats.aio.client import Client

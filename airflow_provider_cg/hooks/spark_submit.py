@@ -129,10 +129,10 @@ def sink_env(sinks: str | Iterable[str], *, pg_conn_id: str | None, iceberg_conn
     given = {"pg_conn_id": pg_conn_id, "iceberg_conn_id": iceberg_conn_id}
     env: dict[str, str] = {}
     for name in sorted({sinks} if isinstance(sinks, str) else set(sinks)):
-        connection = next((c for c in sink_kind(name).connections if given.get(c.param)), None)
-        if connection is None:
+        found = next(((c, conn_id) for c in sink_kind(name).connections if (conn_id := given.get(c.param))), None)
+        if found is None:
             continue
-        conn_id = given[connection.param]
+        connection, conn_id = found
         if connection.gives == "dsn" and connection.env:
             env[connection.env] = pg_dsn(conn_id)
         else:

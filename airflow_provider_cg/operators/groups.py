@@ -17,7 +17,7 @@ import ast
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import cached_property
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -238,12 +238,12 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
             filters = self.filters or ()
             if not isinstance(filters, list | tuple):
                 raise ConfigError("filters", "must be a list of subjects")
-            cfg: GroupConfig = StaticGroupConfig(self.max_members, tuple(filters), members, mappings)
+            cfg: GroupConfig = StaticGroupConfig(cast(int, self.max_members), tuple(filters), members, mappings)
         else:
             if self.filters:
                 raise ConfigError("filters", "only for static groups (elastic groups take partitioning_filters)")
             cfg = ElasticGroupConfig(
-                self.max_members,
+                cast(int, self.max_members),  # validated by the config
                 _partitioning_filters(self.partitioning_filters),
                 self.max_buffered_msgs,
                 self.max_buffered_bytes,
@@ -529,7 +529,8 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
         super().__init__(stream=stream, group=group, **kwargs)
         self.member, self.to_datetime, self.by_duration, self.to_earliest = member, to_datetime, by_duration, to_earliest
         self.to_latest, self.to_seq, self.shift_by = to_latest, to_seq, shift_by
-        self.dry_run, self.force = dry_run, force
+        # not ``self.dry_run``: that is BaseOperator's method (``airflow tasks test --dry-run``)
+        self.plan_only, self.force = dry_run, force
         if not any(_templated(v) for v in (member, to_datetime, by_duration, to_seq, shift_by)):
             self._target()
         if member is not None and not _templated(member):
@@ -554,7 +555,7 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
         async def go(nc) -> dict[str, Any]:
             resets = GroupReset(nc)
             plan = await resets.plan(self.stream, self.group, self._target(), self.member)
-            if not self.dry_run:
+            if not self.plan_only:
                 plan = await resets.execute(plan, force=self.force)
             return plan.to_dict()
 
@@ -625,7 +626,7 @@ class ResizeConsumerGroupOperator(_ConsumerGroupOperator):
                  dry_run: bool = True, drain_timeout: float = 300.0, **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
         self.max_members, self.mappings = max_members, mappings
-        self.dry_run, self.drain_timeout = dry_run, drain_timeout
+        self.plan_only, self.drain_timeout = dry_run, drain_timeout  # (BaseOperator has dry_run())
         if not _templated(max_members):
             self._count()
         if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, int | float) or drain_timeout <= 0:
@@ -647,7 +648,7 @@ class ResizeConsumerGroupOperator(_ConsumerGroupOperator):
         async def go(nc) -> dict[str, Any]:
             resizes = GroupResize(nc)
             mappings = _literal("mappings", self.mappings)
-            if self.dry_run:
+            if self.plan_only:
                 return (await resizes.plan(self.stream, self.group, self._count(), mappings)).to_dict()
             return (await resizes.execute(self.stream, self.group, self._count(), mappings,
                                           drain_timeout=self.drain_timeout)).to_dict()

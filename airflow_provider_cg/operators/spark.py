@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
@@ -153,6 +153,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     )
     template_fields_renderers = {"conf": "py", "env_vars": "py"}
     ui_color = UI_COLOR
+    # two of the spark-submit options (all set from SPARK_SUBMIT_OPTIONS) the operator reads itself
+    deploy_mode: str | None
+    py_files: str | None
 
     def __init__(
         self,
@@ -242,6 +245,12 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     def _job_values(self) -> dict[str, Any]:
         return {field: getattr(self, field) for field in JOB_FIELDS}
 
+    @overload
+    def _check(self, rendered: Literal[True]) -> MemberJobSpec: ...
+
+    @overload
+    def _check(self, rendered: Literal[False]) -> None: ...
+
     def _check(self, rendered: bool) -> MemberJobSpec | None:
         """The job's contract over this task's fields (before rendering: what no template
         hides), then the operator's own: ``ConfigError(field, ...)``. Returns the job's spec
@@ -257,7 +266,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             for connection in kind.connections:
                 if connection.required and not getattr(self, connection.param):
                     raise ConfigError(connection.param, f"required for the {kind.name} sink")
-        if self.payload_format == "avro" and (rendered or not templated(self.avro_package)) \
+        if values["payload_format"] == "avro" and (rendered or not templated(self.avro_package)) \
                 and not _MAVEN_COORDINATE.fullmatch(str(self.avro_package or "")):
             raise ConfigError("avro_package", "must be Maven coordinates group:artifact:version")
         v = self.settle_timeout

@@ -109,17 +109,18 @@ class GroupOverflowSensor(BaseSensorOperator):
 
     def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resume after the trigger fired: the payload to XCom, or fail / time out."""
-        status = (event or {}).get("status")
+        event = event or {}
+        status = event.get("status")
         if status == "overflow":
             self._log_hit(event)
-            return event  # type: ignore[return-value]
+            return event
         if status == "timeout":
             raise AirflowSensorTimeout(
                 f"Sensor has timed out after {self.timeout}s: the thresholds were not reached "
-                f"(last figures: pending={event.get('pending')}, ack_pending={event.get('ack_pending')})"  # type: ignore[union-attr]
+                f"(last figures: pending={event.get('pending')}, ack_pending={event.get('ack_pending')})"
             )
         if status == "error":
-            raise AirflowFailException(event.get("error"))  # type: ignore[union-attr]
+            raise AirflowFailException(event.get("error"))
         raise AirflowException(f"unexpected trigger event: {event!r}")
 
     @cached_property

@@ -102,8 +102,8 @@ def measure(status: GroupStatus, member: str | None = None, lag: GroupLag | None
         "partition_problems": {str(p): why for p, why in sorted(status.partition_problems.items()) if p in parts},
     }
     if lag is not None:
-        ages = [m.oldest_pending_age_s for m in lag.members if member is None or m.member == member]
-        ages = [a for a in ages if a is not None]
+        ages = [m.oldest_pending_age_s for m in lag.members
+                if (member is None or m.member == member) and m.oldest_pending_age_s is not None]
         figures["oldest_pending_age_s"] = max(ages) if ages else None
     return figures
 

@@ -95,7 +95,7 @@ def last_landed(servers: list[str]) -> dict[tuple[str, str, str], dict[str, Any]
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
-    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    out: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
     with create_session() as s:
         events = s.scalars(select(AssetEvent).order_by(AssetEvent.timestamp.desc()).limit(LAST_EVENTS)).all()
         for e in events:

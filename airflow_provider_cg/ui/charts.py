@@ -23,7 +23,7 @@ def last_hour_svg(history: dict, now: float, *, width: int = WIDTH, height: int 
              f'role="img" xmlns="http://www.w3.org/2000/svg">']
     now_backlog = backlog[-1][1] if backlog else None
     words = (f"landed {_fmt(sum(landed))} messages in the last hour (at most {_fmt(max(landed))} per 5 min); "
-             + (f"backlog now {_fmt(now_backlog)}, at most {_fmt(max(n for _, n in backlog))} in "
+             + (f"backlog now {_fmt(now_backlog or 0)}, at most {_fmt(max(n for _, n in backlog))} in "
                 f"{len(backlog)} samples" if backlog else "no backlog samples yet"))
     parts.append(f"<title>{words}</title>")
     for i, n in enumerate(landed):

@@ -58,7 +58,7 @@ def bucket_of(at: float, now: float) -> int | None:
     return BUCKETS - 1 - int(age // BUCKET_S)
 
 
-def landed_last_hour(servers: list[str], now: float) -> dict[tuple[str, str, str], list[int]]:
+def landed_last_hour(servers: list[str], now: float) -> dict[tuple[str, str, str | None], list[int]]:
     """Messages landed per 5 minutes over the last hour, per (stream, group, member), from the
     asset events announced through one of ``servers`` (``host:port``)."""
     from airflow.models.asset import AssetEvent
@@ -66,7 +66,7 @@ def landed_last_hour(servers: list[str], now: float) -> dict[tuple[str, str, str
     from sqlalchemy import select
 
     since = datetime.fromtimestamp(now - WINDOW_S, UTC)
-    out: dict[tuple[str, str, str], list[int]] = {}
+    out: dict[tuple[str, str, str | None], list[int]] = {}
     with create_session() as s:
         rows = s.execute(select(AssetEvent.timestamp, AssetEvent.extra).where(AssetEvent.timestamp >= since)
                          .order_by(AssetEvent.timestamp.desc()).limit(MAX_EVENTS)).all()
@@ -78,7 +78,7 @@ def landed_last_hour(servers: list[str], now: float) -> dict[tuple[str, str, str
         b = bucket_of(ts.timestamp(), now)
         if b is None:
             continue
-        key = (x.get("stream"), x.get("group"), x.get("member"))
+        key = (str(x.get("stream")), str(x.get("group")), x.get("member"))
         out.setdefault(key, [0] * BUCKETS)[b] += int(x.get("messages_landed") or 0)
     return out
 

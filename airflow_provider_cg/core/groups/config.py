@@ -771,8 +771,8 @@ def check_change(old: GroupConfig, new: GroupConfig) -> None:
         assert isinstance(new, StaticGroupConfig)
         if len(old.filters) != len(new.filters):
             raise ConfigError("filters", rule)
-        for i, (a, b) in enumerate(zip(old.filters, new.filters, strict=True)):
-            if a != b:
+        for i, (was, now) in enumerate(zip(old.filters, new.filters, strict=True)):
+            if was != now:
                 raise ConfigError(f"filters[{i}]", rule)
         return
     assert isinstance(new, ElasticGroupConfig)

@@ -115,6 +115,8 @@ def member_filters(config: GroupConfig, member: str, layout: str = grouplayout.W
         return []
     filters = list(partitioning.member_filter_subjects(config, member))
     if filters and grouplayout.reads_partition_streams(layout):
+        if wq is None:
+            raise ValueError("the work-queue stream is needed for a member's pin subject")
         return [grouplayout.pin_subject(wq, member)]
     return filters
 

@@ -106,7 +106,7 @@ def parse_mappings(value: Any) -> list:
         cgconfig.validate_name(f"{where}.member", item["member"], "member")
         if not all(isinstance(p, int) and not isinstance(p, bool) for p in item["partitions"]):
             raise ConfigError(f"{where}.partitions", "must be a list of integers")
-        out.append(cgconfig.MemberMapping(member=item["member"], partitions=list(item["partitions"])))
+        out.append(cgconfig.MemberMapping(member=item["member"], partitions=tuple(item["partitions"])))
     return out
 
 

@@ -461,7 +461,7 @@ class GroupReset:
             for m in list(pending):
                 name = consumer_name_of(plan.kind, plan.group, m)
                 c = await self.api.consumer_info(cstream, name)
-                if not pinned_id(c):
+                if c is None or not pinned_id(c):
                     del pending[m]
                     continue
                 await self.api.unpin(cstream, name, priority_group_of(c["config"]) or PRIORITY_GROUP)
@@ -494,7 +494,7 @@ class GroupReset:
         # Backward: stop sourcing; every partition's position, now fixed; purge; re-source from
         # the lowest; each partition purged up to its own position.
         stopped = await sourcing.stop(self.api, wq, {"op": "reset", "target": plan.target})
-        resume_from = stopped.cut + 1  # until the queue is purged, nothing needs sourcing again
+        resume_from: int | None = stopped.cut + 1  # until the queue is purged, nothing needs sourcing again
         try:
             cfg = (await self.groups.get(plan.stream, plan.group)).config
             moved = {c.partitions[0]: c.new for c in plan.changes}

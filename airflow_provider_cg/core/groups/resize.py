@@ -75,14 +75,15 @@ class GroupResize:
         refuse_split_layout(await self.groups.layout(info), "resize", stream, group)
         cfg = info.config
         stopped = await sourcing.current_stop(self.api, cgconfig.work_queue_stream(stream, group))
-        resized = stopped is not None and stopped.intent.get("op") == "resize"
-        if resized and stopped.intent.get("max_members") != max_members:
-            raise ConfigError("max_members", f"a resize to {stopped.intent.get('max_members')} partitions is in "
+        intent = stopped.intent if stopped is not None else {}
+        resized = intent.get("op") == "resize"
+        if resized and intent.get("max_members") != max_members:
+            raise ConfigError("max_members", f"a resize to {intent.get('max_members')} partitions is in "
                               "progress: run it again to finish it first")
         if cfg.max_members == max_members and not resized:
             raise ConfigError("max_members", f"the group has {max_members} partitions already")
-        if mappings is None and resized and stopped.intent.get("mappings") is not None:
-            mappings = stopped.intent["mappings"]
+        if mappings is None and resized and intent.get("mappings") is not None:
+            mappings = intent["mappings"]
         if mappings is not None:
             from airflow_provider_cg.core.groups.membership import parse_mappings
 

@@ -11,6 +11,7 @@ from airflow_provider_cg.core.errors import JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layout as grouplayout
 from airflow_provider_cg.core.groups import partitioning, sourcing
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, member_filters, pin_state
 from airflow_provider_cg.core.groups.store import (
     ELASTIC,
@@ -181,7 +182,7 @@ class GroupObservation(MemberConsumers):
             ts=time.time(),
             layout=layout,
         )
-        if si is not None:
+        if si is not None and isinstance(cfg, ElasticGroupConfig):
             if grouplayout.reads_partition_streams(layout):  # the backlog is in the partition streams
                 partitions.update(await grouplayout.partition_backlog(
                     self.api, wq, range(cfg.max_members), problems=st.partition_problems,
@@ -201,7 +202,7 @@ class GroupObservation(MemberConsumers):
             stopped = sourcing.stopped_state(si.get("config") or {})
             if stopped is not None:
                 st.sourcing_stopped = {**stopped.intent, "cut": stopped.cut}
-        else:
+        elif isinstance(cfg, StaticGroupConfig):
             for f in cfg.filters or [">"]:
                 try:
                     si = await self.api.stream_info(stream, subjects_filter=f if f == ">" else f"*.{f}")

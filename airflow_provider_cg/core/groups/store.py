@@ -6,6 +6,7 @@ elastic group's work-queue stream sourcing the origin, and the names of its memb
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 from dataclasses import dataclass
@@ -184,7 +185,7 @@ class GroupStore:
             grouplayout.check_server(self.nc)
         other = STATIC if kind == ELASTIC else ELASTIC
         try:
-            in_other = await self._read(other, stream, group)
+            in_other = await self._read(other, stream, group) is not None
         except StoredConfigInvalid:
             in_other = True
         if in_other:
@@ -212,7 +213,7 @@ class GroupStore:
                 return await self.create(stream, group, config)
             cgconfig.check_change(existing.config, config)
             info = existing
-        if kind == ELASTIC:
+        if isinstance(info.config, ElasticGroupConfig):
             try:
                 await self._ensure_wq_stream(stream, group, info.config, origin["config"])
                 await self._ensure_layout(info, layout, created)
@@ -344,18 +345,18 @@ class GroupStore:
             raise ConfigError("group", f"{group!r} exists as both a static and an elastic group; give the kind")
         return found[0]
 
-    async def list(self, stream: str | None = None) -> list[tuple[str, str, str]]:
+    async def list(self, stream: str | None = None) -> builtins.list[tuple[str, str, str]]:
         """``(kind, stream, group)`` of every group, optionally of one stream, sorted."""
         if stream is not None:
             cgconfig.validate_name("stream", stream, "stream")
-        out: list[tuple[str, str, str]] = []
+        out: builtins.list[tuple[str, str, str]] = []
         for kind in KINDS:
             for key in await self._keys(kind, stream):
                 s, _, g = key.partition(".")
                 out.append((kind, s, g))
         return sorted(out, key=lambda t: (t[1], t[2], t[0]))
 
-    async def _keys(self, kind: str, stream: str | None = None) -> list[str]:
+    async def _keys(self, kind: str, stream: str | None = None) -> builtins.list[str]:
         """Live keys of a bucket (``<stream>.*`` only, if given).
 
         From the KV stream's per-subject state, not nats-py's ``kv.keys()``: its watcher can

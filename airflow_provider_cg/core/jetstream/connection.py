@@ -225,8 +225,8 @@ class NatsConnectionSettings:
         path = environ.get(ENV_CONFIG_FILE)
         if path:
             try:
-                with open(path, encoding="utf-8") as f:
-                    loaded = json.load(f)
+                with open(path, encoding="utf-8") as fh:
+                    loaded = json.load(fh)
             except OSError as e:
                 raise ValueError(f"{ENV_CONFIG_FILE}: cannot read the file it names ({e.strerror})") from None
             except (UnicodeDecodeError, json.JSONDecodeError):

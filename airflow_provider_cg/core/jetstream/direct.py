@@ -97,7 +97,8 @@ class _Request:
     __slots__ = ("batch", "fut", "status")
 
     def __init__(self, batch: PartitionBatch, fut: asyncio.Future) -> None:
-        self.batch, self.fut, self.status = batch, fut, None
+        self.batch, self.fut = batch, fut
+        self.status: str | None = None
 
 
 def subject_filter(partition: int) -> str:
@@ -154,7 +155,7 @@ class PartitionReader:
             if not req.fut.done():
                 req.fut.set_result(None)
             return
-        req.batch.hdrs.append(hdr)
+        req.batch.hdrs.append(hdr or b"")  # a direct get always has headers
         req.batch.data.append(data)
 
     async def _get(self, batch: PartitionBatch, from_seq: int, count: int, timeout: float) -> None:

@@ -60,7 +60,7 @@ import pyarrow as pa
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
-from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
@@ -104,14 +104,14 @@ class OriginRows:
         self.keys = KeySelector(rules)
         self.owner = {p: m for m, ps in partitioning.assign_partitions(config).items() for p in ps}
         self.filters = [(f, f.split("."), wildcards) for f, wildcards in rules]
-        self.consumer_filters = [f for f, _ in rules] if self.elastic else [f"*.{f}" for f in config.filters]
+        self.consumer_filters = ([f"*.{f}" for f in config.filters] if isinstance(config, StaticGroupConfig)
+                                 else [f for f, _ in rules])
         self._cache: dict[str, tuple[int, str] | None] = {}
 
     def locate(self, stored: str) -> tuple[int, str] | None:
         """(partition, user subject) of a stored origin subject, or None if the group skips it."""
-        hit = self._cache.get(stored, False)
-        if hit is not False:
-            return hit
+        if stored in self._cache:
+            return self._cache[stored]
         out: tuple[int, str] | None = None
         if not self.elastic:
             head, _, rest = stored.partition(".")

@@ -166,7 +166,8 @@ class SinkOptions:
     def of(cls, values: Any) -> SinkOptions:
         """The sink options of a ``MemberJobSpec`` (or any object or mapping carrying them)."""
         get = values.get if isinstance(values, Mapping) else (lambda k: getattr(values, k, None))
-        return cls(**{f.name: get(f.name) for f in dataclasses.fields(cls) if get(f.name) is not None})
+        given: dict[str, Any] = {f.name: get(f.name) for f in dataclasses.fields(cls) if get(f.name) is not None}
+        return cls(**given)
 
     @classmethod
     def build(cls, values: Mapping[str, Any]) -> SinkOptions:
@@ -635,8 +636,9 @@ class Summary:
 
     @classmethod
     def failed(cls, spec: MemberJobSpec | None, exit_code: int, error: str) -> Summary:
-        return cls(getattr(spec, "stream", None), getattr(spec, "group", None), getattr(spec, "member", None),
-                   result=RESULT_FAILED, exit_code=exit_code, error=error)
+        stream: Any = getattr(spec, "stream", None)  # None when the spec itself was refused
+        group: Any = getattr(spec, "group", None)
+        return cls(stream, group, getattr(spec, "member", None), result=RESULT_FAILED, exit_code=exit_code, error=error)
 
     @property
     def messages_landed(self) -> int:

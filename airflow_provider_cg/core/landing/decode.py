@@ -106,6 +106,8 @@ class SparkDecoder:
             except Exception as e:  # the parser's message names the token
                 first = (str(e).strip().splitlines() or [""])[0]
                 raise ConfigError("json_schema", f"not a valid Spark DDL schema: {first[:300]}") from None
+            if not isinstance(ddl, StructType):
+                raise ConfigError("json_schema", "must be the payload's fields, e.g. 'id BIGINT, amount DOUBLE'")
             self._fields = [f.name for f in ddl.fields]
             self._required = [f.name for f in ddl.fields if not f.nullable]
             self._json_schema = StructType([StructField(f.name, f.dataType, True) for f in ddl.fields]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from airflow_provider_cg.core.errors import JetStreamApiError
 from airflow_provider_cg.core.jetstream.direct import (
@@ -49,7 +50,8 @@ class PartitionPositions:
     origin = None  # rows name their origin from the sourcing header
     only = None  # every message read is the member's
 
-    def __init__(self, reader: PartitionReader, partitions, max_members: int, filters: list[str]) -> None:
+    def __init__(self, reader: PartitionReader | PartitionStreamReaders, partitions, max_members: int,
+                 filters: list[str]) -> None:
         self.reader = reader
         owns_all = set(partitions) == set(range(max_members))
         self.starts = {ALL: 0} if owns_all else {p: 0 for p in partitions}
@@ -248,10 +250,12 @@ class DirectReads:
                 await self.run.await_landing(landing)
             keeper.cancel()
 
-    async def _next(self, count: int) -> tuple[list[PartitionBatch], int | None]:
+    async def _next(self, count: int) -> tuple[list[Any], int | None]:
+        """The next batch to land: the messages read (``PartitionBatch``), or for the executor
+        path the ranges planned (``ReadRange``); and the cut it ends at."""
         return await self.positions.read(count)
 
-    async def _land(self, batches: list[PartitionBatch], cut, after: asyncio.Task | None = None) -> None:
+    async def _land(self, batches: list[Any], cut, after: asyncio.Task | None = None) -> None:
         """One batch read by direct gets: its rows and processing, then (once the batch
         ``after`` has landed) the two-phase steps with the ack of the range read. Nothing of
         it is prepared if ``after`` failed or was taken over."""

@@ -36,7 +36,7 @@ class ExecutorReads(DirectReads):
         super().__init__(run, positions)
         self.parallelism = max(1, parallelism)
 
-    async def _next(self, count: int) -> tuple[list[ReadRange], int]:
+    async def _next(self, count: int) -> tuple[list[ReadRange], int | None]:
         return await self.positions.plan(count)
 
     def _plan(self, ranges: list[ReadRange], skip: np.ndarray | None) -> str:

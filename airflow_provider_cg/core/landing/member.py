@@ -25,6 +25,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Sequence
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.groups import layout as grouplayout
@@ -92,6 +93,9 @@ class MemberRun:
     """State of one member job run (one pinned client, one sink, one summary)."""
 
     def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, pipeline, js_prefix: str) -> None:
+        if options.member is None:  # the contract requires it unless backfilling (``backfill.py``)
+            raise ConfigError("member", "required")
+        self.member: str = options.member
         self.nc, self.sink, self.options, self.pipeline = nc, sink, options, pipeline
         self.summary = Summary(options.stream, options.group, options.member)
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
@@ -101,8 +105,8 @@ class MemberRun:
         self.taken = 0  # messages pulled and not handed back (nak) so far
         self.batch_seq = int(time.time() * 1000)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
-        self.owner = f"{options.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
-        self.lander = TwoPhaseLander(sink, self.summary, options.stream, options.group, options.member)
+        self.owner = f"{self.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
+        self.lander = TwoPhaseLander(sink, self.summary, options.stream, options.group, self.member)
         self.lander.holds_pin = self.still_pinned
         self.batch_size = options.batch_size  # lowered to fit an existing consumer's max_ack_pending
         self.consumer_ack_wait = options.consumer_ack_wait(True)  # the consumer's own (it may predate this run)
@@ -115,15 +119,15 @@ class MemberRun:
         o = self.options
         group = await self.groups.get(o.stream, o.group)
         self.config = group.config
-        if not in_membership(self.config, o.member):
-            raise ConfigError("member", f"{o.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
+        if not in_membership(self.config, self.member):
+            raise ConfigError("member", f"{self.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
         elastic = isinstance(self.config, ElasticGroupConfig)
         self.ack_wait = o.consumer_ack_wait(elastic)
         layout = await self.groups.layout(group)
         # As orbit creates it (an orbit instance of the member then shares it through the pin);
         # an existing one is used as it is.
         self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
-            o.stream, o.group, o.member, ack_wait=self.ack_wait, layout=layout,
+            o.stream, o.group, self.member, ack_wait=self.ack_wait, layout=layout,
             max_ack_pending=o.max_ack_pending or (None if elastic else static_max_ack_pending(self.batch_size)),
         )
         existing = await self.api.consumer_info(self.consumer_stream, consumer)
@@ -131,9 +135,9 @@ class MemberRun:
             raise ConsumerGone(404, "member consumer deleted right after it was ensured")
         self.priority_group = priority_group_of(existing.get("config") or {}) or PRIORITY_GROUP
         self.sourced = isinstance(self.config, ElasticGroupConfig)
-        self.partitions = tuple(partitioning.member_partitions(self.config, o.member))
+        self.partitions = tuple(partitioning.member_partitions(self.config, self.member))
         self.lander.partition_count = self.config.max_members
-        self.filters = partitioning.member_filter_subjects(self.config, o.member)
+        self.filters = partitioning.member_filter_subjects(self.config, self.member)
         self.reader: PartitionReader | PartitionStreamReaders | None = None
         self.split = grouplayout.reads_partition_streams(layout)
         self.mirrored = layout == grouplayout.PARTITION_STREAMS  # draining back: the mirrors are stopped
@@ -154,7 +158,7 @@ class MemberRun:
             else:
                 self.slow_path = ("the server cannot move a static member's durable (nats-server 2.14+ can): "
                                   "upgrade it for batched reads several times faster")
-            log.warning("cg member=%s reads through the consumer, the slow path: %s", o.member, self.slow_path)
+            log.warning("cg member=%s reads through the consumer, the slow path: %s", self.member, self.slow_path)
         self.key_rules = partitioning.key_rules(self.config)
         self.keys = KeySelector(self.key_rules)
         self.client = PriorityClient(self.nc, self.consumer_stream, consumer, self.priority_group)
@@ -166,7 +170,7 @@ class MemberRun:
     # --- the run ---------------------------------------------------------------------------
 
     async def run(self) -> Summary:
-        o, s = self.options, self.summary
+        s = self.summary
         rejoins = 0
         try:
             while True:
@@ -182,19 +186,19 @@ class MemberRun:
                     # joins again while its standby time lasts; one that has none is revoked.
                     if rejoins < MAX_REJOINS and await self._may_rejoin():
                         rejoins += 1
-                        log.info("cg member=%s: member consumer deleted (%s); joining again", o.member,
+                        log.info("cg member=%s: member consumer deleted (%s); joining again", self.member,
                                  e.description)
                         await self._close_assignment()
                         await asyncio.sleep(min(0.2 * rejoins, 1.0))
                         continue
                     s.result, s.stop_reason = RESULT_REVOKED, f"member consumer deleted ({e.description})"
-                    log.info("cg member=%s: %s", o.member, s.stop_reason)
+                    log.info("cg member=%s: %s", self.member, s.stop_reason)
                     return s
                 if self.revoked is None:
                     return s
                 if not await self._hand_over():
                     return s
-                log.info("cg member=%s: continuing with partitions %s", o.member, self.partitions)
+                log.info("cg member=%s: continuing with partitions %s", self.member, self.partitions)
         finally:
             s.duration_s = round(time.monotonic() - self.started, 3)
             self.progress.tick(force=True)
@@ -248,7 +252,7 @@ class MemberRun:
                     await self.client.ack(m)
             pinned = await self.client.consumer_info()  # the consumer as this run was pinned on it
             self.pinned_consumer_created = pinned.get("created")
-            log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", o.member, s.pin_id,
+            log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", self.member, s.pin_id,
                      self.owner, s.target, list(self.partitions))
             # fencing and recovery can take longer than the consumer's priority timeout or
             # inactivity threshold (orbit's: the ack wait, 5 s): keep the pin meanwhile
@@ -259,7 +263,7 @@ class MemberRun:
                 keeper.cancel()
             if isinstance(reads, DirectReads) and not await reads.positions.begin(first, pinned):
                 self.slow_path = getattr(reads.positions, "declined", None) or "the durable cannot be read directly"
-                log.warning("cg member=%s reads through the consumer this run, the slow path: %s", o.member,
+                log.warning("cg member=%s reads through the consumer this run, the slow path: %s", self.member,
                             self.slow_path)
                 reads = ConsumerReads(self)
                 reads.fit_batch_to(info)
@@ -293,8 +297,10 @@ class MemberRun:
 
     def _positions(self, consumer: str) -> PartitionPositions | PartitionStreamPositions | ConsumerPosition:
         """Where a direct-get reader of this member reads from, and how it acks a range."""
-        if self.split:
+        if isinstance(self.reader, PartitionStreamReaders):
             return PartitionStreamPositions(self.reader, self.partitions)
+        if self.reader is None:
+            raise ConsumerGroupError("no reader: the member's assignment is closed")
         if self.sourced:
             return PartitionPositions(self.reader, self.partitions, self.config.max_members, self.filters)
         only, subjects = None, list(self.filters)
@@ -316,13 +322,13 @@ class MemberRun:
                 self.revoked = "group deleted"
                 return
             except Exception as e:  # a server restart, a timeout: look again later
-                log.debug("cg member=%s: membership check failed (%s)", o.member, e)
+                log.debug("cg member=%s: membership check failed (%s)", self.member, e)
                 continue
-            now = partitioning.member_filter_subjects(cfg, o.member) if in_membership(cfg, o.member) else []
+            now = partitioning.member_filter_subjects(cfg, self.member) if in_membership(cfg, self.member) else []
             if sorted(now) != sorted(self.filters):
                 self.revoked = f"membership changed (partitions {list(self.partitions)} -> " \
-                               f"{partitioning.member_partitions(cfg, o.member) if now else []})"
-                log.info("cg member=%s: %s; finishing the batch in flight", o.member, self.revoked)
+                               f"{partitioning.member_partitions(cfg, self.member) if now else []})"
+                log.info("cg member=%s: %s; finishing the batch in flight", self.member, self.revoked)
                 return
 
     async def _may_rejoin(self) -> bool:
@@ -334,7 +340,7 @@ class MemberRun:
             cfg = (await self.groups.get(o.stream, o.group)).config
         except GroupNotFound:
             return False
-        return in_membership(cfg, o.member) and bool(partitioning.member_partitions(cfg, o.member))
+        return in_membership(cfg, self.member) and bool(partitioning.member_partitions(cfg, self.member))
 
     async def _hand_over(self) -> bool:
         """After a membership change stopped the read loops (the batch in flight landed): as
@@ -342,7 +348,7 @@ class MemberRun:
         with the new filters (the partitions it lost are then free for their new owners).
         Returns True to go on with the member's new partitions."""
         o, s = self.options, self.summary
-        s.stop_reason = self.revoked
+        s.stop_reason = self.revoked or ""
         holds = not self.lander.taken_over and await self.client.holds_pin()
         consumer = self.client.consumer
         await self._close_assignment()
@@ -357,7 +363,7 @@ class MemberRun:
             cfg = (await self.groups.get(o.stream, o.group)).config
         except GroupNotFound:
             cfg = None
-        if cfg is None or not in_membership(cfg, o.member) or not partitioning.member_partitions(cfg, o.member):
+        if cfg is None or not in_membership(cfg, self.member) or not partitioning.member_partitions(cfg, self.member):
             if not s.messages_read:
                 s.result = RESULT_REVOKED
             return False
@@ -367,7 +373,9 @@ class MemberRun:
 
     async def _close_assignment(self) -> None:
         client, reader = getattr(self, "client", None), getattr(self, "reader", None)
-        self.client = self.reader = None
+        self.reader = None
+        if hasattr(self, "client"):
+            del self.client  # a new assignment opens its own
         if client is not None:
             await client.close()
         if reader is not None:
@@ -386,7 +394,7 @@ class MemberRun:
         try:
             info = await client.consumer_info()
         except Exception as e:  # noqa: BLE001 - any doubt (gone included) means: do not ack
-            log.warning("cg member=%s: could not confirm the pin before the ack (%s)", self.options.member, e)
+            log.warning("cg member=%s: could not confirm the pin before the ack (%s)", self.member, e)
             return False
         if info.get("created") != self.pinned_consumer_created:
             return False
@@ -402,7 +410,7 @@ class MemberRun:
                 return
             await self.client.unpin()
         except ConsumerGroupError as e:
-            log.info("cg member=%s: pin not released (%s); it expires with the priority timeout", self.options.member, e)
+            log.info("cg member=%s: pin not released (%s); it expires with the priority timeout", self.member, e)
 
     async def _take_over(self) -> set[int]:
         """As the new pin holder, before landing anything: fence the member's partitions in the
@@ -411,7 +419,7 @@ class MemberRun:
         writes = await self.lander.take_over(self.owner, self.partitions)
         return {int(q) for w in writes for q in w.refs.get(self.consumer_stream, ())}
 
-    async def await_landing(self, landing: asyncio.Task, held: list = ()) -> None:
+    async def await_landing(self, landing: asyncio.Task, held: Sequence = ()) -> None:
         """Wait for a batch to land, keeping the pin alive meanwhile (a sink write can take
         longer than the consumer's priority timeout, e.g. behind row locks), and the landing
         batch's and the next (``held``) batch's messages in progress (+WPI): an adopted
@@ -422,7 +430,7 @@ class MemberRun:
             if done:
                 return landing.result()
             if not await self.client.keep_pin():
-                log.warning("cg member=%s: pin moved while a batch was landing", self.options.member)
+                log.warning("cg member=%s: pin moved while a batch was landing", self.member)
                 continue
             for m in [*self.landing_msgs, *held]:
                 await self.client.in_progress(m)
@@ -431,7 +439,7 @@ class MemberRun:
         """Pull as a standby until the server pins us (messages arrive) or the timeout passes."""
         o = self.options
         deadline = self.pin_wait_from + o.standby_timeout
-        log.info("cg member=%s: waiting up to %.0fs for the pin", o.member, max(0.0, deadline - time.monotonic()))
+        log.info("cg member=%s: waiting up to %.0fs for the pin", self.member, max(0.0, deadline - time.monotonic()))
         while time.monotonic() < deadline and self.revoked is None:
             expires = max(0.5, min(5.0, self.pull_expires_max, deadline - time.monotonic()))
             # reading by direct gets, the pin is all this pull is for
@@ -458,10 +466,10 @@ class MemberRun:
         try:
             info = await self.client.consumer_info()
             if int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0) == 0:
-                await self.nc.request(grouplayout.pin_subject(self.consumer_stream, self.options.member),
+                await self.nc.request(grouplayout.pin_subject(self.consumer_stream, self.member),
                                       b"", timeout=5.0, headers={"Cg-Pin-Anchor": self.owner})
         except Exception as e:  # noqa: BLE001 - the next round tries again
-            log.debug("cg member=%s: pin anchor not published (%s)", self.options.member, e)
+            log.debug("cg member=%s: pin anchor not published (%s)", self.member, e)
 
     def limit_reached(self) -> str | None:
         o, s = self.options, self.summary
@@ -494,7 +502,7 @@ class MemberRun:
                 raise ConsumerGroupError(
                     f"partition {p}'s stream {grouplayout.partition_stream(self.consumer_stream, p)} is not current: "
                     f"{why}; nothing of it can be landed until the cluster serves it again (cg status shows it)")
-            log.warning("cg member=%s: partition streams not current (%s); waiting", self.options.member,
+            log.warning("cg member=%s: partition streams not current (%s); waiting", self.member,
                         "; ".join(f"{grouplayout.partition_stream(self.consumer_stream, p)}: {why}"
                                   for p, why in sorted(problems.items())))
             await asyncio.sleep(1.0)
@@ -505,7 +513,7 @@ class MemberRun:
         while True:
             await asyncio.sleep(interval)
             if not await self.client.keep_pin():
-                log.warning("cg member=%s: the pin moved to another instance", self.options.member)
+                log.warning("cg member=%s: the pin moved to another instance", self.member)
                 return
 
     # --- one batch -------------------------------------------------------------------------
@@ -513,7 +521,7 @@ class MemberRun:
     def next_batch_id(self) -> BatchId:
         o = self.options
         self.batch_seq += 1
-        return BatchId(o.stream, o.group, o.member, self.batch_seq)
+        return BatchId(o.stream, o.group, self.member, self.batch_seq)
 
     def rows_of(self, table):
         """Rows as read, under the key of the origin's life (``stream_life.py``)."""

@@ -42,7 +42,7 @@ try:  # PySpark 4.0+; a driver without it never plans executor reads
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 except ImportError:  # pragma: no cover - the member job refuses --read executors first
     DataSource = DataSourceReader = object  # type: ignore[assignment,misc]
-    InputPartition = None  # type: ignore[assignment]
+    InputPartition = None  # type: ignore[assignment,misc]
 
 SOURCE_NAME = "cg_nats_ranges"
 #: in the message of a task that could not read (the driver reports it as a server error)

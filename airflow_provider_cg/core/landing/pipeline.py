@@ -230,7 +230,8 @@ class SparkPipeline:
         if isinstance(staged, RoutedRows):
             self._record_inputs(sink, staged, good_inputs, extra)
             return ProcessedBatch(staged, bad, None, skipped)
-        keys = {s: np.asarray(q, dtype=np.int64) for s, q in keys_by_stream(good_inputs).items()}
+        keys: dict[str, np.ndarray] | None = {s: np.asarray(q, dtype=np.int64)
+                                               for s, q in keys_by_stream(good_inputs).items()}
         if not self._transforms(staged):
             keys = None  # decoded rows in the driver are one per message: the sink dedupes them as rows
         return ProcessedBatch(staged, bad, keys, skipped)
@@ -316,10 +317,10 @@ class SparkPipeline:
                                              "computed (another writer of the same messages?)")
                 retries += 1
                 skip = np.union1d(skip, seqs[everywhere])
-                for name, keys in more.items():
-                    mine = extra.setdefault(name, {})
-                    for st, q in keys.items():
-                        mine[st] = np.union1d(mine.get(st, np.zeros(0, np.int64)), q)
+                for name, committed in more.items():
+                    theirs = extra.setdefault(name, {})
+                    for st, q in committed.items():
+                        theirs[st] = np.union1d(theirs.get(st, np.zeros(0, np.int64)), q)
                 log.info("cg batch %s: %d of its inputs are committed already; computing it without them",
                          batch_id.gid, int(everywhere.sum()) + sum(len(q) for k in more.values() for q in k.values()))
             bad = {i: str(e) for i, e in enumerate(read.poison.column(ERROR).to_pylist())}
@@ -334,10 +335,8 @@ class SparkPipeline:
                     part.landed = keys if self._transforms(part.rows) else \
                         {st: np.sort(q) for st, q in keys_by_stream(part.rows).items()}
                 return ProcessedBatch(staged, bad, None, len(skip)), read
-            keys = {origin_stream: good}
-            if not self._transforms(staged):
-                keys = None
-            return ProcessedBatch(staged, bad, keys, len(skip)), read
+            landed: dict[str, np.ndarray] | None = {origin_stream: good} if self._transforms(staged) else None
+            return ProcessedBatch(staged, bad, landed, len(skip)), read
 
     def _read_ranges(self, sink: TwoPhaseSink, plan: str, batch_id: BatchId, partitions: tuple[int, ...],
                      origin_stream: str, refused: dict[int, str], extra: dict[str, dict[str, np.ndarray]]):
@@ -378,7 +377,7 @@ class SparkPipeline:
             at = {(origin_stream, int(q)): int(q) for q in inputs.column("origin_seq").to_pylist()}
             found = _refused_inputs(metrics, at, refused)
         routed_inputs = None
-        if per_route:
+        if per_route and routes is not None:
             routed_inputs = {r.name: np.sort(np.asarray(json.loads(metrics[f"in_{i}"] or "[]"), dtype=np.int64))
                              for i, r in enumerate(routes.routes)}
         return staged, read, found, routed_inputs
@@ -564,6 +563,8 @@ def _marked(decoded, row, refused: dict[int, str]):
     for why, ns in by_reason.items():
         hit = row.isin(ns)
         reason = F.when(hit, F.lit(why)) if reason is None else reason.when(hit, F.lit(why))
+    if reason is None:
+        return decoded
     return decoded.withColumn(ERROR, F.coalesce(F.col(ERROR), reason))
 
 
@@ -614,6 +615,8 @@ def _excluding(frame, keys: dict[str, np.ndarray]):
             for first, last in runs:
                 one = F.col("origin_seq").between(first, last)
                 hit = one if hit is None else hit | one
+            if hit is None:
+                continue
             frame = frame.where(~((F.col("origin_stream") == F.lit(stream)) & hit))
         else:
             spark = frame.sparkSession

@@ -90,7 +90,7 @@ def ranges(parts: Sequence[int]) -> str:
     if not ps:
         return "-"
     out, start, prev = [], ps[0], ps[0]
-    for p in ps[1:] + [None]:  # type: ignore[list-item]
+    for p in [*ps[1:], None]:
         if p is not None and p == prev + 1:
             prev = p
             continue
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="block: re-distribute contiguous blocks (orbit's members); sticky: move only the "
                             "partitions that must move (stored as orbit's member_mappings)")
     p = cmd("mapping", "set or remove explicit member -> partitions mappings (elastic)")
-    msub = p.add_subparsers(dest="mapping_command", metavar="{set,rm}", parser_class=_Parser)
+    msub: Any = p.add_subparsers(dest="mapping_command", metavar="{set,rm}", parser_class=_Parser)
     msub.required = True
     sg(msub.add_parser("set", help="set the mappings", parents=[common])).add_argument("mappings", metavar="JSON")
     sg(msub.add_parser("rm", help="remove the mappings", parents=[common]))
@@ -430,15 +430,7 @@ def cmd_plan(args, out: TextIO) -> int:
 
 def _moves(old: dict[str, list[int]], new: dict[str, list[int]]) -> list[dict[str, Any]]:
     """Normalised ``plan_moves`` output: ``[{"partition", "from", "to"}]`` sorted by partition."""
-    moves = []
-    for mv in partitioning.plan_moves(old, new):
-        if isinstance(mv, dict):
-            p, a, b = mv["partition"], mv.get("from"), mv.get("to")
-        elif hasattr(mv, "partition"):
-            p, a, b = mv.partition, getattr(mv, "from_member", None), getattr(mv, "to_member", None)
-        else:
-            p, a, b = mv
-        moves.append({"partition": p, "from": a, "to": b})
+    moves = [{"partition": p, "from": a, "to": b} for p, a, b in partitioning.plan_moves(old, new)]
     return sorted(moves, key=lambda m: m["partition"])
 
 
@@ -607,8 +599,8 @@ async def _online(args, out: TextIO) -> int:
             _emit(args, data, _describe(info, states), out)
         elif c == "ls":
             groups = await cg.list(args.stream)
-            data = [{"kind": k, "stream": s, "group": g} for k, s, g in groups]
-            _emit(args, data, table(["KIND", "STREAM", "GROUP"], groups) if groups else "no consumer groups", out)
+            listed = [{"kind": k, "stream": s, "group": g} for k, s, g in groups]
+            _emit(args, listed, table(["KIND", "STREAM", "GROUP"], groups) if groups else "no consumer groups", out)
         elif c == "rm":
             info = await cg.delete(args.stream, args.group, args.kind, force=args.force)
             _emit(args, {"deleted": True, "kind": info.kind, "stream": args.stream, "group": args.group},
@@ -671,11 +663,11 @@ async def _online(args, out: TextIO) -> int:
 
             resizes = GroupResize(nc, js_prefix=args.js_prefix)
             if args.execute:
-                plan = await resizes.execute(args.stream, args.group, args.max_members, args.mappings,
-                                             drain_timeout=args.drain_timeout)
+                resize = await resizes.execute(args.stream, args.group, args.max_members, args.mappings,
+                                               drain_timeout=args.drain_timeout)
             else:
-                plan = await resizes.plan(args.stream, args.group, args.max_members, args.mappings)
-            _emit(args, plan.to_dict(), resize_text(plan), out)
+                resize = await resizes.plan(args.stream, args.group, args.max_members, args.mappings)
+            _emit(args, resize.to_dict(), resize_text(resize), out)
         elif c == "reconcile":
             done = await cg.reconcile(args.stream, args.group)
             _emit(args, done, f"deleted: {', '.join(done['deleted']) or '-'}\n"
@@ -776,7 +768,7 @@ def _lag_text(lag, commits: dict | None = None) -> str:
         lines.append(f"NOT CURRENT:  partition {p}'s stream: {why} (its backlog is not known)")
     if lag.unassigned_partitions:
         lines.append(f"unassigned:   partitions {ranges(lag.unassigned_partitions)}")
-    rows = [(m.member, ranges(m.partitions), m.backlog, m.num_ack_pending, _age(m.oldest_pending_age_s),
+    rows: list[tuple[Any, ...]] = [(m.member, ranges(m.partitions), m.backlog, m.num_ack_pending, _age(m.oldest_pending_age_s),
              m.pin_holder or "-", m.pinned_since or "-") for m in lag.members]
     headers = ["MEMBER", "PARTITIONS", "BACKLOG", "IN_FLIGHT", "OLDEST_PENDING", "PINNED", "SINCE"]
     if commits is not None:

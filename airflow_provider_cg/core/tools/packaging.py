@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def build_core_zip(dest: str | os.PathLike) -> Path:
     return dest
 
 
-def ship_module(module: str, dest_dir: str | os.PathLike, search: list[str | os.PathLike] = ()) -> Path:
+def ship_module(module: str, dest_dir: str | os.PathLike, search: Sequence[str | os.PathLike] = ()) -> Path:
     """What ``--py-files`` needs for the top-level package or module of ``module`` (the
     transformation's): a zip of the package (rebuilt when a source changes), or the ``.py``
     file of a plain module; looked up on ``sys.path``, then in ``search`` (e.g. the DAG's

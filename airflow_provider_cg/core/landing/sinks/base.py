@@ -381,7 +381,7 @@ def normalize_refs(message_refs: MessageRefs) -> dict[str, np.ndarray]:
         if refs:
             streams, seqs = zip(*refs, strict=True)
             if len(set(streams)) == 1:
-                grouped[streams[0]] = seqs
+                grouped[streams[0]] = list(seqs)
             else:
                 for s, q in refs:
                     grouped.setdefault(s, []).append(q)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -66,8 +67,8 @@ class DeltaLakeSink(TableSink):
         super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval,
                          target_file_size=target_file_size)
         self.uri = store.uri()
-        self._dt = None
-        self.partitioning = self._table_partitioning(partitioning)
+        self._dt: Any = None  # deltalake.DeltaTable once the table exists
+        self.partitioning: Partitioning | None = self._table_partitioning(partitioning)
         self.merge = merge
 
     def _table_partitioning(self, asked: Partitioning | None) -> Partitioning | None:
@@ -186,7 +187,7 @@ class DeltaLakeSink(TableSink):
                 return  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             part = self.partitioning
-            actions = [AddAction(f.path, f.size, part.delta_values(f.partition) if part else {}, now, True,
+            actions = [AddAction(f.path, f.size, part.delta_values(f.partition or []) if part else {}, now, True,
                                  stats_json(f.stats)) for f in files]
             props = self._properties(record, now, 10, **{"cg.rows": str(record["rows_written"])})
             dt.create_write_transaction(actions, "append", pa.schema(dt.schema().to_arrow()), commit_properties=props,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -145,7 +146,8 @@ class IcebergSink(TableSink):
         self.settings = ObjectStoreSettings.from_env()
         self.catalog = open_catalog(catalog_uri, warehouse, self.settings, catalog_name)
         tbl = self._load()
-        self.partitioning, self.merge = partitioning, merge
+        self.partitioning: Partitioning | None = partitioning
+        self.merge = merge
         if tbl is not None:
             self.partitioning = _table_partitioning(tbl, partitioning, self.identifier)
             location = tbl.location()
@@ -338,7 +340,7 @@ def _append_partitioned(tx, files: list[tuple[str, DataFile]], summary: dict[str
         for uri, f in files:
             stats = data_file_statistics_from_parquet_metadata(f.metadata, plan, mapping)
             key = PartitionKey(field_values=[PartitionFieldValue(field=pf, value=v)
-                                             for pf, v in zip(spec.fields, f.partition, strict=True)],
+                                             for pf, v in zip(spec.fields, f.partition or [], strict=True)],
                                partition_spec=spec, schema=schema)
             append.append_data_file(IcebergDataFile.from_args(
                 content=DataFileContent.DATA, file_path=uri, file_format=FileFormat.PARQUET,
@@ -350,12 +352,13 @@ def _keys_filter(rows: pa.Table, keys: tuple[str, ...]):
     """A pyiceberg row filter matching the keys of ``rows``."""
     from functools import reduce
 
-    from pyiceberg.expressions import And, EqualTo, In, Or
+    import pyiceberg.expressions
 
+    ex: Any = pyiceberg.expressions  # (their classes take (term, value) positionally; the types say keywords)
     if len(keys) == 1:
-        return In(keys[0], set(rows.column(keys[0]).to_pylist()))
-    each = [reduce(And, [EqualTo(k, r[k]) for k in keys]) for r in rows.select(list(keys)).to_pylist()]
-    return reduce(Or, each)
+        return ex.In(keys[0], set(rows.column(keys[0]).to_pylist()))
+    each = [reduce(ex.And, [ex.EqualTo(k, r[k]) for k in keys]) for r in rows.select(list(keys)).to_pylist()]
+    return reduce(ex.Or, each)
 
 
 def _newer_than_table(tbl, latest: pa.Table, keys: tuple[str, ...]):

@@ -61,6 +61,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import numpy as np
@@ -114,6 +115,9 @@ from airflow_provider_cg.core.landing.sinks.protocol_log import (
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage, Storage
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
+
 STAGING_DIR = "_cg_staging"
 MANIFEST = "prepared.json"
 SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
@@ -155,7 +159,7 @@ class LakeSink(TwoPhaseSink):
     #: Parquet statistics for every column (table formats read them), or only the key columns
     ALL_STATISTICS = False
     #: the table's partitioning (``partitioning.py``): each data file then holds one partition
-    partitioning = None
+    partitioning: Partitioning | None = None
     #: the log's checkpoints keep the folded commits' files (the Parquet dataset is read from them)
     KEEPS_FILES = False
 
@@ -347,8 +351,8 @@ class LakeSink(TwoPhaseSink):
             # batch's input keys are what is recorded as committed
             if not staged and not isinstance(table, pa.Table):
                 raise SinkError(f"expected a pyarrow.Table, got {type(table).__name__}")
-            rows_in = sum(n for _, n in table.files) if staged else table.num_rows
-            keys = {s: sorted_unique(np.asarray(q, dtype=np.int64)) for s, q in input_keys.items() if len(q)}
+            rows_in = sum(n for _, n in table.files) if isinstance(table, StagedFiles) else table.num_rows
+            keys = {s: sorted_unique(np.asarray(q, dtype=np.int64)) for s, q in (input_keys or {}).items() if len(q)}
         else:
             table = conform_table(table)
             rows_in = table.num_rows
@@ -362,7 +366,7 @@ class LakeSink(TwoPhaseSink):
                 masks = self._dup_masks(keys, 0)
             if masks:
                 table, keys = _without(table, keys, masks)
-        if not staged and table.num_rows:
+        if not isinstance(table, StagedFiles) and table.num_rows:
             table = self.storable(table)
             self.check_schema(table.schema)
             if self.merge is not None and self.refusals(table):  # the pipeline takes them out first
@@ -377,12 +381,12 @@ class LakeSink(TwoPhaseSink):
                 self.store.start_dir(staging)
             except FileExistsError:
                 raise SinkError(f"batch {batch_id.gid} is already prepared") from None
-        manifest = {
+        manifest: dict[str, Any] = {
             "v": 1,
             "gid": batch_id.gid,
             "batch": batch_id.to_dict(),
             "rows": rows_in,
-            "dropped": 0 if staged else rows_in - table.num_rows,
+            "dropped": 0 if isinstance(table, StagedFiles) else rows_in - table.num_rows,
             "file": None,
             "files": [],
             "keys": {},
@@ -439,7 +443,7 @@ class LakeSink(TwoPhaseSink):
         partitioned table, each split in row order into files of at most ``target_file_size``
         (``parquet_files.py``). Returns (name, rows) of each, in the rows' order."""
         parts = self.partitioning.split(table) if self.partitioning is not None else [table]
-        out = []
+        out: list[tuple[str, int]] = []
         for part in parts:
             for data, rows in self._parquet_files(part.schema, self.target_file_size).files(part):
                 name = f"{stem}-{len(out):05d}.parquet"

@@ -139,7 +139,7 @@ def _hex(arr: pa.Array) -> pa.Array:
     ]
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
     start, end = int(offsets[0]), int(offsets[-1])
-    hexed = binascii.hexlify(memoryview(data[start:end]))
+    hexed = binascii.hexlify(data[start:end].data)
     new_offsets = (offsets.astype(np.int64) - start) * 2
     out = pa.LargeStringArray.from_buffers(len(arr), pa.py_buffer(new_offsets), pa.py_buffer(hexed))
     if arr.null_count:

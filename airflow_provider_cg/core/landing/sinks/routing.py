@@ -114,7 +114,8 @@ class Routes:
                 raise ConfigError(f, f"with routes, each route names its own table (routes.<route>.{f})")
         inherited = {f.name: getattr(top, f.name) for f in dataclasses.fields(SinkOptions)
                      if f.name not in (*LOCATION_FIELDS, *ROUTING_FIELDS) and getattr(top, f.name) is not None}
-        routes, tables = [], {}
+        routes: list[Route] = []
+        tables: dict[tuple, str] = {}
         for name, entry in entries.items():
             where = f"routes.{name}"
             if not isinstance(name, str) or not ROUTE_NAME.match(name):
@@ -283,8 +284,9 @@ class RoutedSink(TwoPhaseSink):
                 for i, why in self.sinks[name].refusals(table.take(pa.array(rows))).items():
                     out.setdefault(int(rows[i]), why)
         values = table.column(self.routes.route_by) if self.routes.route_by else None
-        for i in np.flatnonzero(~taken):
-            out.setdefault(int(i), self.routes.unrouted_reason(values[int(i)].as_py() if values is not None else None))
+        for unrouted in np.flatnonzero(~taken):
+            at = int(unrouted)
+            out.setdefault(at, self.routes.unrouted_reason(values[at].as_py() if values is not None else None))
         return out
 
     def refusal_column(self, columns: list[str]):

@@ -19,9 +19,11 @@ import abc
 import os
 import secrets
 import shutil
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
@@ -45,8 +47,8 @@ class ObjectStoreSettings:
     session_token: str | None = field(default=None, repr=False)
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> ObjectStoreSettings:
-        env = os.environ if env is None else env
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ObjectStoreSettings:
+        env = os.environ if environ is None else environ
         endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
         if endpoint and urlsplit(endpoint).scheme not in ("http", "https"):
             raise ConfigError("AWS_ENDPOINT_URL", f"must be an http:// or https:// URL (got {endpoint!r})")
@@ -272,8 +274,8 @@ class ObjectStorage(Storage):
 
         from obstore.store import S3Store
 
-        opts = dict(self.settings.object_store_options())
-        client = {"allow_http": opts.pop("allow_http", "false") == "true", "timeout": "30s", "connect_timeout": "5s"}
+        opts: Any = dict(self.settings.object_store_options())  # obstore's S3Config keys
+        client: Any = {"allow_http": opts.pop("allow_http", "false") == "true", "timeout": "30s", "connect_timeout": "5s"}
         self._store = S3Store(self.bucket, config=opts, client_options=client,
                               retry_config={"max_retries": 3, "retry_timeout": timedelta(seconds=20),
                                             "backoff": {"base": 2, "init_backoff": timedelta(milliseconds=100),

@@ -12,6 +12,7 @@ import abc
 import io
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,7 +69,9 @@ def new_columns(table: pa.Schema, batch: pa.Schema) -> list[pa.Field]:
 def file_stats(data: bytes | None = None, *, metadata: pq.FileMetaData | None = None) -> tuple[int, dict]:
     """(rows, Delta-style stats) of a Parquet file: numRecords, and min/max/nullCount of its
     top-level integer and string columns (what readers skip files by, e.g. origin_seq)."""
-    md = metadata if metadata is not None else pq.read_metadata(io.BytesIO(data))
+    if metadata is None and data is None:
+        raise ValueError("file_stats needs the file's bytes or its metadata")
+    md = metadata if metadata is not None else pq.read_metadata(io.BytesIO(data or b""))
     schema = md.schema.to_arrow_schema()
     leaves = {md.schema.column(i).path: i for i in range(len(md.schema))}
     mins, maxs, nulls = {}, {}, {}
@@ -77,7 +80,8 @@ def file_stats(data: bytes | None = None, *, metadata: pq.FileMetaData | None = 
                                         or pa.types.is_large_string(f.type)):
             continue
         col = leaves[f.name]
-        lo = hi = None
+        lo: Any = None
+        hi: Any = None
         n_null = 0
         ok = True
         for rg in range(md.num_row_groups):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 from airflow_provider_cg.core.errors import ConfigError
@@ -41,7 +41,7 @@ def path_key(sink_path: str | None) -> tuple:
 
 class Parquet(SinkKind):
     name = "parquet"
-    options_class = ParquetOptions
+    options_class: ClassVar[type] = ParquetOptions
     location = ("sink_path",)
     object_store = False
 
