@@ -47,9 +47,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.groups import layout as grouplayout
+from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+from airflow_provider_cg.core.groups.layouts import partition_streams as grouplayout
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.publish import publish_many
@@ -318,7 +319,7 @@ def main() -> None:
     p.add_argument("--members", default="1,3,6", help="member counts to run (each holds partitions / members)")
     p.add_argument("--schedules", default="back-to-back", help="back-to-back and/or every (comma-separated)")
     p.add_argument("--publishers", type=int, default=4, help="publisher processes")
-    p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=grouplayout.LAYOUTS)
+    p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
     p.add_argument("--reference-messages", type=int, default=300_000)
     p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
     args = p.parse_args()

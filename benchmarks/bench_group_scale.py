@@ -1,4 +1,4 @@
-"""Benchmark: one group as it grows, in both layouts (``core/groups/layout.py``), one run.
+"""Benchmark: one group as it grows, in both layouts (``core/groups/layouts/``), one run.
 
 Every case gets a fresh embedded nats-server and an origin of ``--messages`` messages of 200
 bytes over 20,000 keys (filled before the group exists); member jobs are the plain Python
@@ -49,9 +49,9 @@ sys.path.insert(0, str(Path(__file__).parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
 from bench_member_job import settle  # noqa: E402  (idle server between cases)
 
-from airflow_provider_cg.core.groups import layout as grouplayout  # noqa: E402
 from airflow_provider_cg.core.groups.admin import ConsumerGroups  # noqa: E402
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, MemberMapping, PartitioningFilter  # noqa: E402
+from airflow_provider_cg.core.groups.layouts import partition_streams as grouplayout  # noqa: E402
 from airflow_provider_cg.core.jetstream.api import JsApi  # noqa: E402
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings  # noqa: E402
 from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders  # noqa: E402

@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
@@ -31,7 +32,8 @@ from airflow_provider_cg.core.groups.config import (
     PartitioningFilter,
     StaticGroupConfig,
 )
-from airflow_provider_cg.core.groups.layout import WORK_QUEUE, LayoutError, check_layout, check_replicas
+from airflow_provider_cg.core.groups.layouts import LayoutError
+from airflow_provider_cg.core.groups.layouts.partition_streams import check_replicas
 from airflow_provider_cg.core.groups.membership import check_assignment, parse_mappings, parse_members
 from airflow_provider_cg.core.groups.store import ELASTIC, KINDS, STATIC, GroupInfo
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
@@ -189,7 +191,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         members: Sequence[str] | None = None,
         member_mappings: Any = None,
         create_stream: dict[str, Any] | None = None,
-        layout: str = WORK_QUEUE,
+        layout: str = layouts.DEFAULT,
         nats_conn_id: str = NatsHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -222,8 +224,8 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
             setattr(self, field, _literal(field, getattr(self, field)))
         if self.kind not in KINDS:
             raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
-        check_layout("layout", self.layout)
-        if self.kind == STATIC and self.layout != WORK_QUEUE:
+        layout = layouts.named(layouts.check("layout", self.layout))
+        if self.kind == STATIC and layout.elastic_only:
             raise ConfigError("layout", "only for elastic groups (a static group's members read the origin)")
         for field in ("max_members", "max_buffered_msgs", "max_buffered_bytes"):
             v = getattr(self, field)
@@ -583,14 +585,14 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
         super().__init__(stream=stream, group=group, **kwargs)
         self.layout, self.wait, self.partition_replicas = layout, wait, partition_replicas
         if not _templated(layout):
-            check_layout("layout", layout)
+            layouts.check("layout", layout)
         check_replicas("partition_replicas", partition_replicas)
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
             raise ConfigError("wait", "must be a number of seconds from 0 to 1e6")
 
     def _validate(self) -> None:
         super()._validate()
-        check_layout("layout", self.layout)
+        layouts.check("layout", self.layout)
 
     def execute(self, context: Any) -> dict[str, Any]:
         async def go(nc) -> dict[str, Any]:

@@ -98,7 +98,7 @@ def measure(status: GroupStatus, member: str | None = None, lag: GroupLag | None
         "ack_pending": int(ack_pending),
         "backlog": int(backlog),
         "partitions": {str(p): int(status.partitions.get(p, 0)) for p in parts},
-        # partition streams that are not current: their backlog is not known (``layout.py``)
+        # partition streams that are not current: their backlog is not known (``layouts/``)
         "partition_problems": {str(p): why for p, why in sorted(status.partition_problems.items()) if p in parts},
     }
     if lag is not None:

@@ -534,7 +534,7 @@ def test_layout_operators_create_in_and_move_between_layouts(airflow_env, nats_c
     DAG run: the group gets its partition streams, then moves back (nothing to drain)."""
     from airflow.sdk import dag
 
-    from airflow_provider_cg.core.groups.layout import partition_streams_of
+    from airflow_provider_cg.core.groups.layouts.partition_streams import partition_streams_of
     from airflow_provider_cg.operators.groups import (
         CreateConsumerGroupOperator,
         MoveConsumerGroupLayoutOperator,

@@ -1,4 +1,4 @@
-"""The ``partition-streams`` layout (``core/groups/layout.py``) on a real nats-server: member jobs
+"""The ``partition-streams`` layout (``core/groups/layouts/``) on a real nats-server: member jobs
 land it exactly once and in per-key order, status and lag count its partition streams, a group
 moves between layouts under running jobs with nothing lost or landed twice, orbit's member
 consumer is refused on it, and what it does not do yet is refused with the way there."""
@@ -10,10 +10,11 @@ import asyncio
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError, ServerUnavailable
-from airflow_provider_cg.core.groups import layout as grouplayout
+from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
 from airflow_provider_cg.core.groups.lag import group_lag
+from airflow_provider_cg.core.groups.layouts import partition_streams as grouplayout
 from airflow_provider_cg.core.groups.reset import GroupReset, ResetTarget
 from airflow_provider_cg.core.groups.resize import GroupResize
 from airflow_provider_cg.core.jetstream.api import ERR_WQ_CONSUMER_NOT_UNIQUE, JsApi
@@ -53,7 +54,7 @@ async def test_members_land_their_partition_streams_exactly_once(nc, nats_server
     api = JsApi(nc)
     wq = f"{STREAM}-{GROUP}"
     wq_cfg = (await api.stream_info(wq))["config"]
-    assert grouplayout.layout_of(wq_cfg) == grouplayout.PARTITION_STREAMS
+    assert layouts.of(wq_cfg).name == grouplayout.PARTITION_STREAMS
     expected = await publish_orders(nc, STREAM, GROUP, 6000, 300, wait_sourced=False)
     for _ in range(100):  # the mirrors move everything out of the work queue
         if sum((await _partition_totals(nc, 6)).values()) == 6000:

@@ -70,7 +70,7 @@ class ChaosConfig:
     static: bool = False  # a static group on an origin with direct gets (no membership changes)
     read: str | None = None  # the jobs' --read (``executors``: Spark's tasks read; needs ``spark``)
     merge: bool = False  # upserts by key (--merge-keys key): a change stream, about 1 in 8 records a delete
-    layout: str = "work-queue"  # the elastic group's layout at the start (``groups/layout.py``)
+    layout: str = "work-queue"  # the elastic group's layout at the start (``groups/layouts/``)
     layout_moves: int = 0  # moves to the other layout during the faults (a move back waits for the draining)
     routed_keys: int = 0  # routes by subject: every message into the table, and those of this many keys into a second
     partition_replicas: int | None = None  # the partition streams' replicas (default 1)
@@ -389,7 +389,9 @@ class ChaosRun:
                     await api.stream_info(f"{self.stream}-{self.group}")
                 await api.stream_info(self.stream)
                 if self.layout == "partition-streams" and not self.draining:  # each with a leader again
-                    from airflow_provider_cg.core.groups.layout import partition_stream_problems
+                    from airflow_provider_cg.core.groups.layouts.partition_streams import (
+                        partition_stream_problems,
+                    )
 
                     problems = await partition_stream_problems(api, f"{self.stream}-{self.group}",
                                                                range(self.config.partitions))

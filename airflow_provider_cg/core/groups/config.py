@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups.layout import is_mirror_consumer
+from airflow_provider_cg.core.groups.layouts.base import is_mirror_consumer
 
 __all__ = [
     "ELASTIC",
@@ -350,7 +350,7 @@ class _GroupConfigBase:
         validate_name(field, member, "member")
         if self.kind == ELASTIC and is_mirror_consumer(member):
             raise ConfigError(field, f"{member!r}: names of the form cg-partition-<n> are the consumers of the "
-                                     "partition mirrors on the work queue (groups/layout.py); choose another name")
+                                     "partition mirrors on the work queue (groups/layouts/partition_streams.py); choose another name")
         if (
             self.kind == STATIC
             and group is not None

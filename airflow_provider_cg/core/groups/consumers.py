@@ -13,8 +13,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import layout as grouplayout
-from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.config import GroupConfig
 from airflow_provider_cg.core.groups.store import (
     ELASTIC,
@@ -106,21 +105,6 @@ def with_filters(consumer_config: dict, filters: Sequence[str]) -> dict:
 
 
 
-def member_filters(config: GroupConfig, member: str, layout: str = grouplayout.WORK_QUEUE,
-                   wq: str | None = None) -> list[str]:
-    """The filter subjects of ``member``'s consumer ([] if it is not a member or has no
-    partitions): its partitions', or where its partitions are separate streams, its pin
-    subject on the work queue ``wq`` (``layout.py``)."""
-    if not cgconfig.in_membership(config, member):
-        return []
-    filters = list(partitioning.member_filter_subjects(config, member))
-    if filters and grouplayout.reads_partition_streams(layout):
-        if wq is None:
-            raise ValueError("the work-queue stream is needed for a member's pin subject")
-        return [grouplayout.pin_subject(wq, member)]
-    return filters
-
-
 class MemberConsumers(GroupStore):
     """Build, ensure and step down member consumers."""
 
@@ -156,7 +140,7 @@ class MemberConsumers(GroupStore):
         *,
         ack_wait: float = DEFAULT_ACK_WAIT,
         max_ack_pending: int | None = None,
-        layout: str = grouplayout.WORK_QUEUE,
+        layout: layouts.Layout | None = None,
     ) -> tuple[str, dict]:
         """``(consumer stream, raw consumer config)`` of a member, as orbit (v0.2) creates it.
 
@@ -175,7 +159,8 @@ class MemberConsumers(GroupStore):
         cgconfig.validate_name("member", member, "member")
         if not cgconfig.in_membership(config, member):
             raise ConfigError("member", f"{member!r} is not a member of group {group!r} on stream {stream!r}")
-        filters = member_filters(config, member, layout, consumer_stream_of(kind, stream, group))
+        filters = (layout or layouts.named(layouts.DEFAULT)).member_filters(config, member,
+                                                                           consumer_stream_of(kind, stream, group))
         if not filters:
             raise ConfigError("member", f"{member!r} gets no partitions (more members than max_members)")
         if not ack_wait > 0:
@@ -202,7 +187,8 @@ class MemberConsumers(GroupStore):
         return consumer_stream_of(kind, stream, group), cc
 
     async def ensure_member_consumer(
-        self, stream: str, group: str, member: str, *, deadline: float | None = None, layout: str | None = None,
+        self, stream: str, group: str, member: str, *, deadline: float | None = None,
+        layout: layouts.Layout | None = None,
         **opts: Any
     ) -> tuple[str, str]:
         """Create the member's consumer (create-only) unless it exists with the right filters.
@@ -290,7 +276,7 @@ class MemberConsumers(GroupStore):
 
     async def _wanted_filters(self, stream: str, group: str, member: str, cstream: str) -> list[str]:
         info = await self.get(stream, group)
-        return member_filters(info.config, member, await self.layout(info), cstream)
+        return (await self.layout(info)).member_filters(info.config, member, cstream)
 
     async def step_down(self, stream: str, group: str, member: str) -> None:
         """Unpin the member's active instance; the server pins another waiting one."""

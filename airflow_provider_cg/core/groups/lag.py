@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import layout as grouplayout
+from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
@@ -89,13 +89,10 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
     oldest: dict[int, float] = {}
     if status.kind == "elastic":
         wq = cgconfig.work_queue_stream(stream, group)
-        split = grouplayout.reads_partition_streams(status.layout)
+        layout = layouts.named(status.layout)
         for p, n in status.partitions.items():
-            if n:  # the oldest is in the partition's stream, if it has one and holds any
-                msg = None
-                if split and p not in status.partition_problems:
-                    msg = await api.next_msg(grouplayout.partition_stream(wq, p), 1, ">")
-                msg = msg or await api.next_msg(wq, 1, f"{p}.>")
+            if n:  # the oldest is in the partition's store: its stream, if it has one that holds any
+                msg = await layout.oldest(api, wq, p, status.partition_problems)
                 if msg:
                     oldest[p] = message_time(msg)
     members = []

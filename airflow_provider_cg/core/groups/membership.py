@@ -19,7 +19,6 @@ from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConf
 from airflow_provider_cg.core.groups.consumers import (
     MemberConsumers,
     filters_of,
-    member_filters,
     pin_state,
     with_filters,
 )
@@ -233,7 +232,7 @@ class Membership(MemberConsumers):
             stale = [
                 (m, c)
                 for m, c in existing.items()
-                if sorted(filters_of(c["config"])) != sorted(member_filters(info.config, m, layout, cstream))
+                if sorted(filters_of(c["config"])) != sorted(layout.member_filters(info.config, m, cstream))
                 and not (leave_pinned and pin_state(c)[0])
             ]
             for member, c in stale:
@@ -241,11 +240,11 @@ class Membership(MemberConsumers):
                 had.setdefault(member, c["config"])
                 deleted.append(c["name"])
             todo = {m: cfg for m, cfg in had.items() if cgconfig.in_membership(info.config, m)}
-            todo = {m: cfg for m, cfg in todo.items() if member_filters(info.config, m, layout, cstream)}
+            todo = {m: cfg for m, cfg in todo.items() if layout.member_filters(info.config, m, cstream)}
             if stale and todo:
                 await asyncio.sleep(pause)
             for member, old in todo.items():
-                filters = member_filters(info.config, member, layout, cstream)
+                filters = layout.member_filters(info.config, member, cstream)
                 await self._create_consumer(cstream, with_filters(old, filters), info.kind, stream, group, member)
             latest = await self.get(stream, group)
             if latest.revision == info.revision:

@@ -1,4 +1,4 @@
-"""Moving an elastic group between layouts (``layout.py``) with nothing lost or landed twice.
+"""Moving an elastic group between layouts (``layouts/``) with nothing lost or landed twice.
 
 To ``partition-streams``: record the layout on the work queue first (a member job that joins
 from then on makes its consumer on its pin subject), delete the member consumers that hold
@@ -18,15 +18,14 @@ and says how much is left; calling again goes on.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import layout as grouplayout
-from airflow_provider_cg.core.groups import sourcing
+from airflow_provider_cg.core.groups import layouts, sourcing
 from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, is_member_consumer
+from airflow_provider_cg.core.groups.layouts import partition_streams as ps
 from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.core.jetstream.api import server_version
 
@@ -54,56 +53,27 @@ class LayoutMoves(MemberConsumers):
                           partition_replicas: int | None = None) -> LayoutMove:
         """``partition_replicas``: the partition streams' replicas (default and, on the servers
         checked, only 1: ``layout.check_replicas`` says why)."""
-        grouplayout.check_layout("layout", layout)
-        grouplayout.check_replicas("partition_replicas", partition_replicas, server_version(self.nc))
-        if partition_replicas is not None and layout != grouplayout.PARTITION_STREAMS:
+        target = layouts.named(layouts.check("layout", layout))
+        ps.check_replicas("partition_replicas", partition_replicas, server_version(self.nc))
+        if partition_replicas is not None and not target.reads_partition_streams:
             raise ConfigError("partition_replicas", "is for the partition-streams layout")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
             raise ConfigError("wait", f"must be a number of seconds from 0 to 1e6 (got {wait!r})")
         info = await self.get(stream, group)
         if info.kind != ELASTIC:
-            raise ConfigError("layout", "only an elastic group has a layout (a static group's members read the origin)")
+            return await layouts.ORIGIN.enter(self, stream, group, layouts.ORIGIN, {}, 0, 0.0, None)
         wq = cgconfig.work_queue_stream(stream, group)
-        cfg = await grouplayout.wq_config(self.api, wq)
+        cfg = await layouts.wq_config(self.api, wq)
         if sourcing.stopped_state(cfg) is not None:
-            raise grouplayout.LayoutError(f"a reset or resize of {group!r} is under way (sourcing of {wq!r} is "
-                                          "stopped): run it again to finish it first")
-        have = grouplayout.layout_of(cfg)
-        deadline = time.monotonic() + wait
-        n = info.config.max_members
-        if layout == grouplayout.PARTITION_STREAMS:
-            grouplayout.check_server(self.nc)
-            if partition_replicas is not None and have in (grouplayout.PARTITION_STREAMS, grouplayout.DRAINING) \
-                    and grouplayout.partition_replicas(cfg) != partition_replicas:
-                raise ConfigError("partition_replicas", f"the partition streams exist with "
-                                                        f"{grouplayout.partition_replicas(cfg)} replicas: move the "
-                                                        "group to work-queue first to change them")
-            if have != grouplayout.PARTITION_STREAMS or partition_replicas is not None:
-                cfg = await grouplayout.set_layout(self.api, wq, grouplayout.PARTITION_STREAMS, partition_replicas)
-            await self._drop_member_consumers(wq, partition_filters=True)
-            await grouplayout.ensure_partition_streams(self.api, cfg, n, deadline=max(deadline, time.monotonic() + 5))
-            return LayoutMove(stream, group, layout, True)
-        if have == grouplayout.WORK_QUEUE:
-            return LayoutMove(stream, group, layout, True)
-        if have == grouplayout.PARTITION_STREAMS:
-            await grouplayout.set_layout(self.api, wq, grouplayout.DRAINING)
-        await grouplayout.stop_mirrors(self.api, wq)
-        while True:
-            left = await grouplayout.partition_streams_left(self.api, wq, n)
-            if not any(left.values()):
-                break
-            if time.monotonic() >= deadline:
-                return LayoutMove(stream, group, grouplayout.DRAINING, False, left)
-            await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
-        await grouplayout.set_layout(self.api, wq, grouplayout.WORK_QUEUE)
-        await self._drop_member_consumers(wq, partition_filters=False)
-        await grouplayout.remove_partition_streams(self.api, wq)
-        return LayoutMove(stream, group, layout, True)
+            raise layouts.LayoutError(f"a reset or resize of {group!r} is under way (sourcing of {wq!r} is "
+                                      "stopped): run it again to finish it first")
+        return await target.enter(self, stream, group, layouts.of(cfg), cfg, info.config.max_members,
+                                  time.monotonic() + wait, partition_replicas)
 
-    async def _drop_member_consumers(self, wq: str, *, partition_filters: bool) -> list[str]:
+    async def drop_member_consumers(self, wq: str, *, partition_filters: bool) -> list[str]:
         """Delete the member consumers on ``wq`` that read partitions (``<p>.>`` filters) or,
         with ``partition_filters`` False, those on pin subjects: their instances lose the pin."""
-        pins = grouplayout.pin_subjects(wq)[:-1]
+        pins = layouts.pin_subjects(wq)[:-1]
         dropped = []
         for c in await self.api.list_consumers(wq):
             ccfg = c.get("config") or {}

@@ -43,7 +43,6 @@ from airflow_provider_cg.core.groups.consumers import (
     priority_group_of,
     static_max_ack_pending,
 )
-from airflow_provider_cg.core.groups.layout import refuse_split_layout
 from airflow_provider_cg.core.groups.store import ELASTIC, consumer_name_of, consumer_stream_of
 from airflow_provider_cg.core.jetstream.api import JsApi, server_version
 
@@ -188,7 +187,7 @@ class GroupReset:
     async def plan(self, stream: str, group: str, target: ResetTarget, member: str | None = None) -> ResetPlan:
         info = await self.groups.get(stream, group)
         cfg = info.config
-        refuse_split_layout(await self.groups.layout(info), "reset", stream, group)
+        (await self.groups.layout(info)).check_repartition("reset", stream, group)
         if member is not None and not cgconfig.in_membership(cfg, member):
             raise ConfigError("member", f"{member!r} is not a member of group {group!r} on stream {stream!r}")
         members = [member] if member is not None else sorted(partitioning.assign_partitions(cfg))

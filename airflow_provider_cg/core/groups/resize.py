@@ -27,7 +27,6 @@ from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
-from airflow_provider_cg.core.groups.layout import refuse_split_layout
 from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.core.jetstream.api import JsApi
 
@@ -72,7 +71,7 @@ class GroupResize:
                               "fixed by the stream's subject transform")
         if isinstance(max_members, bool) or not isinstance(max_members, int) or max_members < 1:
             raise ConfigError("max_members", f"must be an integer >= 1 (got {max_members!r})")
-        refuse_split_layout(await self.groups.layout(info), "resize", stream, group)
+        (await self.groups.layout(info)).check_repartition("resize", stream, group)
         cfg = info.config
         stopped = await sourcing.current_stop(self.api, cgconfig.work_queue_stream(stream, group))
         intent = stopped.intent if stopped is not None else {}

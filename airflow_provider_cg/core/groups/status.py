@@ -9,10 +9,10 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import layout as grouplayout
-from airflow_provider_cg.core.groups import partitioning, sourcing
+from airflow_provider_cg.core.groups import layouts, partitioning, sourcing
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, StaticGroupConfig
-from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, member_filters, pin_state
+from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, pin_state
+from airflow_provider_cg.core.groups.layouts.base import count_partitions
 from airflow_provider_cg.core.groups.store import (
     ELASTIC,
     GroupBroken,
@@ -77,7 +77,7 @@ class GroupStatus:
     sourcing_stopped: dict | None = None  # a reset or resize stopped sourcing: {"op", "cut", ...}
     revision: int = 0
     ts: float = 0.0
-    layout: str = "work-queue"  # where an elastic group's partitions are stored (``layout.py``)
+    layout: str = layouts.DEFAULT  # where an elastic group's partitions are stored (``layouts/``)
     #: partition streams that are not current (no leader, a failed or stalled mirror): partition ->
     #: why; their backlog is unknown beyond what their mirrors have yet to move
     partition_problems: dict[int, str] = field(default_factory=dict)
@@ -101,14 +101,6 @@ class GroupStatus:
 
 
 
-def count_partitions(partitions: dict[int, int], subjects: dict[str, int]) -> None:
-    for subject, n in subjects.items():
-        first = subject.split(".", 1)[0]
-        if first.isdigit():
-            p = int(first)
-            partitions[p] = partitions.get(p, 0) + int(n)
-
-
 
 class GroupObservation(MemberConsumers):
     """Member state and backlog of a group."""
@@ -117,7 +109,7 @@ class GroupObservation(MemberConsumers):
         info = await self.get(stream, group, kind)
         return await self._member_states(info)
 
-    async def _member_states(self, info: GroupInfo, layout: str | None = None) -> list[MemberState]:
+    async def _member_states(self, info: GroupInfo, layout: layouts.Layout | None = None) -> list[MemberState]:
         cstream = consumer_stream_of(info.kind, info.stream, info.group)
         layout = layout or await self.layout(info)
         consumers = await self._member_consumers(info, cstream)
@@ -142,7 +134,7 @@ class GroupObservation(MemberConsumers):
                 st.num_waiting = int(c.get("num_waiting", 0))
                 st.ack_floor = int((c.get("ack_floor") or {}).get("stream_seq", 0))
                 st.filters_current = sorted(filters_of(c["config"])) == sorted(
-                    member_filters(info.config, member, layout, cstream)
+                    layout.member_filters(info.config, member, cstream)
                 )
             out.append(st)
         return out
@@ -153,7 +145,7 @@ class GroupObservation(MemberConsumers):
         info = await self.get(stream, group, kind)
         cfg = info.config
         si = None
-        layout = grouplayout.WORK_QUEUE
+        layout: layouts.Layout = layouts.ORIGIN
         if info.kind == ELASTIC:
             wq = cgconfig.work_queue_stream(stream, group)
             try:
@@ -164,7 +156,7 @@ class GroupObservation(MemberConsumers):
                 raise GroupBroken(f"the work-queue stream {wq!r} of elastic group {group!r} is missing "
                                   f"(deleted?): create the group again (same config) to restore it, or remove "
                                   f"the group") from None
-            layout = grouplayout.layout_of(si.get("config") or {})
+            layout = layouts.of(si.get("config") or {})
         members = await self._member_states(info, layout)
         partitions = {p: 0 for p in range(cfg.max_members)}
         st = GroupStatus(
@@ -180,19 +172,14 @@ class GroupObservation(MemberConsumers):
             num_redelivered=sum(m.num_redelivered for m in members),
             revision=info.revision,
             ts=time.time(),
-            layout=layout,
+            layout=layout.name,
         )
         if si is not None and isinstance(cfg, ElasticGroupConfig):
-            if grouplayout.reads_partition_streams(layout):  # the backlog is in the partition streams
-                partitions.update(await grouplayout.partition_backlog(
-                    self.api, wq, range(cfg.max_members), problems=st.partition_problems,
-                    mirrored=layout == grouplayout.PARTITION_STREAMS))
-                if layout == grouplayout.DRAINING:  # new messages wait in the work queue meanwhile
-                    count_partitions(partitions, si["state"].get("subjects") or {})
-                st.backlog = sum(partitions.values())
-            else:
-                count_partitions(partitions, si["state"].get("subjects") or {})
-                st.backlog = int(si["state"].get("messages", 0))
+            partitions.update(await layout.backlog(self.api, wq, si["state"].get("subjects") or {},
+                                                   range(cfg.max_members), st.partition_problems))
+            # the work queue's messages, unless members read elsewhere (each counted once there)
+            st.backlog = sum(partitions.values()) if layout.reads_partition_streams \
+                else int(si["state"].get("messages", 0))
             st.buffered_msgs = int(si["state"].get("messages", 0))
             st.buffered_bytes = int(si["state"].get("bytes", 0))
             st.max_buffered_msgs = cfg.max_buffered_msgs or None

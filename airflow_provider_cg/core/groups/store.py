@@ -9,6 +9,7 @@ import asyncio
 import builtins
 import contextlib
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,8 +26,7 @@ from airflow_provider_cg.core.errors import (
     StoredConfigInvalid,
 )
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import layout as grouplayout
-from airflow_provider_cg.core.groups import partitioning, sourcing
+from airflow_provider_cg.core.groups import layouts, partitioning, sourcing
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
 
@@ -173,16 +173,15 @@ class GroupStore:
     # --- create / get / list / delete ------------------------------------------------------
 
     async def create(self, stream: str, group: str, config: GroupConfig,
-                     layout: str = grouplayout.WORK_QUEUE) -> GroupInfo:
-        """Create a group (kind from the config type) in ``layout`` (``layout.py``; elastic
+                     layout: str = layouts.DEFAULT) -> GroupInfo:
+        """Create a group (kind from the config type) in ``layout`` (``layouts/``; elastic
         groups only); idempotent for the same immutable config and layout."""
         kind = kind_of(config)
         config.validate(stream, group)
-        grouplayout.check_layout("layout", layout)
-        if kind != ELASTIC and layout != grouplayout.WORK_QUEUE:
+        target = layouts.named(layouts.check("layout", layout))
+        if kind != ELASTIC and target.elastic_only:
             raise ConfigError("layout", "only an elastic group has a layout (a static group's members read the origin)")
-        if layout == grouplayout.PARTITION_STREAMS:
-            grouplayout.check_server(self.nc)
+        target.check_server(self.nc)
         other = STATIC if kind == ELASTIC else ELASTIC
         try:
             in_other = await self._read(other, stream, group) is not None
@@ -216,23 +215,20 @@ class GroupStore:
         if isinstance(info.config, ElasticGroupConfig):
             try:
                 await self._ensure_wq_stream(stream, group, info.config, origin["config"])
-                await self._ensure_layout(info, layout, created)
+                await self._ensure_layout(info, target, created)
             except BaseException:
                 if created:
                     await self._rollback(kv, key, info.revision)
                 raise
         return info
 
-    async def _ensure_layout(self, info: GroupInfo, layout: str, created: bool) -> None:
+    async def _ensure_layout(self, info: GroupInfo, target: layouts.Layout, created: bool) -> None:
         have = await self.layout(info)
-        if have != layout and not (created and have == grouplayout.WORK_QUEUE):
-            raise ConfigError("layout", f"group {info.group!r} on stream {info.stream!r} exists in the {have} layout; "
-                                        f"move it with: cg layout {info.stream} {info.group} {layout}")
-        if layout == grouplayout.PARTITION_STREAMS:
-            wq = cgconfig.work_queue_stream(info.stream, info.group)
-            cfg = await grouplayout.set_layout(self.api, wq, layout)
-            await grouplayout.ensure_partition_streams(self.api, cfg, info.config.max_members,
-                                                       deadline=asyncio.get_running_loop().time() + 5.0)
+        if have is not target and not (created and have is layouts.named(layouts.DEFAULT)):
+            raise ConfigError("layout", f"group {info.group!r} on stream {info.stream!r} exists in the {have.name} "
+                                        f"layout; move it with: cg layout {info.stream} {info.group} {target.name}")
+        await target.prepare(self.api, cgconfig.work_queue_stream(info.stream, info.group), info.config.max_members,
+                             deadline=time.monotonic() + 5.0)
 
     async def _check_durable_names(self, stream: str, group: str, config: GroupConfig) -> None:
         """A static member's durable is ``<group>-<member>``: group ``a`` member ``b-m1`` and
@@ -318,14 +314,13 @@ class GroupStore:
                 "group", f"stream {want['name']!r} exists and is not this group's work-queue stream"
             )
 
-    async def layout(self, info: GroupInfo) -> str:
-        """Where the group's partitions are stored (``layout.py``): recorded on an elastic
-        group's work-queue stream; a static group's members read the origin (``work-queue``)."""
+    async def layout(self, info: GroupInfo) -> layouts.Layout:
+        """Where the group's partitions are stored (``layouts/``): recorded on an elastic
+        group's work-queue stream; a static group's members read the origin (``ORIGIN``)."""
         if info.kind != ELASTIC:
-            return grouplayout.WORK_QUEUE
+            return layouts.ORIGIN
         try:
-            return grouplayout.layout_of(await grouplayout.wq_config(
-                self.api, cgconfig.work_queue_stream(info.stream, info.group)))
+            return layouts.of(await layouts.wq_config(self.api, cgconfig.work_queue_stream(info.stream, info.group)))
         except JetStreamApiError as e:
             if e.err_code != ERR_STREAM_NOT_FOUND:
                 raise
@@ -417,8 +412,7 @@ class GroupStore:
 
     async def _delete_wq_streams(self, wq: str) -> None:
         """The work-queue stream and the partition streams mirroring it (any layout)."""
-        for name in await grouplayout.partition_streams_of(self.api, wq):
-            await self.api.delete_stream(name)
+        await layouts.delete_partition_streams(self.api, wq)
         try:
             await self.api.delete_stream(wq)
         except JetStreamApiError as e:

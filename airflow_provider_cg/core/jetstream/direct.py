@@ -343,7 +343,7 @@ async def read_shares(reader_of, starts: dict[int, int], count: int, timeout: fl
 
 class PartitionStreamReaders:
     """One :class:`PartitionReader` per partition stream of a group in the ``partition-streams``
-    layout (``groups/layout.py``), behind the reads and acks a :class:`PartitionReader` offers
+    layout (``groups/layouts/``), behind the reads and acks a :class:`PartitionReader` offers
     per partition: each stream holds one partition, read unfiltered (``ALL``'s subject) and
     purged by sequence; the sequences are the work queue's, so one cut spans them all."""
 

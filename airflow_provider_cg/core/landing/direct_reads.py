@@ -96,7 +96,7 @@ class PartitionPositions:
 
 
 class PartitionStreamPositions(PartitionPositions):
-    """An elastic member's place in its partition streams (``groups/layout.py``): as in the
+    """An elastic member's place in its partition streams (``groups/layouts/``): as in the
     work queue, but each partition is a stream of its own, read unfiltered from its first
     message and purged by sequence (``PartitionStreamReaders``); the sequences are the work
     queue's, so rows and acks are as in the work queue."""

@@ -28,8 +28,7 @@ import time
 from collections.abc import Sequence
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
-from airflow_provider_cg.core.groups import layout as grouplayout
-from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups import layouts, partitioning
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership, subjects_regex
 from airflow_provider_cg.core.groups.consumers import (
@@ -139,13 +138,11 @@ class MemberRun:
         self.lander.partition_count = self.config.max_members
         self.filters = partitioning.member_filter_subjects(self.config, self.member)
         self.reader: PartitionReader | PartitionStreamReaders | None = None
-        self.split = grouplayout.reads_partition_streams(layout)
-        self.mirrored = layout == grouplayout.PARTITION_STREAMS  # draining back: the mirrors are stopped
-        if self.split:  # its partitions are streams of their own: read them, whatever ``read`` says
-            self.reader = PartitionStreamReaders(
-                self.nc, {p: grouplayout.partition_stream(self.consumer_stream, p) for p in self.partitions},
-                js_prefix=self.api.prefix)
-        elif o.read in ("auto", "executors") and (self.sourced or self.api.can_reset_consumers()):
+        self.layout = layout
+        self.split = layout.reads_partition_streams
+        # its partitions are streams of their own: read them, whatever ``read`` says
+        self.reader = layout.partition_readers(self.nc, self.consumer_stream, self.partitions, self.api.prefix)
+        if self.reader is None and o.read in ("auto", "executors") and (self.sourced or self.api.can_reset_consumers()):
             read = await self.api.stream_info(self.consumer_stream)
             if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
@@ -225,8 +222,7 @@ class MemberRun:
         backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
         if self.split:  # the member consumer holds only pin anchors: the backlog is the partitions'
             await self.ensure_partition_streams_current()
-            backlog = sum((await grouplayout.partition_backlog(self.api, self.consumer_stream,
-                                                               self.partitions)).values())
+            backlog = sum((await self.layout.backlog(self.api, self.consumer_stream, {}, self.partitions)).values())
         s.target = self.taken + backlog
         if o.max_messages:
             s.target = min(s.target, o.max_messages)
@@ -466,7 +462,7 @@ class MemberRun:
         try:
             info = await self.client.consumer_info()
             if int(info.get("num_pending") or 0) + int(info.get("num_ack_pending") or 0) == 0:
-                await self.nc.request(grouplayout.pin_subject(self.consumer_stream, self.member),
+                await self.nc.request(layouts.pin_subject(self.consumer_stream, self.member),
                                       b"", timeout=5.0, headers={"Cg-Pin-Anchor": self.owner})
         except Exception as e:  # noqa: BLE001 - the next round tries again
             log.debug("cg member=%s: pin anchor not published (%s)", self.member, e)
@@ -488,22 +484,20 @@ class MemberRun:
         seconds: the run waits up to its ``standby_timeout`` first, as it would for its pin."""
         deadline = time.monotonic() + self.options.standby_timeout
         while True:
-            problems = await grouplayout.partition_stream_problems(self.api, self.consumer_stream, self.partitions,
-                                                                   mirrored=self.mirrored)
-            if problems and self.mirrored:  # a move back to the work queue may have stopped the mirrors
-                layout = grouplayout.layout_of(await grouplayout.wq_config(self.api, self.consumer_stream))
-                self.mirrored = layout == grouplayout.PARTITION_STREAMS
-                if not self.mirrored:
+            problems = await self.layout.problems(self.api, self.consumer_stream, self.partitions)
+            if problems and self.layout.mirrored:  # a move back to the work queue may have stopped the mirrors
+                self.layout = layouts.of(await layouts.wq_config(self.api, self.consumer_stream))
+                if not self.layout.mirrored:
                     continue
             if not problems:
                 return
             if time.monotonic() >= deadline:
                 p, why = min(problems.items())
                 raise ConsumerGroupError(
-                    f"partition {p}'s stream {grouplayout.partition_stream(self.consumer_stream, p)} is not current: "
+                    f"partition {p}'s stream {self.layout.partition_store(self.consumer_stream, p)} is not current: "
                     f"{why}; nothing of it can be landed until the cluster serves it again (cg status shows it)")
             log.warning("cg member=%s: partition streams not current (%s); waiting", self.member,
-                        "; ".join(f"{grouplayout.partition_stream(self.consumer_stream, p)}: {why}"
+                        "; ".join(f"{self.layout.partition_store(self.consumer_stream, p)}: {why}"
                                   for p, why in sorted(problems.items())))
             await asyncio.sleep(1.0)
 

@@ -34,9 +34,8 @@ from airflow_provider_cg.core.errors import (
     ServerUnavailable,
 )
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import layout as grouplayout
-from airflow_provider_cg.core.groups import partitioning
-from airflow_provider_cg.core.groups.layout import LAYOUTS, WORK_QUEUE, LayoutError
+from airflow_provider_cg.core.groups import layouts, partitioning
+from airflow_provider_cg.core.groups.layouts import LayoutError
 from airflow_provider_cg.core.groups.reset import ResetRefused
 from airflow_provider_cg.core.groups.resize import ResizeIncomplete
 from airflow_provider_cg.core.groups.sourcing import SourcingError
@@ -259,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--orbit-format", choices=("v0.2", "v0.1"), default="v0.2",
                    help="JSON shape of the stored config: orbit v0.2 (current) or v0.1 (one filter), for "
                         "groups that orbit v0.1 tools also manage")
-    p.add_argument("--layout", choices=LAYOUTS, default=WORK_QUEUE,
+    p.add_argument("--layout", choices=layouts.NAMES, default=layouts.DEFAULT,
                    help="elastic: where the partitions are stored: work-queue (orbit's: one stream, every member "
                         "reads its partitions from it) or partition-streams (a stream per partition, mirrored "
                         "from the work queue: members do not read each other's messages; orbit instances cannot "
@@ -301,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
     p = sg(cmd("layout", "move an elastic group to another layout (work-queue / partition-streams) with nothing "
                          "lost or landed twice; back to work-queue waits until the partition streams are landed"))
-    p.add_argument("layout", choices=LAYOUTS, metavar="LAYOUT", help=" or ".join(LAYOUTS))
+    p.add_argument("layout", choices=layouts.NAMES, metavar="LAYOUT", help=" or ".join(layouts.NAMES))
     p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                    help="how long to wait for the partition streams to be landed (moving to work-queue); "
                         "if they are not, the group stays draining and running the command again goes on")
@@ -699,7 +698,7 @@ def _status_text(st, lag=None) -> str:
                      + (f" ({fill:.0%} full)" if fill is not None else "")
                      + (f", source lag {st.source_lag}" if st.source_lag is not None else ""))
     for p, why in sorted(st.partition_problems.items()):  # its backlog is unknown: say so
-        lines.append(f"NOT CURRENT:  partition {p}'s stream {grouplayout.partition_stream(work_queue_of(st), p)}: "
+        lines.append(f"NOT CURRENT:  partition {p}'s stream {layouts.named(st.layout).partition_store(work_queue_of(st), p)}: "
                      f"{why}")
     if st.inactive_members:
         lines.append(f"no consumer:  {', '.join(st.inactive_members)}")

@@ -1,43 +1,44 @@
-"""The partition-streams layout's names and configs (``core/groups/layout.py``), and the member
-consumer filters each layout gives."""
+"""The layouts' names and configs (``core/groups/layouts/``), and the member consumer filters
+each layout gives."""
 
 from __future__ import annotations
 
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups import layout as gl
+from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
-from airflow_provider_cg.core.groups.consumers import member_filters
+from airflow_provider_cg.core.groups.layouts import partition_streams as gl
 
 WQ = {"name": "ORDERS-g", "retention": "workqueue", "num_replicas": 3, "storage": "file", "allow_direct": True,
       "sources": [{"name": "ORDERS"}], "metadata": {"_nats.ver": "2.15.1", "cg.sourcing.stopped": "x"}}
 
 
 def test_the_layout_is_read_from_the_work_queue_and_defaults_to_orbits():
-    assert gl.layout_of({}) == gl.WORK_QUEUE
-    assert gl.layout_of({"metadata": {"cg.layout": "draining"}}) == gl.DRAINING
-    assert gl.reads_partition_streams(gl.PARTITION_STREAMS) and gl.reads_partition_streams(gl.DRAINING)
-    assert not gl.reads_partition_streams(gl.WORK_QUEUE)
+    assert layouts.of({}).name == gl.WORK_QUEUE
+    assert layouts.of({"metadata": {"cg.layout": "draining"}}).name == gl.DRAINING
+    assert layouts.named(gl.PARTITION_STREAMS).reads_partition_streams
+    assert layouts.named(gl.DRAINING).reads_partition_streams
+    assert not layouts.named(gl.WORK_QUEUE).reads_partition_streams
     with pytest.raises(ConfigError) as e:
-        gl.check_layout("layout", "sideways")
+        layouts.check("layout", "sideways")
     assert e.value.field == "layout" and "work-queue" in e.value.rule
 
 
 def test_recording_a_layout_keeps_other_metadata_and_drops_the_servers():
-    split = gl.with_layout(WQ, gl.PARTITION_STREAMS)
+    split = layouts.named(gl.PARTITION_STREAMS).work_queue_config(WQ)
     assert split["metadata"] == {"cg.sourcing.stopped": "x", "cg.layout": "partition-streams"}
     assert split["subjects"] == ["_cg.pin.ORDERS-g.*"] and split["sources"] == WQ["sources"]
-    back = gl.with_layout(split, gl.WORK_QUEUE)
+    back = layouts.named(gl.WORK_QUEUE).work_queue_config(split)
     assert back["metadata"] == {"cg.sourcing.stopped": "x"} and "subjects" not in back
 
 
 def test_a_partition_stream_is_a_limitless_mirror_through_its_flow_control_consumer():
     cfg = gl.partition_stream_config(WQ, 4)  # one replica, whatever the work queue's (check_replicas says why)
     assert cfg["name"] == "ORDERS-g-p4" and cfg["retention"] == "workqueue" and cfg["num_replicas"] == 1
-    recorded = gl.with_layout(WQ, gl.PARTITION_STREAMS, replicas=2)
+    recorded = layouts.named(gl.PARTITION_STREAMS).work_queue_config(WQ, replicas=2)
     assert gl.partition_stream_config(recorded, 4)["num_replicas"] == 2
-    assert gl.REPLICAS_KEY not in (gl.with_layout(recorded, gl.WORK_QUEUE).get("metadata") or {})
+    assert gl.REPLICAS_KEY not in (layouts.named(gl.WORK_QUEUE).work_queue_config(recorded).get("metadata") or {})
     assert "max_msgs" not in cfg and "discard" not in cfg  # a full mirror stalls for good
     assert cfg["mirror"] == {"name": "ORDERS-g", "consumer": {"name": "cg-partition-4",
                                                               "deliver_subject": "_cg.mirror.ORDERS-g.4"}}
@@ -50,9 +51,10 @@ def test_a_partition_stream_is_a_limitless_mirror_through_its_flow_control_consu
 
 def test_member_filters_by_layout():
     cfg = ElasticGroupConfig(4, (PartitioningFilter("orders.*", (1,)),), members=("m1", "m2"))
-    assert member_filters(cfg, "m1") == ["0.orders.*", "1.orders.*"]
-    assert member_filters(cfg, "m1", gl.PARTITION_STREAMS, "ORDERS-g") == ["_cg.pin.ORDERS-g.m1"]
-    assert member_filters(cfg, "m9", gl.PARTITION_STREAMS, "ORDERS-g") == []  # not a member: no consumer
+    assert layouts.named(gl.WORK_QUEUE).member_filters(cfg, "m1") == ["0.orders.*", "1.orders.*"]
+    split = layouts.named(gl.PARTITION_STREAMS)
+    assert split.member_filters(cfg, "m1", "ORDERS-g") == ["_cg.pin.ORDERS-g.m1"]
+    assert split.member_filters(cfg, "m9", "ORDERS-g") == []  # not a member: no consumer
 
 
 def test_member_names_that_are_mirror_consumers_are_refused():

@@ -1,4 +1,4 @@
-"""Where an elastic group's partitions are stored: its *layout*.
+"""The ``partition-streams`` layout (and its ``draining`` state), and where its partitions are stored.
 
 ``work-queue`` (orbit ``pcgroups``'): one work-queue stream ``<stream>-<group>`` sources the
 origin and puts the partition token first; each member reads its partitions ``<p>.>`` from it.
@@ -30,8 +30,7 @@ orbit: its CLI reads and changes the membership of a ``partition-streams`` group
 the same JSON), but an orbit *instance* cannot consume one: its consumer's ``<p>.>`` filters
 overlap the mirrors' and the server refuses it (10100).
 
-The layout is recorded on the work-queue stream (``metadata["cg.layout"]``; orbit rewrites KV
-entries, never the stream). Moving back to ``work-queue`` first stops the mirrors (state
+Moving back to ``work-queue`` first stops the mirrors (state
 ``draining``: members keep landing the partition streams while new messages wait in the work
 queue), and finishes once every partition stream is empty.
 """
@@ -40,9 +39,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.groups.layouts.base import (
+    DRAINING,
+    LAYOUT_KEY,
+    PARTITION_STREAMS,
+    REPLICAS_KEY,
+    WORK_QUEUE,
+    Layout,
+    LayoutError,
+    count_partitions,
+    is_mirror_consumer,
+    mirror_consumer,
+    pin_subject,
+    pin_subjects,
+    wq_config,
+)
 from airflow_provider_cg.core.jetstream.api import (
     ERR_CONSUMER_EXISTS,
     ERR_STREAM_NAME_IN_USE,
@@ -52,61 +67,18 @@ from airflow_provider_cg.core.jetstream.api import (
     server_version,
 )
 
-WORK_QUEUE = "work-queue"
-PARTITION_STREAMS = "partition-streams"
-DRAINING = "draining"  # moving from partition-streams back to work-queue
-LAYOUTS = (WORK_QUEUE, PARTITION_STREAMS)
-LAYOUT_KEY = "cg.layout"
-REPLICAS_KEY = "cg.partition_replicas"  # on the work queue: the partition streams' replicas, if chosen
 PARTITION_OF_KEY = "cg.partition_of"  # on a partition stream: its work queue and partition
 DURABLE_SOURCING_VERSION = (2, 14, 0)  # durable (flow-control) sourcing and mirroring, ADR-58
 MIRROR_HEARTBEAT_NS = 1_000_000_000
 MIRROR_MAX_ACK_PENDING = 10_000
 
 
-class LayoutError(ConsumerGroupError):
-    """A layout change cannot go on (the message says what to do)."""
-
-
-def check_layout(field: str, value: Any) -> str:
-    if value not in LAYOUTS:
-        raise ConfigError(field, f"must be one of {', '.join(LAYOUTS)} (got {value!r})")
-    return value
-
-
-def layout_of(wq_config: dict) -> str:
-    """The layout recorded on a work-queue stream's config (``work-queue`` when none is)."""
-    return (wq_config.get("metadata") or {}).get(LAYOUT_KEY) or WORK_QUEUE
-
-
-def reads_partition_streams(layout: str) -> bool:
-    """Whether members read the partition streams (while draining back, too)."""
-    return layout in (PARTITION_STREAMS, DRAINING)
-
-
 def partition_stream(wq: str, p: int) -> str:
     return f"{wq}-p{p}"
 
 
-def mirror_consumer(p: int) -> str:
-    return f"cg-partition-{p}"
-
-
-def is_mirror_consumer(name: str) -> bool:
-    head, _, tail = name.rpartition("-")
-    return head == "cg-partition" and tail.isdigit()
-
-
 def mirror_subject(wq: str, p: int) -> str:
     return f"_cg.mirror.{wq}.{p}"
-
-
-def pin_subjects(wq: str) -> str:
-    return f"_cg.pin.{wq}.*"
-
-
-def pin_subject(wq: str, member: str) -> str:
-    return f"_cg.pin.{wq}.{member}"
 
 
 def mirror_consumer_config(p: int, wq: str) -> dict:
@@ -177,33 +149,6 @@ def partition_stream_config(wq_config: dict, p: int) -> dict:
         "mirror": {"name": wq, "consumer": {"name": mirror_consumer(p), "deliver_subject": mirror_subject(wq, p)}},
         "metadata": {PARTITION_OF_KEY: f"{wq} {p}"},
     }
-
-
-def with_layout(wq_config: dict, layout: str, replicas: int | None = None) -> dict:
-    """The work queue's config recording ``layout`` (and capturing the pin subjects unless it
-    is ``work-queue``, where it is orbit's stream exactly) and the partition streams' replicas
-    (``replicas``; None keeps what is recorded)."""
-    cfg = {k: v for k, v in wq_config.items() if k not in ("subjects", "metadata")}
-    md = {k: v for k, v in (wq_config.get("metadata") or {}).items() if not k.startswith("_nats.") and k != LAYOUT_KEY}
-    if replicas is not None:
-        md[REPLICAS_KEY] = str(replicas)
-    if layout == WORK_QUEUE:
-        md.pop(REPLICAS_KEY, None)
-    else:
-        md[LAYOUT_KEY] = layout
-        cfg["subjects"] = [pin_subjects(wq_config["name"])]
-    if md:
-        cfg["metadata"] = md
-    return cfg
-
-
-async def wq_config(api: JsApi, wq: str) -> dict:
-    return (await api.stream_info(wq))["config"]
-
-
-async def set_layout(api: JsApi, wq: str, layout: str, replicas: int | None = None) -> dict:
-    cfg = with_layout(await wq_config(api, wq), layout, replicas)
-    return (await api.request(f"STREAM.UPDATE.{wq}", cfg))["config"]
 
 
 async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: int, deadline: float) -> None:
@@ -371,17 +316,124 @@ async def partition_stream_problems(api: JsApi, wq: str, partitions, mirrored: b
     return out
 
 
-def refuse_split_layout(layout: str, what: str, stream: str, group: str) -> None:
-    """``reset`` and ``resize`` move work-queue positions and partition tokens; they are not
-    built for partition streams: say how to get there."""
-    if layout != WORK_QUEUE:
-        raise ConfigError("layout", f"a {what} needs the work-queue layout and group {group!r} is in the {layout} "
-                                    f"layout: cg layout {stream} {group} {WORK_QUEUE} first (it waits until the "
-                                    f"partition streams are landed), then {what}, then move it back")
-
-
 def check_server(nc) -> None:
     if server_version(nc) < DURABLE_SOURCING_VERSION:
         v = ".".join(map(str, server_version(nc)))
         raise ConfigError("layout", f"{PARTITION_STREAMS} needs nats-server 2.14 or later (durable mirroring of a "
                                     f"work-queue stream); the server is {v}")
+
+
+class PartitionStreams(Layout):
+    """Members read a stream per partition, fed by its mirror of the work queue; the member
+    consumer on the work queue holds only the member's pin subject."""
+
+    name = PARTITION_STREAMS
+    reads_partition_streams = True
+    mirrored = True
+    elastic_only = True
+
+    def member_filters(self, config, member: str, wq: str | None = None) -> list[str]:
+        if not super().member_filters(config, member):
+            return []
+        if wq is None:
+            raise ValueError("the work-queue stream is needed for a member's pin subject")
+        return [pin_subject(wq, member)]
+
+    def work_queue_config(self, wq_config: dict, replicas: int | None = None) -> dict:
+        """Also capturing the pin subjects, and recording the partition streams' replicas
+        (``replicas``; None keeps what is recorded)."""
+        cfg = {k: v for k, v in wq_config.items() if k not in ("subjects", "metadata")}
+        md = {k: v for k, v in (wq_config.get("metadata") or {}).items() if not k.startswith("_nats.") and k != LAYOUT_KEY}
+        if replicas is not None:
+            md[REPLICAS_KEY] = str(replicas)
+        md[LAYOUT_KEY] = self.name
+        cfg["subjects"] = [pin_subjects(wq_config["name"])]
+        cfg["metadata"] = md
+        return cfg
+
+    def check_server(self, nc) -> None:
+        check_server(nc)
+
+    async def prepare(self, api: JsApi, wq: str, partitions: int, deadline: float) -> None:
+        cfg = await self.record(api, wq)
+        await ensure_partition_streams(api, cfg, partitions, deadline=deadline)
+
+    def check_repartition(self, what: str, stream: str, group: str) -> None:
+        """``reset`` and ``resize`` move work-queue positions and partition tokens; they are not
+        built for partition streams: say how to get there."""
+        raise ConfigError("layout", f"a {what} needs the work-queue layout and group {group!r} is in the {self.name} "
+                                    f"layout: cg layout {stream} {group} {WORK_QUEUE} first (it waits until the "
+                                    f"partition streams are landed), then {what}, then move it back")
+
+    def partition_readers(self, nc, wq: str, partitions: tuple[int, ...], js_prefix: str):
+        from airflow_provider_cg.core.jetstream.direct import PartitionStreamReaders
+
+        return PartitionStreamReaders(nc, {p: partition_stream(wq, p) for p in partitions}, js_prefix=js_prefix)
+
+    def partition_store(self, wq: str, partition: int) -> str:
+        return partition_stream(wq, partition)
+
+    async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
+                      problems: dict[int, str] | None = None) -> dict[int, int]:
+        partitions = list(partitions)
+        counts = dict.fromkeys(partitions, 0)
+        counts.update(await partition_backlog(api, wq, partitions, problems=problems, mirrored=self.mirrored))
+        return counts
+
+    async def problems(self, api: JsApi, wq: str, partitions: tuple[int, ...]) -> dict[int, str]:
+        return await partition_stream_problems(api, wq, partitions, mirrored=self.mirrored)
+
+    async def oldest(self, api: JsApi, wq: str, partition: int, problems: dict[int, str]) -> Any:
+        msg = None
+        if partition not in problems:
+            msg = await api.next_msg(partition_stream(wq, partition), 1, ">")
+        return msg or await super().oldest(api, wq, partition, problems)
+
+    async def enter(self, moves, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
+                    deadline: float, replicas: int | None):
+        """Record the layout first (a member job that joins from then on makes its consumer on
+        its pin subject), delete the member consumers that hold partition filters, then create
+        the mirrors and partition streams (``moves.py``)."""
+        from airflow_provider_cg.core.groups.moves import LayoutMove
+
+        self.check_server(moves.nc)
+        wq = wq_cfg["name"]
+        if replicas is not None and have.reads_partition_streams and partition_replicas(wq_cfg) != replicas:
+            raise ConfigError("partition_replicas", f"the partition streams exist with {partition_replicas(wq_cfg)} "
+                                                    "replicas: move the group to work-queue first to change them")
+        if not have.mirrored or replicas is not None:
+            wq_cfg = await self.record(moves.api, wq, replicas)
+        await moves.drop_member_consumers(wq, partition_filters=True)
+        await ensure_partition_streams(moves.api, wq_cfg, partitions, deadline=max(deadline, time.monotonic() + 5))
+        return LayoutMove(stream, group, self.name, True)
+
+    async def drain(self, api: JsApi, wq: str, partitions: int, deadline: float) -> dict[int, int]:
+        """Stop the mirrors (state ``draining``) and wait until members landed every partition
+        stream, or ``deadline`` (monotonic): what is left per partition ({} once all are empty)."""
+        if self.mirrored:
+            await DRAINING_LAYOUT.record(api, wq)
+        await stop_mirrors(api, wq)
+        while True:
+            left = await partition_streams_left(api, wq, partitions)
+            if not any(left.values()):
+                return {}
+            if time.monotonic() >= deadline:
+                return left
+            await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+
+
+class Draining(PartitionStreams):
+    """On the way back to the work queue: the mirrors are stopped, members land what the
+    partition streams hold, and new messages wait in the work queue meanwhile."""
+
+    name = DRAINING
+    chosen = False
+    mirrored = False
+
+    async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
+                      problems: dict[int, str] | None = None) -> dict[int, int]:
+        return count_partitions(await super().backlog(api, wq, wq_subjects, partitions, problems), wq_subjects)
+
+
+PARTITION_STREAMS_LAYOUT = PartitionStreams()
+DRAINING_LAYOUT = Draining()

@@ -1,0 +1,160 @@
+"""What every layout gives (``Layout``), and how a group's layout is recorded.
+
+A layout is where an elastic group's partitions are stored and how its members read them;
+``work_queue.py`` (orbit's, and a static group's read of its origin) and
+``partition_streams.py`` (one stream per partition, and its ``draining`` state on the way
+back) are the layouts. Callers ask the group's layout object (``layouts.of``, ``named``,
+``GroupStore.layout``) instead of comparing names: its member consumer's filters, its
+readers, its backlog per partition and health, what it allows, and how a group moves into it.
+
+The layout is recorded on the work-queue stream (``metadata["cg.layout"]``; orbit rewrites KV
+entries, never the stream); none recorded is ``work-queue``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.jetstream.api import JsApi
+
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.groups.config import GroupConfig
+    from airflow_provider_cg.core.groups.moves import LayoutMove, LayoutMoves
+    from airflow_provider_cg.core.jetstream.direct import PartitionStreamReaders
+
+WORK_QUEUE = "work-queue"
+PARTITION_STREAMS = "partition-streams"
+DRAINING = "draining"  # moving from partition-streams back to work-queue
+LAYOUT_KEY = "cg.layout"
+REPLICAS_KEY = "cg.partition_replicas"  # on the work queue: the partition streams' replicas, if chosen
+
+
+class LayoutError(ConsumerGroupError):
+    """A layout change cannot go on (the message says what to do)."""
+
+
+def mirror_consumer(p: int) -> str:
+    """The name of partition ``p``'s mirror consumer on the work queue (``partition_streams.py``):
+    a name no member may take (``config.py`` refuses it)."""
+    return f"cg-partition-{p}"
+
+
+def is_mirror_consumer(name: str) -> bool:
+    head, _, tail = name.rpartition("-")
+    return head == "cg-partition" and tail.isdigit()
+
+
+def pin_subjects(wq: str) -> str:
+    return f"_cg.pin.{wq}.*"
+
+
+def pin_subject(wq: str, member: str) -> str:
+    return f"_cg.pin.{wq}.{member}"
+
+
+class Layout:
+    """One layout (see the module docstring); the defaults are the work queue's."""
+
+    name: ClassVar[str]
+    #: a name ``cg layout`` and the operators take (``draining`` is a state on the way back)
+    chosen: ClassVar[bool] = True
+    #: members read a stream per partition, not the work queue
+    reads_partition_streams: ClassVar[bool] = False
+    #: the partition streams are being fed by their mirrors (not while draining back)
+    mirrored: ClassVar[bool] = False
+    #: only an elastic group can be in it (a static group's members read the origin)
+    elastic_only: ClassVar[bool] = False
+
+    def __repr__(self) -> str:
+        return f"<layout {self.name}>"
+
+    def member_filters(self, config: GroupConfig, member: str, wq: str | None = None) -> list[str]:
+        """The filter subjects of ``member``'s consumer: its partitions' ([] when it is not a
+        member or has no partitions). ``wq``: the consumer's stream."""
+        from airflow_provider_cg.core.groups import partitioning
+        from airflow_provider_cg.core.groups.config import in_membership
+
+        if not in_membership(config, member):
+            return []
+        return list(partitioning.member_filter_subjects(config, member))
+
+    def work_queue_config(self, wq_config: dict, replicas: int | None = None) -> dict:
+        """The work queue's config recording this layout (``work-queue``: orbit's stream exactly)."""
+        cfg = {k: v for k, v in wq_config.items() if k not in ("subjects", "metadata")}
+        md = {k: v for k, v in (wq_config.get("metadata") or {}).items()
+              if not k.startswith("_nats.") and k not in (LAYOUT_KEY, REPLICAS_KEY)}
+        if md:
+            cfg["metadata"] = md
+        return cfg
+
+    async def record(self, api: JsApi, wq: str, replicas: int | None = None) -> dict:
+        """Record this layout on the work queue; its new config."""
+        cfg = self.work_queue_config(await wq_config(api, wq), replicas)
+        return (await api.request(f"STREAM.UPDATE.{wq}", cfg))["config"]
+
+    def check_server(self, nc: Any) -> None:
+        """``ConfigError`` when the connected server cannot hold this layout."""
+
+    async def prepare(self, api: JsApi, wq: str, partitions: int, deadline: float) -> None:
+        """What a group created in this layout needs besides its work queue ``wq``."""
+
+    def check_repartition(self, what: str, stream: str, group: str) -> None:
+        """``ConfigError`` unless a ``reset`` or ``resize`` (``what``) can run in this layout."""
+
+    def partition_readers(self, nc: Any, wq: str, partitions: tuple[int, ...], js_prefix: str
+                          ) -> PartitionStreamReaders | None:
+        """The readers of a member's partition streams, in a layout that has them (else None:
+        the member reads the work queue, or its origin)."""
+        return None
+
+    def partition_store(self, wq: str, partition: int) -> str:
+        """The stream that holds a partition's messages not yet landed."""
+        return wq
+
+    async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
+                      problems: dict[int, str] | None = None) -> dict[int, int]:
+        """Per partition, the messages not yet landed; ``wq_subjects``: the work queue's count
+        per subject. ``problems``: filled with the partitions whose store is not current, whose
+        backlog is then only partly known (None: such a store fails the count)."""
+        return count_partitions(dict.fromkeys(partitions, 0), wq_subjects)
+
+    async def problems(self, api: JsApi, wq: str, partitions: tuple[int, ...]) -> dict[int, str]:
+        """The partitions whose store is not current, and why (none in the work queue)."""
+        return {}
+
+    async def oldest(self, api: JsApi, wq: str, partition: int, problems: dict[int, str]) -> Any:
+        """The oldest message of a partition not yet landed (None when there is none)."""
+        return await api.next_msg(wq, 1, f"{partition}.>")
+
+    async def enter(self, moves: LayoutMoves, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
+                    deadline: float, replicas: int | None) -> LayoutMove:
+        """Move a group that is in ``have`` into this layout (``moves.py``)."""
+        raise NotImplementedError
+
+
+def count_partitions(partitions: dict[int, int], subjects: dict[str, int]) -> dict[int, int]:
+    """Add per-subject counts of subjects whose first token is the partition (``<p>.<subject>``)
+    to ``partitions``."""
+    for subject, n in subjects.items():
+        first = subject.split(".", 1)[0]
+        if first.isdigit():
+            p = int(first)
+            partitions[p] = partitions.get(p, 0) + int(n)
+    return partitions
+
+
+async def wq_config(api: JsApi, wq: str) -> dict:
+    return (await api.stream_info(wq))["config"]
+
+
+def recorded_name(wq_config: dict) -> str:
+    """The layout's name recorded on a work-queue stream's config (``work-queue`` when none is)."""
+    return (wq_config.get("metadata") or {}).get(LAYOUT_KEY) or WORK_QUEUE
+
+
+def check_name(field: str, value: Any, names: tuple[str, ...]) -> str:
+    if value not in names:
+        raise ConfigError(field, f"must be one of {', '.join(names)} (got {value!r})")
+    return value
