@@ -11,8 +11,10 @@ messages are nak'd while they have deliveries left, then dead-lettered and acked
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -27,19 +29,22 @@ from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
 from airflow_provider_cg.core.landing.dead_letters import dead_letter_headers
 from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.pipeline import ProcessedBatch
+from airflow_provider_cg.core.landing.reading import MemberReading
 from airflow_provider_cg.core.landing.rows import build_rows
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
 
 class ConsumerReads:
-    """The consumer read path of one member run (``member.MemberRun``: the pin, the lander,
-    the limits and the summary are the run's)."""
+    """The consumer read path of one member run (``member.MemberRun``), given its
+    ``MemberReading``: the pin, the lander, the stop rule and the summary are the run's."""
 
     read_path = "consumer"  # what the summary reports
 
-    def __init__(self, run) -> None:
-        self.run = run
+    def __init__(self, reading: MemberReading) -> None:
+        self.r = reading
+        self.batch_size = reading.batch_size  # lowered to fit an existing consumer's max_ack_pending
+        self.landing_msgs: list = []  # the batch being landed (kept in progress while the next one waits)
         self.idle_checks = 0  # empty pulls answered by "still pending" (bounded)
 
     async def settle_predecessors(self, held: list, landed: set[int]) -> list | None:
@@ -53,33 +58,34 @@ class ConsumerReads:
         until the consumer's ack-pending count is all ours, keeping ours alive with +WPI.
         Messages whose rows recovery just committed are acked at once: they are landed, and
         an earlier holder's late ack of them must not be mistaken for progress."""
-        o, s = self.run.options, self.run.summary
+        r, s = self.r, self.r.summary
+        client = r.pin.client
         done = [m for m in held if m.stream_seq in landed] if landed else []  # one pull: no repeats
         if done:
-            await self.run.client.ack_sync_many(done, timeout=min(ACK_TIMEOUT, 10.0))
-            self.run.taken += len(done)
+            await client.ack_sync_many(done, timeout=min(ACK_TIMEOUT, 10.0))
+            r.stop.took(len(done))
             held = [m for m in held if m.stream_seq not in landed]
-        ack_wait = self.run.consumer_ack_wait
+        ack_wait = r.pin.consumer_ack_wait
         deadline = time.monotonic() + 3 * ack_wait + 30
         refreshed = time.monotonic()
         waited = False
         while True:
-            foreign = int((await self.run.client.consumer_info()).get("num_ack_pending", 0)) - len(held)
+            foreign = int((await client.consumer_info()).get("num_ack_pending", 0)) - len(held)
             if foreign <= 0:
                 break
             if not waited:
                 log.info("cg member=%s: %d messages still in flight at an earlier instance; waiting for them "
-                         "(up to the consumer's ack wait, %.1fs) before landing", o.member, foreign, ack_wait)
+                         "(up to the consumer's ack wait, %.1fs) before landing", r.member, foreign, ack_wait)
                 waited = True
             if time.monotonic() > deadline:
                 s.stop_reason = f"{foreign} messages of an earlier instance did not come back"
                 return None
             if time.monotonic() - refreshed > ack_wait / 3:
                 for m in held:
-                    await self.run.client.in_progress(m)
+                    await client.in_progress(m)
                 refreshed = time.monotonic()
             try:
-                more = await self.run.client.pull(max(1, foreign), expires=min(1.0, self.run.pull_expires_max))
+                more = await client.pull(max(1, foreign), expires=min(1.0, r.pin.pull_expires_max))
             except PinLost:
                 s.stop_reason = "pin lost while waiting for an earlier instance's messages"
                 return None
@@ -88,49 +94,50 @@ class ConsumerReads:
                 continue
             held = _latest_deliveries(held + more)
         if waited:
-            log.info("cg member=%s: earlier instances' messages are back; %d held", o.member, len(held))
+            log.info("cg member=%s: earlier instances' messages are back; %d held", r.member, len(held))
         return held
 
     async def consume(self, first: list) -> None:
         """Pull batch k+1 while batch k is landed (prepare, ack, commit) in the background."""
-        o, s = self.run.options, self.run.summary
+        r, s = self.r, self.r.summary
+        client = r.pin.client
         landing: asyncio.Task | None = None
         msgs, end = first, None
         transient_deadline = None
         try:
             while True:
                 if msgs:
-                    self.run.taken += len(msgs)
+                    r.stop.took(len(msgs))
                     if landing is not None:
-                        await self.run.await_landing(landing, held=msgs)
-                    if not self.run.client.is_pinned and end is None:
+                        await r.pin.await_landing(landing, functools.partial(self._in_progress, msgs))
+                    if not client.is_pinned and end is None:
                         end = "pin"  # lost while the last batch landed: leave these to the new holder
-                    elif not self.run.lander.taken_over:  # else leave them unacked to the new pin holder
+                    elif not r.lander.taken_over:  # else leave them unacked to the new pin holder
                         landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
-                    self.run.progress.tick()
+                    r.progress.tick()
                 if end is not None and landing is not None:
-                    await self.run.await_landing(landing)  # its outcome may say why we stop
+                    await r.pin.await_landing(landing, self._in_progress)  # its outcome may say why we stop
                     landing = None
-                if self.run.lander.taken_over:
+                if r.lander.taken_over:
                     s.stop_reason = "taken over by another instance"
                     break
                 if end is not None:
                     s.stop_reason = {"pin": "pin lost", "gone": "consumer deleted", "idle": "backlog drained"}[end]
                     break
-                reason = self.run.limit_reached()
+                reason = r.stop.reason()
                 if reason == "target reached" and landing is not None:
                     # The batch still landing may nak poison messages back (``taken`` drops):
                     # they are part of the target and must come back here, to be dead-lettered
                     # once out of deliveries, not be left behind in the stream.
-                    await self.run.await_landing(landing)
+                    await r.pin.await_landing(landing, self._in_progress)
                     landing = None
-                    reason = self.run.limit_reached()
+                    reason = r.stop.reason()
                 if reason:
                     s.stop_reason = reason
                     break
-                want = min(self.run.batch_size, s.target - self.run.taken)
+                want = r.stop.wanted(self.batch_size)
                 try:
-                    msgs = await self.run.client.pull(want, expires=min(o.idle_timeout, self.run.pull_expires_max))
+                    msgs = await client.pull(want, expires=min(r.options.idle_timeout, r.pin.pull_expires_max))
                     transient_deadline = None
                     if not msgs and not await self._backlog_left():
                         end = "idle"
@@ -140,14 +147,18 @@ class ConsumerReads:
                     msgs, end = e.messages, "gone"
                 except PullTransient as e:  # server restart, leadership change: keep trying a while
                     msgs = e.messages
-                    transient_deadline = transient_deadline or time.monotonic() + max(self.run.ack_wait, 30.0)
+                    transient_deadline = transient_deadline or time.monotonic() + max(r.ack_wait, 30.0)
                     if time.monotonic() > transient_deadline:
                         raise
                     log.warning("cg pull interrupted (%s); retrying", e)
                     await asyncio.sleep(0.5)
         finally:
             if landing is not None:
-                await self.run.await_landing(landing)
+                await r.pin.await_landing(landing, self._in_progress)
+
+    def _in_progress(self, held: Sequence = ()) -> list:
+        """The messages to keep in progress: the landing batch's, and ``held``, the next one's."""
+        return [*self.landing_msgs, *held]
 
     async def _backlog_left(self) -> bool:
         """After a pull came back empty: is anything still pending for us? A slow server can
@@ -156,7 +167,7 @@ class ConsumerReads:
             return False
         self.idle_checks += 1
         try:
-            info = await self.run.client.consumer_info()
+            info = await self.r.pin.client.consumer_info()
         except Exception:
             return False
         return int(info.get("num_pending", 0)) > 0
@@ -164,47 +175,47 @@ class ConsumerReads:
     async def _land(self, msgs: list, consumer_gone: bool = False) -> None:
         """One batch read through the consumer: its rows, then the two-phase steps with a
         double ack per message (partition by partition)."""
-        o = self.run.options
-        self.run.landing_msgs = msgs
-        table = build_rows(msgs, group=o.group, member=o.member, keys=self.run.keys, sourced=self.run.sourced)
+        r = self.r
+        self.landing_msgs = msgs
+        table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.sourced)
         if not _in_stream_order(msgs):  # right after a takeover or a redelivery
             msgs = sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
-            table = build_rows(msgs, group=o.group, member=o.member, keys=self.run.keys, sourced=self.run.sourced)
-        table = self.run.rows_of(table)
+            table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.sourced)
+        table = r.rows_of(table)
         lo, hi = pc.min_max(table.column("partition")).values()
         one_partition = lo == hi
-        batch_id = self.run.next_batch_id()
+        batch_id = r.next_batch_id()
         if consumer_gone:  # nothing is acked: the rows only go through prepare and abort
             processed = ProcessedBatch(table, {})
         else:  # fails the batch (no ack sent) if the user's transformation fails
-            processed = await asyncio.to_thread(self.run.pipeline.process, self.run.sink, table, batch_id)
+            processed = await asyncio.to_thread(r.pipeline.process, r.sink, table, batch_id)
         inputs = table
         if processed.bad:
             msgs, rows = await self._handle_poison(table, msgs, processed.bad)
             inputs = table.take(pa.array(rows, pa.int64()))  # typed: the list may be empty
         if not msgs:
-            await asyncio.to_thread(self.run.sink.discard, processed.rows)
+            await asyncio.to_thread(r.sink.discard, processed.rows)
             return
 
         async def ack() -> int:
-            acked, outcomes = [], []
+            acked: list = []
+            outcomes: list[AckOutcome] = []
             for part in [msgs] if one_partition else _by_partition(msgs):
-                outcomes += await self.run.client.ack_sync_many(part, timeout=min(ACK_TIMEOUT, 10.0))
+                outcomes += await r.pin.client.ack_sync_many(part, timeout=min(ACK_TIMEOUT, 10.0))
                 acked += part
                 failpoint("mid_ack")
-            return await _resolve_acks(self.run.client, self.run.api, self.run.consumer_stream, self.run.sourced, acked, outcomes,
+            return await _resolve_acks(r.pin.client, r.api, r.consumer_stream, r.sourced, acked, outcomes,
                                        time.monotonic() + ACK_TIMEOUT)
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
-        await self.run.lander.land(batch_id, processed, inputs, {self.run.consumer_stream: refs}, ack, len(msgs),
-                                   sum(len(m.data) for m in msgs), abort=consumer_gone,
-                                   recompute=self.run.recompute_step(inputs))
+        await r.lander.land(batch_id, processed, inputs, {r.consumer_stream: refs}, ack, len(msgs),
+                            sum(len(m.data) for m in msgs), abort=consumer_gone, recompute=r.recompute_step(inputs))
 
     async def _handle_poison(self, table, msgs: list, bad: dict[int, str]) -> tuple[list, list[int]]:
         """Nak poison messages that have deliveries left; dead-letter the others (then ack them
         with the batch). ``table``: the batch's rows as read. Returns the messages to ack and
         their rows' indexes."""
-        o, s = self.run.options, self.run.summary
+        r, s = self.r, self.r.summary
         ack_msgs, ack_rows = [], []
         s.poison_deliveries += len(bad)
         origin_streams = table.column("origin_stream")
@@ -215,16 +226,16 @@ class ConsumerReads:
             if err is None:
                 ack_msgs.append(m)
                 ack_rows.append(i)
-            elif m.num_delivered >= o.max_deliver:
+            elif m.num_delivered >= r.options.max_deliver:
                 origin, seq = origin_streams[i].as_py(), origin_seqs[i].as_py()
-                await self.run.dlq.publish(partitioning.strip_partition(m.subject)[1], m.data, dead_letter_headers(
-                    user_headers[i].as_py(), err, origin, seq, o.member, deliveries=m.num_delivered))
+                await r.dlq.publish(partitioning.strip_partition(m.subject)[1], m.data, dead_letter_headers(
+                    user_headers[i].as_py(), err, origin, seq, r.member, deliveries=m.num_delivered))
                 s.dead_lettered += 1
                 ack_msgs.append(m)
                 ack_rows.append(i)
             else:
-                await self.run.client.nak(m)
-                self.run.taken -= 1  # it comes back and is counted again
+                await r.pin.client.nak(m)
+                r.stop.gave_back(1)  # it comes back and is counted again
         return ack_msgs, ack_rows  # dead-lettered ones are acked with the batch but have no output row
 
     def fit_batch_to(self, info: dict) -> None:
@@ -233,10 +244,10 @@ class ConsumerReads:
         earlier run with a smaller batch size), and a pull for more than it may deliver waits
         until its expiry for messages that cannot come."""
         limit = int((info.get("config") or {}).get("max_ack_pending") or 0)
-        if limit > 0 and self.run.batch_size > max(1, limit // 2):
+        if limit > 0 and self.batch_size > max(1, limit // 2):
             log.warning("cg batch size %d > half the consumer's max_ack_pending %d; using %d",
-                        self.run.batch_size, limit, max(1, limit // 2))
-            self.run.batch_size = max(1, limit // 2)
+                        self.batch_size, limit, max(1, limit // 2))
+            self.batch_size = max(1, limit // 2)
 
 
 async def _resolve_acks(client: PriorityClient, api: JsApi, consumer_stream: str, is_work_queue: bool,

@@ -38,6 +38,7 @@ from airflow_provider_cg.core.jetstream.direct import (
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
 from airflow_provider_cg.core.landing.dead_letters import dead_letter_headers
 from airflow_provider_cg.core.landing.failpoints import failpoint
+from airflow_provider_cg.core.landing.reading import MemberReading
 from airflow_provider_cg.core.landing.rows import keep_matching, rows_from_batches
 
 log = logging.getLogger("airflow_provider_cg.landing")
@@ -192,39 +193,41 @@ class ConsumerPosition:
 
 
 class DirectReads:
-    """The direct-get read path of one member run (``member.MemberRun``)."""
+    """The direct-get read path of one member run (``member.MemberRun``), given its
+    ``MemberReading``."""
 
     read_path = "direct"  # what the summary reports
 
-    def __init__(self, run, positions: PartitionPositions | PartitionStreamPositions | ConsumerPosition) -> None:
-        self.run = run
+    def __init__(self, reading: MemberReading,
+                 positions: PartitionPositions | PartitionStreamPositions | ConsumerPosition) -> None:
+        self.r = reading
         self.positions = positions
 
     async def consume(self) -> None:
         """Read the member's partitions by direct gets, batch k+1 while batch k lands; the
         pin is kept by pulls that take no message. Batch k+1's processing (Spark) may start
         while batch k finishes its two-phase steps; its own steps wait for batch k's."""
-        s = self.run.summary
-        keeper = asyncio.create_task(self.run.keep_pin_until_lost())
+        r, s = self.r, self.r.summary
+        keeper = asyncio.create_task(r.pin.keep_until_lost())
         landing: asyncio.Task | None = None
         transient_deadline = None
         try:
             while True:
-                if self.run.lander.taken_over:
+                if r.lander.taken_over:
                     s.stop_reason = "taken over by another instance"
                     break
-                if keeper.done() or not await self.run.client.keep_pin():  # also notices a step-down at once
+                if keeper.done() or not await r.pin.client.keep_pin():  # also notices a step-down at once
                     s.stop_reason = "pin lost"
                     break
-                reason = self.run.limit_reached()
+                reason = r.stop.reason()
                 if reason:
                     s.stop_reason = reason
                     break
                 try:
-                    batches, cut = await self._next(min(self.run.batch_size, s.target - self.run.taken))
+                    batches, cut = await self._next(r.stop.wanted(r.batch_size))
                     transient_deadline = None
                 except DirectReadError as e:
-                    transient_deadline = transient_deadline or time.monotonic() + max(self.run.ack_wait, 30.0)
+                    transient_deadline = transient_deadline or time.monotonic() + max(r.ack_wait, 30.0)
                     if not e.retryable or time.monotonic() > transient_deadline:
                         raise
                     log.warning("cg read interrupted (%s); retrying", e)
@@ -232,22 +235,22 @@ class DirectReads:
                     continue
                 if not batches:  # drained, unless by a successor while this instance stalled
                     if landing is not None:
-                        await self.run.await_landing(landing)
+                        await r.pin.await_landing(landing)
                         landing = None
-                    if self.run.split:  # nothing read: an empty partition stream, or one that cannot serve
-                        await self.run.ensure_partition_streams_current()
-                    s.stop_reason = "backlog drained" if await self.run.client.holds_pin() else "pin lost"
+                    if r.split:  # nothing read: an empty partition stream, or one that cannot serve
+                        await r.ensure_current()
+                    s.stop_reason = "backlog drained" if await r.pin.holds() else "pin lost"
                     break
-                self.run.taken += sum(len(b) for b in batches)
+                r.stop.took(sum(len(b) for b in batches))
                 previous, landing = landing, None
-                if not self.run.lander.taken_over and not keeper.done():
+                if not r.lander.taken_over and not keeper.done():
                     landing = asyncio.create_task(self._land(batches, cut, after=previous))
                 if previous is not None:
-                    await self.run.await_landing(previous)
-                self.run.progress.tick()
+                    await r.pin.await_landing(previous)
+                r.progress.tick()
         finally:
             if landing is not None:
-                await self.run.await_landing(landing)
+                await r.pin.await_landing(landing)
             keeper.cancel()
 
     async def _next(self, count: int) -> tuple[list[Any], int | None]:
@@ -259,16 +262,16 @@ class DirectReads:
         """One batch read by direct gets: its rows and processing, then (once the batch
         ``after`` has landed) the two-phase steps with the ack of the range read. Nothing of
         it is prepared if ``after`` failed or was taken over."""
-        o, positions = self.run.options, self.positions
-        table, refs = await asyncio.to_thread(rows_from_batches, batches, group=o.group, member=o.member,
-                                              keys=self.run.keys, origin=positions.origin)
-        table = self.run.rows_of(table)
-        batch_id = self.run.next_batch_id()
-        processed = await asyncio.to_thread(self.run.pipeline.process, self.run.sink, table, batch_id)
+        r, positions = self.r, self.positions
+        table, refs = await asyncio.to_thread(rows_from_batches, batches, group=r.options.group, member=r.member,
+                                              keys=r.keys, origin=positions.origin)
+        table = r.rows_of(table)
+        batch_id = r.next_batch_id()
+        processed = await asyncio.to_thread(r.pipeline.process, r.sink, table, batch_id)
         if after is not None:
             await asyncio.wait({after})
-            if after.cancelled() or after.exception() is not None or self.run.lander.taken_over:
-                await asyncio.to_thread(self.run.sink.discard, processed.rows)
+            if after.cancelled() or after.exception() is not None or r.lander.taken_over:
+                await asyncio.to_thread(r.sink.discard, processed.rows)
                 return
         if processed.bad:
             await self._dead_letter(table, processed.bad)
@@ -276,20 +279,19 @@ class DirectReads:
         async def ack() -> int:
             return await positions.ack(batches, cut)
 
-        await self.run.lander.land(batch_id, processed, table, {self.run.consumer_stream: refs}, ack, len(refs),
-                                   sum(len(d) for b in batches for d in b.data),
-                                   recompute=self.run.recompute_step(table))
+        await r.lander.land(batch_id, processed, table, {r.consumer_stream: refs}, ack, len(refs),
+                            sum(len(d) for b in batches for d in b.data), recompute=r.recompute_step(table))
 
     async def _dead_letter(self, table, bad: dict[int, str]) -> None:
         """Direct reads: a decode failure goes to the dead-letter stream at once (a direct get
         is no delivery; decoding again would fail again), with the message's own headers, and
         is acknowledged with its range."""
-        o, s = self.run.options, self.run.summary
+        s = self.r.summary
         s.poison_deliveries += len(bad)
         cols = table.select(["origin_stream", "origin_seq", "subject", "payload", "headers"]).to_pylist()
         for i, err in bad.items():
             row = cols[i]
             origin, seq = row["origin_stream"], row["origin_seq"]
-            await self.run.dlq.publish(row["subject"], row["payload"], dead_letter_headers(
-                row["headers"], err, origin, seq, o.member))
+            await self.r.dlq.publish(row["subject"], row["payload"], dead_letter_headers(
+                row["headers"], err, origin, seq, self.r.member))
             s.dead_lettered += 1

@@ -24,6 +24,7 @@ import numpy as np
 from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
 from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads
 from airflow_provider_cg.core.landing.nats_source import batch_plan
+from airflow_provider_cg.core.landing.reading import MemberReading
 
 
 class ExecutorReads(DirectReads):
@@ -32,22 +33,22 @@ class ExecutorReads(DirectReads):
 
     read_path = "executors"  # what the summary reports
 
-    def __init__(self, run, positions, parallelism: int) -> None:
-        super().__init__(run, positions)
+    def __init__(self, reading: MemberReading, positions, parallelism: int) -> None:
+        super().__init__(reading, positions)
         self.parallelism = max(1, parallelism)
 
     async def _next(self, count: int) -> tuple[list[ReadRange], int | None]:
         return await self.positions.plan(count)
 
     def _plan(self, ranges: list[ReadRange], skip: np.ndarray | None) -> str:
-        run, o = self.run, self.run.options
-        return batch_plan(ranges, stream=run.consumer_stream, origin=self.positions.origin, group=o.group,
-                          member=o.member, key_rules=run.key_rules, js_prefix=run.api.prefix,
+        r = self.r
+        return batch_plan(ranges, stream=r.consumer_stream, origin=self.positions.origin, group=r.options.group,
+                          member=r.member, key_rules=r.key_rules, js_prefix=r.api.prefix,
                           only=self.positions.only, parallelism=self.parallelism, skip=skip,
-                          origin_key=run.origin_key)
+                          origin_key=r.origin_key)
 
     async def _land(self, ranges: list[ReadRange], cut: int, after: asyncio.Task | None = None) -> None:
-        run, positions = self.run, self.positions
+        run, positions = self.r, self.positions
         batch_id = run.next_batch_id()
         partitions = run.partitions if any(r.partition == ALL for r in ranges) or \
             isinstance(positions, ConsumerPosition) else tuple(sorted({r.partition for r in ranges}))

@@ -24,7 +24,7 @@ The member consumer stays on the work queue, named after the member, as the excl
 ``_cg.pin.<wq>.<member>`` (the work queue captures ``_cg.pin.<wq>.*``): the mirrors' consumers
 hold the partition subjects, and a work queue allows no overlapping filters. The server pins a
 client only when it delivers a message, so a job that wants the pin publishes one small anchor
-message there first (``MemberRun._anchor_pin``).
+message there first (``Pin.anchor``, ``landing/pin.py``).
 
 orbit: its CLI reads and changes the membership of a ``partition-streams`` group (the KV entry is
 the same JSON), but an orbit *instance* cannot consume one: its consumer's ``<p>.>`` filters

@@ -1,0 +1,99 @@
+"""What a reader of one member run is given (``MemberReading``): the run's parts a read path
+needs, explicit and narrow. A reader (``direct_reads``, ``executor_reads``, ``consumer_reads``)
+changes none of the run's state: it counts what it takes in the stop rule, keeps the pin
+through ``pin``, and lands through the lander."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
+from airflow_provider_cg.core.landing.dead_letters import DeadLetters
+from airflow_provider_cg.core.landing.pin import Pin
+from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, with_origin_key
+from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.stop_rule import StopRule
+from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
+
+log = logging.getLogger("airflow_provider_cg.landing")
+
+
+class Progress:
+    """The job's progress line, at most every ``interval`` seconds."""
+
+    def __init__(self, summary: Summary, interval: float) -> None:
+        self.summary, self.interval = summary, interval
+        self.start = self.last = time.monotonic()
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last < self.interval:
+            return
+        self.last = now
+        s = self.summary
+        rate = s.messages_read / max(now - self.start, 1e-9)
+        left = max(s.target - s.messages_read, 0)
+        log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s backlog_left=%d",
+                 s.member, s.messages_read, s.rows_written, rate, left)
+
+
+class BatchIds:
+    """The ids of a run's batches (``BatchId``): one sequence for the whole run, starting at
+    the run's start time in milliseconds, so a later run's batches sort after an earlier's."""
+
+    def __init__(self, stream: str, group: str, member: str) -> None:
+        self.stream, self.group, self.member = stream, group, member
+        self.seq = int(time.time() * 1000)
+
+    def next(self) -> BatchId:
+        self.seq += 1
+        return BatchId(self.stream, self.group, self.member, self.seq)
+
+
+@dataclass
+class MemberReading:
+    """One assignment of a member run, as its reader sees it (see the module docstring)."""
+
+    options: BatchOptions
+    member: str
+    summary: Summary
+    progress: Progress
+    pin: Pin
+    stop: StopRule
+    lander: TwoPhaseLander
+    sink: TwoPhaseSink
+    pipeline: Any
+    dlq: DeadLetters
+    api: JsApi
+    consumer_stream: str
+    partitions: tuple[int, ...]
+    keys: KeySelector
+    key_rules: list
+    sourced: bool  # the consumer's stream is the work queue (sourced from the origin), not the origin
+    split: bool  # the partitions are streams of their own (``layouts/partition_streams.py``)
+    origin_key: str | None
+    ack_wait: float
+    batch_size: int
+    batch_ids: BatchIds
+    #: the member's partition streams answer, or the run ends with exit 2 naming one
+    ensure_current: Callable[[], Awaitable[None]]
+
+    def next_batch_id(self) -> BatchId:
+        return self.batch_ids.next()
+
+    def rows_of(self, table):
+        """Rows as read, under the key of the origin's life (``stream_life.py``)."""
+        return with_origin_key(table, self.origin_key)
+
+    def recompute_step(self, table):
+        """The lander's ``recompute`` of a batch read as ``table``: processed again under a new
+        batch id (the pipeline drops the inputs another writer committed meanwhile)."""
+        def recompute():
+            batch_id = self.next_batch_id()
+            return batch_id, self.pipeline.process(self.sink, table, batch_id)
+        return recompute
