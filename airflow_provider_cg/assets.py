@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.contract import COUNTS, SinkOptions
+from airflow_provider_cg.core.landing.contract import COUNTS
+from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
 #: the asset event extra's layout version

@@ -85,7 +85,7 @@ def read_table(fmt: str, columns: list[str]):
 
 def how_to_read(fmt: str) -> list[str]:
     """Commands that read the orders table with other tools than ours."""
-    from airflow_provider_cg.core.landing.contract import SinkOptions
+    from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
     options = SinkOptions.build(orders_table(fmt))
     return options.kind.how_to_read(options)
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = sorted(order_ids) == sorted(paid)
     print(f"\n[demo] {'OK' if ok else 'MISMATCH'}: db migrate {t_migrate:.0f} s, publish {t_publish:.1f} s, "
           f"DAG run {t_dag:.0f} s, total {time.perf_counter() - t0:.0f} s")
-    from airflow_provider_cg.core.landing.contract import SinkOptions
+    from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
     options = SinkOptions.build(orders_table(args.format))
     where = options.kind.describe(options)

@@ -63,7 +63,7 @@ def paid_orders_asset():
 def landing_asset(landing: dict[str, Any]):
     """The Asset of the table ``orders_landing(...)``'s arguments write."""
     from airflow_provider_cg.assets import table_asset
-    from airflow_provider_cg.core.landing.contract import SINK_FIELDS
+    from airflow_provider_cg.core.landing.sinks.options import SINK_FIELDS
 
     return table_asset(**{k: landing[k] for k in SINK_FIELDS if landing.get(k) is not None})
 

@@ -36,8 +36,9 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from airflow_provider_cg.core.landing.contract import SinkOptions  # noqa: E402
 from airflow_provider_cg.core.landing.rows import BatchId  # noqa: E402
+from airflow_provider_cg.core.landing.sinks.opening import open_sink
+from airflow_provider_cg.core.landing.sinks.options import SinkOptions  # noqa: E402
 from tests.support.sink_rows import refs_for, rows  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -74,7 +75,7 @@ def _data_files(options: SinkOptions) -> int:
         from deltalake import DeltaTable
 
         return len(DeltaTable(options.sink_path).file_uris())
-    tbl = options.open().load_table()
+    tbl = open_sink(options).load_table()
     return len(list(tbl.scan().plan_files()))
 
 
@@ -89,7 +90,7 @@ def case(fmt: str, variant: str, batches: int, n: int, keys: int, root: Path) ->
     where = root / f"{fmt}-{variant}"
     where.mkdir()
     options = _options(fmt, "append" if variant == "append+maintain" else variant, where)
-    sink = options.open()
+    sink = open_sink(options)
     stop, maint_runs = threading.Event(), [0]
 
     def maintainer() -> None:

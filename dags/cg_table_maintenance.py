@@ -18,7 +18,7 @@ import datetime as dt
 
 from airflow.sdk import DAG
 
-from airflow_provider_cg.core.landing.contract import SINK_FIELDS
+from airflow_provider_cg.core.landing.sinks.options import SINK_FIELDS
 from airflow_provider_cg.examples import EXAMPLE_DEFAULT_ARGS, orders_landing
 from airflow_provider_cg.operators.maintenance import ConsumerGroupTableMaintenanceOperator
 

@@ -29,7 +29,9 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 def _build_sink(spec):
-    sink = spec.sink_options.open(transformed=spec.transforming)
+    from airflow_provider_cg.core.landing.sinks.opening import open_sink
+
+    sink = open_sink(spec.sink_options, transformed=spec.transforming)
     check = getattr(sink, "check", None)
     if check is not None:
         check()  # an unreachable database fails here, before the pin is taken
@@ -187,7 +189,8 @@ class OneLineLibraryErrors(logging.Filter):
 
 def _shown(e) -> str:
     """A ``ConfigError`` as a command-line user reads it: an option by its flag."""
-    from airflow_provider_cg.core.landing.contract import MemberJobSpec, flag
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec
+    from airflow_provider_cg.core.landing.fields import flag
 
     if e.field == "usage":
         return e.rule

@@ -13,8 +13,9 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.contract import TABLE_FIELDS, SinkOptions, flag
+from airflow_provider_cg.core.landing.fields import flag
 from airflow_provider_cg.core.landing.sinks.maintenance import DEFAULT_RETENTION_HOURS, check_maintenance
+from airflow_provider_cg.core.landing.sinks.options import TABLE_FIELDS, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.operators.members import UI_COLOR

@@ -23,8 +23,9 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.landing import contract
-from airflow_provider_cg.core.landing.contract import SINK_FIELDS, MemberJobSpec
+from airflow_provider_cg.core.landing.contract import MemberJobSpec
 from airflow_provider_cg.core.landing.decode import SPARK_AVRO_PACKAGE
+from airflow_provider_cg.core.landing.sinks.options import SINK_FIELDS, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kinds
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
@@ -493,10 +494,10 @@ def _sink_kinds(spec: MemberJobSpec | None, values: dict[str, Any]) -> frozenset
     if spec is not None:
         return spec.sink_kinds
     try:
-        return contract.SinkOptions.build({k: values.get(k) for k in SINK_FIELDS
+        return SinkOptions.build({k: values.get(k) for k in SINK_FIELDS
                                            if not templated(values.get(k))}).sink_kinds
     except ConfigError:
-        return frozenset({values.get("sink") or contract.SinkOptions.sink})
+        return frozenset({values.get("sink") or SinkOptions.sink})
 
 
 def _written_tables(spec: MemberJobSpec) -> set[str]:

@@ -15,11 +15,12 @@ import json
 import pyarrow as pa
 import pytest
 
-from airflow_provider_cg.core.landing.contract import SinkOptions
 from airflow_provider_cg.core.landing.decode import SparkDecoder
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, BadRecords, SparkPipeline
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.lake import STAGING_DIR
+from airflow_provider_cg.core.landing.sinks.opening import open_sink
+from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from airflow_provider_cg.core.landing.transform import TransformError
 from tests.support.sink_rows import refs_for, rows
 
@@ -96,7 +97,7 @@ def _last_state(seqs, keyless) -> list[tuple]:
 @pytest.mark.parametrize("kind", ["delta", "iceberg", "postgres"])
 def test_a_record_without_its_key_is_dead_lettered_and_the_rest_merges(kind, spark_session, tmp_path, request):
     options = _options(kind, tmp_path, request)
-    sink = options.open(transformed=True)
+    sink = open_sink(options, transformed=True)
     pipeline = SparkPipeline(lambda: spark_session, SparkDecoder(spark_session, "json", SCHEMA), sql=SQL)
     first, second = list(range(1, 42)), list(range(42, 61))
     landed, keyless = [], set()
@@ -119,7 +120,7 @@ def test_a_record_without_its_key_is_dead_lettered_and_the_rest_merges(kind, spa
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_bad_records_fail_ends_the_batch_before_anything_is_prepared(kind, spark_session, tmp_path, request):
     options = _options(kind, tmp_path, request)
-    sink = options.open(transformed=True)
+    sink = open_sink(options, transformed=True)
     pipeline = SparkPipeline(lambda: spark_session, SparkDecoder(spark_session, "json", SCHEMA), sql=SQL,
                              bad_records="fail")
     with pytest.raises(BadRecords) as e:
@@ -134,7 +135,7 @@ def test_a_transformation_that_loses_the_origin_of_a_keyless_row_is_refused(spar
     """A row without its key must name its message to be dead-lettered: a transformation that
     rewrites ``origin_seq`` fails the run (exit 1) instead of landing or dropping anything."""
     options = _options("delta", tmp_path, request)
-    sink = options.open(transformed=True)
+    sink = open_sink(options, transformed=True)
     sql = SQL.replace("origin_seq,", "origin_seq + 1000 AS origin_seq,")
     pipeline = SparkPipeline(lambda: spark_session, SparkDecoder(spark_session, "json", SCHEMA), sql=sql)
     with pytest.raises(TransformError, match="names no message of the batch"):

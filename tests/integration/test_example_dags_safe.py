@@ -118,7 +118,7 @@ def test_every_landing_task_announces_its_table_and_the_report_listens(shipped):
     from airflow.sdk import AssetAlias
 
     from airflow_provider_cg.assets import LANDED_TABLES, table_uri
-    from airflow_provider_cg.core.landing.contract import SinkOptions
+    from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
     outlets = {}
     for dag_id, dag in shipped.items():

@@ -18,10 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.contract import MemberJobSpec, SinkOptions, Summary
+from airflow_provider_cg.core.landing.contract import MemberJobSpec, Summary
 from airflow_provider_cg.core.landing.decode import SparkDecoder
 from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, SparkPipeline
 from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks.opening import open_sink
+from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from airflow_provider_cg.core.landing.two_phase import recover_writes
 from tests.support.member_job import read_delta
 from tests.support.sink_rows import refs_for, rows
@@ -87,13 +89,13 @@ def test_a_crash_between_two_tables_lands_the_missing_part_only(tmp_path):
     any ack): a's recovery commits, b's rolls back, and the batch redelivered lands into b only
     -- each table holds each of its rows once."""
     options = SinkOptions.build({"routes": _routes(tmp_path)})
-    sink, seqs = options.open(), list(range(1, 31))
+    sink, seqs = open_sink(options), list(range(1, 31))
     batch = BatchId("ORDERS", "g", "m1", 1)
     w = sink.prepare(batch, ArrowPipeline().process(sink, rows(seqs), batch).rows, message_refs=refs_for(seqs))
     sink.sinks["a"].mark_acking(w.parts["a"])  # ... and the job is SIGKILLed here
 
     summary = Summary("ORDERS", "g", "m1")
-    again = options.open()  # the member's next run
+    again = open_sink(options)  # the member's next run
     committed = recover_writes(again, "ORDERS", "g", "m1", summary)
     assert [list(c.parts) for c in committed] == [["a"]] and summary.recovered_aborted == 1
     assert summary.routes["a"]["rows_written"] == 20
@@ -120,7 +122,7 @@ def test_a_transformations_rows_routed_by_a_column_recover_table_by_table(spark_
     def pipeline():
         return SparkPipeline(lambda: spark_session, SparkDecoder(spark_session, "raw"), sql=sql)
 
-    sink, seqs = options.open(transformed=True), list(range(1, 41))
+    sink, seqs = open_sink(options, transformed=True), list(range(1, 41))
     want_a = [s for s in seqs if s % 3 != 0 and s % 10 != 7]
     want_b = [s for s in seqs if s % 3 == 0 and s % 10 != 7]
     batch = BatchId("ORDERS", "g", "m1", 1)
@@ -129,7 +131,7 @@ def test_a_transformations_rows_routed_by_a_column_recover_table_by_table(spark_
     w = sink.prepare(batch, processed.rows, message_refs=refs_for(seqs))
     sink.sinks["a"].mark_acking(w.parts["a"])  # the job dies here
 
-    again = options.open(transformed=True)
+    again = open_sink(options, transformed=True)
     recover_writes(again, "ORDERS", "g", "m1", Summary("ORDERS", "g", "m1"))
     batch = BatchId("ORDERS", "g", "m1", 2)
     processed = pipeline().process(again, rows(seqs), batch)
@@ -146,7 +148,7 @@ def test_a_row_whose_route_names_no_table_is_dead_lettered(spark_session, tmp_pa
     options = SinkOptions.build({"routes": _routes(tmp_path, by_subject=False), "route_by": "route"})
     sql = ("SELECT origin_stream, origin_seq, CASE WHEN origin_seq = 5 THEN 'c' WHEN origin_seq = 6 THEN NULL "
            "ELSE 'a' END AS route FROM batch")
-    sink = options.open(transformed=True)
+    sink = open_sink(options, transformed=True)
     pipeline = SparkPipeline(lambda: spark_session, SparkDecoder(spark_session, "raw"), sql=sql)
     processed = pipeline.process(sink, rows(range(1, 11)), BatchId("ORDERS", "g", "m1", 1))
     assert sorted(processed.bad) == [4, 5], processed.bad  # rows 5 and 6: their messages are poison

@@ -17,9 +17,10 @@ import time
 import pyarrow as pa
 import pytest
 
-from airflow_provider_cg.core.landing.contract import SinkOptions
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks import maintenance
+from airflow_provider_cg.core.landing.sinks.opening import open_sink
+from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from tests.support.chaos import chaos_seed
 from tests.support.sink_rows import refs_for, rows
 
@@ -68,7 +69,7 @@ def _versions(options: SinkOptions) -> list[set[int]]:
             t = read_delta(options.sink_path, ["origin_seq"], version=v)
             out.append(set(t.column("origin_seq").to_pylist()))
         return out
-    tbl = options.open().load_table()
+    tbl = open_sink(options).load_table()
     return [set(tbl.scan(snapshot_id=s.snapshot_id, selected_fields=("origin_seq",)).to_arrow()
                 .column("origin_seq").to_pylist()) for s in tbl.snapshots()]
 
@@ -78,7 +79,7 @@ def _rows(options: SinkOptions) -> list[int]:
         from tests.support.member_job import read_delta
 
         return read_delta(options.sink_path, ["origin_seq"]).column("origin_seq").to_pylist()
-    return options.open().load_table().scan(selected_fields=("origin_seq",)).to_arrow().column("origin_seq").to_pylist()
+    return open_sink(options).load_table().scan(selected_fields=("origin_seq",)).to_arrow().column("origin_seq").to_pylist()
 
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
@@ -94,7 +95,7 @@ def test_maintenance_killed_at_random_beside_two_landing_members_loses_and_dupli
     def member(name: str, first: int) -> None:
         member_rnd = random.Random(f"{seed}-{name}")
         try:
-            sink = options.open()
+            sink = open_sink(options)
             for i in range(12):
                 seqs = list(range(first + i * BATCH, first + (i + 1) * BATCH))
                 _land(sink, seqs, name, i + 1)
@@ -152,7 +153,7 @@ def test_vacuum_and_expiry_remove_old_files_and_the_table_stays_exact(tmp_path, 
     for fmt in ("delta", "iceberg"):
         options = _options(fmt, str(tmp_path / fmt), tmp_path / fmt)
         os.makedirs(tmp_path / fmt, exist_ok=True)
-        sink = options.open()
+        sink = open_sink(options)
         for i in range(6):
             _land(sink, list(range(1 + i * BATCH, 1 + (i + 1) * BATCH)), "m1", i + 1)
         report = maintenance.maintain(options, compact=fmt == "delta", retention_hours=0.0)
@@ -160,8 +161,8 @@ def test_vacuum_and_expiry_remove_old_files_and_the_table_stays_exact(tmp_path, 
             assert report.compacted["numFilesRemoved"] > report.compacted["numFilesAdded"] > 0, report
             assert report.removed_files >= report.compacted["numFilesRemoved"], report
         else:
-            assert report.expired_snapshots == 5 and len(options.open().load_table().snapshots()) == 1, report
-        assert _land(options.open(), list(range(1, 6 * BATCH + 1)), "m2", 1).rows_written == 0
+            assert report.expired_snapshots == 5 and len(open_sink(options).load_table().snapshots()) == 1, report
+        assert _land(open_sink(options), list(range(1, 6 * BATCH + 1)), "m2", 1).rows_written == 0
         got = _rows(options)
         assert sorted(got) == list(range(1, 6 * BATCH + 1)), fmt
 
@@ -202,7 +203,7 @@ def test_the_maintenance_operator_compacts_a_delta_table_in_a_dag_run(airflow_en
     from airflow_provider_cg.operators.maintenance import ConsumerGroupTableMaintenanceOperator
 
     options = _options("delta", str(tmp_path), tmp_path)
-    sink = options.open()
+    sink = open_sink(options)
     for i in range(5):
         _land(sink, list(range(1 + i * BATCH, 1 + (i + 1) * BATCH)), "m1", i + 1)
     with DAG("cg_test_maintenance", schedule=None, start_date=dt.datetime(2026, 1, 1, tzinfo=dt.UTC)) as dag:
@@ -235,7 +236,7 @@ def test_a_rest_catalog_table_is_maintained_with_the_credentials_of_an_iceberg_c
     monkeypatch.setenv("CG_ICEBERG_CATALOG_TOKEN", rest_catalog.token)
     options = SinkOptions(sink="iceberg", iceberg_table=f"m{os.urandom(3).hex()}.orders",
                           iceberg_warehouse=str(tmp_path / "wh"), iceberg_catalog_uri=rest_catalog.url)
-    sink = options.open()
+    sink = open_sink(options)
     for i in range(3):
         _land(sink, list(range(1 + i * BATCH, 1 + (i + 1) * BATCH)), "m1", i + 1)
     monkeypatch.delenv("CG_ICEBERG_CATALOG_TOKEN")

@@ -12,8 +12,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.contract import SinkOptions
 from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks.opening import open_sink
+from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
 from tests.support.chaos import chaos_seed
 from tests.support.sink_rows import refs_for, rows
@@ -91,7 +92,7 @@ def test_a_random_change_stream_over_1000_keys_ends_as_the_last_state_per_key(ki
     for _ in range(6000):  # inserts, updates and deletes, about 1 in 8 a delete
         seq += 1
         events.append((seq, f"k{rnd.randrange(1000)}", "deleted" if rnd.random() < 0.125 else f"v{seq}"))
-    sinks = [options.open(), options.open()]  # two instances, as a member's successive jobs
+    sinks = [open_sink(options), open_sink(options)]  # two instances, as a member's successive jobs
     cuts = sorted(rnd.sample(range(1, len(events)), 9))
     batches = [events[a:b] for a, b in zip([0, *cuts], [*cuts, len(events)], strict=True)]
     landed: list[list] = []
@@ -106,7 +107,7 @@ def test_a_random_change_stream_over_1000_keys_ends_as_the_last_state_per_key(ki
     if kind != "postgres":  # DuckDB and Polars agree
         from tests.support.outside_readers import duckdb_rows, polars_rows
 
-        location = options.sink_path if kind == "delta" else options.open().load_table().metadata_location
+        location = options.sink_path if kind == "delta" else open_sink(options).load_table().metadata_location
         for read in (duckdb_rows, polars_rows):
             got = read(kind, location, ["key", "origin_seq"])
             assert len(got) == len(want) and dict(got) == want, (read.__name__, seed)
@@ -115,7 +116,7 @@ def test_a_random_change_stream_over_1000_keys_ends_as_the_last_state_per_key(ki
 @pytest.mark.parametrize("kind", ["delta", "iceberg", "postgres"])
 def test_an_older_record_landed_after_a_newer_one_never_replaces_it(kind, tmp_path, request):
     options = _options(kind, tmp_path, request)
-    sink = options.open()
+    sink = open_sink(options)
     _land(sink, [(20, "a", "v20"), (21, "b", "v21"), (22, "c", "deleted")], 1)
     # a hole filled later (a backfill of messages the members passed): older than the table's rows
     _land(sink, [(15, "a", "v15"), (16, "b", "deleted"), (17, "d", "v17")], 2, member="backfill")

@@ -341,7 +341,7 @@ class RoutedMixedRun(MixedWritersRun):
         """The jobs' routed sink, opened here with the jobs' credentials (``sink_env``)."""
         from unittest import mock
 
-        from airflow_provider_cg.core.landing.contract import SinkOptions
+        from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
         with mock.patch.dict(os.environ, self.sink_env):
             return SinkOptions.build({"routes": self.routes(), "route_by": "route"}).open(transformed=True)

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pytest
 
 from airflow_provider_cg.assets import landed_extra, landed_rows, table_uri
-from airflow_provider_cg.core.landing.contract import MemberJobSpec, SinkOptions, Summary
+from airflow_provider_cg.core.landing.contract import MemberJobSpec, Summary
+from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
 
 def _uri(sink: str, **location) -> str:

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups.layouts.base import is_mirror_consumer
 
 __all__ = [
     "ELASTIC",
@@ -118,6 +117,17 @@ def _bad_char(value: str) -> str | None:
         if not ch.isprintable():
             return f"must not contain the non-printable character {ch!r}"
     return None
+
+
+def mirror_consumer(p: int) -> str:
+    """The name of partition ``p``'s mirror consumer on the work queue (``partition_streams.py``):
+    a name no member may take (``config.py`` refuses it)."""
+    return f"cg-partition-{p}"
+
+
+def is_mirror_consumer(name: str) -> bool:
+    head, _, tail = name.rpartition("-")
+    return head == "cg-partition" and tail.isdigit()
 
 
 def validate_name(field: str, value: Any, kind: str | None = None) -> str:

@@ -19,31 +19,15 @@ and says how much is left; calling again goes on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts, sourcing
 from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, is_member_consumer
 from airflow_provider_cg.core.groups.layouts import partition_streams as ps
+from airflow_provider_cg.core.groups.layouts.base import LayoutMove
 from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.core.jetstream.api import server_version
-
-
-@dataclass
-class LayoutMove:
-    """What a move did: the layout the group is in now, and whether the move is finished
-    (``left``: per partition, what a draining move still waits to be landed)."""
-
-    stream: str
-    group: str
-    layout: str
-    done: bool
-    left: dict[int, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return {"stream": self.stream, "group": self.group, "layout": self.layout, "done": self.done,
-                "left": {str(p): n for p, n in sorted(self.left.items()) if n}}
 
 
 class LayoutMoves(MemberConsumers):

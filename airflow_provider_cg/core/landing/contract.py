@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,7 +31,13 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
-from airflow_provider_cg.core.landing.sinks.registry import SinkKind, option_owners, sink_kind, sink_names
+from airflow_provider_cg.core.landing.fields import check_fields, converted, flag, option
+from airflow_provider_cg.core.landing.sinks.options import (
+    SINK_FIELDS,
+    SinkOptions,
+    check_sink,
+)
+from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
@@ -47,8 +52,6 @@ RESULT_SUBMITTED = "submitted"  # the operator's, for a cluster-mode driver that
 #: results that end the Airflow task as skipped: nothing was there or it was not this task's to land
 SKIP_RESULTS = frozenset({RESULT_EMPTY, RESULT_NOT_PINNED, RESULT_REVOKED})
 
-#: the registered sinks (``sinks/registry.py``; each declared in ``sinks/kinds/``)
-SINKS = sink_names()
 PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
 READ_MODES = ("auto", "consumer", "executors")
 BAD_RECORDS = ("dead-letter", "fail")
@@ -56,48 +59,36 @@ ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer 
 ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome before it commits anyway
 
 
-def _opt(default: Any = None, kind: type = str, help: str = "", choices: tuple[str, ...] | None = None,
-         positive: bool = False) -> Any:
-    """A field of the contract: ``kind`` is how argv text (and rendered templates) convert.
-    Which sinks take a sink option is theirs to say (``registry.option_owners``)."""
-    return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive})
-
-
-def flag(name: str) -> str:
-    """The command-line spelling of a field."""
-    return "--" + name.replace("_", "-")
-
-
 @dataclass(frozen=True)
 class BatchOptions:
     """What one consumption run lands and for how long: the part of the contract the landing
     engine reads (live batches and backfills). Durations are seconds."""
 
-    stream: str = _opt(help="origin stream of the group")
-    group: str = _opt(help="the consumer group")
-    member: str | None = _opt(help="the member to consume as (required unless backfilling)")
-    batch_size: int = _opt(100_000, int, "messages per two-phase batch", positive=True)
-    max_messages: int | None = _opt(None, int, "stop after this many messages", positive=True)
-    max_bytes: int | None = _opt(None, int, "stop after this many payload bytes", positive=True)
-    max_seconds: float | None = _opt(None, float, "stop after this many seconds", positive=True)
-    standby_timeout: float = _opt(30.0, float, "seconds to wait for the pin", positive=True)
-    ack_wait: float | None = _opt(None, float, "ack wait (s) of a member consumer the job creates (default: "
+    stream: str = option(help="origin stream of the group")
+    group: str = option(help="the consumer group")
+    member: str | None = option(help="the member to consume as (required unless backfilling)")
+    batch_size: int = option(100_000, int, "messages per two-phase batch", positive=True)
+    max_messages: int | None = option(None, int, "stop after this many messages", positive=True)
+    max_bytes: int | None = option(None, int, "stop after this many payload bytes", positive=True)
+    max_seconds: float | None = option(None, float, "stop after this many seconds", positive=True)
+    standby_timeout: float = option(30.0, float, "seconds to wait for the pin", positive=True)
+    ack_wait: float | None = option(None, float, "ack wait (s) of a member consumer the job creates (default: "
                                   f"orbit's {ELASTIC_ACK_WAIT:g} s for elastic groups, {STATIC_ACK_WAIT:g} s for "
                                   "static ones); an existing one is used as it is", positive=True)
-    max_ack_pending: int | None = _opt(None, int, "max_ack_pending of a member consumer the job creates (default: "
+    max_ack_pending: int | None = option(None, int, "max_ack_pending of a member consumer the job creates (default: "
                                        "none for elastic groups, as orbit's library; for static ones 3 batches, at "
                                        "least 1000). To share a member with orbit's cg CLI, which uses 1 with ack "
                                        "wait 2 s, give both; an existing one is used as it is", positive=True)
-    max_deliver: int = _opt(5, int, "deliveries of a poison message before it is dead-lettered (>= 2)",
+    max_deliver: int = option(5, int, "deliveries of a poison message before it is dead-lettered (>= 2)",
                             positive=True)
-    idle_timeout: float = _opt(2.0, float, "a pull this long with nothing ends the run", positive=True)
-    progress_interval: float = _opt(5.0, float, "seconds between progress lines", positive=True)
-    read: str = _opt("auto", str, "auto: the driver reads by batched direct gets (an elastic group's "
+    idle_timeout: float = option(2.0, float, "a pull this long with nothing ends the run", positive=True)
+    progress_interval: float = option(5.0, float, "seconds between progress lines", positive=True)
+    read: str = option("auto", str, "auto: the driver reads by batched direct gets (an elastic group's "
                      "partitions, acked by one purge each; a static member's subjects, acked by moving its "
                      "durable; 2.14+); executors: the same, read by the batch's Spark tasks (needs Spark); "
                      "consumer: pulls and a double ack per message",
                      READ_MODES)
-    stream_life: str | None = _opt(help="land an origin stream the table has not seen under this name before "
+    stream_life: str | None = option(help="land an origin stream the table has not seen under this name before "
                                    "(deleted and created again): new:<created> lands it as a new stream beside the "
                                    "old one, continue:<created> as the same messages (a restored backup); "
                                    "<created> is its creation time, as the job's refusal prints it")
@@ -109,149 +100,31 @@ class BatchOptions:
         return ELASTIC_ACK_WAIT if elastic else STATIC_ACK_WAIT
 
     def __post_init__(self) -> None:
-        _check_fields(self)
+        check_fields(self)
         if self.max_deliver < 2:
             raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
         LifeChoice.parse(self.stream_life)
-
-
-MIN_TARGET_FILE_SIZE = 1 << 20
-
-
-@dataclass(frozen=True)
-class SinkOptions:
-    """Where the batches land and how the table is shaped: one type for the member job, the
-    operator, ``cg`` (its sink flags are generated from these fields), assets and lineage.
-    Each sink declares the options it takes (``sinks/registry.py``); one given to another sink
-    is refused, naming it. No option carries a secret: credentials come from the environment (``opening.py``)."""
-
-    sink: str = _opt("parquet", str, "where the batches land", SINKS)
-    sink_path: str | None = _opt(help="the Parquet sink's dataset directory, or the Delta table's location (a path "
-                                 "or s3://bucket/prefix; object-store credentials come from AWS_* environment)")
-    pg_table: str = _opt("cg_events", str, "target table of the PostgreSQL sink")
-    iceberg_table: str | None = _opt(help="the Iceberg sink's table, namespace.table")
-    iceberg_catalog_uri: str | None = _opt(help="the Iceberg catalog: SQL, sqlite:////path/catalog.db or "
-                                           "postgresql://host/db without a password (with one: CG_ICEBERG_CATALOG_URI), "
-                                           "or REST, http(s)://host:port/path (its token or client credentials from "
-                                           "CG_ICEBERG_CATALOG_TOKEN / CG_ICEBERG_CATALOG_CREDENTIAL)")
-    iceberg_warehouse: str | None = _opt(help="where the Iceberg sink creates its table if missing (a path or "
-                                         "s3://bucket/prefix)")
-    iceberg_catalog_name: str = _opt("default", str, "the Iceberg catalog's name: a SQL catalog keys its rows by "
-                                     "it, so other engines see the table only under the name they use")
-    partition_by: str | None = _opt(help="partitioning of a table the sink creates, comma-separated: Delta takes "
-                                    "columns (order_date, region); Iceberg also day(ts), hour(ts), month(ts), "
-                                    "year(ts), bucket(16, id), truncate(4, name). A column may be one your "
-                                    "transformation derives; an existing table partitioned otherwise is refused")
-    target_file_size: int | None = _opt(None, int, "bytes a data file the job writes may hold at most (at least "
-                                        "1048576): a batch (of a partition) larger than this lands as several files "
-                                        "of about this size; smaller ones stay one file each, and `cg maintain "
-                                        "--target-file-size` compacts them", positive=True)
-    merge_keys: str | None = _opt(help="upsert by these columns (comma-separated): the latest record of a key, by "
-                                  "origin order, replaces the table's row; never an older one over a newer one")
-    delete_when: str | None = _opt(help="with merge_keys: the tombstone rule, column = 'text' | <integer> | "
-                                   "true|false (e.g. op = 'd'): a matching record deletes its key")
-    routes: str | None = _opt(help="land into several tables, each exactly once: a JSON object of routes, "
-                              '{"<route>": {<sink options of its table>, "subjects": [...]}}; every option not '
-                              "given by a route is the one given here, but for the table's location "
-                              "(sink_path, iceberg_table, pg_table), which each route names", kind=dict)
-    route_by: str | None = _opt(help="with routes: the column of the rows (or of the transformation's output) "
-                                "whose value names each row's route; without it, each route lands the messages "
-                                "of its subjects")
-
-    def __post_init__(self) -> None:
-        _check_fields(self)
-        check_sink(self)
-
-    @classmethod
-    def of(cls, values: Any) -> SinkOptions:
-        """The sink options of a ``MemberJobSpec`` (or any object or mapping carrying them)."""
-        get = values.get if isinstance(values, Mapping) else (lambda k: getattr(values, k, None))
-        given: dict[str, Any] = {f.name: get(f.name) for f in dataclasses.fields(cls) if get(f.name) is not None}
-        return cls(**given)
-
-    @classmethod
-    def build(cls, values: Mapping[str, Any]) -> SinkOptions:
-        """Sink options from text or typed values (``None`` is the default)."""
-        return cls(**_converted(values, cls))
-
-    def given(self) -> dict[str, Any]:
-        """The options not at their default (what a command line or an asset needs)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(SinkOptions)
-                if getattr(self, f.name) is not None and getattr(self, f.name) != f.default}
-
-    def tables(self) -> list[tuple[str | None, SinkOptions]]:
-        """The tables these options land into: ``(None, self)``, or each route's name and options."""
-        if self.routes is None:
-            return [(None, self)]
-        from airflow_provider_cg.core.landing.sinks.routing import Routes
-
-        return [(r.name, r.options) for r in Routes.parse(self).routes]
-
-    @property
-    def kind(self) -> SinkKind:
-        """The sink's declaration (``sinks/registry.py``): everything a layer asks of it."""
-        return sink_kind(self.sink)
-
-    @property
-    def sink_kinds(self) -> frozenset[str]:
-        """The sinks of the tables these options land into (a routed landing may mix them)."""
-        return frozenset(options.sink for _, options in self.tables())
-
-    def open(self, *, transformed: bool = False):
-        """The two-phase sink these options name (``sinks/opening.py``)."""
-        from airflow_provider_cg.core.landing.sinks.opening import open_sink
-
-        return open_sink(self, transformed=transformed)
-
-
-#: the sink options' names, as every layer spells them
-SINK_FIELDS = tuple(f.name for f in dataclasses.fields(SinkOptions))
-#: the options of one table (what a route gives, what ``cg maintain`` takes): all but the routing
-TABLE_FIELDS = tuple(f for f in SINK_FIELDS if f not in ("routes", "route_by"))
-
-
-def add_sink_arguments(parser: argparse.ArgumentParser, *, sink_help: str | None = None) -> None:
-    """Every sink option as a flag of ``parser`` (``cg lag --sink ...``), from ``SinkOptions``."""
-    for f in dataclasses.fields(SinkOptions):
-        meta = f.metadata
-        text = sink_help if f.name == "sink" and sink_help else meta["help"]
-        owners = option_owners(f.name)
-        if owners:
-            text += f" [{', '.join(owners)}]"
-        parser.add_argument(flag(f.name), dest=f.name, metavar=f.name.upper(), default=None,
-                            choices=meta["choices"], help=text)
-
-
-def sink_options_from_args(ns: argparse.Namespace) -> SinkOptions | None:
-    """The sink options a command line gave (``add_sink_arguments``), or None without ``--sink``."""
-    values = {name: getattr(ns, name, None) for name in SINK_FIELDS}
-    if values["sink"] is None:
-        extra = next((n for n in SINK_FIELDS if values[n] is not None), None)
-        if extra:
-            raise ConfigError(extra, "needs --sink (the sink it belongs to)")
-        return None
-    return SinkOptions.build(values)
 
 
 @dataclass(frozen=True)
 class MemberJobSpec(SinkOptions, BatchOptions):
     """Everything one member job run is given (see the module docstring)."""
 
-    payload_format: str = _opt("raw", str, "how Spark decodes payloads (avro needs Spark's Avro package: "
+    payload_format: str = option("raw", str, "how Spark decodes payloads (avro needs Spark's Avro package: "
                                "--packages)", PAYLOAD_FORMATS)
-    json_schema: str | None = _opt(help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
-    avro_schema: str | None = _opt(help="Avro record schema (JSON) of Avro payloads (binary-encoded datums)")
-    transform: str | None = _opt(help="your transformation, package.module:function: called with each batch as "
+    json_schema: str | None = option(help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
+    avro_schema: str | None = option(help="Avro record schema (JSON) of Avro payloads (binary-encoded datums)")
+    transform: str | None = option(help="your transformation, package.module:function: called with each batch as "
                                  "a Spark DataFrame and a BatchContext, returns the DataFrame to land")
-    transform_sql: str | None = _opt(help="or a Spark SQL statement over the temporary view 'batch'")
-    backfill_start: str | None = _opt(help="backfill mode: window start (ISO 8601, inclusive; naive = UTC)")
-    backfill_end: str | None = _opt(help="backfill mode: window end (ISO 8601, exclusive)")
-    bad_records: str = _opt("dead-letter", str, "a record its table cannot take (a merge key null or missing): "
+    transform_sql: str | None = option(help="or a Spark SQL statement over the temporary view 'batch'")
+    backfill_start: str | None = option(help="backfill mode: window start (ISO 8601, inclusive; naive = UTC)")
+    backfill_end: str | None = option(help="backfill mode: window end (ISO 8601, exclusive)")
+    bad_records: str = option("dead-letter", str, "a record its table cannot take (a merge key null or missing): "
                             "dead-letter moves its message to the dead-letter stream with the reason and lands the "
                             "rest; fail ends the run with exit 1 naming the column, nothing acknowledged",
                             BAD_RECORDS)
-    no_spark: bool = _opt(False, bool, "run without a SparkSession (raw/text payloads only)")
-    summary_file: str | None = _opt(help="also write the summary JSON to this file (atomically)")
+    no_spark: bool = option(False, bool, "run without a SparkSession (raw/text payloads only)")
+    summary_file: str | None = option(help="also write the summary JSON to this file (atomically)")
 
     @property
     def backfill(self) -> bool:
@@ -280,7 +153,7 @@ class MemberJobSpec(SinkOptions, BatchOptions):
         """A spec from field values as the operator renders them or argv carries them: text
         is converted by each field's kind; ``None`` is the default. ``ConfigError`` names the
         first field that breaks a rule."""
-        return cls(**_converted(values, cls))
+        return cls(**converted(values, cls, "an option of the member job"))
 
     @classmethod
     def check_known(cls, values: Mapping[str, Any], unknown: set[str]) -> None:
@@ -377,82 +250,6 @@ def parse_time(name: str, value: Any) -> dt.datetime:
     return value.astimezone(dt.UTC)
 
 
-def _converted(values: Mapping[str, Any], kind: type | None = None) -> dict[str, Any]:
-    fields = {f.name: f for f in dataclasses.fields(kind or MemberJobSpec)}
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        f = fields.get(name)
-        if f is None:
-            what = "a sink option" if kind is SinkOptions else "an option of the member job"
-            raise ConfigError(name, f"is not {what}")
-        if value is None:
-            continue
-        out[name] = _convert(name, value, f.metadata["kind"])
-    return out
-
-
-def _convert(name: str, value: Any, kind: type) -> Any:
-    """Text (argv, rendered templates) to the field's kind; numbers stay numbers. A ``dict``
-    field (``routes``) is kept as compact JSON text, given as text or as a mapping."""
-    if kind is dict:
-        if isinstance(value, Mapping):
-            return json.dumps(value, separators=(",", ":"))
-        if not isinstance(value, str):
-            raise ConfigError(name, f"must be a JSON object or a mapping (got {type(value).__name__})")
-        try:
-            parsed = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ConfigError(name, f"not JSON ({e.msg} at character {e.pos})") from None
-        if not isinstance(parsed, dict):
-            raise ConfigError(name, "must be a JSON object")
-        return json.dumps(parsed, separators=(",", ":"))
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-            return value.strip().lower() == "true"
-        raise ConfigError(name, f"must be true or false (got {value!r})")
-    if kind is str:
-        if not isinstance(value, str):
-            raise ConfigError(name, f"must be text (got {type(value).__name__})")
-        return value
-    rule = "a positive integer" if kind is int else "a positive number"
-    if isinstance(value, str):
-        try:
-            value = kind(value.strip())
-        except ValueError:
-            raise ConfigError(name, f"must be {rule} (got {value!r})") from None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(name, f"must be {rule} (got {value!r})")
-    if kind is int:
-        if isinstance(value, float) and not value.is_integer():
-            raise ConfigError(name, f"must be {rule} (got {value!r})")
-        return int(value)
-    return float(value)
-
-
-def _check_fields(spec: Any) -> None:
-    """Each field alone: names, choices, positive finite numbers."""
-    from airflow_provider_cg.core.groups.config import validate_name
-
-    for name in ("stream", "group"):
-        if hasattr(spec, name) and getattr(spec, name) is None:
-            raise ConfigError(name, "required")
-    for f in dataclasses.fields(spec):
-        value = getattr(spec, f.name)
-        if value is None:
-            continue
-        meta = f.metadata
-        if f.name in ("stream", "group", "member"):
-            validate_name(f.name, value, f.name)
-        if meta["choices"] and value not in meta["choices"]:
-            raise ConfigError(f.name, f"must be one of {', '.join(meta['choices'])} (got {value!r})")
-        if meta["positive"]:
-            _convert(f.name, value, meta["kind"])  # a number of the right kind
-            if isinstance(value, bool) or not (value > 0 and math.isfinite(value)):
-                raise ConfigError(f.name, f"must be a finite number > 0 (got {value!r})")
-
-
 def _check_job(spec: MemberJobSpec) -> None:
     """Rules across fields of the whole job."""
     if spec.backfill:
@@ -489,33 +286,6 @@ def _check_job(spec: MemberJobSpec) -> None:
         if spec.payload_format in ("json", "avro"):
             raise ConfigError("payload_format", f"{spec.payload_format} needs Spark (drop no_spark)")
 
-
-
-def check_sink(spec: Any) -> None:
-    """The rules of the sink options (``SinkOptions``' fields of ``spec``), for the member job,
-    the operator and ``cg lag --sink`` alike."""
-    if spec.route_by is not None and spec.routes is None:
-        raise ConfigError("route_by", "needs routes (the tables a row's route names)")
-    if spec.routes is not None:  # each route's options are checked as a table's own
-        from airflow_provider_cg.core.landing.sinks.routing import Routes
-
-        Routes.parse(spec)
-        return
-    kind = sink_kind(spec.sink)
-    for f in dataclasses.fields(SinkOptions):
-        owners = option_owners(f.name)
-        value = getattr(spec, f.name)
-        if owners and spec.sink not in owners and value is not None and value != f.default:
-            raise ConfigError(f.name, f"is an option of the {' and '.join(owners)} sink"
-                                      f"{'s' if len(owners) > 1 else ''}, not of {spec.sink}")
-    kind.partitioning(spec)
-    if spec.target_file_size is not None and spec.target_file_size < MIN_TARGET_FILE_SIZE:
-        raise ConfigError("target_file_size", f"must be at least {MIN_TARGET_FILE_SIZE} bytes (1 MiB): smaller "
-                                              "files cost readers more than they gain")
-    if spec.delete_when is not None and spec.merge_keys is None:
-        raise ConfigError("delete_when", "needs merge_keys (a tombstone deletes a key's row)")
-    kind.merge(spec)
-    kind.check(kind.typed(spec))  # the sink's own rules (where its table is)
 
 
 #: the fields each cross-field rule reads, for ``check_known``

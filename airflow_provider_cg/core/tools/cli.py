@@ -289,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     kinded(sg(cmd("status", "backlog per partition and member")))
     p = sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder, and (with "
                       "--sink) the last committed batch"))
-    from airflow_provider_cg.core.landing.contract import add_sink_arguments
+    from airflow_provider_cg.core.landing.sinks.options import add_sink_arguments
 
     add_sink_arguments(p, sink_help="read each member's last committed batch from this sink (the jobs' sink "
                                     "options; credentials from the environment as for the job: AWS_*, CG_PG_DSN, "
@@ -356,8 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_maintain(args, out: TextIO) -> int:
     """``cg maintain``: ``core/landing/sinks/maintenance.py`` on the table the sink options name."""
-    from airflow_provider_cg.core.landing.contract import sink_options_from_args
     from airflow_provider_cg.core.landing.sinks.maintenance import maintain
+    from airflow_provider_cg.core.landing.sinks.options import sink_options_from_args
     from airflow_provider_cg.core.landing.sinks.registry import maintained_names, sink_kind
 
     options = sink_options_from_args(args)
@@ -559,7 +559,7 @@ async def _online(args, out: TextIO) -> int:
         created_cfg.validate(args.stream, args.group)
     sink_options = None
     if args.command == "lag":  # the job's rules for the sink, before the network
-        from airflow_provider_cg.core.landing.contract import sink_options_from_args
+        from airflow_provider_cg.core.landing.sinks.options import sink_options_from_args
 
         sink_options = sink_options_from_args(args)
     if args.command == "reset":

@@ -10,7 +10,8 @@ import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing import contract
-from airflow_provider_cg.core.landing.contract import MemberJobSpec, flag
+from airflow_provider_cg.core.landing.contract import MemberJobSpec
+from airflow_provider_cg.core.landing.fields import flag
 
 AVRO = json.dumps({"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]})
 

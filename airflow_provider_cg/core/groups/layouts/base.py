@@ -14,14 +14,14 @@ entries, never the stream); none recorded is ``work-queue``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.jetstream.api import JsApi
 
 if TYPE_CHECKING:
     from airflow_provider_cg.core.groups.config import GroupConfig
-    from airflow_provider_cg.core.groups.moves import LayoutMove, LayoutMoves
     from airflow_provider_cg.core.jetstream.direct import PartitionStreamReaders
 
 WORK_QUEUE = "work-queue"
@@ -35,15 +35,29 @@ class LayoutError(ConsumerGroupError):
     """A layout change cannot go on (the message says what to do)."""
 
 
-def mirror_consumer(p: int) -> str:
-    """The name of partition ``p``'s mirror consumer on the work queue (``partition_streams.py``):
-    a name no member may take (``config.py`` refuses it)."""
-    return f"cg-partition-{p}"
+@dataclass
+class LayoutMove:
+    """What a move did: the layout the group is in now, and whether the move is finished
+    (``left``: per partition, what a draining move still waits to be landed)."""
+
+    stream: str
+    group: str
+    layout: str
+    done: bool
+    left: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"stream": self.stream, "group": self.group, "layout": self.layout, "done": self.done,
+                "left": {str(p): n for p, n in sorted(self.left.items()) if n}}
 
 
-def is_mirror_consumer(name: str) -> bool:
-    head, _, tail = name.rpartition("-")
-    return head == "cg-partition" and tail.isdigit()
+class Mover(Protocol):
+    """What a layout's ``enter`` is given to move a group (``moves.LayoutMoves``)."""
+
+    nc: Any
+    api: JsApi
+
+    async def drop_member_consumers(self, wq: str, *, partition_filters: bool) -> list[str]: ...
 
 
 def pin_subjects(wq: str) -> str:
@@ -128,7 +142,7 @@ class Layout:
         """The oldest message of a partition not yet landed (None when there is none)."""
         return await api.next_msg(wq, 1, f"{partition}.>")
 
-    async def enter(self, moves: LayoutMoves, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
+    async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
                     deadline: float, replicas: int | None) -> LayoutMove:
         """Move a group that is in ``have`` into this layout (``moves.py``)."""
         raise NotImplementedError

@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.groups.config import is_mirror_consumer, mirror_consumer
 from airflow_provider_cg.core.groups.layouts.base import (
     DRAINING,
     LAYOUT_KEY,
@@ -51,9 +52,9 @@ from airflow_provider_cg.core.groups.layouts.base import (
     WORK_QUEUE,
     Layout,
     LayoutError,
+    LayoutMove,
+    Mover,
     count_partitions,
-    is_mirror_consumer,
-    mirror_consumer,
     pin_subject,
     pin_subjects,
     wq_config,
@@ -389,13 +390,11 @@ class PartitionStreams(Layout):
             msg = await api.next_msg(partition_stream(wq, partition), 1, ">")
         return msg or await super().oldest(api, wq, partition, problems)
 
-    async def enter(self, moves, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
+    async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
                     deadline: float, replicas: int | None):
         """Record the layout first (a member job that joins from then on makes its consumer on
         its pin subject), delete the member consumers that hold partition filters, then create
         the mirrors and partition streams (``moves.py``)."""
-        from airflow_provider_cg.core.groups.moves import LayoutMove
-
         self.check_server(moves.nc)
         wq = wq_cfg["name"]
         if replicas is not None and have.reads_partition_streams and partition_replicas(wq_cfg) != replicas:

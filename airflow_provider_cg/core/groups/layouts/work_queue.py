@@ -13,19 +13,18 @@ A static group has no work queue: its members read their subjects from the origi
 from __future__ import annotations
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups.layouts.base import WORK_QUEUE, Layout
+from airflow_provider_cg.core.groups.layouts.base import WORK_QUEUE, Layout, LayoutMove, Mover
 
 
 class WorkQueue(Layout):
     name = WORK_QUEUE
 
-    async def enter(self, moves, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
+    async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
                     deadline: float, replicas: int | None):
         """Back from partition streams: they are drained first (``PartitionStreams.drain``); a
         call that runs out of time leaves the group draining and says how much is left. Then
         the layout is recorded, the pin consumers dropped and the partition streams removed."""
         from airflow_provider_cg.core.groups.layouts import partition_streams as ps
-        from airflow_provider_cg.core.groups.moves import LayoutMove
 
         if not isinstance(have, ps.PartitionStreams):
             return LayoutMove(stream, group, self.name, True)
@@ -45,7 +44,7 @@ class Origin(WorkQueue):
 
     chosen = False
 
-    async def enter(self, moves, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
+    async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
                     deadline: float, replicas: int | None):
         raise ConfigError("layout", "only an elastic group has a layout (a static group's members read the origin)")
 

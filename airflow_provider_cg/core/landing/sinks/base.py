@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_cg.core.errors import ConsumerGroupError
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.landing.rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
 
@@ -57,6 +57,13 @@ MessageRefs = Sequence[tuple[str, int]] | Mapping[str, Any]
 
 class SinkError(ConsumerGroupError):
     """A sink operation failed. Messages never contain credentials."""
+
+
+class SchemaMismatch(SinkError, ConfigError):
+    """A batch the table cannot take (a column of another type, a required column missing)."""
+
+    def __init__(self, column: str, rule: str) -> None:
+        ConfigError.__init__(self, f"column {column!r}", rule)
 
 
 class PreparedWriteLost(SinkError):

@@ -21,8 +21,8 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.kinds.iceberg import parse_identifier
 from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
+from airflow_provider_cg.core.landing.sinks.names import parse_identifier
 from airflow_provider_cg.core.landing.sinks.partitioning import PartitionField, Partitioning
 from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage, ObjectStoreSettings, open_storage
 from airflow_provider_cg.core.landing.sinks.tables import (

@@ -69,7 +69,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.sinks.base import (
@@ -81,6 +80,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     MessageRefs,
     PreparedWrite,
     PreparedWriteLost,
+    SchemaMismatch,
     SinkError,
     TwoPhaseSink,
     WriteState,
@@ -128,13 +128,6 @@ STORED_SCHEMA = pa.schema(
 """``ROW_SCHEMA`` as stored in Parquet files (microsecond timestamps, readable by Spark)."""
 
 log = logging.getLogger(__name__)
-
-
-class SchemaMismatch(SinkError, ConfigError):
-    """A batch the table cannot take (a column of another type, a required column missing)."""
-
-    def __init__(self, column: str, rule: str) -> None:
-        ConfigError.__init__(self, f"column {column!r}", rule)
 
 
 @dataclass(frozen=True)

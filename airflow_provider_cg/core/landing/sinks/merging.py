@@ -77,7 +77,7 @@ class MergeSpec:
 
     def check_schema(self, schema: pa.Schema) -> None:
         """The batch has the key, order and tombstone columns (``SchemaMismatch`` naming one)."""
-        from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
+        from airflow_provider_cg.core.landing.sinks.base import SchemaMismatch
 
         for col in (*self.keys, *ORDER_COLUMNS, *([self.delete_column] if self.delete_column else [])):
             if schema.get_field_index(col) < 0:

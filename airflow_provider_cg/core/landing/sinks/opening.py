@@ -8,21 +8,17 @@ from arguments.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.sinks.options import Routes, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
-
-if TYPE_CHECKING:
-    from airflow_provider_cg.core.landing.contract import SinkOptions
 
 
 def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSink:
     """The sink ``options`` name (a registered ``SinkKind``), or a routed landing's tables;
     ``ConfigError`` naming the field when it cannot be opened as asked."""
     if options.routes is not None:  # several tables, each its own sink (``routing.py``)
-        from airflow_provider_cg.core.landing.sinks.routing import RoutedSink, Routes
+        from airflow_provider_cg.core.landing.sinks.routing import RoutedSink  # imports pyarrow
 
         routes = Routes.parse(options)
         opened: dict[str, TwoPhaseSink] = {}

@@ -139,7 +139,7 @@ class Partitioning:
 
     def check_schema(self, schema: pa.Schema) -> None:
         """Refuse a batch whose partition columns are missing or of a type the field cannot take."""
-        from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
+        from airflow_provider_cg.core.landing.sinks.base import SchemaMismatch
 
         for f in self.fields:
             idx = schema.get_field_index(f.column)

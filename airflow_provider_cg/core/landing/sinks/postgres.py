@@ -74,7 +74,8 @@ from airflow_provider_cg.core.landing.sinks.base import (
     origin_ranges,
     recovered_by,
 )
-from airflow_provider_cg.core.landing.sinks.kinds.postgres import (
+from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
+from airflow_provider_cg.core.landing.sinks.names import (
     FENCES_TABLE,
     INPUTS_TABLE,
     LIVES_TABLE,
@@ -83,7 +84,6 @@ from airflow_provider_cg.core.landing.sinks.kinds.postgres import (
     REFS_TABLE,
     validate_identifier,
 )
-from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
 _JSON_COLUMNS = {"headers"}
@@ -533,7 +533,7 @@ class PostgresSink(TwoPhaseSink):
         else:
             table = conform_table(table)
         if self.merge is not None:
-            from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
+            from airflow_provider_cg.core.landing.sinks.base import SchemaMismatch
 
             self.merge.check_schema(table.schema)
             if not transformed:  # the rows are the inputs: recorded as such, each once

@@ -1,217 +1,42 @@
-"""The sinks, registered: each sink declares in its own module (``sinks/kinds/``) what every
-layer asks of it, and every layer asks here instead of comparing sink names.
-
-A ``SinkKind`` gives its name, its options (one typed options class, a frozen dataclass whose
-fields are the ``SinkOptions`` it takes), their rules, how it opens, which Airflow connections
-its credentials come from, its Asset URI and lineage dataset, how a reader without Spark reads
-its table, and its maintenance. The declarations import nothing heavy: the contract, the
-operator and ``cg`` load them in the scheduler and the CLI; the table code is imported by
-``open`` and the readers only.
-
-Adding a sink: a module under ``sinks/kinds/`` with its ``SinkKind``, its table code, its
-tests, and one line in ``sinks/kinds/__init__.py``.
+"""The registered sinks: every layer asks here (``sink_kind(name)``) instead of comparing sink
+names. Each sink declares itself in its own module under ``sinks/kinds/`` (``kind.SinkKind``);
+registering one is its line in ``BUILT_IN``. Nothing here imports a table library.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
-from urllib.parse import urlsplit
-
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.sinks.kind import SinkKind
+from airflow_provider_cg.core.landing.sinks.kinds import delta, iceberg, parquet, postgres
 
-if TYPE_CHECKING:
-    from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
-    from airflow_provider_cg.core.landing.sinks.maintenance import MaintenanceReport
-    from airflow_provider_cg.core.landing.sinks.merging import MergeSpec
-    from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
-
-
-@dataclass(frozen=True)
-class Connection:
-    """An Airflow connection a sink's credentials come from: the operator's parameter that
-    names it, and what the member job's environment gets from it (``hooks/spark_submit.py``):
-    ``dsn`` (a PostgreSQL DSN into ``env``) or ``iceberg-catalog`` (a REST catalog's URI and
-    token). ``locates_table``: the connection's host and database are where the table is
-    (lineage)."""
-
-    param: str
-    gives: str
-    env: str | None = None
-    required: bool = False
-    locates_table: bool = False
-
-
-class SinkKind:
-    """One sink's declaration (see the module docstring); subclasses set the class variables
-    and override what differs."""
-
-    name: ClassVar[str]
-    #: the typed options class: a frozen dataclass of the ``SinkOptions`` fields this sink takes
-    options_class: ClassVar[type]
-    #: the options that name a table of this sink (each route of a routed landing gives its own)
-    location: ClassVar[tuple[str, ...]]
-    #: Python modules the driver needs to open it, and the extra that installs them
-    driver_modules: ClassVar[tuple[str, ...]] = ()
-    #: Airflow connections its credentials come from, in the order they are preferred
-    connections: ClassVar[tuple[Connection, ...]] = ()
-    #: its table is a file or catalog table an engine reads (an Airflow Asset); PostgreSQL's is not
-    has_asset: ClassVar[bool] = True
-    #: ``partition_by`` takes Iceberg's transforms (``day(ts)``, ``bucket(16, id)``), not only columns
-    partition_transforms: ClassVar[bool] = False
-    #: ``cg maintain`` and the maintenance operator work on its tables; ``compacts``: data files too
-    maintained: ClassVar[bool] = False
-    compacts: ClassVar[bool] = False
-    #: why ``compact`` is refused for a maintained sink that does not compact
-    no_compaction: ClassVar[str] = "its tables are not compacted"
-
-    @classmethod
-    def option_fields(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls.options_class))
-
-    def typed(self, options: Any) -> Any:
-        """This sink's typed options, from ``SinkOptions`` (or anything carrying its fields)."""
-        return self.options_class(**{f: getattr(options, f) for f in self.option_fields()})
-
-    # --- rules and opening ------------------------------------------------------------------
-
-    def check(self, options: Any) -> None:
-        """The rules of this sink's own options, where its table is (``ConfigError`` naming the
-        field); the rules all sinks share (partitioning, merge, file size) are
-        ``contract.check_sink``'s."""
-
-    def needs_modules(self) -> None:
-        """``ConfigError`` naming the extra to install when the driver lacks a module it needs."""
-        for module in self.driver_modules:
-            if importlib.util.find_spec(module) is None:
-                raise ConfigError("sink", f"the {self.name} sink needs {module} on the driver: "
-                                          f"pip install 'airflow-provider-cg[{self.name}]'")
-
-    def open(self, options: Any, *, transformed: bool = False) -> TwoPhaseSink:
-        """The two-phase sink of one table (``ConfigError`` naming the field when it cannot be
-        opened as asked)."""
-        raise NotImplementedError
-
-    def partitioning(self, options: Any) -> Partitioning | None:
-        """The table's partitioning as ``partition_by`` asks (None without it)."""
-        if getattr(options, "partition_by", None) is None:
-            return None
-        from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
-
-        return Partitioning.parse(options.partition_by, self.name, transforms=self.partition_transforms)
-
-    @staticmethod
-    def merge(options: Any) -> MergeSpec | None:
-        """The upsert ``merge_keys`` / ``delete_when`` ask for (None without merge keys)."""
-        if getattr(options, "merge_keys", None) is None:
-            return None
-        from airflow_provider_cg.core.landing.sinks.merging import MergeSpec
-
-        return MergeSpec.parse(options.merge_keys, options.delete_when)
-
-    # --- what other layers ask --------------------------------------------------------------
-
-    def table_key(self, options: Any) -> tuple:
-        """Which table the options name (two routes into one table are refused)."""
-        return (self.name, *(getattr(options, f) for f in self.location))
-
-    def asset_uri(self, options: Any) -> str:
-        """The Asset URI of its table (``assets.table_uri``); ``ValueError`` when incomplete."""
-        raise ValueError(f"no asset for sink {self.name!r}")
-
-    def asset_extra(self, options: Any) -> dict[str, Any]:
-        """What an asset event's extra carries to find the table again (``assets.landed_rows``)."""
-        return {}
-
-    def dataset(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
-        """``(namespace, name)`` of the table in OpenLineage's naming; ``table_location``: host
-        and database of a connection that ``locates_table``."""
-        uri = self.asset_uri(options)
-        parts = urlsplit(uri)
-        if parts.scheme == "file":
-            return "file", parts.path
-        return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
-
-    def read_table(self, *, columns: list[str] | None = None, storage_options: dict[str, str] | None = None,
-                   row_filter: Any = None, **location: Any) -> Any:
-        """The table as a reader without Spark sees it (a pyarrow table); ``location``: the
-        fields of ``asset_extra``."""
-        raise ValueError(f"cannot read a {self.name!r} table")
-
-    def describe(self, options: Any) -> str:
-        """Where its table is, in a line (no secret: locations carry none)."""
-        return ", ".join(str(getattr(options, f)) for f in self.location)
-
-    def how_to_read(self, options: Any) -> list[str]:
-        """Commands that read its table with other tools (the demo prints them)."""
-        return []
-
-    def check_maintenance(self, *, compact: bool) -> None:
-        """Whether ``cg maintain`` can run on its tables as asked (``ConfigError`` naming the field)."""
-        if not self.maintained:
-            raise ConfigError("sink", f"maintenance is for {' and '.join(maintained_names())} tables "
-                                      f"(got {self.name!r})")
-        if compact and not self.compacts:
-            raise ConfigError("compact", self.no_compaction)
-
-    def maintain(self, sink: Any, *, compact: bool, target_file_size: int | None,
-                 retention_hours: float) -> MaintenanceReport:
-        """One maintenance run over an open sink of this kind (``sinks/maintenance.py``)."""
-        self.check_maintenance(compact=compact)
-        raise NotImplementedError
-
-
-_KINDS: dict[str, SinkKind] = {}
-
-
-def register(kind: SinkKind) -> SinkKind:
-    """Make ``kind`` known by its name (``sinks/kinds/__init__.py`` registers the built-in ones)."""
-    _KINDS[kind.name] = kind
-    return kind
-
-
-def _loaded() -> dict[str, SinkKind]:
-    if not _KINDS:
-        import airflow_provider_cg.core.landing.sinks.kinds  # noqa: F401  (registers the built-in sinks)
-    return _KINDS
+#: the sinks, in the order choices and messages list them
+BUILT_IN: tuple[SinkKind, ...] = (parquet.KIND, delta.KIND, iceberg.KIND, postgres.KIND)
+_KINDS: dict[str, SinkKind] = {k.name: k for k in BUILT_IN}
 
 
 def sink_kind(name: str) -> SinkKind:
     """The registered sink ``name`` (``ConfigError`` on the ``sink`` field for another)."""
-    kinds = _loaded()
-    if name not in kinds:
-        raise ConfigError("sink", f"must be one of {', '.join(kinds)} (got {name!r})")
-    return kinds[name]
+    if name not in _KINDS:
+        raise ConfigError("sink", f"must be one of {', '.join(_KINDS)} (got {name!r})")
+    return _KINDS[name]
 
 
 def sink_kinds() -> tuple[SinkKind, ...]:
     """Every registered sink, in registration order."""
-    return tuple(_loaded().values())
+    return tuple(_KINDS.values())
 
 
 def sink_names() -> tuple[str, ...]:
-    return tuple(_loaded())
+    return tuple(_KINDS)
 
 
 def option_owners(field: str) -> tuple[str, ...]:
     """The sinks that take the option ``field`` (empty: every sink, or not a table option)."""
     owners = tuple(k.name for k in sink_kinds() if field in k.option_fields())
-    return () if len(owners) == len(_loaded()) else owners
+    return () if len(owners) == len(_KINDS) else owners
 
 
 def maintained_names() -> tuple[str, ...]:
     return tuple(k.name for k in sink_kinds() if k.maintained)
 
 
-def check_location(name: str, value: str, *, object_store: bool, sink: str) -> None:
-    """A local path, or (where allowed) an ``s3://bucket/prefix`` URL without credentials."""
-    parts = urlsplit(value)
-    if parts.scheme in ("s3", "s3a"):
-        if not object_store:
-            raise ConfigError(name, f"the {sink} sink needs a local path (use the delta sink on object storage)")
-        if not parts.netloc or "@" in parts.netloc:
-            raise ConfigError(name, "must be s3://bucket/prefix, with no credentials in it")
-    elif parts.scheme not in ("", "file") and len(parts.scheme) > 1:
-        raise ConfigError(name, f"unsupported scheme {parts.scheme!r} (a local path or s3://bucket/prefix)")

@@ -30,15 +30,12 @@ inputs of its rows. The summary and the asset events say per table what it lande
 from __future__ import annotations
 
 import dataclasses
-import json
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.rows import BatchId
@@ -52,172 +49,8 @@ from airflow_provider_cg.core.landing.sinks.base import (
     WriteState,
     keys_by_stream,
 )
+from airflow_provider_cg.core.landing.sinks.options import Routes
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
-
-ROUTE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
-MAX_ROUTES = 16
-#: where each sink option says which table a route is (never inherited from the top level)
-LOCATION_FIELDS = ("sink_path", "iceberg_table", "pg_table")
-#: what a route's entry may hold besides its sink options
-SUBJECTS = "subjects"
-ROUTING_FIELDS = ("routes", "route_by")
-
-
-@dataclass(frozen=True)
-class Route:
-    """One table of a routed landing: its name, its sink options, the subjects it takes (none:
-    rows are routed by ``route_by``)."""
-
-    name: str
-    options: Any  # SinkOptions
-    subjects: tuple[str, ...] = ()
-
-    @property
-    def regex(self) -> str:
-        from airflow_provider_cg.core.groups.config import subjects_regex
-
-        return subjects_regex(self.subjects)
-
-
-@dataclass(frozen=True)
-class Routes:
-    """The routes of a landing (``SinkOptions.routes``) and how rows find theirs."""
-
-    routes: tuple[Route, ...]
-    route_by: str | None = None
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(r.name for r in self.routes)
-
-    def route(self, name: str) -> Route:
-        return next(r for r in self.routes if r.name == name)
-
-    @classmethod
-    def parse(cls, top: Any) -> Routes:
-        """The routes of the sink options ``top`` (a ``SinkOptions`` with ``routes``): each
-        route's options are ``top``'s, but for the table's location, overridden by its own.
-        ``ConfigError`` names ``routes.<route>.<option>``."""
-        from airflow_provider_cg.core.landing.contract import SinkOptions, check_sink
-
-        try:
-            entries = json.loads(top.routes) if isinstance(top.routes, str) else top.routes
-        except json.JSONDecodeError as e:
-            raise ConfigError("routes", f"not JSON ({e.msg} at character {e.pos})") from None
-        if not isinstance(entries, dict) or not entries:
-            raise ConfigError("routes", 'must be an object of routes: {"<route>": {"sink_path": ...}, ...}')
-        if len(entries) > MAX_ROUTES:
-            raise ConfigError("routes", f"at most {MAX_ROUTES} routes (got {len(entries)})")
-        for f in LOCATION_FIELDS:
-            default = SinkOptions.__dataclass_fields__[f].default
-            if getattr(top, f) is not None and getattr(top, f) != default:
-                raise ConfigError(f, f"with routes, each route names its own table (routes.<route>.{f})")
-        inherited = {f.name: getattr(top, f.name) for f in dataclasses.fields(SinkOptions)
-                     if f.name not in (*LOCATION_FIELDS, *ROUTING_FIELDS) and getattr(top, f.name) is not None}
-        routes: list[Route] = []
-        tables: dict[tuple, str] = {}
-        for name, entry in entries.items():
-            where = f"routes.{name}"
-            if not isinstance(name, str) or not ROUTE_NAME.match(name):
-                raise ConfigError("routes", f"route name {name!r}: letters, digits, '_' and '-', at most 64")
-            if not isinstance(entry, dict):
-                raise ConfigError(where, "must be an object of sink options (and subjects)")
-            unknown = [k for k in entry if k not in SinkOptions.__dataclass_fields__ and k != SUBJECTS
-                       or k in ROUTING_FIELDS]
-            if unknown:
-                raise ConfigError(f"{where}.{unknown[0]}", "is not an option of a route (a sink option, or subjects)")
-            subjects = _subjects(f"{where}.{SUBJECTS}", entry.get(SUBJECTS))
-            own = {k: v for k, v in entry.items() if k != SUBJECTS}
-            try:
-                options = SinkOptions.build({**inherited, **own})
-                check_sink(options)
-            except ConfigError as e:
-                raise ConfigError(f"{where}.{e.field}", e.rule) from None
-            table = _table_key(options)
-            if table in tables:
-                raise ConfigError(f"{where}", f"lands into the same table as route {tables[table]!r}")
-            tables[table] = name
-            routes.append(Route(name, options, subjects))
-        by = top.route_by
-        if by is not None:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", by):
-                raise ConfigError("route_by", f"must be a column name (got {by!r})")
-            with_subjects = next((r for r in routes if r.subjects), None)
-            if with_subjects:
-                raise ConfigError(f"routes.{with_subjects.name}.subjects", "give route_by or each route's subjects, "
-                                                                           "not both")
-        else:
-            without = next((r for r in routes if not r.subjects), None)
-            if without:
-                raise ConfigError(f"routes.{without.name}.subjects", "required without route_by (the subjects whose "
-                                                                     "messages this route lands)")
-        return cls(tuple(routes), by)
-
-    # --- rows (the driver's path) ----------------------------------------------------------
-
-    def split(self, table: pa.Table) -> dict[str, np.ndarray]:
-        """Per route, the mask of the rows it takes."""
-        if self.route_by is not None:
-            col = table.column(self.route_by)
-            return {r.name: pc.fill_null(pc.equal(col, r.name), False).to_numpy(zero_copy_only=False)
-                    for r in self.routes}
-        subjects = table.column("subject")
-        return {r.name: pc.fill_null(pc.match_substring_regex(subjects, r.regex), False).to_numpy(zero_copy_only=False)
-                for r in self.routes}
-
-    def unrouted_reason(self, value: Any = None) -> str:
-        if self.route_by is not None:
-            return (f"column {self.route_by!r}: names no route ({value!r}; the routes are "
-                    f"{', '.join(self.names)})")
-        return "subject: matches no route's subjects"
-
-    # --- Spark --------------------------------------------------------------------------------
-
-    def unrouted_column(self, columns: list[str]):
-        """Why a row (``route_by``) or message (subjects) has no route, as a Spark column (None:
-        the column to route by is not there; the route's schema check names it)."""
-        from pyspark.sql import functions as F
-
-        if self.route_by is not None:
-            if self.route_by not in columns:
-                return None
-            col = F.col(self.route_by)
-            shown = F.when(col.isNull(), F.lit("None")).otherwise(F.concat(F.lit("'"), col.cast("string"), F.lit("'")))
-            return F.when(col.isNull() | ~col.isin(*self.names), F.concat(
-                F.lit(f"column {self.route_by!r}: names no route ("), shown,
-                F.lit(f"; the routes are {', '.join(self.names)})")))
-        if "subject" not in columns:
-            return None
-        anywhere = "|".join(f"(?:{r.regex})" for r in self.routes)
-        return F.when(~F.coalesce(F.col("subject").rlike(anywhere), F.lit(False)),
-                      F.lit(self.unrouted_reason()))
-
-    def takes(self, name: str):
-        """The Spark condition of a route's rows (``route_by``) or messages (subjects)."""
-        from pyspark.sql import functions as F
-
-        route = self.route(name)
-        if self.route_by is not None:
-            return F.col(self.route_by) == F.lit(name)
-        return F.coalesce(F.col("subject").rlike(route.regex), F.lit(False))
-
-
-def _subjects(field: str, value: Any) -> tuple[str, ...]:
-    from airflow_provider_cg.core.groups.config import validate_subject
-
-    if value is None:
-        return ()
-    items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not items:
-        raise ConfigError(field, "must be a list of subjects (NATS wildcards * and > allowed)")
-    return tuple(validate_subject(field, s) for s in items)
-
-
-def _table_key(options: Any) -> tuple:
-    """Which table sink options name (two routes into one table are refused)."""
-    from airflow_provider_cg.core.landing.sinks.registry import sink_kind
-
-    return sink_kind(options.sink).table_key(options)
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.landing.sinks.base import SinkError
-from airflow_provider_cg.core.landing.sinks.lake import DatasetCorrupt, LakeSink, SchemaMismatch
+from airflow_provider_cg.core.landing.sinks.base import SchemaMismatch, SinkError
+from airflow_provider_cg.core.landing.sinks.lake import DatasetCorrupt, LakeSink
 from airflow_provider_cg.core.landing.sinks.parquet_files import utc_schema
 
 __all__ = ["APP_ID", "DataFile", "SchemaMismatch", "TableConflict", "TableSink", "file_stats", "new_columns",

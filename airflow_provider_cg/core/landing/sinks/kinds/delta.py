@@ -77,7 +77,7 @@ class Delta(Parquet):
                 f"spark.read.format('delta').load('{path}')"]
 
     def maintain(self, sink: Any, *, compact: bool, target_file_size: int | None, retention_hours: float):
-        from airflow_provider_cg.core.landing.sinks.maintenance import maintain_delta
+        from airflow_provider_cg.core.landing.sinks.table_maintenance import maintain_delta
 
         return maintain_delta(sink, compact, target_file_size, retention_hours)
 

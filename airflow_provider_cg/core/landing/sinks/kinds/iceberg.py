@@ -10,7 +10,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.registry import Connection, SinkKind, check_location
+from airflow_provider_cg.core.landing.sinks.kind import Connection, SinkKind, check_location
+from airflow_provider_cg.core.landing.sinks.names import parse_identifier
 
 CATALOG_URI_ENV = "CG_ICEBERG_CATALOG_URI"
 
@@ -25,14 +26,6 @@ class IcebergOptions:
     target_file_size: int | None = None
     merge_keys: str | None = None
     delete_when: str | None = None
-
-
-def parse_identifier(table: str) -> tuple[str, str]:
-    """``namespace.table`` of an Iceberg table, as its two names."""
-    parts = table.split(".") if table else []
-    if len(parts) != 2 or not all(p and p.replace("_", "").isalnum() for p in parts):
-        raise ConfigError("iceberg_table", f"must be namespace.table of letters, digits and '_' (got {table!r})")
-    return parts[0], parts[1]
 
 
 class Iceberg(SinkKind):
@@ -125,7 +118,7 @@ class Iceberg(SinkKind):
                 f"uri='{options.iceberg_catalog_uri}').load_table('{options.iceberg_table}').scan().to_pandas())\""]
 
     def maintain(self, sink: Any, *, compact: bool, target_file_size: int | None, retention_hours: float):
-        from airflow_provider_cg.core.landing.sinks.maintenance import maintain_iceberg
+        from airflow_provider_cg.core.landing.sinks.table_maintenance import maintain_iceberg
 
         return maintain_iceberg(sink, target_file_size, retention_hours)
 

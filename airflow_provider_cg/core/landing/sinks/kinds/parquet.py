@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.registry import SinkKind, check_location
+from airflow_provider_cg.core.landing.sinks.kind import SinkKind, check_location
 
 
 @dataclass(frozen=True)

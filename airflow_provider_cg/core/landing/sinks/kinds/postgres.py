@@ -5,42 +5,19 @@ operator's ``pg_conn_id``), with the sink's own bookkeeping tables beside it
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.registry import Connection, SinkKind
+from airflow_provider_cg.core.landing.sinks.kind import Connection, SinkKind
+from airflow_provider_cg.core.landing.sinks.names import OWN_TABLES, validate_identifier
 
 DSN_ENV, DSN_FILE_ENV = "CG_PG_DSN", "CG_PG_DSN_FILE"
-PG_MAX_IDENTIFIER = 63  # bytes; PostgreSQL silently truncates longer names
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-REFS_TABLE = "cg_prepared_writes"
-MARKERS_TABLE = "cg_committed_writes"
-FENCES_TABLE = "cg_partition_fences"
-INPUTS_TABLE = "cg_committed_inputs"  # per target: input messages of transformed batches
-LIVES_TABLE = "cg_stream_lives"  # per target and origin stream: the lives landed (stream_life.py)
-OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE, LIVES_TABLE)  # never a target table
-
-
 @dataclass(frozen=True)
 class PostgresOptions:
     pg_table: str = "cg_events"
     merge_keys: str | None = None
     delete_when: str | None = None
-
-
-def validate_identifier(field: str, name: Any) -> str:
-    """A table or schema name: a plain SQL identifier of at most 63 bytes (PostgreSQL would
-    cut a longer one, and two names could then mean one table)."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(field, "must be a non-empty name")
-    if len(name.encode()) > PG_MAX_IDENTIFIER:
-        raise ConfigError(field, f"must be at most {PG_MAX_IDENTIFIER} bytes (PostgreSQL truncates longer names)")
-    if not _IDENTIFIER.fullmatch(name):
-        raise ConfigError(field, "must be a plain identifier: a letter or _, then letters, digits or _")
-    return name
 
 
 def dsn_from_env() -> str:
