@@ -1,0 +1,124 @@
+"""One place per concept, kept so: the package's modules import no circle (a function-level or
+``TYPE_CHECKING`` import counts too: it is still a dependency a reader follows), and no module
+compares a sink's or a layout's name but that sink's or layout's own (``sinks/kinds/``,
+``groups/layouts/``): everything else asks the registry or the layout object."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from airflow_provider_cg.core.groups import layouts
+from airflow_provider_cg.core.landing.sinks.registry import sink_names
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = "airflow_provider_cg"
+SOURCES = [*sorted((ROOT / PACKAGE).rglob("*.py")), *sorted((ROOT / "spark_apps").rglob("*.py"))]
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {_module(p): p for p in SOURCES if p.is_relative_to(ROOT / PACKAGE)}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                           for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.startswith(PACKAGE)]
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_imports_no_circle():
+    found = cycles(import_graph())
+    assert not found, f"modules that import each other: {found}"
+
+
+def test_the_cycle_finder_finds_one():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _own(path: Path, where: str) -> bool:
+    return where in path.relative_to(ROOT).as_posix()
+
+
+def name_comparisons(source: str, label: str, names: set[str], constants: frozenset[str] = frozenset()) -> list[str]:
+    """``x == "delta"``, ``x in ("delta", ...)``, ``match`` cases: a name compared as a string,
+    or as one of the ``constants`` that spell it (``x == PARTITION_STREAMS``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            for operand in [node.left, *node.comparators]:
+                values = list(operand.elts) if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]
+                hits = [v.value for v in values if isinstance(v, ast.Constant) and v.value in names]
+                hits += [v.id if isinstance(v, ast.Name) else v.attr for v in values
+                         if isinstance(v, ast.Name) and v.id in constants
+                         or isinstance(v, ast.Attribute) and v.attr in constants]
+                if hits:
+                    found.append(f"{label}:{node.lineno}: {hits[0]!r}")
+        elif isinstance(node, ast.MatchValue) and isinstance(node.value, ast.Constant) and node.value.value in names:
+            found.append(f"{label}:{node.lineno}: {node.value.value!r}")
+    return found
+
+
+def test_no_module_but_a_sinks_own_compares_a_sink_name():
+    names = set(sink_names())
+    found = [hit for p in SOURCES if not _own(p, "core/landing/sinks/kinds/")
+             for hit in name_comparisons(p.read_text(), str(p.relative_to(ROOT)), names)]
+    assert not found, "ask the registry (sinks/registry.py) instead:\n" + "\n".join(found)
+
+
+def test_no_module_but_a_layouts_own_compares_a_layout_name():
+    names = {*layouts.NAMES, layouts.DRAINING}
+    constants = frozenset({"WORK_QUEUE", "PARTITION_STREAMS", "DRAINING", "DEFAULT"})
+    found = [hit for p in SOURCES if not _own(p, "core/groups/layouts/")
+             for hit in name_comparisons(p.read_text(), str(p.relative_to(ROOT)), names, constants)]
+    assert not found, "ask the layout object (groups/layouts/) instead:\n" + "\n".join(found)
+
+
+def test_the_comparison_finder_finds_them():
+    sample = 'if sink == "delta" or kind in ("x", "iceberg") or name != "parquet" or x == gl.DRAINING:\n    pass\n'
+    assert len(name_comparisons(sample, "sample", {"delta", "iceberg"})) == 2
+    assert len(name_comparisons(sample, "sample", set(), frozenset({"DRAINING"}))) == 1
