@@ -37,12 +37,12 @@ cannot be carried from one member to another, so their membership is fixed at cr
 
 from __future__ import annotations
 
-from typing import Any
-
+from airflow_provider_cg.core.groups.config import current_members
 from airflow_provider_cg.core.groups.consumers import (
     DEFAULT_ACK_WAIT,
     PRIORITY_GROUP,
     STATIC_ACK_WAIT,
+    MemberConsumers,
     pinned_id,
     priority_group_of,
     static_max_ack_pending,
@@ -52,7 +52,6 @@ from airflow_provider_cg.core.groups.membership import (
     TRANSITION_PAUSE,
     Membership,
     check_assignment,
-    current_members,
     parse_mappings,
     parse_members,
 )
@@ -65,12 +64,13 @@ from airflow_provider_cg.core.groups.store import (
     STATIC,
     GroupBroken,
     GroupInfo,
+    GroupStore,
     consumer_name_of,
     consumer_stream_of,
     kind_of,
     stored_subjects,
 )
-from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
 
 __all__ = [
     "ASSIGNMENTS", "DEFAULT_ACK_WAIT", "ELASTIC", "KINDS", "MAX_CONFIG_BYTES", "PRIORITY_GROUP", "STATIC",
@@ -80,8 +80,10 @@ __all__ = [
 ]
 
 
-class ConsumerGroups(Membership, GroupObservation, LayoutMoves):
-    """Async administration of consumer groups on one nats-py connection."""
+class ConsumerGroups:
+    """Async administration of consumer groups on one nats-py connection: one object made of
+    its parts (``store``, ``consumers``, ``observation``, ``membership``, ``moves``), each
+    with its own module; the methods below are theirs."""
 
     def __init__(
         self,
@@ -92,10 +94,23 @@ class ConsumerGroups(Membership, GroupObservation, LayoutMoves):
         transition_pause: float = TRANSITION_PAUSE,
         overlap_deadline: float = 30.0,
     ) -> None:
-        self.nc = nc
-        self.api = JsApi(nc, prefix=js_prefix, timeout=timeout)
-        self.js = nc.jetstream(prefix=js_prefix, timeout=timeout)
-        self.timeout = timeout
-        self.transition_pause = transition_pause
-        self.overlap_deadline = overlap_deadline
-        self._kvs: dict[str, Any] = {}
+        self.store = GroupStore(nc, js_prefix=js_prefix, timeout=timeout)
+        self.consumers = MemberConsumers(self.store, overlap_deadline=overlap_deadline)
+        self.observation = GroupObservation(self.store, self.consumers)
+        self.membership = Membership(self.store, self.consumers, transition_pause=transition_pause)
+        self.moves = LayoutMoves(self.store)
+        # the groups and their streams
+        self.create, self.get, self.list, self.delete = (self.store.create, self.store.get, self.store.list,
+                                                         self.store.delete)
+        self.layout, self.wq_stream_config = self.store.layout, self.store.wq_stream_config
+        # member consumers
+        self.member_consumer_config = self.consumers.member_consumer_config
+        self.ensure_member_consumer, self.step_down = self.consumers.ensure_member_consumer, self.consumers.step_down
+        # state and backlog
+        self.member_info, self.status = self.observation.member_info, self.observation.status
+        # membership and layout
+        m = self.membership
+        self.add_members, self.drop_members, self.set_mappings = m.add_members, m.drop_members, m.set_mappings
+        self.delete_mappings, self.reconcile = m.delete_mappings, m.reconcile
+        self.write_partition_count = m.write_partition_count
+        self.move_layout = self.moves.move_layout

@@ -820,6 +820,14 @@ def with_mappings(
     return dataclasses.replace(cfg, members=(), member_mappings=items).validate()
 
 
+def current_members(cfg: GroupConfig) -> list[str]:
+    """The group's members: its member list, or the members of its mappings (the two exclude
+    each other), each once, in order. The one membership query; ``in_membership`` asks it."""
+    if cfg.member_mappings:
+        return list(dict.fromkeys(mm.member for mm in cfg.member_mappings))
+    return list(dict.fromkeys(cfg.members))
+
+
 def in_membership(cfg: GroupConfig, member: str) -> bool:
     """Whether ``member`` is listed in the members or the mappings (orbit's IsInMembership)."""
-    return member in cfg.members or any(mm.member == member for mm in cfg.member_mappings)
+    return member in current_members(cfg)

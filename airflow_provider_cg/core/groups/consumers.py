@@ -21,7 +21,6 @@ from airflow_provider_cg.core.groups.store import (
     GroupBroken,
     GroupInfo,
     GroupStore,
-    all_members,
     consumer_name_of,
     consumer_stream_of,
     kind_of,
@@ -105,12 +104,13 @@ def with_filters(consumer_config: dict, filters: Sequence[str]) -> dict:
 
 
 
-class MemberConsumers(GroupStore):
-    """Build, ensure and step down member consumers."""
+class MemberConsumers:
+    """Build, ensure and step down member consumers (of the groups ``store`` keeps)."""
 
-    overlap_deadline: float
+    def __init__(self, store: GroupStore, *, overlap_deadline: float) -> None:
+        self.store, self.api, self.overlap_deadline = store, store.api, overlap_deadline
 
-    async def _member_consumers(self, info: GroupInfo, cstream: str) -> dict[str, dict]:
+    async def member_consumers(self, info: GroupInfo, cstream: str) -> dict[str, dict]:
         """member -> consumer info, for every member consumer of the group that exists."""
         out: dict[str, dict] = {}
         try:
@@ -119,7 +119,7 @@ class MemberConsumers(GroupStore):
             if e.err_code == ERR_STREAM_NOT_FOUND:
                 return out
             raise
-        durables = {consumer_name_of(STATIC, info.group, m): m for m in all_members(info.config)}
+        durables = {consumer_name_of(STATIC, info.group, m): m for m in cgconfig.current_members(info.config)}
         for c in consumers:
             name, ccfg = c.get("name", ""), c.get("config", {})
             if not is_member_consumer(ccfg):
@@ -201,11 +201,11 @@ class MemberConsumers(GroupStore):
         seconds. ``layout``: the group's, when the caller knows it (else read from the server).
         ``opts`` go to :meth:`member_consumer_config`.
         """
-        info = await self.get(stream, group)
-        layout = layout or await self.layout(info)
+        info = await self.store.get(stream, group)
+        layout = layout or await self.store.layout(info)
         cstream, cc = self.member_consumer_config(stream, group, member, info.config, layout=layout, **opts)
         try:
-            await self._create_consumer(cstream, cc, info.kind, stream, group, member, deadline=deadline)
+            await self.create_consumer(cstream, cc, info.kind, stream, group, member, deadline=deadline)
         except JetStreamApiError as e:
             if e.err_code != ERR_STREAM_NOT_FOUND:
                 raise
@@ -213,7 +213,7 @@ class MemberConsumers(GroupStore):
             raise GroupBroken(f"the {what} stream {cstream!r} of {info.kind} group {group!r} is missing (deleted?)") from None
         return cstream, cc["name"]
 
-    async def _create_consumer(
+    async def create_consumer(
         self,
         cstream: str,
         cc: dict,
@@ -275,12 +275,12 @@ class MemberConsumers(GroupStore):
                 cc = with_filters(cc, want)
 
     async def _wanted_filters(self, stream: str, group: str, member: str, cstream: str) -> list[str]:
-        info = await self.get(stream, group)
-        return (await self.layout(info)).member_filters(info.config, member, cstream)
+        info = await self.store.get(stream, group)
+        return (await self.store.layout(info)).member_filters(info.config, member, cstream)
 
     async def step_down(self, stream: str, group: str, member: str) -> None:
         """Unpin the member's active instance; the server pins another waiting one."""
-        info = await self.get(stream, group)
+        info = await self.store.get(stream, group)
         cstream = consumer_stream_of(info.kind, stream, group)
         name = consumer_name_of(info.kind, group, member)
         have = await self.api.consumer_info(cstream, name)

@@ -27,6 +27,7 @@ from airflow_provider_cg.core.groups.store import (
     MAX_CONFIG_BYTES,
     STATIC,
     GroupInfo,
+    GroupStore,
     consumer_name_of,
     consumer_stream_of,
     nats_errors,
@@ -40,11 +41,6 @@ ASSIGNMENTS = ("block", "sticky")
 def check_assignment(assignment: str) -> None:
     if assignment not in ASSIGNMENTS:
         raise ConfigError("assignment", f"must be one of {', '.join(ASSIGNMENTS)} (got {assignment!r})")
-
-
-def current_members(cfg: GroupConfig) -> list[str]:
-    """The group's members, from its member list or its mappings."""
-    return list(cfg.members) if cfg.members else [mm.member for mm in cfg.member_mappings]
 
 
 def sticky(cfg: GroupConfig, members: list[str]) -> GroupConfig:
@@ -109,10 +105,12 @@ def parse_mappings(value: Any) -> list:
     return out
 
 
-class Membership(MemberConsumers):
+class Membership:
     """Membership changes of elastic groups and the consumer transition after each."""
 
-    transition_pause: float
+    def __init__(self, store: GroupStore, consumers: MemberConsumers, *, transition_pause: float) -> None:
+        self.store, self.consumers, self.api = store, consumers, store.api
+        self.transition_pause = transition_pause
 
     async def add_members(self, stream: str, group: str, members: Iterable[str], *,
                           assignment: str = "block") -> GroupInfo:
@@ -124,7 +122,7 @@ class Membership(MemberConsumers):
 
         def change(cfg: GroupConfig) -> GroupConfig:
             if assignment == "sticky":
-                return sticky(cfg, [*current_members(cfg), *members])
+                return sticky(cfg, [*cgconfig.current_members(cfg), *members])
             if cfg.member_mappings:
                 raise ConfigError("members", "the group uses member_mappings; delete them before adding members "
                                              "(or add with assignment 'sticky')")
@@ -141,7 +139,7 @@ class Membership(MemberConsumers):
 
         def change(cfg: GroupConfig) -> GroupConfig:
             if assignment == "sticky":
-                return sticky(cfg, [m for m in current_members(cfg) if m not in set(members)])
+                return sticky(cfg, [m for m in cgconfig.current_members(cfg) if m not in set(members)])
             if cfg.member_mappings:
                 raise ConfigError("members", "the group uses member_mappings; delete them before dropping members "
                                              "(or drop with assignment 'sticky')")
@@ -171,7 +169,7 @@ class Membership(MemberConsumers):
     ) -> GroupInfo:
         """Read, change, validate, compare-and-set (retried on conflict), then transition."""
         for attempt in range(CAS_ATTEMPTS):
-            info = await self.get(stream, group)
+            info = await self.store.get(stream, group)
             if info.kind == STATIC:
                 raise ConfigError(
                     what, "a static group's membership is fixed at creation; delete and re-create the group"
@@ -181,7 +179,7 @@ class Membership(MemberConsumers):
             cgconfig.check_change(info.config, new)
             if new.to_json() == info.config.to_json():
                 return info  # nothing to change
-            kv = await self._kv(info.kind)
+            kv = await self.store.kv(info.kind)
             async with nats_errors():
                 try:
                     revision = await kv.update(cgconfig.config_key(stream, group), new.to_json(), last=info.revision)
@@ -198,7 +196,7 @@ class Membership(MemberConsumers):
         """Store a config whose ``max_members`` changed (only ``resize`` may: it has stopped and
         drained the work queue first), compare-and-set on revision ``last``; the new revision."""
         new.validate(stream, group)
-        kv = await self._kv(ELASTIC)
+        kv = await self.store.kv(ELASTIC)
         async with nats_errors():
             try:
                 return await kv.update(cgconfig.config_key(stream, group), new.to_json(), last=last)
@@ -217,7 +215,7 @@ class Membership(MemberConsumers):
         ``deleted`` and ``recreated``.
         """
         pause = self.transition_pause if pause is None else pause
-        if (await self.get(stream, group)).kind == STATIC:
+        if (await self.store.get(stream, group)).kind == STATIC:
             raise ConfigError(
                 "group", "only elastic groups are reconciled: a static member's durable consumer keeps its "
                 "position and is never re-created"
@@ -225,10 +223,10 @@ class Membership(MemberConsumers):
         had: dict[str, dict] = {}  # member -> its consumer's config before we deleted it
         deleted: list[str] = []
         for _ in range(10):
-            info = await self.get(stream, group)
+            info = await self.store.get(stream, group)
             cstream = consumer_stream_of(info.kind, stream, group)
-            layout = await self.layout(info)
-            existing = await self._member_consumers(info, cstream)
+            layout = await self.store.layout(info)
+            existing = await self.consumers.member_consumers(info, cstream)
             stale = [
                 (m, c)
                 for m, c in existing.items()
@@ -245,8 +243,8 @@ class Membership(MemberConsumers):
                 await asyncio.sleep(pause)
             for member, old in todo.items():
                 filters = layout.member_filters(info.config, member, cstream)
-                await self._create_consumer(cstream, with_filters(old, filters), info.kind, stream, group, member)
-            latest = await self.get(stream, group)
+                await self.consumers.create_consumer(cstream, with_filters(old, filters), info.kind, stream, group, member)
+            latest = await self.store.get(stream, group)
             if latest.revision == info.revision:
                 break
         recreated = sorted(consumer_name_of(info.kind, group, m) for m in todo)

@@ -23,15 +23,18 @@ import time
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts, sourcing
-from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, is_member_consumer
+from airflow_provider_cg.core.groups.consumers import filters_of, is_member_consumer
 from airflow_provider_cg.core.groups.layouts import partition_streams as ps
 from airflow_provider_cg.core.groups.layouts.base import LayoutMove
-from airflow_provider_cg.core.groups.store import ELASTIC
+from airflow_provider_cg.core.groups.store import ELASTIC, GroupStore
 from airflow_provider_cg.core.jetstream.api import server_version
 
 
-class LayoutMoves(MemberConsumers):
+class LayoutMoves:
     """``move_layout`` (see the module doc)."""
+
+    def __init__(self, store: GroupStore) -> None:
+        self.store, self.nc, self.api = store, store.nc, store.api
 
     async def move_layout(self, stream: str, group: str, layout: str, *, wait: float = 60.0,
                           partition_replicas: int | None = None) -> LayoutMove:
@@ -43,7 +46,7 @@ class LayoutMoves(MemberConsumers):
             raise ConfigError("partition_replicas", "is for the partition-streams layout")
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
             raise ConfigError("wait", f"must be a number of seconds from 0 to 1e6 (got {wait!r})")
-        info = await self.get(stream, group)
+        info = await self.store.get(stream, group)
         if info.kind != ELASTIC:
             return await layouts.ORIGIN.enter(self, stream, group, layouts.ORIGIN, {}, 0, 0.0, None)
         wq = cgconfig.work_queue_stream(stream, group)

@@ -17,7 +17,7 @@ from airflow_provider_cg.core.groups.store import (
     ELASTIC,
     GroupBroken,
     GroupInfo,
-    all_members,
+    GroupStore,
     consumer_name_of,
     consumer_stream_of,
 )
@@ -102,20 +102,23 @@ class GroupStatus:
 
 
 
-class GroupObservation(MemberConsumers):
+class GroupObservation:
     """Member state and backlog of a group."""
 
+    def __init__(self, store: GroupStore, consumers: MemberConsumers) -> None:
+        self.store, self.consumers, self.api = store, consumers, store.api
+
     async def member_info(self, stream: str, group: str, kind: str | None = None) -> list[MemberState]:
-        info = await self.get(stream, group, kind)
+        info = await self.store.get(stream, group, kind)
         return await self._member_states(info)
 
     async def _member_states(self, info: GroupInfo, layout: layouts.Layout | None = None) -> list[MemberState]:
         cstream = consumer_stream_of(info.kind, info.stream, info.group)
-        layout = layout or await self.layout(info)
-        consumers = await self._member_consumers(info, cstream)
+        layout = layout or await self.store.layout(info)
+        consumers = await self.consumers.member_consumers(info, cstream)
         assignment = partitioning.assign_partitions(info.config)
         out: list[MemberState] = []
-        for member in sorted(set(all_members(info.config)) | set(consumers)):
+        for member in sorted(set(cgconfig.current_members(info.config)) | set(consumers)):
             c = consumers.get(member)
             inm = cgconfig.in_membership(info.config, member)
             parts = sorted(assignment.get(member, [])) if inm else []
@@ -142,7 +145,7 @@ class GroupObservation(MemberConsumers):
     async def status(self, stream: str, group: str, kind: str | None = None) -> GroupStatus:
         """Per-partition backlog, per-member state and totals (one KV get, one stream info,
         one consumer list)."""
-        info = await self.get(stream, group, kind)
+        info = await self.store.get(stream, group, kind)
         cfg = info.config
         si = None
         layout: layouts.Layout = layouts.ORIGIN

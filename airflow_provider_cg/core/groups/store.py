@@ -82,7 +82,7 @@ def consumer_stream_of(kind: str, stream: str, group: str) -> str:
 
 def consumer_name_of(kind: str, group: str, member: str) -> str:
     """Member consumer name: ``<member>`` (elastic) or durable ``<group>-<member>`` (static)."""
-    return member if kind == ELASTIC else f"{group}-{member}"
+    return member if kind == ELASTIC else cgconfig.static_consumer_name(group, member)
 
 
 
@@ -91,12 +91,6 @@ def stored_subjects(stream_config: dict) -> list[str]:
     dest = (stream_config.get("subject_transform") or {}).get("dest")
     return [dest] if dest else list(stream_config.get("subjects") or [])
 
-
-
-def all_members(config: GroupConfig) -> list[str]:
-    if config.member_mappings:
-        return [m.member for m in config.member_mappings]
-    return list(dict.fromkeys(config.members or []))
 
 
 
@@ -124,12 +118,13 @@ class nats_errors:
 class GroupStore:
     """Create, read, list and delete groups (the KV entry and the streams it needs)."""
 
-    nc: Any
-    api: JsApi
-    js: Any
-    _kvs: dict[str, Any]
+    def __init__(self, nc: Any, *, js_prefix: str, timeout: float) -> None:
+        self.nc = nc
+        self.api = JsApi(nc, prefix=js_prefix, timeout=timeout)
+        self.js = nc.jetstream(prefix=js_prefix, timeout=timeout)
+        self._kvs: dict[str, Any] = {}
 
-    async def _kv(self, kind: str, *, create_replicas: int | None = None):
+    async def kv(self, kind: str, *, create_replicas: int | None = None):
         """The kind's KV bucket; created (file storage) when ``create_replicas`` is given."""
         if kind in self._kvs:
             return self._kvs[kind]
@@ -150,7 +145,7 @@ class GroupStore:
         return kv
 
     async def _read(self, kind: str, stream: str, group: str) -> GroupInfo | None:
-        kv = await self._kv(kind)
+        kv = await self.kv(kind)
         if kv is None:
             return None
         async with nats_errors():
@@ -196,7 +191,7 @@ class GroupStore:
         if subjects:  # a sourcing/mirror stream has none to check against
             cgconfig.validate_against_stream(config, subjects)
         replicas = int(origin["config"].get("num_replicas") or 1)
-        kv = await self._kv(kind, create_replicas=replicas)
+        kv = await self.kv(kind, create_replicas=replicas)
         key = cgconfig.config_key(stream, group)
         created = False
         async with nats_errors():
@@ -243,9 +238,9 @@ class GroupStore:
             except StoredConfigInvalid:
                 continue
             if info is not None:
-                for m in all_members(info.config):
+                for m in cgconfig.current_members(info.config):
                     taken[consumer_name_of(STATIC, other, m)] = (other, m)
-        for i, m in enumerate(all_members(config)):
+        for i, m in enumerate(cgconfig.current_members(config)):
             name = consumer_name_of(STATIC, group, m)
             if name in taken:
                 g2, m2 = taken[name]
@@ -366,7 +361,7 @@ class GroupStore:
                 return []
             raise
         keys = sorted(s[len(prefix) :] for s in si["state"].get("subjects") or {})
-        kv = await self._kv(kind)
+        kv = await self.kv(kind)
         live = []
         for key in keys:  # a deleted or purged key keeps its subject (the marker): skip it
             if "." not in key:
@@ -391,20 +386,20 @@ class GroupStore:
         except StoredConfigInvalid as e:
             if not force:
                 raise
-            kv = await self._kv(e.kind)
+            kv = await self.kv(e.kind)
             async with nats_errors():
                 await kv.delete(cgconfig.config_key(stream, group))
             if e.kind == ELASTIC:
                 with contextlib.suppress(JetStreamApiError):
                     await self._delete_wq_streams(cgconfig.work_queue_stream(stream, group))
             return GroupInfo(e.kind, None, 0, stream, group)  # type: ignore[arg-type]
-        kv = await self._kv(info.kind)
+        kv = await self.kv(info.kind)
         async with nats_errors():
             await kv.delete(cgconfig.config_key(stream, group))
         if info.kind == ELASTIC:
             await self._delete_wq_streams(cgconfig.work_queue_stream(stream, group))
         else:
-            names = {consumer_name_of(STATIC, group, m) for m in all_members(info.config)}
+            names = {consumer_name_of(STATIC, group, m) for m in cgconfig.current_members(info.config)}
             for c in await self.api.list_consumers(stream):
                 if c.get("name", "") in names:
                     await self.api.delete_consumer(stream, c["name"])
