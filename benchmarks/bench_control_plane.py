@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from airflow_provider_cg.core.groups import config as cgconfig  # noqa: E402
+from airflow_provider_cg.core.groups import names as groupnames  # noqa: E402
 from airflow_provider_cg.core.groups.admin import ConsumerGroups  # noqa: E402
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
 from airflow_provider_cg.core.groups.consumers import filters_of, member_filters  # noqa: E402
@@ -58,7 +58,7 @@ async def _consumers_right(groups: ConsumerGroups, api: JsApi, stream: str, grou
     """How many member consumers have exactly the filters the config gives their member (any
     wrong one fails the run)."""
     info = await groups.get(stream, group)
-    wq = cgconfig.work_queue_stream(stream, group)
+    wq = groupnames.work_queue_stream(stream, group)
     right = 0
     for c in await api.list_consumers(wq):
         want = sorted(member_filters(info.config, c["name"]))
@@ -78,7 +78,7 @@ class Watchers:
         self._watchers: list = []
 
     async def start(self) -> None:
-        kv = await self.nc.jetstream().key_value(cgconfig.KV_BUCKETS["elastic"])
+        kv = await self.nc.jetstream().key_value(groupnames.KV_BUCKETS["elastic"])
         for i in range(self.n):
             w = await kv.watch(self.key)
             self._watchers.append(w)
@@ -116,8 +116,8 @@ async def one_group(url: str, assignment: str, members: int, partitions: int, ch
     if assignment == "sticky":  # the same members, stored as mappings (as sticky changes keep them)
         await groups.drop_members(stream, group, names[-1:], assignment="sticky")
         await groups.add_members(stream, group, names[-1:], assignment="sticky")
-    kv = await nc.jetstream().key_value(cgconfig.KV_BUCKETS["elastic"])
-    key = cgconfig.config_key(stream, group)
+    kv = await nc.jetstream().key_value(groupnames.KV_BUCKETS["elastic"])
+    key = groupnames.config_key(stream, group)
     out["config_bytes"] = len((await kv.get(key)).value)
     t = time.perf_counter()
     await asyncio.gather(*(groups.ensure_member_consumer(stream, group, m) for m in names))
@@ -162,8 +162,8 @@ async def many_groups(url: str, n_groups: int, messages: int) -> dict:
 
     one = await source(["solo"])
     t_all = await source([f"g{i:03d}" for i in range(n_groups)])
-    kv = await nc.jetstream().key_value(cgconfig.KV_BUCKETS["elastic"])
-    total_config = sum([len((await kv.get(cgconfig.config_key("MANY", g))).value)
+    kv = await nc.jetstream().key_value(groupnames.KV_BUCKETS["elastic"])
+    total_config = sum([len((await kv.get(groupnames.config_key("MANY", g))).value)
                         for g in [f"g{i:03d}" for i in range(n_groups)]])
     for g in ["solo", *(f"g{i:03d}" for i in range(n_groups))]:
         await groups.delete("MANY", g)

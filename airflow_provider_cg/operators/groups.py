@@ -23,8 +23,8 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound, JetStreamApiError
-from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
@@ -93,12 +93,12 @@ class _ConsumerGroupOperator(BaseOperator):
         self.nats_conn_id = nats_conn_id
         for field in ("stream", "group"):
             if not _templated(getattr(self, field)):
-                cgconfig.validate_name(field, getattr(self, field), field)
+                groupnames.validate_name(field, getattr(self, field), field)
 
     def _validate(self) -> None:
         """Checks after rendering, before any connection (raise ``ConfigError``)."""
-        cgconfig.validate_name("stream", self.stream, "stream")
-        cgconfig.validate_name("group", self.group, "group")
+        groupnames.validate_name("stream", self.stream, "stream")
+        groupnames.validate_name("group", self.group, "group")
 
     @cached_property
     def hook(self) -> NatsHook:
@@ -209,7 +209,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         if not any(_templated(getattr(self, f)) for f in self.CONFIG_FIELDS):
             self.build_config()
         if not any(_templated(v) for v in (stream, group, kind)):
-            cgconfig.validate_names(stream, group, kind)
+            groupnames.validate_names(stream, group, kind)
         if not _templated(create_stream):
             self._stream_config()
 
@@ -270,7 +270,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
                 raise ConfigError("create_stream.subjects", "give a list of subjects")
         if subjects is not None:
             for i, s in enumerate(subjects):
-                cgconfig.validate_subject(f"create_stream.subjects[{i}]", s)
+                groupnames.validate_subject(f"create_stream.subjects[{i}]", s)
             sc["subjects"] = list(subjects)
         if sc["storage"] not in ("file", "memory"):
             raise ConfigError("create_stream.storage", "must be 'file' or 'memory'")
@@ -278,7 +278,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
 
     def _validate(self) -> None:
         super()._validate()
-        cgconfig.validate_names(self.stream, self.group, self.kind)
+        groupnames.validate_names(self.stream, self.group, self.kind)
         self.build_config()
         self._stream_config()
 
@@ -459,7 +459,7 @@ class SetMemberMappingsOperator(_MembershipOperator):
         if not parsed:
             raise ConfigError("member_mappings", "give at least one mapping")
         for i, m in enumerate(parsed):
-            cgconfig.validate_name(f"member_mappings[{i}].member", m.member, "member")
+            groupnames.validate_name(f"member_mappings[{i}].member", m.member, "member")
         return parsed
 
     def _validate(self) -> None:
@@ -492,11 +492,11 @@ class StepDownMemberOperator(_ConsumerGroupOperator):
         super().__init__(stream=stream, group=group, **kwargs)
         self.member = member
         if not _templated(member):
-            cgconfig.validate_name("member", member, "member")
+            groupnames.validate_name("member", member, "member")
 
     def _validate(self) -> None:
         super()._validate()
-        cgconfig.validate_name("member", self.member, "member")
+        groupnames.validate_name("member", self.member, "member")
 
     def execute(self, context: Any) -> dict[str, Any]:
         async def go(nc) -> str | None:
@@ -536,7 +536,7 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
         if not any(_templated(v) for v in (member, to_datetime, by_duration, to_seq, shift_by)):
             self._target()
         if member is not None and not _templated(member):
-            cgconfig.validate_name("member", member, "member")
+            groupnames.validate_name("member", member, "member")
 
     def _target(self):
         from airflow_provider_cg.core.groups.reset import ResetTarget
@@ -548,7 +548,7 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
     def _validate(self) -> None:
         super()._validate()
         if self.member is not None:
-            cgconfig.validate_name("member", self.member, "member")
+            groupnames.validate_name("member", self.member, "member")
         self._target()
 
     def execute(self, context: Any) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
-from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.lag import member_backlog
 from airflow_provider_cg.hooks.nats import NatsHook
@@ -112,7 +112,7 @@ class ConsumerGroupMembersOperator(BaseOperator):
         self.settle_timeout = settle_timeout
         for field in ("stream", "group"):
             if not templated(getattr(self, field)):
-                cgconfig.validate_name(field, getattr(self, field), field)
+                groupnames.validate_name(field, getattr(self, field), field)
 
     @cached_property
     def hook(self) -> NatsHook:
@@ -120,8 +120,8 @@ class ConsumerGroupMembersOperator(BaseOperator):
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         try:
-            cgconfig.validate_name("stream", self.stream, "stream")
-            cgconfig.validate_name("group", self.group, "group")
+            groupnames.validate_name("stream", self.stream, "stream")
+            groupnames.validate_name("group", self.group, "group")
             status = settled_states(self.hook, self.stream, self.group, self.settle_timeout)
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.codec import dump_config
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
 from tests.support.badinput import acg, cg_process, report, snapshot
 
@@ -163,7 +164,7 @@ async def test_corrupt_config_in_the_kv_bucket(nc, world):
 
 async def test_a_key_in_both_buckets(nc, world):
     skv = await nc.jetstream().key_value("static-consumer-groups")
-    await skv.put("ORDERS.g", StaticGroupConfig(2, (), ("x",)).to_json())
+    await skv.put("ORDERS.g", dump_config(StaticGroupConfig(2, (), ("x",))))
     a = await acg("info", "ORDERS", "g", *world)
     report([f"info: {p}" for p in a.problems(1, "group")])
     assert "--kind" in a.err or "kind" in a.err

@@ -13,6 +13,7 @@ from nats.js.api import StorageType
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.codec import dump_config
 from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
     MemberMapping,
@@ -623,7 +624,7 @@ async def test_ensure_member_consumer(nc, cg):
 
     # stale filters (the membership changed behind its back): replaced
     kv = await nc.jetstream().key_value(ELASTIC_BUCKET)
-    await kv.put("O.g", elastic(2, ("m1",)).to_json())
+    await kv.put("O.g", dump_config(elastic(2, ("m1",))))
     await cg.ensure_member_consumer("O", "g", "m1")
     assert (await api.consumer_info("O-g", "m1"))["config"]["filter_subjects"] == ["0.foo.*", "1.foo.*"]
 

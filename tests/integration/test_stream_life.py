@@ -10,12 +10,8 @@ import asyncio
 import pytest
 
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
-from airflow_provider_cg.core.groups.config import (
-    ElasticGroupConfig,
-    PartitioningFilter,
-    StaticGroupConfig,
-    work_queue_stream,
-)
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
+from airflow_provider_cg.core.groups.names import work_queue_stream
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.backfill import run_backfill

@@ -30,7 +30,8 @@ from airflow_provider_cg.core.errors import (
     ServerUnavailable,
 )
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
-from airflow_provider_cg.core.groups.config import StaticGroupConfig, static_consumer_name
+from airflow_provider_cg.core.groups.config import StaticGroupConfig
+from airflow_provider_cg.core.groups.names import static_consumer_name
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 from tests.support.member_job import (

@@ -14,6 +14,7 @@ from typing import Any
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.config import GroupConfig
 from airflow_provider_cg.core.groups.store import (
     ELASTIC,
@@ -156,7 +157,7 @@ class MemberConsumers:
         sizes a static durable for its batches; orbit's user config may carry one).
         """
         kind = kind_of(config)
-        cgconfig.validate_name("member", member, "member")
+        groupnames.validate_name("member", member, "member")
         if not cgconfig.in_membership(config, member):
             raise ConfigError("member", f"{member!r} is not a member of group {group!r} on stream {stream!r}")
         filters = (layout or layouts.named(layouts.DEFAULT)).member_filters(config, member,

@@ -14,8 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
@@ -88,7 +88,7 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
     now = time.time() if now is None else now
     oldest: dict[int, float] = {}
     if status.kind == "elastic":
-        wq = cgconfig.work_queue_stream(stream, group)
+        wq = groupnames.work_queue_stream(stream, group)
         layout = layouts.named(status.layout)
         for p, n in status.partitions.items():
             if n:  # the oldest is in the partition's store: its stream, if it has one that holds any

@@ -14,7 +14,10 @@ import nats.js.errors
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups import rules as grouprules
+from airflow_provider_cg.core.groups.codec import dump_config
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig
 from airflow_provider_cg.core.groups.consumers import (
     MemberConsumers,
@@ -68,7 +71,7 @@ def parse_members(field: str, value: Any) -> list[str]:
     if not out:
         raise ConfigError(field, "give at least one member name")
     for i, m in enumerate(out):
-        cgconfig.validate_name(f"{field}[{i}]", m, "member")
+        groupnames.validate_name(f"{field}[{i}]", m, "member")
     return out
 
 
@@ -98,7 +101,7 @@ def parse_mappings(value: Any) -> list:
             raise ConfigError(f"{where}.{sorted(map(str, unknown))[0]}", "unknown key")
         if not isinstance(item["member"], str):
             raise ConfigError(f"{where}.member", "must be a member name (a string)")
-        cgconfig.validate_name(f"{where}.member", item["member"], "member")
+        groupnames.validate_name(f"{where}.member", item["member"], "member")
         if not all(isinstance(p, int) and not isinstance(p, bool) for p in item["partitions"]):
             raise ConfigError(f"{where}.partitions", "must be a list of integers")
         out.append(cgconfig.MemberMapping(member=item["member"], partitions=tuple(item["partitions"])))
@@ -153,7 +156,7 @@ class Membership:
         if not parsed:
             raise ConfigError("member_mappings", "give at least one mapping (delete_mappings removes them)")
         for m in parsed:
-            cgconfig.validate_name("member", m.member, "member")
+            groupnames.validate_name("member", m.member, "member")
         return await self._change_membership(
             stream, group, lambda cfg: cgconfig.with_mappings(cfg, parsed), "member_mappings"
         )
@@ -176,13 +179,13 @@ class Membership:
                 )
             new = change(info.config)
             new.validate()
-            cgconfig.check_change(info.config, new)
-            if new.to_json() == info.config.to_json():
+            grouprules.check_change(info.config, new)
+            if dump_config(new) == dump_config(info.config):
                 return info  # nothing to change
             kv = await self.store.kv(info.kind)
             async with nats_errors():
                 try:
-                    revision = await kv.update(cgconfig.config_key(stream, group), new.to_json(), last=info.revision)
+                    revision = await kv.update(groupnames.config_key(stream, group), dump_config(new), last=info.revision)
                 except nats.js.errors.KeyWrongLastSequenceError:
                     await asyncio.sleep(random.uniform(0.005, 0.02 * (attempt + 1)))
                     continue
@@ -199,7 +202,7 @@ class Membership:
         kv = await self.store.kv(ELASTIC)
         async with nats_errors():
             try:
-                return await kv.update(cgconfig.config_key(stream, group), new.to_json(), last=last)
+                return await kv.update(groupnames.config_key(stream, group), dump_config(new), last=last)
             except nats.js.errors.KeyWrongLastSequenceError:
                 raise ConsumerGroupError(f"the config of {stream}.{group} changed while resizing; run the resize "
                                          "again") from None

@@ -21,8 +21,8 @@ from __future__ import annotations
 import time
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts, sourcing
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.consumers import filters_of, is_member_consumer
 from airflow_provider_cg.core.groups.layouts import partition_streams as ps
 from airflow_provider_cg.core.groups.layouts.base import LayoutMove
@@ -49,7 +49,7 @@ class LayoutMoves:
         info = await self.store.get(stream, group)
         if info.kind != ELASTIC:
             return await layouts.ORIGIN.enter(self, stream, group, layouts.ORIGIN, {}, 0, 0.0, None)
-        wq = cgconfig.work_queue_stream(stream, group)
+        wq = groupnames.work_queue_stream(stream, group)
         cfg = await layouts.wq_config(self.api, wq)
         if sourcing.stopped_state(cfg) is not None:
             raise layouts.LayoutError(f"a reset or resize of {group!r} is under way (sourcing of {wq!r} is "

@@ -17,11 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from airflow_provider_cg.core.groups.config import (
-    ElasticGroupConfig,
-    GroupConfig,
-    StaticGroupConfig,
-)
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 
 __all__ = [
     "assign_partitions",

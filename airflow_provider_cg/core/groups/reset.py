@@ -34,6 +34,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.consumers import (
@@ -271,7 +272,7 @@ class GroupReset:
         first, last = int(origin.get("first_seq", 1)), int(origin.get("last_seq", 0))
         out: dict[int, int] = {}
         if info.kind == ELASTIC:
-            wq = cgconfig.work_queue_stream(stream, group)
+            wq = groupnames.work_queue_stream(stream, group)
             sourced = await self._sourced_through(wq, last)
             for p in range(cfg.max_members):
                 found = await self._first_in(wq, p, 0)
@@ -283,7 +284,7 @@ class GroupReset:
         return out
 
     async def _static_position(self, stream: str, group: str, member: str, first: int, last: int) -> int:
-        c = await self.api.consumer_info(stream, consumer_name_of(cgconfig.STATIC, group, member))
+        c = await self.api.consumer_info(stream, consumer_name_of(groupnames.STATIC, group, member))
         if c is None:  # no consumer yet: it will start at the stream's first message
             return first
         if int(c.get("num_pending", 0)) + int(c.get("num_ack_pending", 0)) == 0:
@@ -318,7 +319,7 @@ class GroupReset:
 
     async def _plan_elastic(self, plan: ResetPlan, cfg, members: list[str], target: ResetTarget,
                             absolute: int | None) -> None:
-        wq = cgconfig.work_queue_stream(plan.stream, plan.group)
+        wq = groupnames.work_queue_stream(plan.stream, plan.group)
         sourced = await self._sourced_through(wq, plan.origin_last_seq)
         assignment = partitioning.assign_partitions(cfg)
         last_wq = int((await self.api.stream_info(wq))["state"].get("last_seq", 0))
@@ -423,7 +424,7 @@ class GroupReset:
         is pinned, unless ``force``: then each is stepped down first."""
         target = ResetTarget(*_target_of(plan.target))
         if plan.kind == ELASTIC:
-            await self._finish_interrupted(cgconfig.work_queue_stream(plan.stream, plan.group))
+            await self._finish_interrupted(groupnames.work_queue_stream(plan.stream, plan.group))
         fresh = await self.plan(plan.stream, plan.group, target, plan.member)
         if fresh.pinned:
             if not force:
@@ -482,7 +483,7 @@ class GroupReset:
             await self.api.reset_consumer(plan.stream, name, c.new)
 
     async def _execute_elastic(self, plan: ResetPlan) -> None:
-        wq = cgconfig.work_queue_stream(plan.stream, plan.group)
+        wq = groupnames.work_queue_stream(plan.stream, plan.group)
         if not any(c.new < c.current for c in plan.changes):
             # what is still on its way into the queue must be there before the skipped part goes
             await sourcing.await_caught_up(self.api, wq)

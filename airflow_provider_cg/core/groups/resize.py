@@ -25,6 +25,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.groups import config as cgconfig
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.store import ELASTIC
@@ -73,7 +74,7 @@ class GroupResize:
             raise ConfigError("max_members", f"must be an integer >= 1 (got {max_members!r})")
         (await self.groups.layout(info)).check_repartition("resize", stream, group)
         cfg = info.config
-        stopped = await sourcing.current_stop(self.api, cgconfig.work_queue_stream(stream, group))
+        stopped = await sourcing.current_stop(self.api, groupnames.work_queue_stream(stream, group))
         intent = stopped.intent if stopped is not None else {}
         resized = intent.get("op") == "resize"
         if resized and intent.get("max_members") != max_members:
@@ -96,7 +97,7 @@ class GroupResize:
 
     async def plan(self, stream: str, group: str, max_members: int, mappings: Any = None) -> ResizePlan:
         info, new, stopped = await self._target(stream, group, max_members, mappings)
-        wq = cgconfig.work_queue_stream(stream, group)
+        wq = groupnames.work_queue_stream(stream, group)
         backlog = int((await self.api.stream_info(wq))["state"].get("messages", 0))
         cur = info.config
         switched = cur.max_members == max_members  # an interrupted resize got past its switch
@@ -112,7 +113,7 @@ class GroupResize:
         running the same resize again goes on from there."""
         plan = await self.plan(stream, group, max_members, mappings)
         info, new, stopped = await self._target(stream, group, max_members, mappings)
-        wq = cgconfig.work_queue_stream(stream, group)
+        wq = groupnames.work_queue_stream(stream, group)
         if stopped is None:
             stopped = await sourcing.stop(self.api, wq, {
                 "op": "resize", "from": info.config.max_members, "max_members": max_members,

@@ -10,6 +10,7 @@ from typing import Any
 from airflow_provider_cg.core.errors import JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts, partitioning, sourcing
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, pin_state
 from airflow_provider_cg.core.groups.layouts.base import count_partitions
@@ -150,7 +151,7 @@ class GroupObservation:
         si = None
         layout: layouts.Layout = layouts.ORIGIN
         if info.kind == ELASTIC:
-            wq = cgconfig.work_queue_stream(stream, group)
+            wq = groupnames.work_queue_stream(stream, group)
             try:
                 si = await self.api.stream_info(wq, subjects_filter=">")
             except JetStreamApiError as e:

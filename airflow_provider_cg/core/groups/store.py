@@ -25,8 +25,12 @@ from airflow_provider_cg.core.errors import (
     ServerUnavailable,
     StoredConfigInvalid,
 )
+from airflow_provider_cg.core.groups import codec as groupcodec
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts, partitioning, sourcing
+from airflow_provider_cg.core.groups import names as groupnames
+from airflow_provider_cg.core.groups import rules as grouprules
+from airflow_provider_cg.core.groups.codec import dump_config
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
 
@@ -71,18 +75,18 @@ def kind_of(config: GroupConfig) -> str:
 
 
 def config_dict(config: GroupConfig) -> dict[str, Any]:
-    return json.loads(config.to_json())
+    return json.loads(dump_config(config))
 
 
 
 def consumer_stream_of(kind: str, stream: str, group: str) -> str:
     """The stream member consumers live on: the work-queue stream (elastic) or the origin."""
-    return cgconfig.work_queue_stream(stream, group) if kind == ELASTIC else stream
+    return groupnames.work_queue_stream(stream, group) if kind == ELASTIC else stream
 
 
 def consumer_name_of(kind: str, group: str, member: str) -> str:
     """Member consumer name: ``<member>`` (elastic) or durable ``<group>-<member>`` (static)."""
-    return member if kind == ELASTIC else cgconfig.static_consumer_name(group, member)
+    return member if kind == ELASTIC else groupnames.static_consumer_name(group, member)
 
 
 
@@ -128,7 +132,7 @@ class GroupStore:
         """The kind's KV bucket; created (file storage) when ``create_replicas`` is given."""
         if kind in self._kvs:
             return self._kvs[kind]
-        bucket = cgconfig.KV_BUCKETS[kind]
+        bucket = groupnames.KV_BUCKETS[kind]
         async with nats_errors():
             try:
                 kv = await self.js.key_value(bucket)
@@ -150,7 +154,7 @@ class GroupStore:
             return None
         async with nats_errors():
             try:
-                entry = await kv.get(cgconfig.config_key(stream, group))
+                entry = await kv.get(groupnames.config_key(stream, group))
             except nats.js.errors.KeyNotFoundError:
                 return None
         # Validated on read: another tool (or a hand) may have stored anything, and the rules
@@ -158,7 +162,7 @@ class GroupStore:
         try:
             if len(entry.value or b"") > MAX_CONFIG_BYTES:
                 raise ConfigError("config", f"larger than {MAX_CONFIG_BYTES} bytes")
-            cfg = cgconfig.load_config(kind, entry.value).validate()
+            cfg = groupcodec.load_config(kind, entry.value).validate()
         except ConfigError as e:
             raise StoredConfigInvalid(stream, group, kind, e) from None
         except RecursionError:
@@ -189,14 +193,14 @@ class GroupStore:
             await self._check_durable_names(stream, group, config)
         subjects = stored_subjects(origin["config"])
         if subjects:  # a sourcing/mirror stream has none to check against
-            cgconfig.validate_against_stream(config, subjects)
+            grouprules.validate_against_stream(config, subjects)
         replicas = int(origin["config"].get("num_replicas") or 1)
         kv = await self.kv(kind, create_replicas=replicas)
-        key = cgconfig.config_key(stream, group)
+        key = groupnames.config_key(stream, group)
         created = False
         async with nats_errors():
             try:
-                revision = await kv.create(key, config.to_json())
+                revision = await kv.create(key, dump_config(config))
                 created = True
                 info = GroupInfo(kind, config, revision, stream, group, created=True)
             except nats.js.errors.KeyWrongLastSequenceError:
@@ -205,7 +209,7 @@ class GroupStore:
             existing = await self._read(kind, stream, group)
             if existing is None:  # deleted between our create and read: try once more
                 return await self.create(stream, group, config)
-            cgconfig.check_change(existing.config, config)
+            grouprules.check_change(existing.config, config)
             info = existing
         if isinstance(info.config, ElasticGroupConfig):
             try:
@@ -222,7 +226,7 @@ class GroupStore:
         if have is not target and not (created and have is layouts.named(layouts.DEFAULT)):
             raise ConfigError("layout", f"group {info.group!r} on stream {info.stream!r} exists in the {have.name} "
                                         f"layout; move it with: cg layout {info.stream} {info.group} {target.name}")
-        await target.prepare(self.api, cgconfig.work_queue_stream(info.stream, info.group), info.config.max_members,
+        await target.prepare(self.api, groupnames.work_queue_stream(info.stream, info.group), info.config.max_members,
                              deadline=time.monotonic() + 5.0)
 
     async def _check_durable_names(self, stream: str, group: str, config: GroupConfig) -> None:
@@ -276,7 +280,7 @@ class GroupStore:
         else:
             transforms = [{"src": ">", "dest": partitioning.transform_destination(">", [], n)}]
         return {
-            "name": cgconfig.work_queue_stream(stream, group),
+            "name": groupnames.work_queue_stream(stream, group),
             "retention": "workqueue",
             "discard": "new",
             "max_msgs": config.max_buffered_msgs or -1,
@@ -315,7 +319,7 @@ class GroupStore:
         if info.kind != ELASTIC:
             return layouts.ORIGIN
         try:
-            return layouts.of(await layouts.wq_config(self.api, cgconfig.work_queue_stream(info.stream, info.group)))
+            return layouts.of(await layouts.wq_config(self.api, groupnames.work_queue_stream(info.stream, info.group)))
         except JetStreamApiError as e:
             if e.err_code != ERR_STREAM_NOT_FOUND:
                 raise
@@ -324,8 +328,8 @@ class GroupStore:
 
     async def get(self, stream: str, group: str, kind: str | None = None) -> GroupInfo:
         """The stored group (both buckets are searched unless ``kind`` is given)."""
-        cgconfig.validate_name("stream", stream, "stream")
-        cgconfig.validate_name("group", group, "group")
+        groupnames.validate_name("stream", stream, "stream")
+        groupnames.validate_name("group", group, "group")
         if kind is not None and kind not in KINDS:
             raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
         found = [i for k in ((kind,) if kind else KINDS) if (i := await self._read(k, stream, group))]
@@ -338,7 +342,7 @@ class GroupStore:
     async def list(self, stream: str | None = None) -> builtins.list[tuple[str, str, str]]:
         """``(kind, stream, group)`` of every group, optionally of one stream, sorted."""
         if stream is not None:
-            cgconfig.validate_name("stream", stream, "stream")
+            groupnames.validate_name("stream", stream, "stream")
         out: builtins.list[tuple[str, str, str]] = []
         for kind in KINDS:
             for key in await self._keys(kind, stream):
@@ -352,7 +356,7 @@ class GroupStore:
         From the KV stream's per-subject state, not nats-py's ``kv.keys()``: its watcher can
         signal "no more keys" before it has handed over the ones already delivered.
         """
-        bucket = cgconfig.KV_BUCKETS[kind]
+        bucket = groupnames.KV_BUCKETS[kind]
         prefix = f"$KV.{bucket}."
         try:
             si = await self.api.stream_info(f"KV_{bucket}", subjects_filter=prefix + (f"{stream}.*" if stream else ">"))
@@ -388,16 +392,16 @@ class GroupStore:
                 raise
             kv = await self.kv(e.kind)
             async with nats_errors():
-                await kv.delete(cgconfig.config_key(stream, group))
+                await kv.delete(groupnames.config_key(stream, group))
             if e.kind == ELASTIC:
                 with contextlib.suppress(JetStreamApiError):
-                    await self._delete_wq_streams(cgconfig.work_queue_stream(stream, group))
+                    await self._delete_wq_streams(groupnames.work_queue_stream(stream, group))
             return GroupInfo(e.kind, None, 0, stream, group)  # type: ignore[arg-type]
         kv = await self.kv(info.kind)
         async with nats_errors():
-            await kv.delete(cgconfig.config_key(stream, group))
+            await kv.delete(groupnames.config_key(stream, group))
         if info.kind == ELASTIC:
-            await self._delete_wq_streams(cgconfig.work_queue_stream(stream, group))
+            await self._delete_wq_streams(groupnames.work_queue_stream(stream, group))
         else:
             names = {consumer_name_of(STATIC, group, m) for m in cgconfig.current_members(info.config)}
             for c in await self.api.list_consumers(stream):

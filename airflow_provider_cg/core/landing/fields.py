@@ -84,7 +84,7 @@ def convert(name: str, value: Any, kind: type) -> Any:
 
 def check_fields(spec: Any) -> None:
     """Each field alone: names, choices, positive finite numbers."""
-    from airflow_provider_cg.core.groups.config import validate_name
+    from airflow_provider_cg.core.groups.names import validate_name
 
     for name in ("stream", "group"):
         if hasattr(spec, name) and getattr(spec, name) is None:

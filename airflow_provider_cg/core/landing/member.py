@@ -34,13 +34,14 @@ import time
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.groups import layouts, partitioning
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
-from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership, subjects_regex
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership
 from airflow_provider_cg.core.groups.consumers import (
     PRIORITY_GROUP,
     pinned_id,
     priority_group_of,
     static_max_ack_pending,
 )
+from airflow_provider_cg.core.groups.names import subjects_regex
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders

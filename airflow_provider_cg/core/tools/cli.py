@@ -35,6 +35,7 @@ from airflow_provider_cg.core.errors import (
 )
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts, partitioning
+from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.layouts import LayoutError
 from airflow_provider_cg.core.groups.reset import ResetRefused
 from airflow_provider_cg.core.groups.resize import ResizeIncomplete
@@ -244,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     p = cmd("create", "create a static or elastic group (idempotent for the same config)")
-    p.add_argument("kind", choices=cgconfig.KINDS, metavar="{static,elastic}")
+    p.add_argument("kind", choices=groupnames.KINDS, metavar="{static,elastic}")
     sg(p)
     p.add_argument("--max-members", type=int, required=True, metavar="N", help="number of partitions")
     p.add_argument("--filter", action="append", default=[], metavar="F",
@@ -265,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "consume it)")
 
     def kinded(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--kind", choices=cgconfig.KINDS, help="the group's kind, when a key is in both buckets")
+        p.add_argument("--kind", choices=groupnames.KINDS, help="the group's kind, when a key is in both buckets")
         return p
 
     kinded(sg(cmd("info", "show a group's config, assignment and active members")))
@@ -452,7 +453,7 @@ def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
             subjects.append(s)
     rows = []
     for s in subjects:
-        cgconfig.validate_subject("subject", s, wildcards=False)
+        groupnames.validate_subject("subject", s, wildcards=False)
         try:
             p = partitioning.partition_of(s, args.partitions, wildcards, args.filter)
         except ValueError as e:
@@ -476,7 +477,7 @@ def _create_config(args) -> cgconfig.GroupConfig:
         mappings = tuple(parse_mappings(args.mappings))
         if not mappings:
             raise ConfigError("mappings", "give at least one mapping (or leave --mappings out)")
-    if args.kind == cgconfig.STATIC:
+    if args.kind == groupnames.STATIC:
         if args.wildcards:
             raise ConfigError("wildcards", "only for elastic groups")
         if args.max_buffered_msgs or args.max_buffered_bytes:
@@ -514,13 +515,13 @@ def _describe(info, states=None) -> str:
     cfg = info.config
     lines = [f"group:        {info.group} on stream {info.stream} ({info.kind}, revision {info.revision})",
              f"max members:  {cfg.max_members} (partitions)"]
-    if info.kind == cgconfig.ELASTIC:
+    if info.kind == groupnames.ELASTIC:
         fl = [f"{pf.filter} (wildcards {','.join(map(str, pf.partitioning_wildcards)) or 'none: whole subject'})"
               for pf in cfg.partitioning_filters]
         lines.append(f"filters:      {'; '.join(fl) or '> (whole subject)'}")
         lines.append(f"buffer:       max msgs {cfg.max_buffered_msgs or 'unlimited'}, "
                      f"max bytes {cfg.max_buffered_bytes or 'unlimited'}")
-        lines.append(f"work queue:   {cgconfig.work_queue_stream(info.stream, info.group)}")
+        lines.append(f"work queue:   {groupnames.work_queue_stream(info.stream, info.group)}")
     else:
         lines.append(f"filters:      {', '.join(cfg.filters) or '> (all)'}")
     if cfg.member_mappings:
@@ -565,9 +566,9 @@ async def _online(args, out: TextIO) -> int:
     if args.command == "reset":
         from airflow_provider_cg.core.groups.reset import MODES, ResetTarget
 
-        cgconfig.validate_names(args.stream, args.group)
+        groupnames.validate_names(args.stream, args.group)
         if args.member is not None:
-            cgconfig.validate_name("member", args.member, "member")
+            groupnames.validate_name("member", args.member, "member")
         target = ResetTarget.parse(**{m: getattr(args, m) for m in MODES})
     nc = await settings.connect(max_reconnect_attempts=1)
     try:
@@ -615,7 +616,7 @@ async def _online(args, out: TextIO) -> int:
                 info = await cg.delete_mappings(args.stream, args.group)
             _emit(args, info.to_dict(), _describe(info), out)
         elif c == "step-down":
-            cgconfig.validate_name("member", args.member, "member")
+            groupnames.validate_name("member", args.member, "member")
             await cg.step_down(args.stream, args.group, args.member)
             _emit(args, {"stepped_down": args.member, "stream": args.stream, "group": args.group},
                   f"asked the active instance of member {args.member} to step down", out)
@@ -686,13 +687,13 @@ def _stopped_text(stopped: dict | None) -> list[str]:
 
 
 def _status_text(st, lag=None) -> str:
-    layout = f", layout {st.layout}" if st.kind == cgconfig.ELASTIC else ""
+    layout = f", layout {st.layout}" if st.kind == groupnames.ELASTIC else ""
     lines = [f"group:        {st.group} on stream {st.stream} ({st.kind}, revision {st.revision}{layout})",
              f"backlog:      {st.backlog}  pending {st.num_pending}  ack pending {st.num_ack_pending}  "
              f"redelivered {st.num_redelivered}"
              + (f"  oldest pending {_age(lag.oldest_pending_age_s)}" if lag is not None else "")]
     lines += _stopped_text(st.sourcing_stopped)
-    if st.kind == cgconfig.ELASTIC:
+    if st.kind == groupnames.ELASTIC:
         fill = st.buffer_fill
         lines.append(f"buffer:       {st.buffered_msgs} msgs / {st.buffered_bytes} bytes"
                      + (f" ({fill:.0%} full)" if fill is not None else "")
@@ -705,7 +706,7 @@ def _status_text(st, lag=None) -> str:
     if st.unassigned_partitions:
         lines.append(f"unassigned:   partitions {ranges(st.unassigned_partitions)}")
     owner = {p: m.member for m in st.members for p in m.partitions}
-    label = "BACKLOG" if st.kind == cgconfig.ELASTIC else "STORED"
+    label = "BACKLOG" if st.kind == groupnames.ELASTIC else "STORED"
     lines += ["", table(["PARTITION", "MEMBER", label], [(p, owner.get(p, "-"), n) for p, n in sorted(st.partitions.items())])]
     if st.members:
         lines += ["", _members_table(st.members)]
@@ -713,7 +714,7 @@ def _status_text(st, lag=None) -> str:
 
 
 def work_queue_of(st) -> str:
-    return cgconfig.work_queue_stream(st.stream, st.group)
+    return groupnames.work_queue_stream(st.stream, st.group)
 
 
 def _age(seconds: float | None) -> str:

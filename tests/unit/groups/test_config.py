@@ -7,27 +7,28 @@ import json
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.groups.codec import dump_config, load_config
 from airflow_provider_cg.core.groups.config import (
-    KV_BUCKETS,
-    MAX_PARTITIONS,
     ElasticGroupConfig,
     MemberMapping,
     PartitioningFilter,
     StaticGroupConfig,
-    check_change,
-    config_key,
     in_membership,
-    load_config,
+    with_mappings,
+    with_members,
+)
+from airflow_provider_cg.core.groups.names import (
+    KV_BUCKETS,
+    MAX_PARTITIONS,
+    config_key,
     static_consumer_name,
     subjects_intersect,
-    validate_against_stream,
     validate_name,
     validate_names,
     validate_subject,
-    with_mappings,
-    with_members,
     work_queue_stream,
 )
+from airflow_provider_cg.core.groups.rules import check_change, validate_against_stream
 
 ORBIT_EXAMPLE = (
     b'{"max_members":4,"partitioning_filters":[{"filter":"foo.*","partitioning_wildcards":[1]}],'
@@ -77,49 +78,49 @@ def test_orbit_example_round_trips_byte_identical():
     cfg = load_config("elastic", ORBIT_EXAMPLE)
     assert cfg == ElasticGroupConfig(4, (PartitioningFilter("foo.*", (1,)),), 1000, 10000, ("m1", "m2"))
     cfg.validate()
-    assert cfg.to_json() == ORBIT_EXAMPLE
-    assert load_config("elastic", ORBIT_EXAMPLE.decode()).to_json() == ORBIT_EXAMPLE
-    assert load_config("elastic", json.loads(ORBIT_EXAMPLE)).to_json() == ORBIT_EXAMPLE
+    assert dump_config(cfg) == ORBIT_EXAMPLE
+    assert dump_config(load_config("elastic", ORBIT_EXAMPLE.decode())) == ORBIT_EXAMPLE
+    assert dump_config(load_config("elastic", json.loads(ORBIT_EXAMPLE))) == ORBIT_EXAMPLE
 
 
 def test_json_omits_empty_like_go_and_escapes_like_go():
     # created here with none: Go's nil, as orbit writes it (partitioning_filters has no omitempty)
     cfg = ElasticGroupConfig(2, (PartitioningFilter("a.>", ()),))
     assert (
-        cfg.to_json()
+        dump_config(cfg)
         == b'{"max_members":2,"partitioning_filters":[{"filter":"a.\\u003e","partitioning_wildcards":null}]}'
     )
-    assert json.loads(cfg.to_json())["partitioning_filters"][0]["filter"] == "a.>"
+    assert json.loads(dump_config(cfg))["partitioning_filters"][0]["filter"] == "a.>"
     mapped = ElasticGroupConfig(2, member_mappings=(mm("m1", 1, 0),))
-    assert mapped.to_json() == (
+    assert dump_config(mapped) == (
         b'{"max_members":2,"partitioning_filters":null,"member_mappings":[{"member":"m1","partitions":[1,0]}]}'
     )
     # static filters are `omitempty` in orbit
-    assert StaticGroupConfig(2, (), ("m",)).to_json() == b'{"max_members":2,"members":["m"]}'
+    assert dump_config(StaticGroupConfig(2, (), ("m",))) == b'{"max_members":2,"members":["m"]}'
     s = StaticGroupConfig(3, ("ü.*", "b.>"), ("m1",))
-    assert s.to_json() == '{"max_members":3,"filters":["ü.*","b.\\u003e"],"members":["m1"]}'.encode()
-    assert load_config("static", s.to_json()) == s
+    assert dump_config(s) == '{"max_members":3,"filters":["ü.*","b.\\u003e"],"members":["m1"]}'.encode()
+    assert load_config("static", dump_config(s)) == s
 
 
 def test_json_nulls_are_written_back_as_null():
     # Go keeps nil and [] apart and orbit compares configs with DeepEqual: preserve them.
     raw = b'{"max_members":2,"partitioning_filters":[{"filter":"a.*","partitioning_wildcards":null}],"members":["x"]}'
-    assert load_config("elastic", raw).to_json() == raw
+    assert dump_config(load_config("elastic", raw)) == raw
     raw = b'{"max_members":2,"partitioning_filters":null,"members":["x"]}'
     cfg = load_config("elastic", raw)
     assert cfg.partitioning_filters == ()
-    assert cfg.to_json() == raw
+    assert dump_config(cfg) == raw
     assert (
-        with_members(cfg, ["y"]).to_json() == b'{"max_members":2,"partitioning_filters":null,"members":["y"]}'
+        dump_config(with_members(cfg, ["y"])) == b'{"max_members":2,"partitioning_filters":null,"members":["y"]}'
     )
     # read as [], written back as []
     raw = b'{"max_members":2,"partitioning_filters":[{"filter":"a.*","partitioning_wildcards":[]}],"members":["x"]}'
-    assert load_config("elastic", raw).to_json() == raw
+    assert dump_config(load_config("elastic", raw)) == raw
     raw = b'{"max_members":2,"partitioning_filters":[],"members":["x"]}'
-    assert load_config("elastic", raw).to_json() == raw
+    assert dump_config(load_config("elastic", raw)) == raw
     # Go reads a static null or [] as nil and omits it on the way out
     for raw in (b'{"max_members":2,"filters":null}', b'{"max_members":2,"filters":[]}'):
-        assert load_config("static", raw).to_json() == b'{"max_members":2}'
+        assert dump_config(load_config("static", raw)) == b'{"max_members":2}'
 
 
 def test_orbit_v01_shapes_are_read_and_written_back_in_that_shape():
@@ -130,14 +131,14 @@ def test_orbit_v01_shapes_are_read_and_written_back_in_that_shape():
     assert cfg.orbit_v01 and cfg.partitioning_filters == (PartitioningFilter("foo.*.*", (2,)),)
     assert cfg.max_buffered_msgs == 10
     cfg.validate()
-    assert cfg.to_json() == raw
-    assert with_members(cfg, ["m3"]).to_json() == raw.replace(b'"m1","m2"', b'"m3"')
+    assert dump_config(cfg) == raw
+    assert dump_config(with_members(cfg, ["m3"])) == raw.replace(b'"m1","m2"', b'"m3"')
     raw = b'{"max_members":2,"filter":"foo.*","partitioning_wildcards":null,"member_mappings":[{"member":"a","partitions":[1,0]}]}'
-    assert load_config("elastic", raw).to_json() == raw
+    assert dump_config(load_config("elastic", raw)) == raw
     st = b'{"max_members":3,"filter":"","members":["a"]}'
     cfg = load_config("static", st)
     assert cfg.orbit_v01 and cfg.filters == ()
-    assert cfg.to_json() == st
+    assert dump_config(cfg) == st
 
 
 def test_old_names_are_read_and_current_names_written():
@@ -153,7 +154,7 @@ def test_old_names_are_read_and_current_names_written():
         3, (PartitioningFilter("orders.*.*", (2,)),), 50, 0, (), (mm("a", 0, 1), mm("b", 2))
     )
     cfg.validate()
-    assert json.loads(cfg.to_json()) == {
+    assert json.loads(dump_config(cfg)) == {
         "max_members": 3,
         "partitioning_filters": [{"filter": "orders.*.*", "partitioning_wildcards": [2]}],
         "max_buffered_msg": 50,
@@ -229,8 +230,8 @@ def test_unknown_kind():
 
 
 def test_classmethod_parsers():
-    assert ElasticGroupConfig.from_json(ORBIT_EXAMPLE).to_json() == ORBIT_EXAMPLE
-    assert StaticGroupConfig.from_dict({"max_members": 1, "filters": ["a.>"]}) == StaticGroupConfig(
+    assert dump_config(load_config("elastic", ORBIT_EXAMPLE)) == ORBIT_EXAMPLE
+    assert load_config("static", {"max_members": 1, "filters": ["a.>"]}) == StaticGroupConfig(
         1, ("a.>",)
     )
 
@@ -547,7 +548,7 @@ def test_with_members_and_mappings():
     cleared = with_mappings(back, [])
     assert cleared.members == () and cleared.member_mappings == ()
     assert (
-        cleared.to_json()
+        dump_config(cleared)
         == b'{"max_members":4,"partitioning_filters":[{"filter":"foo.*","partitioning_wildcards":[1]}]}'
     )
     with pytest.raises(ConfigError) as e:
@@ -578,8 +579,8 @@ def test_configs_are_immutable_and_hashable():
 
 def test_go_escapes_and_small_helpers():
     cfg = elastic(members=("a&b", "c<d"))
-    assert b'"members":["a\\u0026b","c\\u003cd"]' in cfg.to_json()
-    assert load_config("elastic", cfg.to_json()) == cfg
+    assert b'"members":["a\\u0026b","c\\u003cd"]' in dump_config(cfg)
+    assert load_config("elastic", dump_config(cfg)) == cfg
     assert cfg.partition_count == 4
     with pytest.raises(ConfigError) as e:
         with_members(cfg, "m1")  # one string is not a list of members
@@ -589,7 +590,7 @@ def test_go_escapes_and_small_helpers():
 def test_subjects_regex_matches_as_nats_filters_do():
     import re
 
-    from airflow_provider_cg.core.groups.config import subjects_regex
+    from airflow_provider_cg.core.groups.names import subjects_regex
 
     pattern = re.compile(subjects_regex(["0.orders.*", "1.orders.>", "2.a.b"]))
     matching = ["0.orders.k1", "1.orders.eu.k2", "1.orders.x", "2.a.b"]

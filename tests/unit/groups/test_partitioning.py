@@ -240,7 +240,7 @@ def test_member_filter_subjects_static():
 
 def test_member_filter_subjects_orbit_v01_shape():
     """orbit v0.1 writes "<p>.>" for every member, whatever its one filter."""
-    from airflow_provider_cg.core.groups.config import load_config
+    from airflow_provider_cg.core.groups.codec import load_config
 
     el = load_config("elastic", b'{"max_members":4,"filter":"foo.*","partitioning_wildcards":[1],"members":["a","b"]}')
     assert el.orbit_v01 and el.partitioning_filters == (PartitioningFilter("foo.*", (1,)),)

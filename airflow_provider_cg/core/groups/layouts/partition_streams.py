@@ -43,7 +43,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
-from airflow_provider_cg.core.groups.config import is_mirror_consumer, mirror_consumer
 from airflow_provider_cg.core.groups.layouts.base import (
     DRAINING,
     LAYOUT_KEY,
@@ -59,6 +58,7 @@ from airflow_provider_cg.core.groups.layouts.base import (
     pin_subjects,
     wq_config,
 )
+from airflow_provider_cg.core.groups.names import is_mirror_consumer, mirror_consumer
 from airflow_provider_cg.core.jetstream.api import (
     ERR_CONSUMER_EXISTS,
     ERR_STREAM_NAME_IN_USE,

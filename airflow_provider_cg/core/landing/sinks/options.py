@@ -178,7 +178,7 @@ class Route:
 
     @property
     def regex(self) -> str:
-        from airflow_provider_cg.core.groups.config import subjects_regex
+        from airflow_provider_cg.core.groups.names import subjects_regex
 
         return subjects_regex(self.subjects)
 
@@ -307,7 +307,7 @@ class Routes:
 
 
 def _subjects(field: str, value: Any) -> tuple[str, ...]:
-    from airflow_provider_cg.core.groups.config import validate_subject
+    from airflow_provider_cg.core.groups.names import validate_subject
 
     if value is None:
         return ()
