@@ -54,7 +54,7 @@ from airflow_provider_cg.core.groups.layouts import partition_streams as groupla
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.publish import publish_many
-from airflow_provider_cg.core.landing.sinks.protocol_log import CommitLog
+from airflow_provider_cg.core.landing.protocol.protocol_log import CommitLog
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer

@@ -57,7 +57,7 @@ from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders  # noqa: E402
 from airflow_provider_cg.core.jetstream.publish import publish_many  # noqa: E402
 from airflow_provider_cg.core.landing.contract import SUMMARY_PREFIX  # noqa: E402
-from airflow_provider_cg.core.landing.direct_reads import PartitionPositions, PartitionStreamPositions  # noqa: E402
+from airflow_provider_cg.core.landing.reads.direct import PartitionPositions, PartitionStreamPositions  # noqa: E402
 from airflow_provider_cg.core.landing.sinks.parquet import committed_files  # noqa: E402
 from airflow_provider_cg.core.tools.packaging import member_job_path  # noqa: E402
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer  # noqa: E402

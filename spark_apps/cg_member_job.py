@@ -6,7 +6,7 @@
 The options, their defaults and rules, the summary and the exit codes are the member job's
 contract (``airflow_provider_cg/core/landing/contract.py``; ``--help`` lists them). Backfill
 mode (``--backfill-start ISO --backfill-end ISO``, no ``--member``) re-reads the origin
-stream's messages of ``[start, end)`` into the sink (``core/landing/backfill.py``).
+stream's messages of ``[start, end)`` into the sink (``core/landing/run/backfill.py``).
 
 NATS settings and credentials come from ``CG_NATS_*`` environment variables or the JSON
 file named by ``CG_NATS_CONFIG_FILE``; the PostgreSQL DSN from ``CG_PG_DSN`` or the file
@@ -65,8 +65,8 @@ def _build_pipeline(spec, session: JobSession | None):
     to compute and lands as read (the data path's speed). Schemas are checked by Spark before
     anything is read, and executor reads start their workers while the job waits for its pin:
     those start the session now; the others on their first batch."""
-    from airflow_provider_cg.core.landing.decode import SparkDecoder, text_decoder
-    from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, SparkPipeline
+    from airflow_provider_cg.core.landing.pipeline.decode import SparkDecoder, text_decoder
+    from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, SparkPipeline
 
     if session is None:
         return ArrowPipeline(text_decoder() if spec.payload_format == "text" else None, bad_records=spec.bad_records)
@@ -104,12 +104,12 @@ async def _run(spec, make_sink, pipeline):
                                         f"on stream {spec.stream!r}")
         sink = await asyncio.to_thread(make_sink)
         if spec.backfill:
-            from airflow_provider_cg.core.landing.backfill import run_backfill
+            from airflow_provider_cg.core.landing.run.backfill import run_backfill
 
             start, end = spec.window()
             return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
                                       pipeline=pipeline, stream_life=spec.stream_life)
-        from airflow_provider_cg.core.landing.member import run_member_batch
+        from airflow_provider_cg.core.landing.run.member import run_member_batch
 
         return await run_member_batch(nc, sink, spec, pipeline)
     finally:

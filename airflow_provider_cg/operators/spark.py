@@ -24,7 +24,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.landing import contract
 from airflow_provider_cg.core.landing.contract import MemberJobSpec
-from airflow_provider_cg.core.landing.decode import SPARK_AVRO_PACKAGE
+from airflow_provider_cg.core.landing.pipeline.decode import SPARK_AVRO_PACKAGE
 from airflow_provider_cg.core.landing.sinks.options import SINK_FIELDS, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kinds
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
@@ -111,7 +111,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         name, ``"new:<created>"`` lands it as a new stream beside the old one (its rows'
         ``origin_stream`` is ``<stream>#2``), ``"continue:<created>"`` as the same messages (a
         restored backup); ``<created>`` is the creation time the job's refusal names (templated).
-        Without it such a job fails with exit 1, nothing acked (``core/landing/stream_life.py``).
+        Without it such a job fails with exit 1, nothing acked (``core/landing/protocol/stream_life.py``).
     :param bad_records: what happens to a record its table cannot take (with ``merge_keys``: a
         merge key null, or absent from the message): ``"dead-letter"`` (the default) moves its
         message to the dead-letter stream ``<stream>-<group>-dlq`` with the reason and lands the
@@ -125,7 +125,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         wait up to this long for the work queue to catch up with the origin stream.
     :param backfill_start: with ``backfill_end`` (ISO 8601, templated, e.g.
         ``"{{ data_interval_start }}"``): backfill mode. The job re-reads the origin stream's
-        messages of ``[backfill_start, backfill_end)`` into the sink (``core/landing/backfill.py``);
+        messages of ``[backfill_start, backfill_end)`` into the sink (``core/landing/run/backfill.py``);
         ``member``, pinning and the backlog check do not apply.
     :param nats_conn_id: Airflow ``nats`` connection.
     :param conn_id: Spark connection (its host is the master, e.g. ``local[*]``).
@@ -446,7 +446,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     def _check_window(self, context: Any, spec: MemberJobSpec) -> None:
         """A backfill window without messages is skipped before Spark starts."""
-        from airflow_provider_cg.core.landing.backfill import window_has_messages  # pyarrow: not at parse
+        from airflow_provider_cg.core.landing.run.backfill import window_has_messages  # pyarrow: not at parse
 
         async def go(nc):
             return await window_has_messages(nc, spec.stream, spec.group, spec.backfill_start, spec.backfill_end)

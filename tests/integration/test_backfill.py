@@ -16,10 +16,14 @@ from airflow_provider_cg.core.groups.partitioning import assign_partitions
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing import contract
-from airflow_provider_cg.core.landing.backfill import _ns, run_backfill, window_has_messages
 from airflow_provider_cg.core.landing.contract import BatchOptions
-from airflow_provider_cg.core.landing.member import run_member_batch
-from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, ProcessedBatch, committed_inputs
+from airflow_provider_cg.core.landing.pipeline.processing import (
+    ArrowPipeline,
+    ProcessedBatch,
+    committed_inputs,
+)
+from airflow_provider_cg.core.landing.run.backfill import _ns, run_backfill, window_has_messages
+from airflow_provider_cg.core.landing.run.member import run_member_batch
 from airflow_provider_cg.core.landing.sinks.base import keys_by_stream
 from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink, read_committed
 from airflow_provider_cg.core.tools.packaging import member_job_path
@@ -241,7 +245,7 @@ async def test_job_backfill_mode_lands_the_window(nc, nats_settings, tmp_path, m
 async def test_a_window_of_only_poison_messages_is_skipped_not_a_crash(nc, tmp_path):
     """Every message of the window fails to decode (invalid UTF-8 for the text decoder): the
     backfill counts them skipped and ends with a summary; nothing is written."""
-    from airflow_provider_cg.core.landing.decode import text_decoder
+    from airflow_provider_cg.core.landing.pipeline.decode import text_decoder
 
     stream, prefix = await make_group(nc, "elastic")
     await publish_many(nc, [(f"{prefix}.k{i % 3}", b"\xff\xfe bad " + bytes([i])) for i in range(7)])

@@ -15,8 +15,8 @@ import json
 import pyarrow as pa
 import pytest
 
-from airflow_provider_cg.core.landing.decode import SparkDecoder
-from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, BadRecords, SparkPipeline
+from airflow_provider_cg.core.landing.pipeline.decode import SparkDecoder
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, BadRecords, SparkPipeline
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.lake import STAGING_DIR
 from airflow_provider_cg.core.landing.sinks.opening import open_sink
@@ -144,7 +144,7 @@ def test_a_transformation_that_loses_the_origin_of_a_keyless_row_is_refused(spar
 
 def test_rows_landed_as_read_without_their_key_are_refused_too(tmp_path):
     """The driver's path (no Spark): merging by a row column that is null on some rows."""
-    sink = SinkOptions(sink="delta", sink_path=str(tmp_path / "t"), merge_keys="key").open()
+    sink = open_sink(SinkOptions(sink="delta", sink_path=str(tmp_path / "t"), merge_keys="key"))
     table = rows(range(1, 11))
     table = table.set_column(table.schema.get_field_index("key"), "key",
                              pa.array([None if s in (3, 7) else f"k{s}" for s in range(1, 11)]))

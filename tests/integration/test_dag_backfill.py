@@ -15,9 +15,9 @@ from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
-from airflow_provider_cg.core.landing.backfill import _ns
 from airflow_provider_cg.core.landing.contract import BatchOptions
-from airflow_provider_cg.core.landing.member import run_member_batch
+from airflow_provider_cg.core.landing.run.backfill import _ns
+from airflow_provider_cg.core.landing.run.member import run_member_batch
 from tests.integration.test_backfill import COMPARED, ts_ns
 from tests.support.nats import run_with_nats
 

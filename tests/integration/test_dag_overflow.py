@@ -16,7 +16,7 @@ from airflow_provider_cg.core.groups.config import ElasticGroupConfig, Partition
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.contract import BatchOptions
-from airflow_provider_cg.core.landing.member import run_member_batch
+from airflow_provider_cg.core.landing.run.member import run_member_batch
 from tests.support.nats import run_with_nats
 
 pytest_plugins = ["tests.airflow_conftest"]

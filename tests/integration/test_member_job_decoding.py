@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.landing.decode import SPARK_AVRO_PACKAGE
+from airflow_provider_cg.core.landing.pipeline.decode import SPARK_AVRO_PACKAGE
 from tests.support.member_job import (
     assert_exactly_once,
     create_group,

@@ -56,7 +56,7 @@ def _job(zip_path, tmp_path, nats_server, stream, transform_args, failpoint=None
 
 
 STEPS = ("mid_prepare", "after_prepare", "mid_ack", "before_commit")
-#: Every step is the same two-phase code (core/landing/two_phase.py) whatever the transformation;
+#: Every step is the same two-phase code (core/landing/protocol/two_phase.py) whatever the transformation;
 #: what a kind changes is what lands (output rows, input keys). So each kind is killed at one
 #: step, every step at one kind (4 crash runs instead of 16: the chain of JVM starts is what
 #: these tests cost); the kinds whose rows are not one per input (explode, the aggregation) are

@@ -291,7 +291,7 @@ def test_avro_payloads_bring_sparks_avro_package(airflow_env, nats, shim, tmp_pa
 
     import fastavro
 
-    from airflow_provider_cg.core.landing.decode import SPARK_AVRO_PACKAGE
+    from airflow_provider_cg.core.landing.pipeline.decode import SPARK_AVRO_PACKAGE
     from airflow_provider_cg.core.landing.sinks import read_committed
 
     schema = {"type": "record", "name": "Event", "fields": [{"name": "id", "type": "long"},

@@ -19,12 +19,12 @@ import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.contract import MemberJobSpec, Summary
-from airflow_provider_cg.core.landing.decode import SparkDecoder
-from airflow_provider_cg.core.landing.pipeline import ArrowPipeline, SparkPipeline
+from airflow_provider_cg.core.landing.pipeline.decode import SparkDecoder
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, SparkPipeline
+from airflow_provider_cg.core.landing.protocol.two_phase import recover_writes
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.opening import open_sink
 from airflow_provider_cg.core.landing.sinks.options import SinkOptions
-from airflow_provider_cg.core.landing.two_phase import recover_writes
 from tests.support.member_job import read_delta
 from tests.support.sink_rows import refs_for, rows
 

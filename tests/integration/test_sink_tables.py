@@ -431,7 +431,7 @@ def test_a_folded_and_cleaned_protocol_log_keeps_exactly_once(table):
     """Checkpoints fold the log (publishing what they fold first) and clean-up deletes what
     they folded: a sink opened afterwards still drops every landed input, and the table holds
     each once."""
-    from airflow_provider_cg.core.landing.sinks.protocol_log import clean_protocol_log
+    from airflow_provider_cg.core.landing.protocol.protocol_log import clean_protocol_log
 
     writers = [table.sink(checkpoint_interval=5), table.sink(checkpoint_interval=5)]
     for w in writers:

@@ -14,10 +14,15 @@ from airflow_provider_cg.core.groups.config import ElasticGroupConfig, Partition
 from airflow_provider_cg.core.groups.names import work_queue_stream
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
-from airflow_provider_cg.core.landing.backfill import run_backfill
 from airflow_provider_cg.core.landing.contract import BatchOptions
-from airflow_provider_cg.core.landing.member import run_member_batch
-from airflow_provider_cg.core.landing.stream_life import FIELD, Life, StreamLifeChanged, origin_created
+from airflow_provider_cg.core.landing.protocol.stream_life import (
+    FIELD,
+    Life,
+    StreamLifeChanged,
+    origin_created,
+)
+from airflow_provider_cg.core.landing.run.backfill import run_backfill
+from airflow_provider_cg.core.landing.run.member import run_member_batch
 
 pytestmark = pytest.mark.integration
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from airflow_provider_cg.core.groups import sourcing
 from airflow_provider_cg.core.groups.reset import GroupReset, ResetTarget
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.landing.stream_life import origin_created
+from airflow_provider_cg.core.landing.protocol.stream_life import origin_created
 from tests.support.chaos import ChaosConfig, ChaosRun, last_error
 from tests.support.member_job import assert_exactly_once, publish_orders, start_member_job
 
@@ -344,7 +344,9 @@ class RoutedMixedRun(MixedWritersRun):
         from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
         with mock.patch.dict(os.environ, self.sink_env):
-            return SinkOptions.build({"routes": self.routes(), "route_by": "route"}).open(transformed=True)
+            from airflow_provider_cg.core.landing.sinks.opening import open_sink
+
+            return open_sink(SinkOptions.build({"routes": self.routes(), "route_by": "route"}), transformed=True)
 
     def prepared_left(self, pg_params=None) -> list[str]:
         sink, parts = self.open_sink(), range(self.config.partitions)

@@ -21,7 +21,7 @@ next-by-subject read grows with the number of subjects (keys) matching the filte
 Static groups read their origin stream the same way, but nothing is ever purged from an
 origin stream: the member's filter subjects are read from one position up to a common cut
 (``read_through``), and the landed batch is acknowledged by moving the member's durable past
-the cut (``$JS.API.CONSUMER.RESET``, see ``landing/direct_reads.py``).
+the cut (``$JS.API.CONSUMER.RESET``, see ``landing/reads/direct.py``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class PartitionBatch:
 class ReadRange:
     """The messages of one filter ``subject`` with sequences in ``[first_seq, last_seq]`` (of
     ``stream``, when given): a
-    part of a planned batch that Spark tasks read (``landing/executor_reads.py``).
+    part of a planned batch that Spark tasks read (``landing/reads/executors.py``).
     ``partition``: the member partition it belongs to (``ALL``, or an index for a static
     member's subjects); ``messages``: how many it held when planned (an upper bound)."""
 

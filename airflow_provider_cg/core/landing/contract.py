@@ -32,13 +32,13 @@ from typing import Any
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
 from airflow_provider_cg.core.landing.fields import check_fields, converted, flag, option
+from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice
 from airflow_provider_cg.core.landing.sinks.options import (
     SINK_FIELDS,
     SinkOptions,
     check_sink,
 )
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
-from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
 SUMMARY_PREFIX = "CG_SUMMARY "
@@ -265,7 +265,7 @@ def _check_job(spec: MemberJobSpec) -> None:
     if spec.payload_format == "json" and not spec.json_schema:
         raise ConfigError("json_schema", "required when payload_format is json")
     if spec.payload_format == "avro":
-        from airflow_provider_cg.core.landing.decode import parse_avro_schema
+        from airflow_provider_cg.core.landing.pipeline.decode import parse_avro_schema
 
         if not spec.avro_schema:
             raise ConfigError("avro_schema", "required when payload_format is avro")

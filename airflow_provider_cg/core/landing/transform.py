@@ -2,7 +2,7 @@
 
 A transformation is a Python function named ``package.module:function`` and called with the
 batch as a Spark DataFrame and a :class:`BatchContext`, returning a DataFrame; or a Spark SQL
-statement over the temporary view ``batch``. ``core/landing/pipeline.py`` runs it in Spark, after
+statement over the temporary view ``batch``. ``core/landing/pipeline/processing.py`` runs it in Spark, after
 decoding, before the sink's prepare: any transformation (a filter, an explode, a join with
 reference data, a per-batch aggregation) lands each message's effect once, because
 exactly-once is kept per *input* message. A failing transformation fails the batch before

@@ -632,7 +632,7 @@ async def _online(args, out: TextIO) -> int:
         elif c == "lag":
             from airflow_provider_cg.core.groups.lag import group_lag
             from airflow_provider_cg.core.jetstream.api import JsApi
-            from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
+            from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
 
             LifeChoice.parse(args.stream_life)  # a bad value is refused before anything is read
 
@@ -723,15 +723,18 @@ def _age(seconds: float | None) -> str:
 
 def _last_commits(o, stream: str, group: str) -> dict:
     """Each member's last committed batch from the sink the jobs land into (read-only)."""
-    with o.open() as sink:
+    from airflow_provider_cg.core.landing.sinks.opening import open_sink
+
+    with open_sink(o) as sink:
         return sink.last_commits(stream, group)
 
 
 def _origin_life(o, stream: str, created: str, choice: str | None) -> dict:
     """The origin's current life in the table the jobs land into; ``choice`` records it."""
-    from airflow_provider_cg.core.landing.stream_life import LifeChoice
+    from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice
+    from airflow_provider_cg.core.landing.sinks.opening import open_sink
 
-    with o.open() as sink:
+    with open_sink(o) as sink:
         if choice:
             sink.stream_life(stream, created, LifeChoice.parse(choice))
         lives = sink.stream_lives(stream)

@@ -35,8 +35,9 @@ def build_core_zip(dest: str | os.PathLike) -> Path:
     """Write (or reuse an up-to-date) zip of the core at ``dest``; return its path."""
     dest = Path(dest)
     sources = _sources()
-    if dest.exists() and dest.stat().st_mtime >= max(p.stat().st_mtime for p in sources):
-        return dest
+    if dest.exists() and dest.stat().st_mtime >= max(p.stat().st_mtime for p in sources) \
+            and _names(dest) == {p.relative_to(PACKAGE_ROOT.parent).as_posix() for p in sources}:
+        return dest  # (a module moved or removed since is not up to date, whatever the times say)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_suffix(f".{os.getpid()}.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -44,6 +45,14 @@ def build_core_zip(dest: str | os.PathLike) -> Path:
             zf.write(p, p.relative_to(PACKAGE_ROOT.parent).as_posix())
     os.replace(tmp, dest)
     return dest
+
+
+def _names(zip_path: Path) -> set[str]:
+    try:
+        with zipfile.ZipFile(zip_path) as zf:
+            return set(zf.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return set()
 
 
 def ship_module(module: str, dest_dir: str | os.PathLike, search: Sequence[str | os.PathLike] = ()) -> Path:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
-from airflow_provider_cg.core.landing.nats_source import batch_plan
+from airflow_provider_cg.core.landing.reads.nats_source import batch_plan
 from airflow_provider_cg.core.landing.sinks.base import decode_seqs
 
 

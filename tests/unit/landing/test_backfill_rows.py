@@ -1,4 +1,4 @@
-"""The backfill's rows (core/landing/backfill.py) are the rows live consumption lands for the
+"""The backfill's rows (core/landing/run/backfill.py) are the rows live consumption lands for the
 same origin messages: partition as the server's transform computes it, key, owner member."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
-from airflow_provider_cg.core.landing.backfill import BACKFILL_MEMBER, OriginRows, window_member
 from airflow_provider_cg.core.landing.contract import parse_time
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA
+from airflow_provider_cg.core.landing.run.backfill import BACKFILL_MEMBER, OriginRows, window_member
 
 
 def msg(subject: str, seq: int, data: bytes = b"x"):

@@ -12,6 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from airflow_provider_cg.core.landing.protocol.protocol_log import (
+    FOLDED_DIR,
+    KEYS_DIR,
+    LOG_DIR,
+    POINTER,
+    clean_protocol_log,
+    in_runs,
+    merge_runs,
+    to_runs,
+)
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks import (
     CommitResult,
@@ -21,16 +31,6 @@ from airflow_provider_cg.core.landing.sinks import (
     PreparedWriteLost,
     WriteState,
     read_committed,
-)
-from airflow_provider_cg.core.landing.sinks.protocol_log import (
-    FOLDED_DIR,
-    KEYS_DIR,
-    LOG_DIR,
-    POINTER,
-    clean_protocol_log,
-    in_runs,
-    merge_runs,
-    to_runs,
 )
 from tests.support.sink_rows import refs_for, rows
 

@@ -1,4 +1,4 @@
-"""The two-phase lander (core/landing/two_phase.py) over a real Parquet lake on local disk:
+"""The two-phase lander (core/landing/protocol/two_phase.py) over a real Parquet lake on local disk:
 the steps in order, the rule for ending a batch, fencing, and the one recovery that live
 batches and backfills share."""
 
@@ -9,10 +9,10 @@ import asyncio
 import numpy as np
 
 from airflow_provider_cg.core.landing.contract import Summary
-from airflow_provider_cg.core.landing.pipeline import ProcessedBatch
+from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch
+from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander, recover_writes
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks import Fence, ParquetLakeSink, read_committed
-from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander, recover_writes
 from tests.support.sink_rows import rows
 
 

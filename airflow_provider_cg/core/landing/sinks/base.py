@@ -48,8 +48,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice
 from airflow_provider_cg.core.landing.rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
 
 MessageRefs = Sequence[tuple[str, int]] | Mapping[str, Any]
 """(consumed stream, stream sequence) pairs, or ``{stream: array of sequences}`` (faster)."""
@@ -182,7 +182,7 @@ class TwoPhaseSink(abc.ABC):
     def refusals(self, table: pa.Table) -> dict[int, str]:
         """Rows of a batch this sink cannot take, whatever else is in the table (a record without
         its merge key): row index -> why. The pipeline takes their messages out of the batch
-        before ``prepare`` (``pipeline.py``)."""
+        before ``prepare`` (``pipeline/processing.py``)."""
         return self.merge.refusals(table) if self.merge is not None else {}
 
     def refusal_column(self, columns: list[str]):

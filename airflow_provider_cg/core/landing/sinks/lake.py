@@ -69,7 +69,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.landing.failpoints import failpoint
+from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
+from airflow_provider_cg.core.landing.protocol.protocol_log import (
+    KEYS_DIR,
+    LOG_DIR,
+    CommitLog,
+    DatasetCorrupt,
+    fs_name,
+    in_runs,
+    is_runs_file,
+    last_commit_summary,
+    npy_bytes,
+    npy_load,
+)
+from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice, decide
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
@@ -100,20 +113,7 @@ from airflow_provider_cg.core.landing.sinks.parquet_files import (
     TaskFileWriter,
     data_file_options,
 )
-from airflow_provider_cg.core.landing.sinks.protocol_log import (
-    KEYS_DIR,
-    LOG_DIR,
-    CommitLog,
-    DatasetCorrupt,
-    fs_name,
-    in_runs,
-    is_runs_file,
-    last_commit_summary,
-    npy_bytes,
-    npy_load,
-)
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage, Storage
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
 if TYPE_CHECKING:
     from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning

@@ -28,9 +28,9 @@ import time
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.protocol.protocol_log import clean_protocol_log
 from airflow_provider_cg.core.landing.sinks.base import SinkError
 from airflow_provider_cg.core.landing.sinks.opening import open_sink
-from airflow_provider_cg.core.landing.sinks.protocol_log import clean_protocol_log
 from airflow_provider_cg.core.landing.sinks.registry import maintained_names, sink_kind
 from airflow_provider_cg.core.landing.sinks.table_maintenance import MaintenanceReport
 

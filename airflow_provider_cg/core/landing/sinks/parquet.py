@@ -31,6 +31,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_provider_cg.core.landing.protocol.protocol_log import CommitLog
 from airflow_provider_cg.core.landing.sinks.lake import (
     STAGING_DIR,
     STORED_SCHEMA,
@@ -38,7 +39,6 @@ from airflow_provider_cg.core.landing.sinks.lake import (
     LakeSink,
     StagedFiles,
 )
-from airflow_provider_cg.core.landing.sinks.protocol_log import CommitLog
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage
 
 DATA_DIR = "data"

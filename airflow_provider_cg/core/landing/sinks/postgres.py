@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice, decide
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
@@ -84,7 +85,6 @@ from airflow_provider_cg.core.landing.sinks.names import (
     REFS_TABLE,
     validate_identifier,
 )
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
 _JSON_COLUMNS = {"headers"}
 _NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}

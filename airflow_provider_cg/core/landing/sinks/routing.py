@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
@@ -50,7 +51,6 @@ from airflow_provider_cg.core.landing.sinks.base import (
     keys_by_stream,
 )
 from airflow_provider_cg.core.landing.sinks.options import Routes
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
 
 
 @dataclass

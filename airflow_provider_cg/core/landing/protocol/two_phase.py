@@ -28,8 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_cg.core.landing.contract import Summary
-from airflow_provider_cg.core.landing.failpoints import failpoint
-from airflow_provider_cg.core.landing.pipeline import ProcessedBatch, partition_ranges
+from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch, partition_ranges
+from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.base import (
     Fence,

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
-from airflow_provider_cg.core.landing.decode import ERROR, SparkDecoder
+from airflow_provider_cg.core.landing.pipeline.decode import ERROR, SparkDecoder
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
@@ -262,7 +262,7 @@ class SparkPipeline:
 
     def read_in_tasks(self, settings) -> None:
         """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
-        from airflow_provider_cg.core.landing.nats_source import register, warm_up_plan
+        from airflow_provider_cg.core.landing.reads.nats_source import register, warm_up_plan
 
         register(self.spark, settings)
         # the first job through the source starts Python workers on the executors (about 5 s on
@@ -271,7 +271,7 @@ class SparkPipeline:
                          name="cg-warm-up").start()
 
     def _warm_up(self, plan: str) -> None:
-        from airflow_provider_cg.core.landing.nats_source import SOURCE_NAME
+        from airflow_provider_cg.core.landing.reads.nats_source import SOURCE_NAME
 
         with self._one_at_a_time:
             try:
@@ -343,7 +343,7 @@ class SparkPipeline:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        from airflow_provider_cg.core.landing.nats_source import SOURCE_NAME
+        from airflow_provider_cg.core.landing.reads.nats_source import SOURCE_NAME
 
         frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
         decoded = _marked(self.decoder.apply(frame), F.col("origin_seq"), refused)
@@ -473,7 +473,7 @@ class SparkPipeline:
     def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out) -> Any:
         """Run one Spark job of the batch (``sink.stage``): its result, or the failure as the job
         reports it (the sink's storage, NATS, the user's transformation)."""
-        from airflow_provider_cg.core.landing.nats_source import READ_FAILED
+        from airflow_provider_cg.core.landing.reads.nats_source import READ_FAILED
 
         try:
             return sink.stage(batch_id, out)

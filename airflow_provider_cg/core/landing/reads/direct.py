@@ -36,10 +36,10 @@ from airflow_provider_cg.core.jetstream.direct import (
     subject_filter,
 )
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
-from airflow_provider_cg.core.landing.dead_letters import dead_letter_headers
-from airflow_provider_cg.core.landing.failpoints import failpoint
-from airflow_provider_cg.core.landing.reading import MemberReading
+from airflow_provider_cg.core.landing.protocol.dead_letters import dead_letter_headers
+from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import keep_matching, rows_from_batches
+from airflow_provider_cg.core.landing.run.reading import MemberReading
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
@@ -73,7 +73,7 @@ class PartitionPositions:
         return batches, None
 
     async def plan(self, count: int) -> tuple[list[ReadRange], int]:
-        """The next batch as ranges for Spark tasks to read (``executor_reads.py``), each
+        """The next batch as ranges for Spark tasks to read (``reads/executors.py``), each
         partition up to one cut; the next batch starts after it."""
         starts = {p: (self.subjects.get(p) or subject_filter(p), s) for p, s in self.starts.items()}
         ranges, cut = await plan_ranges(self.reader, starts, count, await self.reader.last_seq())
@@ -161,7 +161,7 @@ class ConsumerPosition:
 
     async def plan(self, count: int) -> tuple[list[ReadRange], int]:
         """The next batch as ranges of the member's subjects up to one cut, for Spark tasks to
-        read (``executor_reads.py``); the next batch starts after the cut."""
+        read (``reads/executors.py``); the next batch starts after the cut."""
         starts = {i: (subject, self.next_seq) for i, subject in enumerate(self.filters)}
         ranges, cut = await plan_ranges(self.reader, starts, count, await self.reader.last_seq())
         if ranges:

@@ -36,9 +36,9 @@ from urllib.parse import quote
 
 import numpy as np
 
+from airflow_provider_cg.core.landing.protocol.stream_life import Life
 from airflow_provider_cg.core.landing.sinks.base import SinkError
 from airflow_provider_cg.core.landing.sinks.storage import Storage
-from airflow_provider_cg.core.landing.stream_life import Life
 
 LOG_DIR = "_cg_log"
 KEYS_DIR = "_cg_keys"

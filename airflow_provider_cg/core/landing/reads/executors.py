@@ -22,9 +22,9 @@ import asyncio
 import numpy as np
 
 from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
-from airflow_provider_cg.core.landing.direct_reads import ConsumerPosition, DirectReads
-from airflow_provider_cg.core.landing.nats_source import batch_plan
-from airflow_provider_cg.core.landing.reading import MemberReading
+from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, DirectReads
+from airflow_provider_cg.core.landing.reads.nats_source import batch_plan
+from airflow_provider_cg.core.landing.run.reading import MemberReading
 
 
 class ExecutorReads(DirectReads):

@@ -3,8 +3,8 @@
 ``run_member_batch`` is what the Spark member job runs. ``MemberRun`` is its lifecycle: for
 each assignment of partitions, ``setup`` (the member consumer, the layout's reader), then the
 pin (``pin.py``: acquire, anchor, keep, hand over, release), ``_take_over`` (recover what
-earlier holders left), then one reader lands batches (``direct_reads``, ``executor_reads`` or
-``consumer_reads``, chosen in ``_reader``) until the stop rule says so (``stop_rule.py``: the
+earlier holders left), then one reader lands batches (``reads/direct.py``, ``reads/executors.py`` or
+``reads/consumer.py``, chosen in ``_reader``) until the stop rule says so (``stop_rule.py``: the
 target is the backlog found, like Spark's ``Trigger.AvailableNow``), then ``finish``. A
 reader gets what it needs as one ``MemberReading`` and changes nothing of the run's. Each
 batch:
@@ -46,7 +46,6 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders
 from airflow_provider_cg.core.jetstream.protocol import ConsumerGone
-from airflow_provider_cg.core.landing.consumer_reads import ConsumerReads
 from airflow_provider_cg.core.landing.contract import (
     RESULT_COMMITTED,
     RESULT_EMPTY,
@@ -55,21 +54,22 @@ from airflow_provider_cg.core.landing.contract import (
     BatchOptions,
     Summary,
 )
-from airflow_provider_cg.core.landing.dead_letters import DeadLetters
-from airflow_provider_cg.core.landing.direct_reads import (
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
+from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
+from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
+from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
+from airflow_provider_cg.core.landing.reads.consumer import ConsumerReads
+from airflow_provider_cg.core.landing.reads.direct import (
     ConsumerPosition,
     DirectReads,
     PartitionPositions,
     PartitionStreamPositions,
 )
-from airflow_provider_cg.core.landing.pin import Pin
-from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
-from airflow_provider_cg.core.landing.reading import BatchIds, MemberReading, Progress
 from airflow_provider_cg.core.landing.rows import KeySelector
+from airflow_provider_cg.core.landing.run.pin import Pin
+from airflow_provider_cg.core.landing.run.reading import BatchIds, MemberReading, Progress
+from airflow_provider_cg.core.landing.run.stop_rule import StopRule
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
-from airflow_provider_cg.core.landing.stop_rule import StopRule
-from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
-from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
@@ -276,7 +276,7 @@ class MemberRun:
         positions = self._positions(consumer_info["name"])
         if self.options.read == "executors":
             # imported here: its PySpark data source costs a plain driver's start-up a tenth of a second
-            from airflow_provider_cg.core.landing.executor_reads import ExecutorReads
+            from airflow_provider_cg.core.landing.reads.executors import ExecutorReads
 
             return ExecutorReads(self._reading(), positions, self.pipeline.parallelism)
         return DirectReads(self._reading(), positions)
@@ -439,6 +439,6 @@ async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, pipeli
                            *, js_prefix: str = "$JS.API") -> Summary:
     """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary.
 
-    ``pipeline`` (``core/landing/pipeline.py``): what happens to each batch before the sink's prepare
+    ``pipeline`` (``core/landing/pipeline/processing.py``): what happens to each batch before the sink's prepare
     (decoding and the user's transformation in Spark); default: the rows as read."""
     return await MemberRun(nc, sink, options, pipeline or ArrowPipeline(), js_prefix).run()

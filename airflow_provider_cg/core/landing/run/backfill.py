@@ -65,7 +65,9 @@ from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
-from airflow_provider_cg.core.landing.pipeline import ArrowPipeline
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
+from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
+from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
 from airflow_provider_cg.core.landing.rows import (
     BatchId,
     KeySelector,
@@ -74,8 +76,6 @@ from airflow_provider_cg.core.landing.rows import (
     with_origin_key,
 )
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
-from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
-from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 
 log = logging.getLogger("airflow_provider_cg.backfill")
 
@@ -221,7 +221,7 @@ async def run_backfill(
     stream_life: str | None = None,
 ) -> Summary:
     """Land the origin messages of ``[start, end)`` that ``group`` covers into ``sink``
-    (through ``pipeline``, ``core/landing/pipeline.py``: with a Spark pipeline exactly-once is
+    (through ``pipeline``, ``core/landing/pipeline/processing.py``: with a Spark pipeline exactly-once is
     kept per input, so messages live consumption or an earlier backfill already landed are not
     transformed again). Poison messages are skipped (live consumption dead-letters them).
     ``stream_life``: as the member job's option (``stream_life.py``)."""

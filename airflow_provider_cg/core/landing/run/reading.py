@@ -1,5 +1,5 @@
 """What a reader of one member run is given (``MemberReading``): the run's parts a read path
-needs, explicit and narrow. A reader (``direct_reads``, ``executor_reads``, ``consumer_reads``)
+needs, explicit and narrow. A reader (``reads/direct.py``, ``reads/executors.py``, ``reads/consumer.py``)
 changes none of the run's state: it counts what it takes in the stop rule, keeps the pin
 through ``pin``, and lands through the lander."""
 
@@ -13,12 +13,12 @@ from typing import Any
 
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
-from airflow_provider_cg.core.landing.dead_letters import DeadLetters
-from airflow_provider_cg.core.landing.pin import Pin
+from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
+from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
 from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, with_origin_key
+from airflow_provider_cg.core.landing.run.pin import Pin
+from airflow_provider_cg.core.landing.run.stop_rule import StopRule
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
-from airflow_provider_cg.core.landing.stop_rule import StopRule
-from airflow_provider_cg.core.landing.two_phase import TwoPhaseLander
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
