@@ -79,9 +79,18 @@ class StreamLifeChanged(ConfigError):
             f"messages (a restored backup): --stream-life continue:{created}"))
 
 
+LIFE_SEPARATOR = "#"
+
+
 def life_key(stream: str, n: int) -> str:
     """The key of a stream's n-th life in a sink (1: the stream's name)."""
-    return stream if n == 1 else f"{stream}#{n}"
+    return stream if n == 1 else f"{stream}{LIFE_SEPARATOR}{n}"
+
+
+def life_number(key: str | None) -> int:
+    """Which life of its stream a key names (``life_key``'s inverse: ``ORDERS`` 1, ``ORDERS#2`` 2)."""
+    _, sep, n = (key or "").rpartition(LIFE_SEPARATOR)
+    return int(n) if sep and n.isdigit() else 1
 
 
 def decide(stream: str, created: str, lives: Sequence[Life], choice: LifeChoice | None,

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.protocol.stream_life import life_number
 from airflow_provider_cg.core.landing.sinks.base import SinkError
 
 #: the column a merge source carries: whether the row is a tombstone
@@ -138,12 +139,8 @@ class MergeSpec:
 
 
 def _life_numbers(streams: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """The life of each row's origin stream key (``ORDERS`` 1, ``ORDERS#2`` 2, ...)."""
-    out = []
-    for s in streams.to_pylist():
-        _, _, n = (s or "").rpartition("#")
-        out.append(int(n) if n.isdigit() and "#" in (s or "") else 1)
-    return np.asarray(out, dtype=np.int64)
+    """The life of each row's origin stream key (``stream_life.life_number``)."""
+    return np.fromiter((life_number(s) for s in streams.to_pylist()), np.int64, len(streams))
 
 
 def quote(name: str) -> str:
