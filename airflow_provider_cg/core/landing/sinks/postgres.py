@@ -34,14 +34,9 @@ keeps the bytes). psycopg2 is imported lazily; error messages never contain the 
 
 from __future__ import annotations
 
-import binascii
 import dataclasses
-import io
 import json
-import os
-import re
 import secrets
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -49,7 +44,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pcsv
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice, decide
@@ -85,138 +79,8 @@ from airflow_provider_cg.core.landing.sinks.names import (
     REFS_TABLE,
     validate_identifier,
 )
-
-_JSON_COLUMNS = {"headers"}
-_NUL_SAFE_COLUMNS = {"origin_stream", "subject", "key", "headers", "group", "member"}
-_SECRET_PATTERNS = [
-    re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
-    re.compile(r"(://[^:/@\s]*:)([^@\s]*)(@)"),
-]
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _pg_type(name: str, typ: pa.DataType) -> str:
-    if name in _JSON_COLUMNS:
-        return "jsonb"
-    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
-        return "text"
-    if pa.types.is_boolean(typ):
-        return "boolean"
-    if pa.types.is_int8(typ) or pa.types.is_int16(typ) or pa.types.is_uint8(typ):
-        return "smallint"
-    if pa.types.is_int32(typ) or pa.types.is_uint16(typ):
-        return "integer"
-    if pa.types.is_int64(typ) or pa.types.is_uint32(typ):
-        return "bigint"
-    if pa.types.is_uint64(typ) or pa.types.is_decimal(typ):
-        return "numeric"
-    if pa.types.is_float32(typ) or pa.types.is_float16(typ):
-        return "real"
-    if pa.types.is_float64(typ):
-        return "double precision"
-    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or pa.types.is_fixed_size_binary(typ):
-        return "bytea"
-    if pa.types.is_timestamp(typ):
-        return "timestamptz" if typ.tz else "timestamp"
-    if pa.types.is_date(typ):
-        return "date"
-    if pa.types.is_time(typ):
-        return "time"
-    return "jsonb"
-
-
-def _hex(arr: pa.Array) -> pa.Array:
-    """Binary -> lowercase hex text (vectorised; ``decode(x, 'hex')`` reverses it)."""
-    if pa.types.is_fixed_size_binary(arr.type):
-        arr = arr.cast(pa.binary())
-    wide = pa.types.is_large_binary(arr.type)
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[
-        arr.offset : arr.offset + len(arr) + 1
-    ]
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.empty(0, np.uint8)
-    start, end = int(offsets[0]), int(offsets[-1])
-    hexed = binascii.hexlify(data[start:end].data)
-    new_offsets = (offsets.astype(np.int64) - start) * 2
-    out = pa.LargeStringArray.from_buffers(len(arr), pa.py_buffer(new_offsets), pa.py_buffer(hexed))
-    if arr.null_count:
-        out = pc.if_else(arr.is_null(), pa.scalar(None, pa.large_string()), out)
-    return out
-
-
-def _json_text(arr: pa.Array) -> pa.Array:
-    def default(value: Any) -> Any:
-        if isinstance(value, bytes):
-            return value.hex()
-        return str(value)
-
-    return pa.array(
-        [None if v is None else json.dumps(v, default=default) for v in arr.to_pylist()], pa.large_string()
-    )
-
-
-class _CsvStream:
-    """File-like object producing CSV of a table batch by batch, for ``copy_expert``."""
-
-    def __init__(self, table: pa.Table, encoders: dict[str, Any], chunk_rows: int) -> None:
-        self._batches = iter(table.to_batches(max_chunksize=chunk_rows))
-        self._encoders = encoders
-        self._buf = memoryview(b"")
-        self._options = pcsv.WriteOptions(include_header=False)
-
-    def _next_chunk(self) -> bool:
-        for batch in self._batches:
-            if not batch.num_rows:
-                continue
-            cols = [
-                self._encoders.get(name, _identity)(batch.column(i))
-                for i, name in enumerate(batch.schema.names)
-            ]
-            sink = io.BytesIO()
-            pcsv.write_csv(pa.RecordBatch.from_arrays(cols, names=batch.schema.names), sink, self._options)
-            self._buf = memoryview(sink.getvalue())
-            return True
-        return False
-
-    def read(self, size: int = -1) -> bytes:
-        if not self._buf and not self._next_chunk():
-            return b""
-        if size < 0 or size >= len(self._buf):
-            out, self._buf = bytes(self._buf), memoryview(b"")
-        else:
-            out, self._buf = bytes(self._buf[:size]), self._buf[size:]
-        return out
-
-    readline = read
-
-
-def _rollback_quietly(cur) -> None:
-    if cur.connection.closed:
-        return
-    try:
-        cur.execute("ROLLBACK")
-    except Exception:  # the original error matters
-        pass
-
-
-def _identity(arr: pa.Array) -> pa.Array:
-    return arr
-
-
-def _strip_nul(arr: pa.Array) -> pa.Array:
-    has_nul = pc.match_substring(arr, "\x00")
-    if not pc.any(has_nul).as_py():
-        return arr
-    return pc.if_else(has_nul, pa.scalar(None, arr.type), arr)
-
-
-def _to_us(arr: pa.Array) -> pa.Array:
-    if arr.type.unit == "ns":
-        return pc.cast(arr, pa.timestamp("us", tz=arr.type.tz), safe=False)
-    return arr
+from airflow_provider_cg.core.landing.sinks.postgres_conn import PgConnection, rollback_quietly
+from airflow_provider_cg.core.landing.sinks.postgres_rows import CsvStream, ident, pg_type, staging_columns
 
 
 class PostgresSink(TwoPhaseSink):
@@ -238,7 +102,7 @@ class PostgresSink(TwoPhaseSink):
         transformed: bool = False,
         merge: MergeSpec | None = None,
     ) -> None:
-        self._dsn = dsn_or_conn_params if isinstance(dsn_or_conn_params, str) else dict(dsn_or_conn_params)
+        self.db = PgConnection(dsn_or_conn_params, lock_timeout_s=lock_timeout_s)
         self.table = validate_identifier("pg_table", table)
         self.schema = validate_identifier("pg_schema", schema)
         if table in OWN_TABLES or table.startswith("_cg_stg_"):
@@ -249,108 +113,34 @@ class PostgresSink(TwoPhaseSink):
         self.transformed = transformed
         #: upserts (``merging.py``): the target's key is ``merge.keys``, its rows the latest per key
         self.merge = merge
-        self._conn = None
-        self._lock = threading.RLock()
         self._columns: set[str] | None = None
         self._side_ready = False
-        self._secrets = self._find_secrets()
 
     # -- connection and errors -------------------------------------------------------------------
 
-    def _find_secrets(self) -> list[str]:
-        found = [os.environ.get("PGPASSWORD", "")]
-        if isinstance(self._dsn, dict):
-            found.append(str(self._dsn.get("password") or ""))
-        else:
-            try:
-                from psycopg2.extensions import parse_dsn
+    def __repr__(self) -> str:
+        return f"PostgresSink({self.db.describe()}, table={self.schema}.{self.table})"
 
-                found.append(parse_dsn(self._dsn).get("password", ""))
-            except Exception:  # unparsable DSN: take what looks like a password
-                for pattern in _SECRET_PATTERNS:
-                    found.extend(m.group(2).strip("'") for m in pattern.finditer(self._dsn))
-        return [s for s in found if s]
-
-    def _redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        for pattern in _SECRET_PATTERNS:
-            text = pattern.sub(lambda m: m.group(1) + "***" + (m.group(3) if m.lastindex == 3 else ""), text)
-        return text
+    def _run(self, action: str, fn):
+        """Run ``fn(cursor)`` on the sink's autocommit connection (``postgres_conn.py``)."""
+        return self.db.run(action, fn)
 
     def _error(self, exc: BaseException, action: str) -> SinkError:
-        code = getattr(exc, "pgcode", None)
-        message = " ".join(self._redact(str(exc).strip()).split()) or type(exc).__name__  # one line
-        err = SinkError(f"postgres {action} failed{f' [{code}]' if code else ''}: {message}")
-        err.pgcode = code  # type: ignore[attr-defined]
-        return err
+        return self.db.error(exc, action)
 
-    def __repr__(self) -> str:
-        if isinstance(self._dsn, dict):
-            where = f"host={self._dsn.get('host')!r}, dbname={self._dsn.get('dbname')!r}"
-        else:
-            where = "dsn=***"
-        return f"PostgresSink({where}, table={self.schema}.{self.table})"
+    def close(self) -> None:
+        self.db.close()
 
     @property
     def _target(self) -> str:
-        return f"{_ident(self.schema)}.{_ident(self.table)}"
+        return f"{ident(self.schema)}.{ident(self.table)}"
 
     def _side(self, name: str) -> str:
-        return f"{_ident(self.schema)}.{_ident(name)}"
-
-    def _connection(self):
-        import psycopg2
-
-        if self._conn is not None and not self._conn.closed:
-            return self._conn
-        try:
-            if isinstance(self._dsn, dict):
-                conn = psycopg2.connect(**self._dsn)
-            else:
-                conn = psycopg2.connect(self._dsn)
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute("SET lock_timeout = %s", (f"{int(self.lock_timeout_s * 1000)}ms",))
-                cur.execute("SET application_name = 'airflow-provider-cg'")
-        except psycopg2.Error as exc:
-            raise self._error(exc, "connect") from None
-        self._conn = conn
-        return conn
+        return f"{ident(self.schema)}.{ident(name)}"
 
     def check(self) -> None:
         """Connect and run a trivial query: ``SinkError`` (no secret in it) if that fails."""
         self._run("connect", lambda cur: cur.execute("SELECT 1"))
-
-    def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                try:
-                    self._conn.close()
-                finally:
-                    self._conn = None
-
-    def _run(self, action: str, fn):
-        """Run ``fn(cursor)`` on the autocommit connection; map psycopg2 errors."""
-        import psycopg2
-
-        with self._lock:
-            conn = self._connection()
-            try:
-                with conn.cursor() as cur:
-                    return fn(cur)
-            except psycopg2.Error as exc:
-                if conn.closed or isinstance(exc, psycopg2.InterfaceError):
-                    self._drop_connection()
-                raise self._error(exc, action) from None
-
-    def _drop_connection(self) -> None:
-        try:
-            if self._conn is not None:
-                self._conn.close()
-        except Exception:
-            pass
-        self._conn = None
 
     # -- schema ----------------------------------------------------------------------------------
 
@@ -373,15 +163,15 @@ class PostgresSink(TwoPhaseSink):
                 if side_only:
                     pass
                 elif self.merge is not None:  # one row per key: the key is the table's primary key
-                    cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in arrow_schema
+                    cols = ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in arrow_schema
                                      if f.name != DELETE_FLAG)
-                    keys = ", ".join(_ident(k) for k in self.merge.keys)
+                    keys = ", ".join(ident(k) for k in self.merge.keys)
                     cur.execute(f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, PRIMARY KEY ({keys}))")
                 elif transformed:
-                    cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in arrow_schema)
+                    cols = ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in arrow_schema)
                     cur.execute(f"CREATE TABLE IF NOT EXISTS {self._target} ({cols})")
                 else:
-                    cols = ", ".join(f"{_ident(f.name)} {_pg_type(f.name, f.type)}" for f in ROW_SCHEMA)
+                    cols = ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in ROW_SCHEMA)
                     cur.execute(
                         f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, "
                         f'PRIMARY KEY ("origin_stream", "origin_seq"))'
@@ -432,12 +222,12 @@ class PostgresSink(TwoPhaseSink):
                     if f.name not in existing and f.name != DELETE_FLAG:
                         cur.execute(
                             f"ALTER TABLE {self._target} ADD COLUMN IF NOT EXISTS "
-                            f"{_ident(f.name)} {_pg_type(f.name, f.type)}"
+                            f"{ident(f.name)} {pg_type(f.name, f.type)}"
                         )
                         existing.add(f.name)
                 cur.execute("COMMIT")
             except BaseException:
-                _rollback_quietly(cur)
+                rollback_quietly(cur)
                 raise
             return existing
 
@@ -507,7 +297,7 @@ class PostgresSink(TwoPhaseSink):
                                 "VALUES (%s, %s, %s, %s)", (target, stream, created, life.key))
                 cur.execute("COMMIT")
             except BaseException:
-                _rollback_quietly(cur)
+                rollback_quietly(cur)
                 raise
             return life.key
 
@@ -572,24 +362,8 @@ class PostgresSink(TwoPhaseSink):
             ),
         )
         staging = self._side(f"_cg_stg_{secrets.token_hex(8)}")
-        stg_cols, select, encoders = [], [], {}
-        for f in table.schema:
-            name = _ident(f.name)
-            pg_type = _pg_type(f.name, f.type)
-            if pg_type == "bytea":
-                stg_cols.append(f"{name} text")
-                select.append(f"decode({name}, 'hex')")
-                encoders[f.name] = _hex
-            else:
-                stg_cols.append(f"{name} {pg_type}")
-                select.append(name)
-                if pg_type == "jsonb" and f.name not in _JSON_COLUMNS:
-                    encoders[f.name] = _json_text
-                elif pa.types.is_timestamp(f.type):
-                    encoders[f.name] = _to_us
-                elif pg_type == "text" and f.name not in _NUL_SAFE_COLUMNS:
-                    encoders[f.name] = _strip_nul
-        columns = ", ".join(_ident(n) for n in table.schema.names)
+        stg_cols, select, encoders = staging_columns(table.schema)
+        columns = ", ".join(ident(n) for n in table.schema.names)
 
         def transaction(cur) -> int:
             cur.execute("BEGIN")
@@ -602,7 +376,7 @@ class PostgresSink(TwoPhaseSink):
                     if rows_in:
                         cur.copy_expert(
                             f"COPY {staging} ({columns}) FROM STDIN WITH (FORMAT csv)",
-                            _CsvStream(table, encoders, self.copy_chunk_rows),
+                            CsvStream(table, encoders, self.copy_chunk_rows),
                             size=1 << 20,
                         )
                     if transformed:
@@ -628,7 +402,7 @@ class PostgresSink(TwoPhaseSink):
                 )
                 cur.execute("PREPARE TRANSACTION %s", (gid,))
             except BaseException:
-                _rollback_quietly(cur)
+                rollback_quietly(cur)
                 raise
             return written
 
@@ -689,24 +463,24 @@ class PostgresSink(TwoPhaseSink):
                            pc.is_in(table.column("origin_seq"), pa.array(seqs, pa.int64())))
             table = table.filter(pc.invert(drop))
         latest = self.merge.latest(table)
-        cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join([*stg_cols, f'{_ident(DELETE_FLAG)} boolean'])})")
+        cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join([*stg_cols, f'{ident(DELETE_FLAG)} boolean'])})")
         if latest.num_rows:
-            names = ", ".join(_ident(n) for n in latest.schema.names)
+            names = ", ".join(ident(n) for n in latest.schema.names)
             cur.copy_expert(f"COPY {staging} ({names}) FROM STDIN WITH (FORMAT csv)",
-                            _CsvStream(latest, encoders, self.copy_chunk_rows), size=1 << 20)
-        on = " AND ".join(f"t.{_ident(k)} = s.{_ident(k)}" for k in self.merge.keys)
+                            CsvStream(latest, encoders, self.copy_chunk_rows), size=1 << 20)
+        on = " AND ".join(f"t.{ident(k)} = s.{ident(k)}" for k in self.merge.keys)
         older = 't."origin_stream" <> s."origin_stream" OR t."origin_seq" < s."origin_seq"'
-        cur.execute(f"DELETE FROM {self._target} t USING {staging} s WHERE s.{_ident(DELETE_FLAG)} AND {on} "
+        cur.execute(f"DELETE FROM {self._target} t USING {staging} s WHERE s.{ident(DELETE_FLAG)} AND {on} "
                     f"AND ({older})")
         written = cur.rowcount
-        keys = ", ".join(_ident(k) for k in self.merge.keys)
-        updates = ", ".join(f"{_ident(c)} = EXCLUDED.{_ident(c)}" for c in table.schema.names
+        keys = ", ".join(ident(k) for k in self.merge.keys)
+        updates = ", ".join(f"{ident(c)} = EXCLUDED.{ident(c)}" for c in table.schema.names
                             if c not in self.merge.keys)
         newer = (f'{self._target}."origin_stream" <> EXCLUDED."origin_stream" '
                  f'OR {self._target}."origin_seq" < EXCLUDED."origin_seq"')
-        columns = ", ".join(_ident(c) for c in table.schema.names)
+        columns = ", ".join(ident(c) for c in table.schema.names)
         cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
-                    f"WHERE NOT {_ident(DELETE_FLAG)} ON CONFLICT ({keys}) DO UPDATE SET {updates} WHERE {newer}")
+                    f"WHERE NOT {ident(DELETE_FLAG)} ON CONFLICT ({keys}) DO UPDATE SET {updates} WHERE {newer}")
         written += cur.rowcount
         return written, rows_in - table.num_rows
 
@@ -774,7 +548,7 @@ class PostgresSink(TwoPhaseSink):
                 marked = cur.fetchone() is not None
                 cur.execute("COMMIT")
             except BaseException:
-                _rollback_quietly(cur)
+                rollback_quietly(cur)
                 raise
             if marked:
                 cur.execute(
@@ -785,7 +559,7 @@ class PostgresSink(TwoPhaseSink):
                     return True
             return self._marker(cur, prepared.gid) is not None  # committed already: acking is moot
 
-        with self._lock:
+        with self.db.lock:
             try:
                 outcome = self._run(f"mark acking {prepared.gid}", fn)
             except SinkError as exc:
@@ -800,7 +574,7 @@ class PostgresSink(TwoPhaseSink):
         """Claim the write for abort by deleting its refs row ``WHERE NOT acking`` (autocommitted,
         atomic against ``mark_acking``'s UPDATE), then roll it back. If the row is marked acking,
         leave the write prepared and return ``PREPARED``: the caller commits it."""
-        with self._lock:
+        with self.db.lock:
             self.ensure_tables()
 
             def claim(cur):
@@ -821,7 +595,7 @@ class PostgresSink(TwoPhaseSink):
             return WriteState.COMMITTED if marker is not None else WriteState.ABORTED
 
     def commit(self, prepared: PreparedWrite) -> CommitResult:
-        with self._lock:
+        with self.db.lock:
             self.ensure_tables()
             _, marker = self._finish("COMMIT", prepared.gid)
             self._drop_refs(prepared.gid)
@@ -830,7 +604,7 @@ class PostgresSink(TwoPhaseSink):
             return CommitResult(*marker)
 
     def abort(self, prepared: PreparedWrite) -> WriteState:
-        with self._lock:
+        with self.db.lock:
             self.ensure_tables()
             _, marker = self._finish("ROLLBACK", prepared.gid)
             self._drop_refs(prepared.gid)
