@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from airflow_provider_cg.core.tools.cli import main, ranges, table
+from airflow_provider_cg.core.tools.cli import main
+from airflow_provider_cg.core.tools.cli_text import ranges, table
 
 
 def run(*argv: str, stdin: str | None = None) -> tuple[int, str, str]:
