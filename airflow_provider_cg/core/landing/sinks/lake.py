@@ -57,16 +57,13 @@ import json
 import logging
 import secrets
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
@@ -76,8 +73,6 @@ from airflow_provider_cg.core.landing.protocol.protocol_log import (
     CommitLog,
     DatasetCorrupt,
     fs_name,
-    in_runs,
-    is_runs_file,
     last_commit_summary,
     npy_bytes,
     npy_load,
@@ -107,12 +102,12 @@ from airflow_provider_cg.core.landing.sinks.base import (
     recovered_by,
     sorted_unique,
 )
+from airflow_provider_cg.core.landing.sinks.committed_keys import CommittedKeys, without
 from airflow_provider_cg.core.landing.sinks.parquet_files import (
-    WRITE_FAILED,
     SizedParquetFiles,
-    TaskFileWriter,
     data_file_options,
 )
+from airflow_provider_cg.core.landing.sinks.spark_staging import StagedFiles, stage_frame
 from airflow_provider_cg.core.landing.sinks.storage import LocalStorage, Storage
 
 if TYPE_CHECKING:
@@ -120,7 +115,6 @@ if TYPE_CHECKING:
 
 STAGING_DIR = "_cg_staging"
 MANIFEST = "prepared.json"
-SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
 
 STORED_SCHEMA = pa.schema(
     [f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f for f in ROW_SCHEMA]
@@ -128,15 +122,6 @@ STORED_SCHEMA = pa.schema(
 """``ROW_SCHEMA`` as stored in Parquet files (microsecond timestamps, readable by Spark)."""
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StagedFiles:
-    """A batch's output written by Spark tasks into its staging directory (``stage``)."""
-
-    gid: str
-    #: (path relative to the staging directory, rows) of each non-empty part file
-    files: tuple[tuple[str, int], ...]
 
 
 class LakeSink(TwoPhaseSink):
@@ -167,8 +152,7 @@ class LakeSink(TwoPhaseSink):
             store.ensure_dir(sub)
         self._log = CommitLog(store)
         self._lock = threading.RLock()
-        self._key_cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._key_cache_size = key_cache_size
+        self._keys = CommittedKeys(store, self._log, key_cache_size)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.store.location!r})"
@@ -190,73 +174,9 @@ class LakeSink(TwoPhaseSink):
     # -- Spark writes the files -----------------------------------------------------------
 
     def stage(self, batch_id: BatchId, frame) -> StagedFiles:
-        """Spark tasks write the batch's Parquet files straight into the write's staging (on
-        local disk or the object store), each at most ``target_file_size`` (``TaskFileWriter``);
-        the driver only lists them."""
-        staging = self.staging(batch_id.gid)
-        try:
-            self.store.start_dir(staging)
-        except FileExistsError:
-            raise SinkError(f"batch {batch_id.gid} is already prepared") from None
-        self.store.ensure_dir(f"{staging}/{SPARK_DIR}")  # tasks write into it, and never create it
-        try:
-            self._check_frame(frame)
-        except SchemaMismatch:
-            self.store.delete_tree(staging)
-            raise
-        writer = TaskFileWriter(self.store.location, f"{staging}/{SPARK_DIR}", self.compression, self.partitioning,
-                                target=self.target_file_size, all_statistics=self.ALL_STATISTICS)
-        if self.partitioning is not None:
-            # one task per partition value: one file per partition per commit (or several of the
-            # target size), not one per task and partition; rows in origin order within each
-            frame = frame.repartition(*self.partitioning.columns)
-            if "origin_seq" in frame.columns:
-                frame = frame.sortWithinPartitions(*(c for c in ("origin_stream", "origin_seq") if c in frame.columns))
-        try:
-            out = frame.mapInArrow(writer, "file string, rows long").collect()
-        except Exception as e:
-            if not self.store.dir_exists(staging):
-                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it") from None
-            self.store.delete_tree(staging)
-            text = str(e)
-            if WRITE_FAILED in text:
-                detail = text[text.index(WRITE_FAILED):].splitlines()[0]
-                raise SinkError(f"Spark tasks could not write the batch's files: {detail}") from None
-            raise
-        if any(int(r["rows"]) < 0 for r in out):  # a task found the staging folder gone
-            raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while Spark wrote it")
-        files = tuple(sorted((f"{SPARK_DIR}/{r['file']}", int(r["rows"])) for r in out))
-        if files and not self.store.exists(f"{staging}/{files[0][0]}"):
-            self.store.delete_tree(staging)  # the tasks wrote to their own disks: never commit a batch for it
-            raise SinkError(f"Spark's output for {batch_id.gid} is not in {self.store.location} as the driver sees "
-                            "it (is the lake on a filesystem mounted at the same path on the driver and the "
-                            "executors?)")
-        if files:
-            schema = pq.read_schema(io.BytesIO(self.store.read(f"{staging}/{files[0][0]}")))
-            try:
-                self.check_schema(schema)
-            except SchemaMismatch:
-                self.store.delete_tree(staging)
-                raise
-        return StagedFiles(batch_id.gid, files)
-
-    def _check_frame(self, frame) -> None:
-        """The partition and merge columns of a Spark batch, before its tasks write anything."""
-        if self.merge is not None:
-            self.merge.check_schema(pa.schema([pa.field(c, pa.null()) for c in frame.columns]))
-        if self.partitioning is None:
-            return
-        missing = [c for c in self.partitioning.columns if c not in frame.columns]
-        if missing:
-            raise SchemaMismatch(missing[0], f"is a partition column (partition_by {self.partitioning}) "
-                                             "but not in this batch")
-        try:
-            from pyspark.sql.pandas.types import to_arrow_schema
-
-            schema = to_arrow_schema(frame.select(*self.partitioning.columns).schema)
-        except Exception:  # noqa: BLE001 - a type Arrow lacks: the files' own check follows
-            return
-        self.partitioning.check_schema(schema)
+        """Spark tasks write the batch's Parquet files straight into the write's staging, each
+        at most ``target_file_size``; the driver only lists them (``spark_staging.py``)."""
+        return stage_frame(self, batch_id, frame)
 
     def discard(self, staged) -> None:
         if isinstance(staged, StagedFiles):
@@ -312,7 +232,7 @@ class LakeSink(TwoPhaseSink):
             folding = self._log.to_fold(through)
             if folding:
                 self.roll_forward(folding)
-            self._log.write_checkpoint(through, self._load_keys, keep_files=self.KEEPS_FILES)
+            self._log.write_checkpoint(through, self._keys.load, keep_files=self.KEEPS_FILES)
         except (SinkError, OSError) as e:
             log.warning("cg lake sink: no checkpoint at log position %d (%s)", pos, str(e)[:200])
 
@@ -356,9 +276,9 @@ class LakeSink(TwoPhaseSink):
             # drop rows committed already (redeliveries) now, so commit rarely has to rewrite
             with self._lock:
                 self._log.refresh()
-                masks = self._dup_masks(keys, 0)
+                masks = self._keys.masks(keys, 0)
             if masks:
-                table, keys = _without(table, keys, masks)
+                table, keys = without(table, keys, masks)
         if not isinstance(table, StagedFiles) and table.num_rows:
             table = self.storable(table)
             self.check_schema(table.schema)
@@ -512,46 +432,8 @@ class LakeSink(TwoPhaseSink):
             "transformed": bool(manifest.get("transformed")),
         }
 
-    def _dup_masks(self, keys: dict[str, np.ndarray], after_pos: int) -> dict[str, np.ndarray]:
-        """For each stream with duplicates: mask over its sorted keys of those already committed.
-        A key file clean-up removed (folded since this log was read) makes it read the log again."""
-        for _ in range(5):
-            try:
-                return self._dup_masks_once(keys, after_pos)
-            except FileNotFoundError:
-                self._log.reload_listed()
-                after_pos = 0
-        return self._dup_masks_once(keys, 0)
-
-    def _dup_masks_once(self, keys: dict[str, np.ndarray], after_pos: int) -> dict[str, np.ndarray]:
-        out = {}
-        for stream, seqs in keys.items():
-            index = self._log.index.get(stream)
-            if index is None or len(seqs) == 0:
-                continue
-            mask = None
-            for key_path in index.overlapping(int(seqs[0]), int(seqs[-1]), after_pos):
-                committed = self._load_keys(key_path)
-                if is_runs_file(key_path):  # the folded commits' keys, as runs
-                    part = in_runs(seqs, committed)
-                    if part.any():
-                        mask = part if mask is None else mask | part
-                    continue
-                lo = int(np.searchsorted(seqs, committed[0], side="left"))
-                hi = int(np.searchsorted(seqs, committed[-1], side="right"))
-                if lo >= hi:
-                    continue
-                part = isin_sorted(seqs[lo:hi], committed)
-                if part.any():
-                    if mask is None:
-                        mask = np.zeros(len(seqs), dtype=bool)
-                    mask[lo:hi] |= part
-            if mask is not None:
-                out[stream] = mask
-        return out
-
     def _drop_committed(self, current: dict, staging: str, after_pos: int) -> dict:
-        masks = self._dup_masks(current["keys"], after_pos)
+        masks = self._keys.masks(current["keys"], after_pos)
         if not masks:
             return current
         if current.get("transformed"):
@@ -566,7 +448,7 @@ class LakeSink(TwoPhaseSink):
             return {**current, "keys": {s: k for s, k in keys.items() if len(k)}}
         # a batch of rows (not transformed): one file, or one per partition of a partitioned table
         before = pa.concat_tables([self._read_parquet(f) for f, _ in current["files"]])
-        table, keys = _without(before, current["keys"], masks)
+        table, keys = without(before, current["keys"], masks)
         files = [(f"{staging}/{name}", rows) for name, rows in
                  self._write_parts(table, staging, f"part-{secrets.token_hex(4)}")] if table.num_rows else []
         dropped = before.num_rows - table.num_rows
@@ -605,17 +487,6 @@ class LakeSink(TwoPhaseSink):
             "streams": streams,
             "committed_at": datetime.now(UTC).isoformat(),
         }
-
-    def _load_keys(self, rel: str) -> np.ndarray:
-        arr = self._key_cache.get(rel)
-        if arr is None:
-            arr = npy_load(self.store.read(rel))
-            self._key_cache[rel] = arr
-            while len(self._key_cache) > self._key_cache_size:
-                self._key_cache.popitem(last=False)
-        else:
-            self._key_cache.move_to_end(rel)
-        return arr
 
     def copy_files(self, record: dict) -> bool:
         """Copy (link) a committed record's staged files to their published names; True if
@@ -670,7 +541,7 @@ class LakeSink(TwoPhaseSink):
                     helped.add(other)
                     continue  # committed another writer's write of some of these inputs: re-read
                 if transformed:
-                    masks = self._dup_masks(keys, checked)  # only commits not checked yet: a retry reads few
+                    masks = self._keys.masks(keys, checked)  # only commits not checked yet: a retry reads few
                     checked = self._log.pos
                     if masks:
                         taken = {st: keys[st][m] for st, m in masks.items()}
@@ -828,28 +699,7 @@ class LakeSink(TwoPhaseSink):
         uniq = sorted_unique(values)
         with self._lock:
             self._log.refresh()
-            mask = self._dup_masks({origin_stream: uniq}, 0).get(origin_stream)
+            mask = self._keys.masks({origin_stream: uniq}, 0).get(origin_stream)
         if mask is None:
             return np.zeros(len(values), dtype=bool)
         return isin_sorted(values, uniq[mask])
-
-
-def _without(
-    table: pa.Table, keys: dict[str, np.ndarray], masks: dict[str, np.ndarray]
-) -> tuple[pa.Table, dict[str, np.ndarray]]:
-    """Drop the rows whose key is masked in ``masks`` (per stream, over its sorted ``keys``)."""
-    streams = table.column("origin_stream")
-    seqs = table.column("origin_seq").to_numpy()
-    single = len(keys) == 1
-    drop = np.zeros(table.num_rows, dtype=bool)
-    for stream, mask in masks.items():
-        hit = isin_sorted(seqs, keys[stream][mask])
-        if not single:
-            hit &= pc.equal(streams, stream).to_numpy(zero_copy_only=False)
-        drop |= hit
-    left = {}
-    for stream, sorted_keys in keys.items():
-        rest = sorted_keys[~masks[stream]] if stream in masks else sorted_keys
-        if len(rest):
-            left[stream] = rest
-    return table.filter(pa.array(~drop)), left
