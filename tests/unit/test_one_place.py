@@ -122,3 +122,15 @@ def test_the_comparison_finder_finds_them():
     sample = 'if sink == "delta" or kind in ("x", "iceberg") or name != "parquet" or x == gl.DRAINING:\n    pass\n'
     assert len(name_comparisons(sample, "sample", {"delta", "iceberg"})) == 2
     assert len(name_comparisons(sample, "sample", set(), frozenset({"DRAINING"}))) == 1
+
+
+def test_every_package_of_the_source_tree_is_in_the_wheel():
+    """``setup.cfg`` lists the packages: one missing there is missing from the wheel users install."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    listed = {p.strip() for p in cfg["options"]["packages"].split() if p.strip()}
+    on_disk = {".".join(d.relative_to(ROOT).parts) for d in (ROOT / PACKAGE).rglob("*")
+               if d.is_dir() and (d / "__init__.py").exists()} | {PACKAGE}
+    assert on_disk <= listed, f"packages not in setup.cfg's packages: {sorted(on_disk - listed)}"
