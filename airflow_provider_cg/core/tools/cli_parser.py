@@ -155,20 +155,43 @@ def _common(json_only: bool = False) -> argparse.ArgumentParser:
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common, offline = _common(), _common(json_only=True)
-    parser = Parser(prog="cg", description="Partitioned consumer groups on NATS JetStream (orbit pcgroups compatible).")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
-    sub.required = True
+class _Commands:
+    """The subcommands of one parser, and the arguments several of them share."""
 
-    def cmd(name: str, help: str, parents=(common,), **kw) -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=help, description=help, parents=list(parents), **kw)
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.common, self.offline = _common(), _common(json_only=True)
+        self.sub: Any = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+        self.sub.required = True
 
+    def cmd(self, name: str, help: str, parents: Sequence[argparse.ArgumentParser] | None = None,
+            **kw: Any) -> argparse.ArgumentParser:
+        return self.sub.add_parser(name, help=help, description=help,
+                                   parents=list(parents if parents is not None else (self.common,)), **kw)
+
+    @staticmethod
     def sg(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """The stream and group arguments."""
         p.add_argument("stream", metavar="STREAM")
         p.add_argument("group", metavar="GROUP")
         return p
 
+    @staticmethod
+    def kinded(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--kind", choices=groupnames.KINDS, help="the group's kind, when a key is in both buckets")
+        return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="cg", description="Partitioned consumer groups on NATS JetStream (orbit pcgroups compatible).")
+    commands = _Commands(parser)
+    for add in (_group_commands, _observation_commands, _position_commands, _offline_commands):
+        add(commands)  # in this order: the order --help lists them
+    return parser
+
+
+def _group_commands(c: _Commands) -> None:
+    """create, info, ls, rm, add, drop, mapping, step-down."""
+    cmd, sg, kinded = c.cmd, c.sg, c.kinded
     p = cmd("create", "create a static or elastic group (idempotent for the same config)")
     p.add_argument("kind", choices=groupnames.KINDS, metavar="{static,elastic}")
     sg(p)
@@ -190,9 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "from the work queue: members do not read each other's messages; orbit instances cannot "
                         "consume it)")
 
-    def kinded(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--kind", choices=groupnames.KINDS, help="the group's kind, when a key is in both buckets")
-        return p
 
     kinded(sg(cmd("info", "show a group's config, assignment and active members")))
     p = cmd("ls", "list groups")
@@ -208,9 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd("mapping", "set or remove explicit member -> partitions mappings (elastic)")
     msub: Any = p.add_subparsers(dest="mapping_command", metavar="{set,rm}", parser_class=Parser)
     msub.required = True
-    sg(msub.add_parser("set", help="set the mappings", parents=[common])).add_argument("mappings", metavar="JSON")
-    sg(msub.add_parser("rm", help="remove the mappings", parents=[common]))
+    sg(msub.add_parser("set", help="set the mappings", parents=[c.common])).add_argument("mappings", metavar="JSON")
+    sg(msub.add_parser("rm", help="remove the mappings", parents=[c.common]))
     sg(cmd("step-down", "unpin a member's active instance")).add_argument("member", metavar="MEMBER")
+
+
+def _observation_commands(c: _Commands) -> None:
+    """members, status, lag, reconcile."""
+    cmd, sg, kinded = c.cmd, c.sg, c.kinded
     kinded(sg(cmd("members", "member consumers: partitions, pin, pending")))
     kinded(sg(cmd("status", "backlog per partition and member")))
     p = sg(cmd("lag", "per member: backlog, in flight, age of the oldest pending message, pin holder, and (with "
@@ -224,6 +249,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --sink: record the origin's current life in the table (after the stream was deleted "
                         "and created again), as the job's option of that name does: its jobs then land it")
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
+
+
+def _position_commands(c: _Commands) -> None:
+    """layout, resize, reset: moving a group's partitions and positions."""
+    cmd, sg = c.cmd, c.sg
     p = sg(cmd("layout", "move an elastic group to another layout (work-queue / partition-streams) with nothing "
                          "lost or landed twice; back to work-queue waits until the partition streams are landed"))
     p.add_argument("layout", choices=layouts.NAMES, metavar="LAYOUT", help=" or ".join(layouts.NAMES))
@@ -251,7 +281,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--execute", action="store_true", help="apply the plan (default: show it, change nothing)")
     p.add_argument("--force", action="store_true", help="step down pinned instances first instead of refusing")
 
-    p = cmd("plan", "offline: partitions per member, and what moves with --next-members", parents=(offline,))
+
+def _offline_commands(c: _Commands) -> None:
+    """plan, maintain, hash: no server."""
+    from airflow_provider_cg.core.landing.sinks.options import add_sink_arguments
+
+    cmd = c.cmd
+    p = cmd("plan", "offline: partitions per member, and what moves with --next-members", parents=(c.offline,))
     p.add_argument("--max-members", type=int, required=True, metavar="N")
     p.add_argument("--members", action="append", metavar="a,b,c")
     p.add_argument("--mappings", metavar="JSON")
@@ -262,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = cmd("maintain", "offline: maintain a Delta or Iceberg table the jobs land into, safely while they land: "
                         "compaction (Delta), a checkpoint, old versions and unreferenced files removed",
-            parents=(offline,))
+            parents=(c.offline,))
     add_sink_arguments(p, sink_help="the table's sink, delta or iceberg, with the jobs' sink options (credentials "
                                     "from the environment: AWS_*, CG_ICEBERG_CATALOG_URI)")
     p.add_argument("--compact", action=argparse.BooleanOptionalAction, default=None,
@@ -270,9 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retention-hours", type=float, default=168.0, metavar="HOURS",
                    help="keep old versions and unreferenced files this long (>= 1; default 168)")
 
-    p = cmd("hash", "offline: the partition of subjects (SUBJECT... or - for stdin)", parents=(offline,))
+    p = cmd("hash", "offline: the partition of subjects (SUBJECT... or - for stdin)", parents=(c.offline,))
     p.add_argument("--partitions", type=int, required=True, metavar="N")
     p.add_argument("--filter", metavar="F", help="partitioning filter the subjects match")
     p.add_argument("--wildcards", default="", metavar="1,2", help="wildcard indexes of --filter to hash")
     p.add_argument("subjects", nargs="+", metavar="SUBJECT")
-    return parser
