@@ -343,71 +343,10 @@ class PostgresSink(TwoPhaseSink):
         origin = origin_ranges({st: np.asarray(q, dtype=np.int64) for st, q in inputs} if transformed
                                else keys_by_stream(table))
 
-        self._run(
-            "store message refs",
-            lambda cur: cur.execute(
-                f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs, "
-                "fence) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    gid,
-                    f"{self.schema}.{self.table}",
-                    batch_id.stream,
-                    batch_id.group,
-                    batch_id.member,
-                    batch_id.batch_seq,
-                    rows_in,
-                    json.dumps(encode_refs(refs)),
-                    json.dumps(fence.to_dict()) if fence else None,
-                ),
-            ),
-        )
-        staging = self._side(f"_cg_stg_{secrets.token_hex(8)}")
-        stg_cols, select, encoders = staging_columns(table.schema)
-        columns = ", ".join(ident(n) for n in table.schema.names)
-
-        def transaction(cur) -> int:
-            cur.execute("BEGIN")
-            try:
-                if self.merge is not None:
-                    written, dups = self._merge(cur, gid, table, inputs, transformed, staging, stg_cols, select,
-                                                encoders)
-                else:
-                    cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(stg_cols)})")
-                    if rows_in:
-                        cur.copy_expert(
-                            f"COPY {staging} ({columns}) FROM STDIN WITH (FORMAT csv)",
-                            CsvStream(table, encoders, self.copy_chunk_rows),
-                            size=1 << 20,
-                        )
-                    if transformed:
-                        # a transformation's rows, as they are; exactly-once is per input message
-                        cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} "
-                                    f"FROM {staging}")
-                        written = cur.rowcount
-                        taken = self._claim_inputs(cur, gid, inputs)
-                        if taken:
-                            raise self._inputs_taken(gid, taken)
-                    else:
-                        cur.execute(
-                            f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
-                            'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING'
-                        )
-                        written = cur.rowcount
-                    dups = rows_in - written
-                cur.execute(f"DROP TABLE {staging}")
-                cur.execute(
-                    f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
-                    "origin) VALUES (%s, %s, %s, %s, %s)",
-                    (gid, f"{self.schema}.{self.table}", written, dups, json.dumps(origin)),
-                )
-                cur.execute("PREPARE TRANSACTION %s", (gid,))
-            except BaseException:
-                rollback_quietly(cur)
-                raise
-            return written
-
+        self._run("store message refs", lambda cur: self._store_refs(cur, batch_id, rows_in, refs, fence))
         try:
-            self._run(f"prepare {gid}", transaction)
+            self._run(f"prepare {gid}", lambda cur: self._prepare_transaction(cur, gid, table, inputs, transformed,
+                                                                              origin))
         except BaseException as exc:
             try:
                 self._run(
@@ -420,6 +359,54 @@ class PostgresSink(TwoPhaseSink):
                 raise self._lock_error(exc, f"prepare of {gid}") from None
             raise
         return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=gid, fence=fence)
+
+    def _store_refs(self, cur, batch_id: BatchId, rows: int, refs: dict, fence: Fence | None) -> None:
+        """The write's message refs, in their own committed transaction (what recovery finds)."""
+        cur.execute(
+            f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs, "
+            "fence) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (batch_id.gid, f"{self.schema}.{self.table}", batch_id.stream, batch_id.group, batch_id.member,
+             batch_id.batch_seq, rows, json.dumps(encode_refs(refs)), json.dumps(fence.to_dict()) if fence else None),
+        )
+
+    def _prepare_transaction(self, cur, gid: str, table: pa.Table, inputs, transformed: bool, origin) -> int:
+        """One transaction: the rows COPYed into an unlogged staging table, inserted (or merged)
+        into the target, the commit marker written, then ``PREPARE TRANSACTION``; the rows
+        written."""
+        rows_in = table.num_rows
+        staging = self._side(f"_cg_stg_{secrets.token_hex(8)}")
+        stg_cols, select, encoders = staging_columns(table.schema)
+        columns = ", ".join(ident(n) for n in table.schema.names)
+        cur.execute("BEGIN")
+        try:
+            if self.merge is not None:
+                written, dups = self._merge(cur, gid, table, inputs, transformed, staging, stg_cols, select, encoders)
+            else:
+                cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(stg_cols)})")
+                if rows_in:
+                    cur.copy_expert(f"COPY {staging} ({columns}) FROM STDIN WITH (FORMAT csv)",
+                                    CsvStream(table, encoders, self.copy_chunk_rows), size=1 << 20)
+                if transformed:
+                    # a transformation's rows, as they are; exactly-once is per input message
+                    cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging}")
+                    written = cur.rowcount
+                    taken = self._claim_inputs(cur, gid, inputs)
+                    if taken:
+                        raise self._inputs_taken(gid, taken)
+                else:
+                    cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
+                                'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING')
+                    written = cur.rowcount
+                dups = rows_in - written
+            cur.execute(f"DROP TABLE {staging}")
+            cur.execute(f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
+                        "origin) VALUES (%s, %s, %s, %s, %s)",
+                        (gid, f"{self.schema}.{self.table}", written, dups, json.dumps(origin)))
+            cur.execute("PREPARE TRANSACTION %s", (gid,))
+        except BaseException:
+            rollback_quietly(cur)
+            raise
+        return written
 
     # -- commit / abort / state ------------------------------------------------------------------
 
