@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.landing.pipeline.decode import SPARK_AVRO_PACKAGE
+from airflow_provider_cg.core.landing.pipeline.decode import SPARK_AVRO_PACKAGE, SparkDecoder
 from tests.support.member_job import (
     assert_exactly_once,
     create_group,
@@ -147,6 +148,14 @@ async def test_schemas_spark_refuses_are_clear_errors_before_anything_is_read(nc
         assert f"cg_member_job: error: {field}" in r.output, r.describe()
         assert not (tmp_path / "lake").exists()
     assert await wq_messages(nc, "BS", "g") == 3
+
+
+@pytest.mark.parametrize("schema", ["INT", "array<int>"])
+def test_a_json_schema_that_is_not_a_list_of_fields_is_refused_naming_it(spark_session, schema):
+    """Spark parses a lone type as a DDL schema too; the job needs the payload's fields."""
+    with pytest.raises(ConfigError) as e:
+        SparkDecoder(spark_session, "json", schema)
+    assert e.value.field == "json_schema" and "fields" in e.value.rule
 
 
 async def test_json_decoded_by_spark_into_postgres_one_row_per_message(nc, nats_server, member_job_zip, tmp_path,

@@ -268,11 +268,8 @@ class DirectReads:
         table = r.rows_of(table)
         batch_id = r.next_batch_id()
         processed = await asyncio.to_thread(r.pipeline.process, r.sink, table, batch_id)
-        if after is not None:
-            await asyncio.wait({after})
-            if after.cancelled() or after.exception() is not None or r.lander.taken_over:
-                await asyncio.to_thread(r.sink.discard, processed.rows)
-                return
+        if not await self._previous_landed(after, processed):
+            return
         if processed.bad:
             await self._dead_letter(table, processed.bad)
 
@@ -281,6 +278,17 @@ class DirectReads:
 
         await r.lander.land(batch_id, processed, table, {r.consumer_stream: refs}, ack, len(refs),
                             sum(len(d) for b in batches for d in b.data), recompute=r.recompute_step(table))
+
+    async def _previous_landed(self, after: asyncio.Task | None, processed) -> bool:
+        """Wait for the batch before this one (``after``) to land. If it failed or a successor
+        took over, this one's processed output is discarded and it goes no further (False)."""
+        if after is None:
+            return True
+        await asyncio.wait({after})
+        if after.cancelled() or after.exception() is not None or self.r.lander.taken_over:
+            await asyncio.to_thread(self.r.sink.discard, processed.rows)
+            return False
+        return True
 
     async def _dead_letter(self, table, bad: dict[int, str]) -> None:
         """Direct reads: a decode failure goes to the dead-letter stream at once (a direct get

@@ -48,18 +48,15 @@ class ExecutorReads(DirectReads):
                           origin_key=r.origin_key)
 
     async def _land(self, ranges: list[ReadRange], cut: int, after: asyncio.Task | None = None) -> None:
-        run, positions = self.r, self.positions
-        batch_id = run.next_batch_id()
-        partitions = run.partitions if any(r.partition == ALL for r in ranges) or \
-            isinstance(positions, ConsumerPosition) else tuple(sorted({r.partition for r in ranges}))
-        processed, read = await asyncio.to_thread(run.pipeline.process_ranges, run.sink,
-                                                  lambda skip: self._plan(ranges, skip), run.origin_key, batch_id,
+        r, positions = self.r, self.positions
+        batch_id = r.next_batch_id()
+        partitions = r.partitions if any(rg.partition == ALL for rg in ranges) or \
+            isinstance(positions, ConsumerPosition) else tuple(sorted({rg.partition for rg in ranges}))
+        processed, read = await asyncio.to_thread(r.pipeline.process_ranges, r.sink,
+                                                  lambda skip: self._plan(ranges, skip), r.origin_key, batch_id,
                                                   partitions)
-        if after is not None:
-            await asyncio.wait({after})
-            if after.cancelled() or after.exception() is not None or run.lander.taken_over:
-                await asyncio.to_thread(run.sink.discard, processed.rows)
-                return
+        if not await self._previous_landed(after, processed):
+            return
         if processed.bad:
             await self._dead_letter(read.poison, processed.bad)
 
@@ -68,12 +65,12 @@ class ExecutorReads(DirectReads):
 
         # the ranges read, as recovery's refs: besides the member's messages they cover only
         # other partitions' or subjects' sequences, which its consumer is never delivered
-        first = min(r.first_seq for r in ranges)
+        first = min(rg.first_seq for rg in ranges)
         refs = np.arange(first, cut + 1, dtype=np.int64)
         def recompute():
-            new_id = run.next_batch_id()
-            return new_id, run.pipeline.process_ranges(run.sink, lambda skip: self._plan(ranges, skip),
-                                                       run.origin_key, new_id, partitions)[0]
+            new_id = r.next_batch_id()
+            return new_id, r.pipeline.process_ranges(r.sink, lambda skip: self._plan(ranges, skip),
+                                                       r.origin_key, new_id, partitions)[0]
 
-        await run.lander.land(batch_id, processed, read.inputs, {run.consumer_stream: refs}, ack,
+        await r.lander.land(batch_id, processed, read.inputs, {r.consumer_stream: refs}, ack,
                               read.messages + processed.skipped, read.bytes, recompute=recompute)
