@@ -29,6 +29,12 @@ def pytest_configure(config: pytest.Config) -> None:
     _airflow_env.configure()
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only tests that run start it
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any("airflow_session_env" in getattr(item, "fixturenames", ()) for item in items):
+        _airflow_env.start_migration()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     _airflow_env.cleanup()
 

@@ -1,7 +1,7 @@
-"""The wheel test's slow part, the install of the wheel and its dependencies into a fresh
-virtual environment and the probes of that install (well over a minute here), runs in the
-background from the start of the session, niced, and the test runs last: the suite does not
-wait for pip."""
+"""The wheel test's slow parts, the install of the wheel and its dependencies into a fresh
+virtual environment, the probes of that install and the README's demo run from it (together
+about three minutes here), run in the background from the start of the session, niced, and the
+test runs last and checks what they printed: the suite does not wait for pip nor the demo."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL_TEST = "tests/install/test_wheel_install.py"
+DEMO_ARGS = ("--messages", "5000", "--customers", "50")
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _future: concurrent.futures.Future | None = None
 _dir: str | None = None
 
 
-def _run(cmd, *, cwd, env=None) -> str:
-    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+def _run(cmd, *, cwd, env=None, timeout=900) -> str:
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                        preexec_fn=lambda: os.nice(10))
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
@@ -46,11 +47,13 @@ class InstalledWheel:
     #: what the test's probes printed in the venv (``test_wheel_install._ONE_PYSPARK``, ``_BUNDLES``)
     probe: str
     bundles: str
+    #: what ``python -m airflow_provider_cg.demo`` printed, run in the venv (exit 0)
+    demo: str
 
 
 def _install(base: Path) -> InstalledWheel:
     """Build the wheel, make a venv, install the wheel with every extra, run the test's probes
-    of the install (each a fresh interpreter importing Airflow or PySpark)."""
+    of the install (each a fresh interpreter importing Airflow or PySpark), then the demo."""
     from tests.install.test_wheel_install import _BUNDLES, _ONE_PYSPARK
 
     dist = base / "dist"
@@ -65,8 +68,11 @@ def _install(base: Path) -> InstalledWheel:
     home = base / "airflow-home"
     home.mkdir()
     airflow_env = {**env, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "True"}
-    return InstalledWheel(wheel, venv, _run([py, "-c", _ONE_PYSPARK], cwd=base, env=env),
-                          _run([py, "-c", _BUNDLES], cwd=base, env=airflow_env))
+    probe = _run([py, "-c", _ONE_PYSPARK], cwd=base, env=env)
+    bundles = _run([py, "-c", _BUNDLES], cwd=base, env=airflow_env)
+    demo = _run([py, "-m", "airflow_provider_cg.demo", *DEMO_ARGS, "--dir", base / "demo"], cwd=base, env=env,
+                timeout=1200)
+    return InstalledWheel(wheel, venv, probe, bundles, demo)
 
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: only a test that runs starts it

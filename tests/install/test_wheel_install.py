@@ -3,31 +3,23 @@ into a fresh virtual environment, outside the checkout; example DAG 1 then runs 
 from that install (``python -m airflow_provider_cg.demo``: a real nats-server from the
 ``nats-server`` extra, ``airflow dags test`` on SQLite, real ``spark-submit`` in local mode).
 
-Slow (a venv and an Airflow DB migration): one test, marked ``install``."""
+Slow (a venv, an Airflow DB migration and the demo, all in the background: conftest.py): one
+test, marked ``install``, run last."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
-
-from tests.install.conftest import venv_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.install, pytest.mark.integration, pytest.mark.spark]
 
 
-def _run(cmd, *, cwd, env=None, timeout=900) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r
-
-
-def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path, installed_wheel):
+def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(installed_wheel):
     wheel, venv = installed_wheel.wheel, installed_wheel.venv  # built and probed by conftest.py, in the background
     names = set(zipfile.ZipFile(wheel).namelist())
     # every source of the checkout ships (setup.cfg lists the packages; dags/ and spark_apps/
@@ -38,9 +30,6 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path, insta
         for src in (ROOT / folder).rglob("*.py"):
             needed = f"{inside}/{src.relative_to(ROOT / folder).as_posix()}"
             assert needed in names, f"{needed} is not in {wheel.name}"
-
-    py = venv / "bin" / "python"
-    env = venv_env(venv)
 
     # installed, not the checkout; one PySpark: pyspark and the Spark provider's pyspark-client
     # are one release and no file of one was replaced by another version's
@@ -56,10 +45,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(tmp_path, insta
         found["dags"]), found
     assert "nats_consumer_groups" in found["plugins"], found
 
-    demo = _run([py, "-m", "airflow_provider_cg.demo", "--dir", tmp_path / "demo", "--messages", "5000",
-                 "--customers", "50"], cwd=tmp_path, env=env, timeout=1200)
-    assert "[demo] OK" in demo.stdout, demo.stdout[-3000:]
-    assert "(published 5000, paid " in demo.stdout, demo.stdout[-3000:]
+    # the README's demo, run from the install (in the background too: conftest.DEMO_ARGS)
+    demo = installed_wheel.demo
+    assert "[demo] OK" in demo, demo[-3000:]
+    assert "(published 5000, paid " in demo, demo[-3000:]
 
 
 _ONE_PYSPARK = r"""

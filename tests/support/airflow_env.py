@@ -295,27 +295,48 @@ def _template_db() -> Path | None:
     return Path(cache) / f"airflow-{key}.db"
 
 
+_MIGRATION: subprocess.Popen | None = None
+
+
+def _migrate_command(env: AirflowEnv) -> subprocess.Popen:
+    log = open(env.home / "db-migrate.log", "w")  # a file: a pipe nobody reads would fill and block
+    try:
+        return subprocess.Popen([sys.executable, "-m", "airflow", "db", "migrate"], env={**os.environ, **env.environ()},
+                                stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        log.close()
+
+
+def start_migration() -> None:
+    """Start ``airflow db migrate`` now, in the background, when no template DB saves it: the
+    tests before the first one that needs Airflow run meanwhile (``migrate()`` waits for it)."""
+    global _MIGRATION
+    env = configure()
+    template = _template_db()
+    if _MIGRATION is None and not env.db_path.exists() and not (template is not None and template.exists()):
+        _MIGRATION = _migrate_command(env)
+
+
 def migrate(env: AirflowEnv) -> None:
     """Create the metadata DB: copy the cached template, or ``airflow db migrate`` (and cache it)."""
-    if env.db_path.exists():
+    global _MIGRATION
+    if env.db_path.exists() and _MIGRATION is None:
         return
     started = time.perf_counter()
     template = _template_db()
-    if template is not None and template.exists():
+    if _MIGRATION is None and template is not None and template.exists():
         shutil.copyfile(template, env.db_path)
         env.timings["db_copy"] = time.perf_counter() - started
         return
-    proc = subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"],
-        env={**os.environ, **env.environ()},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"airflow db migrate failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-        )
+    proc, _MIGRATION = _MIGRATION or _migrate_command(env), None
+    try:
+        returncode = proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    if returncode != 0:
+        raise RuntimeError(f"airflow db migrate failed ({returncode}):\n"
+                           f"{(env.home / 'db-migrate.log').read_text()[-3000:]}")
     env.timings["db_migrate"] = time.perf_counter() - started
     if template is not None:
         template.parent.mkdir(parents=True, exist_ok=True)
@@ -342,8 +363,12 @@ def activate() -> AirflowEnv:
 
 def cleanup() -> None:
     """Restore the environment and delete the temp home (end of the pytest session)."""
-    global _ENV
+    global _ENV, _MIGRATION
     env, _ENV = _ENV, None
+    if _MIGRATION is not None:  # started, never waited for (the tests that needed it did not run)
+        _MIGRATION.kill()
+        _MIGRATION.wait()
+        _MIGRATION = None
     for name, value in _SAVED_ENVIRON.items():
         if value is None:
             os.environ.pop(name, None)
