@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import secrets
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice, decide
@@ -52,13 +50,11 @@ from airflow_provider_cg.core.landing.sinks.base import (
     CommitResult,
     Fence,
     FencedOut,
-    InputsTaken,
     LastCommit,
     MessageRefs,
     PreparedWrite,
     PreparedWriteLost,
     SinkError,
-    SinkLockTimeout,
     TwoPhaseSink,
     WriteState,
     conform_table,
@@ -69,7 +65,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     origin_ranges,
     recovered_by,
 )
-from airflow_provider_cg.core.landing.sinks.merging import DELETE_FLAG, MergeSpec
+from airflow_provider_cg.core.landing.sinks.merging import MergeSpec
 from airflow_provider_cg.core.landing.sinks.names import (
     FENCES_TABLE,
     INPUTS_TABLE,
@@ -80,7 +76,8 @@ from airflow_provider_cg.core.landing.sinks.names import (
     validate_identifier,
 )
 from airflow_provider_cg.core.landing.sinks.postgres_conn import PgConnection, rollback_quietly
-from airflow_provider_cg.core.landing.sinks.postgres_rows import CsvStream, ident, pg_type, staging_columns
+from airflow_provider_cg.core.landing.sinks.postgres_schema import create_tables
+from airflow_provider_cg.core.landing.sinks.postgres_writes import TargetWrites
 
 
 class PostgresSink(TwoPhaseSink):
@@ -113,6 +110,8 @@ class PostgresSink(TwoPhaseSink):
         self.transformed = transformed
         #: upserts (``merging.py``): the target's key is ``merge.keys``, its rows the latest per key
         self.merge = merge
+        #: the statements that put a batch into the target (``postgres_writes.py``)
+        self.writes = TargetWrites(self.schema, self.table, merge, copy_chunk_rows)
         self._columns: set[str] | None = None
         self._side_ready = False
 
@@ -133,10 +132,10 @@ class PostgresSink(TwoPhaseSink):
 
     @property
     def _target(self) -> str:
-        return f"{ident(self.schema)}.{ident(self.table)}"
+        return self.writes.target
 
     def _side(self, name: str) -> str:
-        return f"{ident(self.schema)}.{ident(name)}"
+        return self.writes.side(name)
 
     def check(self) -> None:
         """Connect and run a trivial query: ``SinkError`` (no secret in it) if that fails."""
@@ -156,110 +155,15 @@ class PostgresSink(TwoPhaseSink):
         if not side_only and self._columns is not None and set(arrow_schema.names) <= self._columns:
             return
 
-        def ddl(cur):
-            cur.execute("BEGIN")
-            try:
-                cur.execute("SELECT pg_advisory_xact_lock(hashtext('airflow-provider-cg ddl'))")
-                if side_only:
-                    pass
-                elif self.merge is not None:  # one row per key: the key is the table's primary key
-                    cols = ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in arrow_schema
-                                     if f.name != DELETE_FLAG)
-                    keys = ", ".join(ident(k) for k in self.merge.keys)
-                    cur.execute(f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, PRIMARY KEY ({keys}))")
-                elif transformed:
-                    cols = ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in arrow_schema)
-                    cur.execute(f"CREATE TABLE IF NOT EXISTS {self._target} ({cols})")
-                else:
-                    cols = ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in ROW_SCHEMA)
-                    cur.execute(
-                        f"CREATE TABLE IF NOT EXISTS {self._target} ({cols}, "
-                        f'PRIMARY KEY ("origin_stream", "origin_seq"))'
-                    )
-                cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self._side(LIVES_TABLE)} (n bigserial, target text NOT NULL, "
-                    "stream text NOT NULL, created text NOT NULL, key text NOT NULL, "
-                    "recorded_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, stream, created))"
-                )
-                cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self._side(INPUTS_TABLE)} (target text NOT NULL, "
-                    "origin_stream text NOT NULL, origin_seq bigint NOT NULL, gid text NOT NULL, "
-                    "PRIMARY KEY (target, origin_stream, origin_seq))"
-                )
-                cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self._side(REFS_TABLE)} (gid text PRIMARY KEY, "
-                    "target text NOT NULL, stream text NOT NULL, grp text NOT NULL, member text NOT NULL, "
-                    "batch_seq bigint NOT NULL, rows bigint NOT NULL, refs jsonb NOT NULL, "
-                    "acking boolean NOT NULL DEFAULT false, prepared_at timestamptz NOT NULL DEFAULT now())"
-                )
-                cur.execute(f"ALTER TABLE {self._side(REFS_TABLE)} ADD COLUMN IF NOT EXISTS fence jsonb")
-                cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self._side(FENCES_TABLE)} (target text NOT NULL, "
-                    "stream text NOT NULL, grp text NOT NULL, partition integer NOT NULL, owner text NOT NULL, "
-                    "fenced_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, stream, grp, partition))"
-                )
-                cur.execute(
-                    f"CREATE TABLE IF NOT EXISTS {self._side(MARKERS_TABLE)} (gid text PRIMARY KEY, "
-                    "target text NOT NULL, rows_written bigint NOT NULL, duplicates_skipped bigint NOT NULL, "
-                    "committed_at timestamptz NOT NULL DEFAULT now())"
-                )
-                # added in a later version; ALTER only when missing: even IF NOT EXISTS takes an
-                # exclusive lock, which waits behind every prepared write holding a marker row
-                cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
-                            "AND column_name = 'origin'", (self.schema, MARKERS_TABLE))
-                if cur.fetchone() is None:
-                    cur.execute(f"ALTER TABLE {self._side(MARKERS_TABLE)} ADD COLUMN IF NOT EXISTS origin jsonb")
-                cur.execute(
-                    "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
-                    "AND table_name = %s",
-                    (self.schema, self.table),
-                )
-                existing = {r[0] for r in cur.fetchall()}
-                if side_only:
-                    cur.execute("COMMIT")
-                    return None
-                for f in arrow_schema:
-                    if f.name not in existing and f.name != DELETE_FLAG:
-                        cur.execute(
-                            f"ALTER TABLE {self._target} ADD COLUMN IF NOT EXISTS "
-                            f"{ident(f.name)} {pg_type(f.name, f.type)}"
-                        )
-                        existing.add(f.name)
-                cur.execute("COMMIT")
-            except BaseException:
-                rollback_quietly(cur)
-                raise
-            return existing
+        def ddl(cur) -> set[str] | None:
+            return create_tables(cur, self.schema, self.table, None if side_only else arrow_schema,
+                                 merge=self.merge, transformed=transformed)
 
         try:
             self._columns = self._run("create tables", ddl)
             self._side_ready = True
         except SinkError as exc:
-            raise self._lock_error(exc, "altering the target table") from None
-
-    def _lock_error(self, exc: SinkError, what: str) -> SinkError:
-        if getattr(exc, "pgcode", None) != "55P03":
-            return exc
-        try:
-            pending = self._run(
-                "list prepared",
-                lambda cur: (
-                    cur.execute(
-                        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
-                        "AND left(gid, 3) = 'cg:' ORDER BY prepared"
-                    ),
-                    [r[0] for r in cur.fetchall()],
-                )[1],
-            )
-        except SinkError:
-            pending = ["(could not list)"]
-        err = SinkLockTimeout(
-            f"{what} waited more than {self.lock_timeout_s:g}s for rows or tables locked by another "
-            f"transaction. Prepared writes pending in this database: {pending or 'none'}. A prepared "
-            "write keeps its locks until committed or aborted: run recover() for its member first."
-        )
-        err.pgcode = "55P03"  # type: ignore[attr-defined]
-        return err
+            raise self.db.lock_error(exc, "altering the target table") from None
 
     # -- prepare ---------------------------------------------------------------------------------
 
@@ -276,7 +180,7 @@ class PostgresSink(TwoPhaseSink):
                 "ON CONFLICT (target, stream, grp, partition) DO UPDATE SET owner = EXCLUDED.owner, fenced_at = now()",
                 params))
         except SinkError as exc:
-            raise self._lock_error(exc, f"fence of {stream}/{group}") from None
+            raise self.db.lock_error(exc, f"fence of {stream}/{group}") from None
 
     def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
                     first_key: str | None = None) -> str:
@@ -356,7 +260,7 @@ class PostgresSink(TwoPhaseSink):
             except SinkError:
                 pass  # recover() removes refs rows that were never prepared
             if isinstance(exc, SinkError):
-                raise self._lock_error(exc, f"prepare of {gid}") from None
+                raise self.db.lock_error(exc, f"prepare of {gid}") from None
             raise
         return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=gid, fence=fence)
 
@@ -373,32 +277,9 @@ class PostgresSink(TwoPhaseSink):
         """One transaction: the rows COPYed into an unlogged staging table, inserted (or merged)
         into the target, the commit marker written, then ``PREPARE TRANSACTION``; the rows
         written."""
-        rows_in = table.num_rows
-        staging = self._side(f"_cg_stg_{secrets.token_hex(8)}")
-        stg_cols, select, encoders = staging_columns(table.schema)
-        columns = ", ".join(ident(n) for n in table.schema.names)
         cur.execute("BEGIN")
         try:
-            if self.merge is not None:
-                written, dups = self._merge(cur, gid, table, inputs, transformed, staging, stg_cols, select, encoders)
-            else:
-                cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join(stg_cols)})")
-                if rows_in:
-                    cur.copy_expert(f"COPY {staging} ({columns}) FROM STDIN WITH (FORMAT csv)",
-                                    CsvStream(table, encoders, self.copy_chunk_rows), size=1 << 20)
-                if transformed:
-                    # a transformation's rows, as they are; exactly-once is per input message
-                    cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging}")
-                    written = cur.rowcount
-                    taken = self._claim_inputs(cur, gid, inputs)
-                    if taken:
-                        raise self._inputs_taken(gid, taken)
-                else:
-                    cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
-                                'ON CONFLICT ("origin_stream", "origin_seq") DO NOTHING')
-                    written = cur.rowcount
-                dups = rows_in - written
-            cur.execute(f"DROP TABLE {staging}")
+            written, dups = self.writes.write(cur, gid, table, inputs, transformed)
             cur.execute(f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
                         "origin) VALUES (%s, %s, %s, %s, %s)",
                         (gid, f"{self.schema}.{self.table}", written, dups, json.dumps(origin)))
@@ -409,67 +290,6 @@ class PostgresSink(TwoPhaseSink):
         return written
 
     # -- commit / abort / state ------------------------------------------------------------------
-
-    def _claim_inputs(self, cur, gid: str, inputs) -> dict[str, np.ndarray]:
-        """Record the batch's inputs as this write's in ``cg_committed_inputs``; returns those
-        another write committed already. The inputs' keys are unique per target: a write of the
-        same inputs prepared by another writer holds them until it commits or rolls back, so
-        writers of the same inputs are serialized here."""
-        taken: dict[str, np.ndarray] = {}
-        for stream, seqs in inputs:
-            cur.execute(
-                f"INSERT INTO {self._side(INPUTS_TABLE)} (target, origin_stream, origin_seq, gid) "
-                "SELECT %s, %s, unnest(%s::bigint[]), %s ON CONFLICT DO NOTHING RETURNING origin_seq",
-                (f"{self.schema}.{self.table}", stream, seqs, gid),
-            )
-            if cur.rowcount != len(seqs):
-                mine = np.fromiter((r[0] for r in cur.fetchall()), np.int64)
-                taken[stream] = np.setdiff1d(np.asarray(seqs, np.int64), mine)
-        return taken
-
-    @staticmethod
-    def _inputs_taken(gid: str, taken: dict[str, np.ndarray]) -> InputsTaken:
-        """A transformation's batch whose inputs another write committed: nothing is prepared,
-        its writer computes the batch again without them."""
-        n = sum(len(t) for t in taken.values())
-        return InputsTaken(f"prepare of {gid}: {n} of its inputs were committed by another writer "
-                           "since it was computed", taken)
-
-    def _merge(self, cur, gid: str, table: pa.Table, inputs, transformed: bool, staging: str, stg_cols: list,
-               select: list, encoders: dict) -> tuple[int, int]:
-        """An upsert batch inside ``prepare``'s transaction: its inputs claimed (rows of inputs
-        committed already are dropped; a transformation's batch with such inputs is refused, as
-        always), then the latest record per key deleted or upserted over older rows only, from
-        the staging table. Returns (rows written, duplicates)."""
-        taken = self._claim_inputs(cur, gid, inputs)
-        if taken and transformed:
-            raise self._inputs_taken(gid, taken)
-        rows_in = table.num_rows
-        for stream, seqs in taken.items():  # redeliveries: their rows are in already
-            drop = pc.and_(pc.equal(table.column("origin_stream"), stream),
-                           pc.is_in(table.column("origin_seq"), pa.array(seqs, pa.int64())))
-            table = table.filter(pc.invert(drop))
-        latest = self.merge.latest(table)
-        cur.execute(f"CREATE UNLOGGED TABLE {staging} ({', '.join([*stg_cols, f'{ident(DELETE_FLAG)} boolean'])})")
-        if latest.num_rows:
-            names = ", ".join(ident(n) for n in latest.schema.names)
-            cur.copy_expert(f"COPY {staging} ({names}) FROM STDIN WITH (FORMAT csv)",
-                            CsvStream(latest, encoders, self.copy_chunk_rows), size=1 << 20)
-        on = " AND ".join(f"t.{ident(k)} = s.{ident(k)}" for k in self.merge.keys)
-        older = 't."origin_stream" <> s."origin_stream" OR t."origin_seq" < s."origin_seq"'
-        cur.execute(f"DELETE FROM {self._target} t USING {staging} s WHERE s.{ident(DELETE_FLAG)} AND {on} "
-                    f"AND ({older})")
-        written = cur.rowcount
-        keys = ", ".join(ident(k) for k in self.merge.keys)
-        updates = ", ".join(f"{ident(c)} = EXCLUDED.{ident(c)}" for c in table.schema.names
-                            if c not in self.merge.keys)
-        newer = (f'{self._target}."origin_stream" <> EXCLUDED."origin_stream" '
-                 f'OR {self._target}."origin_seq" < EXCLUDED."origin_seq"')
-        columns = ", ".join(ident(c) for c in table.schema.names)
-        cur.execute(f"INSERT INTO {self._target} ({columns}) SELECT {', '.join(select)} FROM {staging} "
-                    f"WHERE NOT {ident(DELETE_FLAG)} ON CONFLICT ({keys}) DO UPDATE SET {updates} WHERE {newer}")
-        written += cur.rowcount
-        return written, rows_in - table.num_rows
 
     def _marker(self, cur, gid: str) -> tuple[int, int] | None:
         cur.execute(
@@ -550,7 +370,7 @@ class PostgresSink(TwoPhaseSink):
             try:
                 outcome = self._run(f"mark acking {prepared.gid}", fn)
             except SinkError as exc:
-                raise self._lock_error(exc, f"mark acking of {prepared.gid}") from None
+                raise self.db.lock_error(exc, f"mark acking of {prepared.gid}") from None
         if isinstance(outcome, list):
             raise FencedOut(f"prepared write {prepared.gid}: partitions {outcome} were fenced by another instance")
         if not outcome:

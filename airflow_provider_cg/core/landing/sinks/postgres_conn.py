@@ -10,7 +10,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_provider_cg.core.landing.sinks.base import SinkError
+from airflow_provider_cg.core.landing.sinks.base import SinkError, SinkLockTimeout
 
 _SECRET_PATTERNS = [
     re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
@@ -72,6 +72,31 @@ class PgConnection:
         message = " ".join(self._redact(str(exc).strip()).split()) or type(exc).__name__  # one line
         err = SinkError(f"postgres {action} failed{f' [{code}]' if code else ''}: {message}")
         err.pgcode = code  # type: ignore[attr-defined]
+        return err
+
+    def lock_error(self, exc: SinkError, what: str) -> SinkError:
+        """A lock timeout (55P03) told as what it is, with the prepared writes holding locks."""
+        if getattr(exc, "pgcode", None) != "55P03":
+            return exc
+        try:
+            pending = self.run(
+                "list prepared",
+                lambda cur: (
+                    cur.execute(
+                        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+                        "AND left(gid, 3) = 'cg:' ORDER BY prepared"
+                    ),
+                    [r[0] for r in cur.fetchall()],
+                )[1],
+            )
+        except SinkError:
+            pending = ["(could not list)"]
+        err = SinkLockTimeout(
+            f"{what} waited more than {self.lock_timeout_s:g}s for rows or tables locked by another "
+            f"transaction. Prepared writes pending in this database: {pending or 'none'}. A prepared "
+            "write keeps its locks until committed or aborted: run recover() for its member first."
+        )
+        err.pgcode = "55P03"  # type: ignore[attr-defined]
         return err
 
     def _connection(self):
