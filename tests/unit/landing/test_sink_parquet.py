@@ -349,8 +349,8 @@ class _StallingSink(ParquetLakeSink):
 
     during = None
 
-    def _write_parquet(self, table, path):
-        super()._write_parquet(table, path)
+    def write_file(self, table, path):
+        super().write_file(table, path)
         if self.during is not None:
             self.during()
 

@@ -53,20 +53,18 @@ from __future__ import annotations
 import abc
 import dataclasses
 import io
-import json
 import logging
 import secrets
 import threading
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
 from airflow_provider_cg.core.landing.protocol.protocol_log import (
     KEYS_DIR,
     LOG_DIR,
@@ -94,7 +92,6 @@ from airflow_provider_cg.core.landing.sinks.base import (
     WriteState,
     conform_table,
     decode_refs,
-    encode_refs,
     first_occurrence_mask,
     isin_sorted,
     keys_by_stream,
@@ -103,18 +100,16 @@ from airflow_provider_cg.core.landing.sinks.base import (
     sorted_unique,
 )
 from airflow_provider_cg.core.landing.sinks.committed_keys import CommittedKeys, without
+from airflow_provider_cg.core.landing.sinks.lake_staging import STAGING_DIR, StagingArea
 from airflow_provider_cg.core.landing.sinks.parquet_files import (
     SizedParquetFiles,
     data_file_options,
 )
 from airflow_provider_cg.core.landing.sinks.spark_staging import StagedFiles, stage_frame
-from airflow_provider_cg.core.landing.sinks.storage import LocalStorage, Storage
+from airflow_provider_cg.core.landing.sinks.storage import Storage
 
 if TYPE_CHECKING:
     from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
-
-STAGING_DIR = "_cg_staging"
-MANIFEST = "prepared.json"
 
 STORED_SCHEMA = pa.schema(
     [f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f for f in ROW_SCHEMA]
@@ -148,8 +143,10 @@ class LakeSink(TwoPhaseSink):
         #: bytes a data file written here holds at most (a larger batch or partition is split)
         self.target_file_size = target_file_size
         self.checkpoint_interval = checkpoint_interval
-        for sub in (LOG_DIR, KEYS_DIR, STAGING_DIR, self.DATA_PREFIX.rstrip("/")):
+        for sub in (LOG_DIR, KEYS_DIR, self.DATA_PREFIX.rstrip("/")):
             store.ensure_dir(sub)
+        #: the prepared writes (``lake_staging.py``)
+        self.staged = StagingArea(store)
         self._log = CommitLog(store)
         self._lock = threading.RLock()
         self._keys = CommittedKeys(store, self._log, key_cache_size)
@@ -250,7 +247,7 @@ class LakeSink(TwoPhaseSink):
         return [p for p in f.partitions if self._log.fences.get((b.stream, b.group, p)) != f.owner]
 
     def staging(self, gid: str) -> str:
-        return f"{STAGING_DIR}/{fs_name(gid)}"
+        return self.staged.dir(gid)
 
     def prepare(self, batch_id: BatchId, table: pa.Table | StagedFiles, *, message_refs: MessageRefs,
                 fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
@@ -285,73 +282,29 @@ class LakeSink(TwoPhaseSink):
             if self.merge is not None and self.refusals(table):  # the pipeline takes them out first
                 column = next(k for k in self.merge.keys if table.column(k).null_count)
                 raise SchemaMismatch(column, "is a merge key, and this batch has rows without it")
-        staging = self.staging(batch_id.gid)
-        if staged:
-            if not self.store.dir_exists(staging):
-                raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing")
-        else:
-            try:
-                self.store.start_dir(staging)
-            except FileExistsError:
-                raise SinkError(f"batch {batch_id.gid} is already prepared") from None
-        manifest: dict[str, Any] = {
-            "v": 1,
-            "gid": batch_id.gid,
-            "batch": batch_id.to_dict(),
-            "rows": rows_in,
-            "dropped": 0 if isinstance(table, StagedFiles) else rows_in - table.num_rows,
-            "file": None,
-            "files": [],
-            "keys": {},
-            "refs": encode_refs(refs),
-            "fence": fence.to_dict() if fence else None,
-            "transformed": transformed,
-            "prepared_at": datetime.now(UTC).isoformat(),
-        }
+        staging = self.staged.start(batch_id.gid, staged_by_spark=staged)
+        dropped = 0 if isinstance(table, StagedFiles) else rows_in - table.num_rows
+        manifest = self.staged.manifest(batch_id, rows=rows_in, dropped=dropped, refs=refs, fence=fence,
+                                        transformed=transformed)
         try:
-            self._write_staging(staging, table, keys, manifest)
+            self.staged.write(staging, table, keys, manifest, self)
         except FileNotFoundError:
             # A recovering instance of the member removed this half-prepared staging: this
             # instance stalled mid-prepare and is no longer the pin holder.
             raise PreparedWriteLost(f"staging of {batch_id.gid} was removed while preparing") from None
-        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=self._token(staging), fence=fence)
+        return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=self.staged.token(staging), fence=fence)
 
-    def _token(self, staging: str) -> str:
-        store = self.store
-        return str(store.path(staging)) if isinstance(store, LocalStorage) else store.uri(staging)
+    def splits_files(self) -> bool:
+        return self.partitioning is not None or bool(self.target_file_size)
 
-    def _write_staging(self, staging: str, table: pa.Table | StagedFiles, keys: dict, manifest: dict) -> None:
-        if isinstance(table, StagedFiles):
-            for name, rows in table.files:
-                if not self.store.exists(f"{staging}/{name}"):
-                    raise FileNotFoundError(name)
-                self.store.make_durable(f"{staging}/{name}")
-                manifest["files"].append({"file": name, "rows": rows})
-            failpoint("mid_prepare")
-        elif table.num_rows and (self.partitioning is not None or self.target_file_size):
-            manifest["files"] += [{"file": name, "rows": rows} for name, rows in self._write_parts(table, staging, "part-0")]
-            failpoint("mid_prepare")
-        elif table.num_rows:
-            self._write_parquet(table, f"{staging}/part-0.parquet")
-            failpoint("mid_prepare")
-            manifest["file"] = "part-0.parquet"
-        if manifest["file"] or manifest["files"] or manifest.get("transformed"):  # a transformation may drop every row
-            for i, (stream, sorted_keys) in enumerate(keys.items()):
-                name = f"keys-{i}.npy"
-                self.store.write(f"{staging}/{name}", npy_bytes(sorted_keys))
-                manifest["keys"][stream] = {"file": name, "min": int(sorted_keys[0]), "max": int(sorted_keys[-1])}
-        if not self.store.dir_exists(staging):  # removed by a recovering instance meanwhile
-            raise FileNotFoundError(staging)
-        self.store.write(f"{staging}/{MANIFEST}", json.dumps(manifest, separators=(",", ":")).encode())
-
-    def _write_parquet(self, table: pa.Table, rel: str) -> None:
+    def write_file(self, table: pa.Table, rel: str) -> None:
         self.store.write(rel, self._parquet_files(table.schema, None).files(table)[0][0])
 
     def _parquet_files(self, schema: pa.Schema, target: int | None) -> SizedParquetFiles:
         """The writer of this sink's data files (its compression, dictionaries and statistics)."""
         return SizedParquetFiles(schema, target, **data_file_options(schema, self.compression, self.ALL_STATISTICS))
 
-    def _write_parts(self, table: pa.Table, staging: str, stem: str) -> list[tuple[str, int]]:
+    def write_parts(self, table: pa.Table, staging: str, stem: str) -> list[tuple[str, int]]:
         """``table`` as ``<stem>-<i>.parquet`` files in ``staging``: one, or one per partition of a
         partitioned table, each split in row order into files of at most ``target_file_size``
         (``parquet_files.py``). Returns (name, rows) of each, in the rows' order."""
@@ -386,7 +339,7 @@ class LakeSink(TwoPhaseSink):
                     raise PreparedWriteLost(f"prepared write {gid} was aborted")
                 try:
                     if current is None:
-                        current = self._load_staged(staging, gid)
+                        current = self.staged.load(gid)
                         if current["transformed"] and gid in self._log.acking_pos:
                             # no write shares its inputs after its acking mark (mark_acking)
                             checked_pos = self._log.acking_pos[gid]
@@ -415,23 +368,6 @@ class LakeSink(TwoPhaseSink):
                 self._checkpoint_due(pos)
                 return CommitResult(record["rows_written"], record["duplicates_skipped"])
 
-    def _load_staged(self, staging: str, gid: str) -> dict:
-        try:
-            manifest = json.loads(self.store.read(f"{staging}/{MANIFEST}"))
-        except FileNotFoundError:
-            raise PreparedWriteLost(f"no prepared write {gid} (no staging, no commit record)") from None
-        keys = {s: npy_load(self.store.read(f"{staging}/{info['file']}")) for s, info in manifest["keys"].items()}
-        files = [(f"{staging}/{f['file']}", f["rows"]) for f in manifest.get("files") or ()]
-        if manifest["file"]:
-            files.append((f"{staging}/{manifest['file']}", manifest["rows"] - manifest["dropped"]))
-        return {
-            "files": files,
-            "keys": keys,
-            "dups": manifest["dropped"],
-            "rows": manifest["rows"] - manifest["dropped"],
-            "transformed": bool(manifest.get("transformed")),
-        }
-
     def _drop_committed(self, current: dict, staging: str, after_pos: int) -> dict:
         masks = self._keys.masks(current["keys"], after_pos)
         if not masks:
@@ -450,7 +386,7 @@ class LakeSink(TwoPhaseSink):
         before = pa.concat_tables([self._read_parquet(f) for f, _ in current["files"]])
         table, keys = without(before, current["keys"], masks)
         files = [(f"{staging}/{name}", rows) for name, rows in
-                 self._write_parts(table, staging, f"part-{secrets.token_hex(4)}")] if table.num_rows else []
+                 self.write_parts(table, staging, f"part-{secrets.token_hex(4)}")] if table.num_rows else []
         dropped = before.num_rows - table.num_rows
         return {
             "files": files,
@@ -523,7 +459,7 @@ class LakeSink(TwoPhaseSink):
                     return dataclasses.replace(prepared, acking=True)
                 if inputs is None:
                     try:
-                        inputs = self._staged_inputs(gid)
+                        inputs = self.staged.inputs(gid)
                     except FileNotFoundError:
                         raise PreparedWriteLost(f"prepared write {gid} is gone") from None
                 lost = self._fenced_out(prepared)
@@ -555,18 +491,6 @@ class LakeSink(TwoPhaseSink):
                 except FileExistsError:
                     continue  # another writer took the position: re-read (maybe an abort or a fence)
                 return dataclasses.replace(prepared, acking=True)
-
-    def _staged_inputs(self, gid: str) -> tuple[bool, dict[str, np.ndarray], dict]:
-        """(transformed, input keys per origin stream, the acking record's ``streams``) of a
-        prepared write, from its staging (FileNotFoundError: gone)."""
-        staging = self.staging(gid)
-        manifest = json.loads(self.store.read(f"{staging}/{MANIFEST}"))
-        keys, streams = {}, {}
-        for stream, info in manifest["keys"].items():
-            path = f"{staging}/{info['file']}"
-            keys[stream] = npy_load(self.store.read(path))
-            streams[stream] = {"min": info["min"], "max": info["max"], "keys": path}
-        return bool(manifest.get("transformed")), keys, streams
 
     def _finish_sharing(self, gid: str, keys: dict[str, np.ndarray]) -> str | None:
         """Commit the first write marked acking and not finished that shares an input with
@@ -612,12 +536,8 @@ class LakeSink(TwoPhaseSink):
                         self._claim({"v": 1, "op": "abort", "gid": gid})
                     except FileExistsError:
                         continue
-                self._drop_staging(gid)
+                self.staged.drop(gid)
                 return WriteState.ABORTED
-
-    def _drop_staging(self, gid: str) -> None:
-        self.store.delete_tree(self.staging(gid))
-        self.store.delete_tree(f"{KEYS_DIR}/{fs_name(gid)}")
 
     def state(self, prepared: PreparedWrite) -> WriteState:
         gid = prepared.gid
@@ -627,7 +547,7 @@ class LakeSink(TwoPhaseSink):
                 return WriteState.COMMITTED
             if gid in self._log.aborts:
                 return WriteState.ABORTED
-        if self.store.exists(f"{self.staging(gid)}/{MANIFEST}"):
+        if self.staged.is_prepared(gid):
             return WriteState.PREPARED
         return WriteState.ABORTED
 
@@ -651,7 +571,7 @@ class LakeSink(TwoPhaseSink):
                     self.store.delete_tree(path)
                 elif name.startswith(same_group):
                     try:
-                        manifest = json.loads(self.store.read(f"{path}/{MANIFEST}"))
+                        manifest = self.staged.read_manifest(path)
                     except FileNotFoundError:
                         if not name.startswith(own):
                             continue
@@ -660,7 +580,7 @@ class LakeSink(TwoPhaseSink):
                         # cannot claim ``acking`` (and the abort loses if it already has).
                         if self._abort_gid(gid, unless_acking=True) is not WriteState.PREPARED:
                             continue
-                        manifest = json.loads(self.store.read(f"{path}/{MANIFEST}"))
+                        manifest = self.staged.read_manifest(path)
                     batch = BatchId(**manifest["batch"])
                     fence = Fence.from_dict(manifest.get("fence"))
                     if not recovered_by(batch, fence, stream, group, member, fenced, partition_count):
@@ -669,7 +589,7 @@ class LakeSink(TwoPhaseSink):
                         batch,
                         manifest["rows"],
                         decode_refs(manifest["refs"]),
-                        token=self._token(path),
+                        token=self.staged.token(path),
                         acking=gid in self._log.acking,
                         fence=fence,
                     )))
