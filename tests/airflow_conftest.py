@@ -31,7 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: only tests that run start it
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if any("airflow_session_env" in getattr(item, "fixturenames", ()) for item in items):
+    if not config.option.collectonly and any("airflow_session_env" in getattr(item, "fixturenames", ())
+                                             for item in items):
         _airflow_env.start_migration()
 
 

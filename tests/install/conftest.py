@@ -79,7 +79,7 @@ def _install(base: Path) -> InstalledWheel:
 def pytest_collection_modifyitems(config, items):
     global _pool, _future, _dir
     wheel_tests = [i for i in items if i.nodeid.startswith(WHEEL_TEST)]
-    if not wheel_tests:
+    if not wheel_tests or config.option.collectonly:
         return
     items[:] = [i for i in items if not i.nodeid.startswith(WHEEL_TEST)] + wheel_tests
     _dir = tempfile.mkdtemp(prefix="cg-wheel-")

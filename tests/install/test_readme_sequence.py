@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
-from tests.install.test_wheel_install import _run
 
 pytestmark = [pytest.mark.install, pytest.mark.services]
 
@@ -37,6 +36,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DAG_ID = "cg_scheduled_consumption"
 REPORT_ID = "cg_paid_orders_report"
 EXAMPLE_DAGS = {DAG_ID, REPORT_ID, "cg_backfill", "cg_overflow_scaleout", "cg_overflow_scaleout_sensor"}
+
+
+def _run(cmd, *, cwd, env=None, timeout=900) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
 
 
 def readme_sequence() -> list[str]:
