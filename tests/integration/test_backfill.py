@@ -17,11 +17,8 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing import contract
 from airflow_provider_cg.core.landing.contract import BatchOptions
-from airflow_provider_cg.core.landing.pipeline.processing import (
-    ArrowPipeline,
-    ProcessedBatch,
-    committed_inputs,
-)
+from airflow_provider_cg.core.landing.pipeline.held_inputs import committed_inputs
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, ProcessedBatch
 from airflow_provider_cg.core.landing.run.backfill import _ns, run_backfill, window_has_messages
 from airflow_provider_cg.core.landing.run.member import run_member_batch
 from airflow_provider_cg.core.landing.sinks.base import keys_by_stream

@@ -12,13 +12,10 @@ once. Exactly-once is kept per *input* message: inputs already committed are dro
 the DataFrame is built, and the sink records the keys of the batch's good inputs with its
 output. The driver keeps the NATS work, the protocol and the commit. No Airflow import.
 
-Records the sink refuses (``TwoPhaseSink.refusals``: a merge key null or missing) are the
-message's problem, not the table's: on every path their messages become poison rows of the
-batch (the dead-letter stream, with the reason), or, with ``bad_records=fail``, the run ends
-(``BadRecords``, exit 1) before anything is prepared or acknowledged. In Spark the refused rows
-are found in the same job that stages the batch (an observed metric, filtered out of what the
-tasks write); the rare batch that has some is discarded and computed again with their messages
-marked poison, so no other row of theirs lands either.
+Records the sink refuses are taken out of the batch on every path (``bad_records.py``): in
+Spark they are found in the same job that stages the batch; the rare batch that has some is
+discarded and computed again with their messages marked poison, so no other row of theirs
+lands either. Inputs a table holds already are dropped first (``held_inputs.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +35,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.landing.pipeline.bad_records import (
+    MAX_REFUSAL_ROUNDS,
+    marked_poison,
+    observe_refusals,
+    origins,
+    refuse,
+    refused_inputs,
+    refusing,
+)
 from airflow_provider_cg.core.landing.pipeline.decode import ERROR, SparkDecoder
+from airflow_provider_cg.core.landing.pipeline.held_inputs import TableInputs, excluding, nothing_staged
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
@@ -61,38 +68,6 @@ class ProcessedBatch:
     bad: dict[int, str]  # poison rows: index in the batch as read -> why
     input_keys: dict[str, np.ndarray] | None = None  # the inputs ``rows`` stand for (Spark)
     skipped: int = 0  # inputs committed already, dropped before processing
-
-
-#: batches computed again because the sink refused some of their rows, before giving up
-MAX_REFUSAL_ROUNDS = 10
-FAIL = "fail"  # ``bad_records``: refused records end the run
-
-
-class BadRecords(ConfigError):
-    """Records their table cannot take, under ``bad_records=fail``: the run ends (exit 1) before
-    anything is prepared or acknowledged. ``refused``: (origin_stream, origin_seq) -> why."""
-
-    def __init__(self, refused: dict[tuple[str, int], str]) -> None:
-        self.refused = refused
-        first = refused[min(refused)]
-        column, _, rule = first.partition(": ")
-        shown = ", ".join(f"{stream} #{seq}" for stream, seq in sorted(refused)[:5])
-        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
-        super().__init__(column, f"{rule} in {len(refused)} message(s) ({shown}{more}); nothing was acknowledged "
-                                 "(bad_records=fail; with dead-letter, the default, they go to the dead-letter "
-                                 "stream and the rest lands)")
-
-
-def refuse(bad_records: str, refused: dict[tuple[str, int], str]) -> dict[tuple[str, int], str]:
-    """Refused records as poison (their messages to the dead-letter stream), or ``BadRecords``."""
-    if refused and bad_records == FAIL:
-        raise BadRecords(refused)
-    return refused
-
-
-def _origins(table: pa.Table, rows) -> list[tuple[str, int]]:
-    streams, seqs = table.column("origin_stream"), table.column("origin_seq")
-    return [(streams[i].as_py(), int(seqs[i].as_py())) for i in rows]
 
 
 #: an input's partition (0 to 65,535: ``config.MAX_PARTITIONS``) in the low bits of the number
@@ -128,7 +103,7 @@ class ArrowPipeline:
         refused = {i: why for i, why in sink.refusals(table).items() if i not in bad}
         if refused:
             rows = sorted(refused)
-            refuse(self.bad_records, dict(zip(_origins(table, rows), (refused[i] for i in rows), strict=True)))
+            refuse(self.bad_records, dict(zip(origins(table, rows), (refused[i] for i in rows), strict=True)))
             bad.update(refused)
         if bad:
             keep = np.ones(table.num_rows, dtype=bool)
@@ -193,12 +168,12 @@ class SparkPipeline:
         rows = np.flatnonzero(~drop)
         fresh = table.filter(pa.array(~drop)) if skipped else table
         if fresh.num_rows == 0:
-            return ProcessedBatch(_nothing(sink, fresh), {}, {}, skipped)
+            return ProcessedBatch(nothing_staged(sink, fresh), {}, {}, skipped)
         extra = held.extra_keys(table)
-        at = {origin: int(rows[i]) for i, origin in enumerate(_origins(fresh, range(fresh.num_rows)))}
+        at = {origin: int(rows[i]) for i, origin in enumerate(origins(fresh, range(fresh.num_rows)))}
         refused: dict[int, str] = {}  # inputs whose rows the sink refused: poison (their index as read)
         for _ in range(MAX_REFUSAL_ROUNDS):
-            decoded = _marked(self.decoder.apply(self._frame(fresh, rows)), F.col(ROW), refused)
+            decoded = marked_poison(self.decoder.apply(self._frame(fresh, rows)), F.col(ROW), refused)
             observation = None
             if self.decoder.can_fail or refused:
                 observation = Observation(f"cg_poison_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
@@ -211,7 +186,7 @@ class SparkPipeline:
                                ranges)
             staged, observations = self._outputs(sink, batch_id, good, ctx, extra)
             metrics = self._collect(sink, staged, observation, *observations)
-            found = _refused_inputs(metrics, at, refused)
+            found = refused_inputs(metrics, at, refused)
             if not found:
                 break
             sink.discard(staged)
@@ -346,7 +321,7 @@ class SparkPipeline:
         from airflow_provider_cg.core.landing.reads.nats_source import SOURCE_NAME
 
         frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
-        decoded = _marked(self.decoder.apply(frame), F.col("origin_seq"), refused)
+        decoded = marked_poison(self.decoder.apply(frame), F.col("origin_seq"), refused)
         observation = Observation(f"cg_read_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
         routes = sink.routes if isinstance(sink, RoutedSink) else None
         per_route = []
@@ -375,7 +350,7 @@ class SparkPipeline:
         found = {}
         if metrics.get("refused"):
             at = {(origin_stream, int(q)): int(q) for q in inputs.column("origin_seq").to_pylist()}
-            found = _refused_inputs(metrics, at, refused)
+            found = refused_inputs(metrics, at, refused)
         routed_inputs = None
         if per_route and routes is not None:
             routed_inputs = {r.name: np.sort(np.asarray(json.loads(metrics[f"in_{i}"] or "[]"), dtype=np.int64))
@@ -426,12 +401,12 @@ class SparkPipeline:
         sink -- and the observations of the rows the sink refuses. ``extra``: per route, the
         inputs its table holds that the others do not (left out of its share only)."""
         if not isinstance(sink, RoutedSink):
-            out, refusals = _refusing(sink, self._transform(good, ctx), batch_id)
+            out, refusals = refusing(sink, self._transform(good, ctx), batch_id)
             return self._stage(sink, batch_id, out), [refusals]
         routes, observations = sink.routes, []
         unrouted = sink.input_refusal_column(good.columns)  # routed by subject: a message no route takes
         if unrouted is not None:
-            good, seen = _observe_refusals(good, unrouted, batch_id)
+            good, seen = observe_refusals(good, unrouted, batch_id)
             observations.append(seen)
         several = len(routes.routes) > 1
         if several and routes.route_by is None:
@@ -444,20 +419,20 @@ class SparkPipeline:
                 if routes.route_by is None:
                     source = good.where(routes.takes(route.name))
                     if mine:
-                        source = _excluding(source, mine)
+                        source = excluding(source, mine)
                     base = self._transform(source, dataclasses.replace(ctx, route=route.name))
                 elif mine or shared is None:
-                    base = self._transform(_excluding(good, mine) if mine else good, ctx)
+                    base = self._transform(excluding(good, mine) if mine else good, ctx)
                     why = sink.refusal_column(base.columns)  # a row whose column names no route
                     if why is not None:
-                        base, seen = _observe_refusals(base, why, batch_id)
+                        base, seen = observe_refusals(base, why, batch_id)
                         observations.append(seen)
                     if not mine:
                         shared = base = base.persist() if several else base
                 else:
                     base = shared
                 out = base.where(routes.takes(route.name)) if routes.route_by is not None else base
-                out, refusals = _refusing(sink.sinks[route.name], out, batch_id)
+                out, refusals = refusing(sink.sinks[route.name], out, batch_id)
                 observations.append(refusals)
                 staged = self._stage(sink.sinks[route.name], sink.part_batch(batch_id, route.name), out)
                 parts[route.name] = RoutePart(staged, None, {})
@@ -525,20 +500,6 @@ def _spark_failure(e: Exception) -> TransformError:
     return e if isinstance(e, TransformError) else TransformError(f"transform: {_first_line(e)}")
 
 
-def committed_inputs(sink: TwoPhaseSink, table: pa.Table) -> np.ndarray:
-    """Mask of the rows whose input message is committed already (a redelivery of a landed
-    message, a backfill of a landed window)."""
-    drop = np.zeros(table.num_rows, dtype=bool)
-    if table.num_rows == 0:
-        return drop
-    streams = table.column("origin_stream")
-    seqs = table.column("origin_seq").to_numpy()
-    for stream in pc.unique(streams).to_pylist():
-        rows = pc.equal(streams, stream).to_numpy(zero_copy_only=False)
-        drop[rows] = sink.committed_keys_exist(stream, seqs[rows])
-    return drop
-
-
 def partition_ranges(table) -> list[tuple[int, int, int, int]]:
     """(partition, first origin seq, last origin seq, rows) for each partition of a batch."""
     if table.num_rows == 0:
@@ -549,158 +510,3 @@ def partition_ranges(table) -> list[tuple[int, int, int, int]]:
                   for r in grouped.to_pylist())
 
 
-def _marked(decoded, row, refused: dict[int, str]):
-    """``decoded`` with the inputs in ``refused`` (by ``row``, their number) marked poison, why
-    they are refused as their error (a decoding error of theirs stays first)."""
-    if not refused:
-        return decoded
-    from pyspark.sql import functions as F
-
-    by_reason: dict[str, list[int]] = {}
-    for n, why in refused.items():
-        by_reason.setdefault(why, []).append(int(n))
-    reason = None
-    for why, ns in by_reason.items():
-        hit = row.isin(ns)
-        reason = F.when(hit, F.lit(why)) if reason is None else reason.when(hit, F.lit(why))
-    if reason is None:
-        return decoded
-    return decoded.withColumn(ERROR, F.coalesce(F.col(ERROR), reason))
-
-
-def _refusing(sink: TwoPhaseSink, out, batch_id: BatchId):
-    """The batch's output minus the rows the sink refuses, and an observation of those rows'
-    origins and reasons (None when the sink refuses nothing, or the output lacks the origin
-    columns: the sink's schema check then names them)."""
-    from pyspark.sql import DataFrame
-
-    if not isinstance(out, DataFrame):
-        return out, None
-    why = sink.refusal_column(out.columns) if not isinstance(sink, RoutedSink) else None
-    if why is None:
-        return out, None
-    return _observe_refusals(out, why, batch_id)
-
-
-def _observe_refusals(frame, why, batch_id: BatchId):
-    """``frame`` minus the rows ``why`` (a Spark column: why a row is refused, or null) refuses,
-    and an observation of their origins and reasons. Without the origin columns nothing can be
-    refused: the sink's schema check names the missing column."""
-    from pyspark.sql import Observation
-    from pyspark.sql import functions as F
-
-    if not {"origin_stream", "origin_seq"} <= set(frame.columns):
-        return frame, None
-    observation = Observation(f"cg_refused_{batch_id.uid}_{batch_id.batch_seq}_{secrets.token_hex(2)}")
-    frame = frame.observe(observation, F.collect_list(F.when(why.isNotNull(), F.struct(
-        F.col("origin_stream").alias("origin_stream"), F.col("origin_seq").alias("origin_seq"),
-        why.alias("why")))).alias("refused"))
-    return frame.where(why.isNull()), observation
-
-
-def _excluding(frame, keys: dict[str, np.ndarray]):
-    """``frame`` without the inputs ``keys`` names ({origin_stream: origin_seqs}), as ranges of
-    consecutive sequences (a few, as a table's committed inputs are), else by a join."""
-    from pyspark.sql import functions as F
-
-    from airflow_provider_cg.core.landing.sinks.base import seq_ranges
-
-    for stream, seqs in keys.items():
-        seqs = np.unique(np.asarray(seqs, dtype=np.int64))
-        if not len(seqs):
-            continue
-        runs = list(seq_ranges(seqs))
-        if len(runs) <= 64:
-            hit = None
-            for first, last in runs:
-                one = F.col("origin_seq").between(first, last)
-                hit = one if hit is None else hit | one
-            if hit is None:
-                continue
-            frame = frame.where(~((F.col("origin_stream") == F.lit(stream)) & hit))
-        else:
-            spark = frame.sparkSession
-            held = spark.createDataFrame(pa.table({"_cg_stream": pa.array([stream] * len(seqs)),
-                                                   "_cg_seq": pa.array(seqs)}))
-            frame = frame.join(held, (frame["origin_stream"] == held["_cg_stream"])
-                               & (frame["origin_seq"] == held["_cg_seq"]), "left_anti")
-    return frame
-
-
-def _nothing(sink: TwoPhaseSink, empty: pa.Table):
-    """What a batch whose every input is landed already stages: nothing, per route too."""
-    if isinstance(sink, RoutedSink):
-        return RoutedRows({n: RoutePart(empty, None, {}) for n in sink.routes.names})
-    return empty
-
-
-@dataclass
-class TableInputs:
-    """Which of a batch's inputs each table holds already: one mask per table (a single sink:
-    one), over the batch's rows. After a crash between two tables' commits of a routed batch,
-    the tables differ; each computes its share without what it holds."""
-
-    each: dict[str | None, np.ndarray]
-
-    @classmethod
-    def of(cls, sink: TwoPhaseSink, table: pa.Table) -> TableInputs:
-        if isinstance(sink, RoutedSink):
-            return cls({n: committed_inputs(s, table) for n, s in sink.sinks.items()})
-        return cls({None: committed_inputs(sink, table)})
-
-    @classmethod
-    def of_seqs(cls, sink: TwoPhaseSink, stream: str, seqs: np.ndarray) -> TableInputs:
-        if not len(seqs):
-            return cls({None: np.zeros(0, dtype=bool)})
-        if isinstance(sink, RoutedSink):
-            return cls({n: s.committed_keys_exist(stream, seqs) for n, s in sink.sinks.items()})
-        return cls({None: sink.committed_keys_exist(stream, seqs)})
-
-    @property
-    def everywhere(self) -> np.ndarray:
-        masks = list(self.each.values())
-        out = masks[0].copy()
-        for m in masks[1:]:
-            out &= m
-        return out
-
-    def extra_keys(self, table: pa.Table) -> dict[str, dict[str, np.ndarray]]:
-        """Per route, the inputs its table holds that not every table does."""
-        every, out = self.everywhere, {}
-        for name, mask in self.each.items():
-            only = mask & ~every
-            if name is not None and only.any():
-                out[name] = {st: np.sort(q) for st, q in keys_by_stream(table.filter(pa.array(only))).items()}
-        return out
-
-    def extra_keys_of(self, stream: str, seqs: np.ndarray,
-                      known: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
-        """``extra_keys`` of inputs given by sequence, minus those already ``known``."""
-        every, out = self.everywhere, {}
-        for name, mask in self.each.items():
-            only = np.sort(seqs[mask & ~every])
-            if name is None or not len(only):
-                continue
-            seen = (known.get(name) or {}).get(stream)
-            new = only if seen is None else np.setdiff1d(only, seen)
-            if len(new):
-                out[name] = {stream: new}
-        return out
-
-
-def _refused_inputs(metrics: dict, at: dict[tuple[str, int], int], refused) -> dict[tuple[str, int], str]:
-    """The inputs (origin_stream, origin_seq) of the refused rows the job observed, new ones
-    only; ``at`` maps each input of the batch to its number. A refused row that names no input
-    of the batch cannot be dead-lettered: the transformation changed its origin columns."""
-    found: dict[tuple[str, int], str] = {}
-    for r in metrics.get("refused") or ():
-        d = r.asDict()
-        origin = (d["origin_stream"], d["origin_seq"])
-        if origin[1] is None or origin not in at:
-            raise TransformError(f"transform: a row the sink refuses ({d['why']}) names no message of the batch "
-                                 f"(origin_stream {origin[0]!r}, origin_seq {origin[1]}): keep both columns as "
-                                 "the batch gives them")
-        origin = (origin[0], int(origin[1]))
-        if at[origin] not in refused:
-            found.setdefault(origin, d["why"])
-    return found
