@@ -13,8 +13,6 @@ arguments changes nothing (``created`` / ``changed`` are ``False`` in the result
 
 from __future__ import annotations
 
-import ast
-import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any, ClassVar, TypeVar, cast
@@ -29,7 +27,6 @@ from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import (
     ElasticGroupConfig,
     GroupConfig,
-    PartitioningFilter,
     StaticGroupConfig,
 )
 from airflow_provider_cg.core.groups.layouts import LayoutError
@@ -38,46 +35,15 @@ from airflow_provider_cg.core.groups.membership import check_assignment, parse_m
 from airflow_provider_cg.core.groups.store import ELASTIC, KINDS, STATIC, GroupInfo
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
 from airflow_provider_cg.hooks.nats import NatsHook
+from airflow_provider_cg.operators.group_arguments import (
+    TRANSFORM_FUNCTION,
+    literal,
+    partitioning_filters,
+    templated,
+)
 
 T = TypeVar("T")
 UI_COLOR = "#cfe2f3"
-
-
-def _templated(value: Any) -> bool:
-    """Whether ``value`` (or a string inside it) is a Jinja template rendered at run time."""
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, Mapping):
-        return any(_templated(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_templated(v) for v in value)
-    return False
-
-
-def _partitioning_filters(value: Any) -> tuple[PartitioningFilter, ...]:
-    """``"foo.*"`` (hash the whole subject) or ``{"filter", "partitioning_wildcards"}`` items."""
-    if value is None:
-        return ()
-    if not isinstance(value, list | tuple):
-        raise ConfigError("partitioning_filters", 'must be a list of subjects or {"filter", "partitioning_wildcards"}')
-    out = []
-    for i, item in enumerate(value):
-        where = f"partitioning_filters[{i}]"
-        if isinstance(item, PartitioningFilter):
-            out.append(item)
-        elif isinstance(item, str):
-            out.append(PartitioningFilter(item))
-        elif isinstance(item, Mapping) and isinstance(item.get("filter"), str):
-            unknown = set(item) - {"filter", "partitioning_wildcards"}
-            if unknown:
-                raise ConfigError(f"{where}.{sorted(unknown)[0]}", "unknown key")
-            wcs = _literal(f"{where}.partitioning_wildcards", item.get("partitioning_wildcards")) or ()
-            if not isinstance(wcs, list | tuple):
-                raise ConfigError(f"{where}.partitioning_wildcards", "must be a list of wildcard indexes")
-            out.append(PartitioningFilter(item["filter"], tuple(wcs)))
-        else:
-            raise ConfigError(where, 'must be a subject or {"filter": ..., "partitioning_wildcards": [...]}')
-    return tuple(out)
 
 
 class _ConsumerGroupOperator(BaseOperator):
@@ -92,7 +58,7 @@ class _ConsumerGroupOperator(BaseOperator):
         self.group = group
         self.nats_conn_id = nats_conn_id
         for field in ("stream", "group"):
-            if not _templated(getattr(self, field)):
+            if not templated(getattr(self, field)):
                 groupnames.validate_name(field, getattr(self, field), field)
 
     def _validate(self) -> None:
@@ -111,32 +77,6 @@ class _ConsumerGroupOperator(BaseOperator):
             return self.hook.run(fn)
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
-
-
-# a NATS subject-transform function inside a string ({{partition(3,1)}}, {{ wildcard(2) }}, ...)
-_TRANSFORM_FUNCTION = re.compile(
-    r"\{\{\s*(partition|wildcard|split|splitfromleft|splitfromright|slicefromleft|slicefromright|left|right)\s*\(",
-    re.IGNORECASE,
-)
-MAX_LITERAL_CHARS = 1_000_000
-
-
-def _literal(field: str, value: Any) -> Any:
-    """A template rendered as text (no ``render_template_as_native_obj``) that holds a list,
-    dict or number, as that value; anything else unchanged."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if not text or text[0] not in "[{(-0123456789":
-        return value
-    if len(text) > MAX_LITERAL_CHARS:
-        raise ConfigError(field, f"longer than {MAX_LITERAL_CHARS} characters")
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
-        if text[0] in "[{(":
-            raise ConfigError(field, "is not a valid list or dict literal") from None
-        return value
 
 
 class CreateConsumerGroupOperator(_ConsumerGroupOperator):
@@ -206,22 +146,22 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         self.members = members
         self.member_mappings = member_mappings
         self.create_stream = create_stream
-        if not any(_templated(getattr(self, f)) for f in self.CONFIG_FIELDS):
+        if not any(templated(getattr(self, f)) for f in self.CONFIG_FIELDS):
             self.build_config()
-        if not any(_templated(v) for v in (stream, group, kind)):
+        if not any(templated(v) for v in (stream, group, kind)):
             groupnames.validate_names(stream, group, kind)
-        if not _templated(create_stream):
+        if not templated(create_stream):
             self._stream_config()
 
     def render_template(self, content: Any, context: Any, jinja_env: Any = None, seen_oids: Any = None) -> Any:
-        if isinstance(content, str) and _TRANSFORM_FUNCTION.search(content):
+        if isinstance(content, str) and TRANSFORM_FUNCTION.search(content):
             return content  # a stream subject transform, not Jinja
         return super().render_template(content, context, jinja_env, seen_oids)
 
     def build_config(self) -> GroupConfig:
         """The validated group config from the operator's (rendered) arguments."""
         for field in self.CONFIG_FIELDS:
-            setattr(self, field, _literal(field, getattr(self, field)))
+            setattr(self, field, literal(field, getattr(self, field)))
         if self.kind not in KINDS:
             raise ConfigError("kind", f"must be one of {', '.join(KINDS)}")
         layout = layouts.named(layouts.check("layout", self.layout))
@@ -246,7 +186,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
                 raise ConfigError("filters", "only for static groups (elastic groups take partitioning_filters)")
             cfg = ElasticGroupConfig(
                 cast(int, self.max_members),  # validated by the config
-                _partitioning_filters(self.partitioning_filters),
+                partitioning_filters(self.partitioning_filters),
                 self.max_buffered_msgs,
                 self.max_buffered_bytes,
                 members,
@@ -259,7 +199,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
             return None
         if not isinstance(self.create_stream, Mapping):
             raise ConfigError("create_stream", "must be a dict (a JetStream stream config)")
-        sc = {"storage": "file", **{k: v if k == "name" else _literal(f"create_stream.{k}", v)
+        sc = {"storage": "file", **{k: v if k == "name" else literal(f"create_stream.{k}", v)
                                     for k, v in self.create_stream.items()}}
         sc.setdefault("name", self.stream)
         if sc["name"] != self.stream:
@@ -401,9 +341,9 @@ class _MembersOperator(_MembershipOperator):
                  **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
         self.members, self.assignment = members, assignment
-        if not _templated(members):
+        if not templated(members):
             parse_members("members", members)
-        if not _templated(assignment):
+        if not templated(assignment):
             check_assignment(assignment)
 
     def _validate(self) -> None:
@@ -451,7 +391,7 @@ class SetMemberMappingsOperator(_MembershipOperator):
     def __init__(self, *, stream: str, group: str, mappings: Any, **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
         self.mappings = mappings
-        if not _templated(mappings):
+        if not templated(mappings):
             self._parsed()
 
     def _parsed(self) -> list:
@@ -491,7 +431,7 @@ class StepDownMemberOperator(_ConsumerGroupOperator):
     def __init__(self, *, stream: str, group: str, member: str, **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
         self.member = member
-        if not _templated(member):
+        if not templated(member):
             groupnames.validate_name("member", member, "member")
 
     def _validate(self) -> None:
@@ -533,9 +473,9 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
         self.to_latest, self.to_seq, self.shift_by = to_latest, to_seq, shift_by
         # not ``self.dry_run``: that is BaseOperator's method (``airflow tasks test --dry-run``)
         self.plan_only, self.force = dry_run, force
-        if not any(_templated(v) for v in (member, to_datetime, by_duration, to_seq, shift_by)):
+        if not any(templated(v) for v in (member, to_datetime, by_duration, to_seq, shift_by)):
             self._target()
-        if member is not None and not _templated(member):
+        if member is not None and not templated(member):
             groupnames.validate_name("member", member, "member")
 
     def _target(self):
@@ -584,7 +524,7 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
                  partition_replicas: int | None = None, **kwargs: Any) -> None:
         super().__init__(stream=stream, group=group, **kwargs)
         self.layout, self.wait, self.partition_replicas = layout, wait, partition_replicas
-        if not _templated(layout):
+        if not templated(layout):
             layouts.check("layout", layout)
         check_replicas("partition_replicas", partition_replicas)
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e6:
@@ -629,13 +569,13 @@ class ResizeConsumerGroupOperator(_ConsumerGroupOperator):
         super().__init__(stream=stream, group=group, **kwargs)
         self.max_members, self.mappings = max_members, mappings
         self.plan_only, self.drain_timeout = dry_run, drain_timeout  # (BaseOperator has dry_run())
-        if not _templated(max_members):
+        if not templated(max_members):
             self._count()
         if isinstance(drain_timeout, bool) or not isinstance(drain_timeout, int | float) or drain_timeout <= 0:
             raise ConfigError("drain_timeout", "must be a number of seconds > 0")
 
     def _count(self) -> int:
-        value = _literal("max_members", self.max_members)
+        value = literal("max_members", self.max_members)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError("max_members", f"must be an integer >= 1 (got {self.max_members!r})")
         return value
@@ -649,7 +589,7 @@ class ResizeConsumerGroupOperator(_ConsumerGroupOperator):
 
         async def go(nc) -> dict[str, Any]:
             resizes = GroupResize(nc)
-            mappings = _literal("mappings", self.mappings)
+            mappings = literal("mappings", self.mappings)
             if self.plan_only:
                 return (await resizes.plan(self.stream, self.group, self._count(), mappings)).to_dict()
             return (await resizes.execute(self.stream, self.group, self._count(), mappings,
