@@ -479,7 +479,7 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
             groupnames.validate_name("member", member, "member")
 
     def _target(self):
-        from airflow_provider_cg.core.groups.reset import ResetTarget
+        from airflow_provider_cg.core.groups.reset_plan import ResetTarget
 
         return ResetTarget.parse(to_datetime=self.to_datetime, by_duration=self.by_duration,
                                  to_earliest=self.to_earliest, to_latest=self.to_latest, to_seq=self.to_seq,

@@ -15,7 +15,8 @@ from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
 from airflow_provider_cg.core.groups.lag import group_lag
 from airflow_provider_cg.core.groups.layouts import partition_streams as grouplayout
-from airflow_provider_cg.core.groups.reset import GroupReset, ResetTarget
+from airflow_provider_cg.core.groups.reset import GroupReset
+from airflow_provider_cg.core.groups.reset_plan import ResetTarget
 from airflow_provider_cg.core.groups.resize import GroupResize
 from airflow_provider_cg.core.jetstream.api import ERR_WQ_CONSUMER_NOT_UNIQUE, JsApi
 from airflow_provider_cg.core.tools.cli import main as cg_main

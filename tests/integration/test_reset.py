@@ -251,7 +251,7 @@ async def test_elastic_shift_back_is_refused_with_the_way_to_do_it(nc, nats_serv
 
 
 def test_a_datetime_is_read_as_utc():
-    from airflow_provider_cg.core.groups.reset import ResetTarget
+    from airflow_provider_cg.core.groups.reset_plan import ResetTarget
 
     t = ResetTarget.parse(to_datetime="2026-11-25T09:00:00")
     assert t.value == dt.datetime(2026, 11, 25, 9, tzinfo=dt.UTC)

@@ -30,7 +30,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from airflow_provider_cg.core.groups import sourcing
-from airflow_provider_cg.core.groups.reset import GroupReset, ResetTarget
+from airflow_provider_cg.core.groups.reset import GroupReset
+from airflow_provider_cg.core.groups.reset_plan import ResetTarget
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.landing.protocol.stream_life import origin_created
 from tests.support.chaos import ChaosConfig, ChaosRun, last_error

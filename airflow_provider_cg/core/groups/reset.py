@@ -28,11 +28,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import re
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
-from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups import partitioning, sourcing
@@ -44,134 +41,15 @@ from airflow_provider_cg.core.groups.consumers import (
     priority_group_of,
     static_max_ack_pending,
 )
+from airflow_provider_cg.core.groups.reset_plan import (
+    PositionChange,
+    ResetPlan,
+    ResetRefused,
+    ResetTarget,
+    target_of,
+)
 from airflow_provider_cg.core.groups.store import ELASTIC, consumer_name_of, consumer_stream_of
 from airflow_provider_cg.core.jetstream.api import JsApi, server_version
-
-MODES = ("to_datetime", "by_duration", "to_earliest", "to_latest", "to_seq", "shift_by")
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-class ResetRefused(ConsumerGroupError):
-    """A reset that must not run now (an active instance, a server without the API)."""
-
-
-def flag(mode: str) -> str:
-    return "--" + mode.replace("_", "-")
-
-
-@dataclass(frozen=True)
-class ResetTarget:
-    """Where to move: one of ``MODES`` and its value."""
-
-    mode: str
-    value: Any = None
-
-    @classmethod
-    def parse(cls, **given: Any) -> ResetTarget:
-        """From options named as ``MODES`` (exactly one given): ``ConfigError`` naming the option."""
-        unknown = set(given) - set(MODES)
-        if unknown:
-            raise ConfigError(sorted(unknown)[0], "is not a reset option")
-        chosen = {k: v for k, v in given.items() if v is not None and v is not False}
-        if len(chosen) != 1:
-            raise ConfigError("reset", "give exactly one of " + ", ".join(flag(m) for m in MODES))
-        mode, value = chosen.popitem()
-        if mode in ("to_earliest", "to_latest"):
-            return cls(mode)
-        if mode == "to_datetime":
-            return cls(mode, parse_datetime(value))
-        if mode == "by_duration":
-            return cls(mode, parse_duration(value))
-        n = _int(mode, value)
-        if mode == "to_seq" and n < 1:
-            raise ConfigError(mode, "must be a stream sequence >= 1")
-        if mode == "shift_by" and n == 0:
-            raise ConfigError(mode, "must not be 0 (negative: back, positive: forward)")
-        return cls(mode, n)
-
-    def describe(self) -> str:
-        if self.value is None:
-            return flag(self.mode)
-        if isinstance(self.value, dt.datetime):
-            return f"{flag(self.mode)} {self.value.isoformat().replace('+00:00', 'Z')}"
-        if self.mode == "by_duration":
-            return f"{flag(self.mode)} {self.value:g}s"
-        return f"{flag(self.mode)} {self.value}"
-
-
-def _int(field_name: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise ConfigError(field_name, f"must be an integer (got {value!r})")
-    try:
-        return int(str(value).strip())
-    except ValueError:
-        raise ConfigError(field_name, f"must be an integer (got {value!r})") from None
-
-
-def parse_datetime(value: Any) -> dt.datetime:
-    if isinstance(value, dt.datetime):
-        out = value
-    else:
-        try:
-            out = dt.datetime.fromisoformat(str(value).strip().replace("Z", "+00:00"))
-        except ValueError:
-            raise ConfigError("to_datetime", "must be an ISO 8601 date-time such as 2026-11-25T09:00:00Z "
-                              f"(got {value!r})") from None
-    return (out if out.tzinfo else out.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``90s``, ``15m``, ``1h30m``, ``2d`` (or a number of seconds), > 0."""
-    text = str(value).strip().lower()
-    try:
-        seconds = float(text)
-    except ValueError:
-        parts = _DURATION.findall(text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            raise ConfigError("by_duration", f"must be a duration such as 90s, 15m, 1h30m or 2d (got {value!r})") \
-                from None
-        seconds = sum(float(n) * _UNIT[u] for n, u in parts)
-    if not seconds > 0:
-        raise ConfigError("by_duration", "must be > 0")
-    return seconds
-
-
-@dataclass
-class PositionChange:
-    """One position a reset moves: an elastic partition, or a static member (all its partitions)."""
-
-    member: str
-    partitions: list[int]
-    current: int  # origin sequence of the next message to process
-    new: int
-    replay: int  # messages between the new and the current position, read again (landed ones are no-ops)
-    skip: int  # messages from the current position up to the new one, never read
-
-
-@dataclass
-class ResetPlan:
-    stream: str
-    group: str
-    kind: str
-    member: str | None  # None: the whole group
-    target: str
-    origin_first_seq: int
-    origin_last_seq: int
-    changes: list[PositionChange] = field(default_factory=list)
-    pinned: dict[str, str] = field(default_factory=dict)  # member -> pinned client id
-    executed: bool = False
-
-    @property
-    def replay(self) -> int:
-        return sum(c.replay for c in self.changes)
-
-    @property
-    def skip(self) -> int:
-        return sum(c.skip for c in self.changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "replay": self.replay, "skip": self.skip}
 
 
 class GroupReset:
@@ -422,7 +300,7 @@ class GroupReset:
     async def execute(self, plan: ResetPlan, *, force: bool = False) -> ResetPlan:
         """Apply ``plan`` (made again first, so it is current). Refused while an affected member
         is pinned, unless ``force``: then each is stepped down first."""
-        target = ResetTarget(*_target_of(plan.target))
+        target = ResetTarget(*target_of(plan.target))
         if plan.kind == ELASTIC:
             await self._finish_interrupted(groupnames.work_queue_stream(plan.stream, plan.group))
         fresh = await self.plan(plan.stream, plan.group, target, plan.member)
@@ -527,12 +405,3 @@ def _partition(subject: str, cfg, rules) -> int:
         except ValueError:
             continue
     return partitioning.partition_of(subject, cfg.max_members)
-
-
-def _target_of(described: str) -> tuple[str, Any]:
-    name, _, value = described.partition(" ")
-    mode = name[2:].replace("-", "_")
-    if not value:
-        return mode, None
-    parsed = ResetTarget.parse(**{mode: value})
-    return parsed.mode, parsed.value

@@ -35,7 +35,7 @@ from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.layouts import LayoutError
-from airflow_provider_cg.core.groups.reset import ResetRefused
+from airflow_provider_cg.core.groups.reset_plan import ResetRefused
 from airflow_provider_cg.core.groups.resize import ResizeIncomplete
 from airflow_provider_cg.core.groups.sourcing import SourcingError
 from airflow_provider_cg.core.tools.cli_parser import (
@@ -343,7 +343,7 @@ async def _lag(c: Call) -> None:
 
 
 def _check_reset(args):
-    from airflow_provider_cg.core.groups.reset import MODES, ResetTarget
+    from airflow_provider_cg.core.groups.reset_plan import MODES, ResetTarget
 
     groupnames.validate_names(args.stream, args.group)
     if args.member is not None:

@@ -206,6 +206,74 @@ async def window_has_messages(nc, stream: str, group: str, start: dt.datetime | 
     return bool(msgs) and _ns(start) <= msgs[0].timestamp_ns < _ns(end)
 
 
+class _Window:
+    """One backfill run's batches: each cut at the window's ends, without what live members
+    still hold pending, processed and landed as one batch of the window's own member."""
+
+    def __init__(self, sink: TwoPhaseSink, pipeline, lander: TwoPhaseLander, rows: OriginRows, summary: Summary,
+                 member: str, start_ns: int, end_ns: int, last_seq: int, positions: dict[int, int]) -> None:
+        self.sink, self.pipeline, self.lander, self.rows, self.s = sink, pipeline, lander, rows, summary
+        self.member, self.start_ns, self.end_ns, self.last_seq = member, start_ns, end_ns, last_seq
+        self.positions = positions
+        self.lagging: dict[int, int] | None = None  # partition -> position, of those behind the window
+        self.batch_seq = int(time.time() * 1000)
+
+    def cut(self, msgs: list) -> list:
+        """The pulled messages inside the window; the summary's stop reason set at its end."""
+        s, cut = self.s, len(msgs)
+        for i, m in enumerate(msgs):
+            if m.timestamp_ns >= self.end_ns:
+                cut, s.stop_reason = i, "window end"
+                break
+            if m.stream_seq > self.last_seq:
+                cut, s.stop_reason = i, "last sequence at start"
+                break
+        if not s.stop_reason and msgs[-1].num_pending == 0:
+            s.stop_reason = "no more messages"
+        return [m for m in msgs[:cut] if m.timestamp_ns >= self.start_ns]
+
+    def _next_id(self) -> BatchId:
+        self.batch_seq += 1
+        return BatchId(self.s.stream, self.s.group, self.member, self.batch_seq)
+
+    async def land(self, msgs: list) -> None:
+        if not msgs:
+            return
+        s, stream = self.s, self.s.stream
+        s.messages_read += len(msgs)  # counted as read here: the lander counts no messages of a backfill
+        s.bytes += sum(len(m.data) for m in msgs)
+        if self.lagging is None:
+            self.lagging = {p: pos for p, pos in self.positions.items() if pos < msgs[0].stream_seq}
+        table, kept, skipped = self.rows.build(msgs)
+        table = with_origin_key(table, s.origin_key)
+        s.skipped += skipped
+        if self.lagging and kept:
+            table, kept, left = _leave_pending(table, kept, self.lagging)
+            s.left_to_members += left
+            s.skipped += left
+        if not kept:
+            return
+        batch_id = self._next_id()
+        processed = await asyncio.to_thread(self.pipeline.process, self.sink, table, batch_id)
+        if processed.bad:
+            s.poison_deliveries += len(processed.bad)
+            s.skipped += len(processed.bad)
+            kept = [m for i, m in enumerate(kept) if i not in processed.bad]
+            table = table.filter(pa.array([i not in processed.bad for i in range(table.num_rows)]))
+            if not kept:
+                await self.lander.discard(processed)
+                return
+        refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
+
+        def recompute(table=table):
+            new_id = self._next_id()
+            return new_id, self.pipeline.process(self.sink, table, new_id)
+
+        await self.lander.land(batch_id, processed, table, refs, None, 0, 0, recompute=recompute)
+        log.info("cg backfill %s.%s [%s, %s): batch of %d, committed %d so far",
+                 stream, s.group, s.window_start, s.window_end, len(kept), s.rows_written)
+
+
 async def run_backfill(
     nc,
     sink: TwoPhaseSink,
@@ -247,64 +315,16 @@ async def run_backfill(
         s.stop_reason = "origin stream empty"
         s.duration_s = round(time.monotonic() - started, 3)
         return s
-    positions = await GroupReset(nc, js_prefix=js_prefix).positions(stream, group)
-    lagging: dict[int, int] | None = None  # partition -> position, of those behind the window
+    window = _Window(sink, pipeline, lander, rows, s, member, start_ns, end_ns, last_seq,
+                     await GroupReset(nc, js_prefix=js_prefix).positions(stream, group))
     name, client = await _window_reader(nc, api, stream, rows, start, js_prefix)
-    batch_seq = int(time.time() * 1000)
     try:
         while not s.stop_reason:
             msgs = await client.pull(batch_size, expires=pull_timeout, no_wait=True)
             if not msgs:
                 s.stop_reason = "no more messages"
                 break
-            cut = len(msgs)
-            for i, m in enumerate(msgs):
-                if m.timestamp_ns >= end_ns:
-                    cut, s.stop_reason = i, "window end"
-                    break
-                if m.stream_seq > last_seq:
-                    cut, s.stop_reason = i, "last sequence at start"
-                    break
-            if not s.stop_reason and msgs[-1].num_pending == 0:
-                s.stop_reason = "no more messages"
-            msgs = [m for m in msgs[:cut] if m.timestamp_ns >= start_ns]
-            if not msgs:
-                continue
-            s.messages_read += len(msgs)  # counted as read here: the lander counts no messages of a backfill
-            s.bytes += sum(len(m.data) for m in msgs)
-            if lagging is None:
-                lagging = {p: pos for p, pos in positions.items() if pos < msgs[0].stream_seq}
-            table, kept, skipped = rows.build(msgs)
-            table = with_origin_key(table, s.origin_key)
-            s.skipped += skipped
-            if lagging and kept:
-                table, kept, left = _leave_pending(table, kept, lagging)
-                s.left_to_members += left
-                s.skipped += left
-            if not kept:
-                continue
-            batch_seq += 1
-            batch_id = BatchId(stream, group, member, batch_seq)
-            processed = await asyncio.to_thread(pipeline.process, sink, table, batch_id)
-            if processed.bad:
-                s.poison_deliveries += len(processed.bad)
-                s.skipped += len(processed.bad)
-                kept = [m for i, m in enumerate(kept) if i not in processed.bad]
-                table = table.filter(pa.array([i not in processed.bad for i in range(table.num_rows)]))
-                if not kept:
-                    await lander.discard(processed)
-                    continue
-            refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
-
-            def recompute(table=table):
-                nonlocal batch_seq
-                batch_seq += 1
-                new_id = BatchId(stream, group, member, batch_seq)
-                return new_id, pipeline.process(sink, table, new_id)
-
-            await lander.land(batch_id, processed, table, refs, None, 0, 0, recompute=recompute)
-            log.info("cg backfill %s.%s [%s, %s): batch of %d, committed %d so far",
-                     stream, group, s.window_start, s.window_end, len(kept), s.rows_written)
+            await window.land(window.cut(msgs))
     finally:
         await client.close()
         try:
