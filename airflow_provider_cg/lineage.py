@@ -18,9 +18,19 @@ from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
 
 def stream_dataset_name(servers: list[str], stream: str) -> tuple[str, str]:
-    """``(namespace, name)`` of an origin stream: ``nats://host:port`` (no credentials)."""
+    """``(namespace, name)`` of an origin stream: ``nats://host:port`` (no credentials; an IPv6
+    host in brackets, as in a URL)."""
     url = urlsplit(servers[0] if "://" in servers[0] else f"nats://{servers[0]}")
-    return f"nats://{url.hostname or 'localhost'}:{url.port or 4222}", stream
+    host = url.hostname or "localhost"
+    return f"nats://{f'[{host}]' if ':' in host else host}:{url.port or 4222}", stream
+
+
+def no_lineage():
+    """What a task that moves no data says: no datasets (and no "unknown source" facet, which
+    the provider adds for an operator that says nothing)."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    return OperatorLineage()
 
 
 def table_dataset_name(spec: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
@@ -32,7 +42,11 @@ def table_dataset_name(spec: Any, table_location: tuple[str, str] | None = None)
 
 def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | None,
                      table_location: tuple[str, str] | None = None):
-    """The provider's ``OperatorLineage`` for one landing run."""
+    """The provider's ``OperatorLineage`` for one landing run. A run that wrote no row (a member
+    skipped for want of backlog, or whose messages had all landed before) read the stream and
+    landed nothing: its event names the stream and no table (with no dataset at all, the
+    provider would fall back to the task's outlet, the table, and the event would read as a
+    landing)."""
     from airflow.providers.common.compat.openlineage.facet import (
         InputDataset,
         OutputDataset,
@@ -41,6 +55,9 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
     from airflow.providers.openlineage.extractors import OperatorLineage
 
     namespace, name = stream_dataset_name(servers, spec.stream)
+    inputs = [InputDataset(namespace=namespace, name=name)]
+    if not summary or not summary.get("rows_written"):
+        return OperatorLineage(inputs=inputs)
     outputs = []
     for route, options in spec.tables():  # one table, or each route's
         out_namespace, out_name = table_dataset_name(options, table_location)
@@ -49,4 +66,4 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
         if counts and counts.get("rows_written") is not None:
             output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(counts["rows_written"]))
         outputs.append(OutputDataset(namespace=out_namespace, name=out_name, outputFacets=output_facets))
-    return OperatorLineage(inputs=[InputDataset(namespace=namespace, name=name)], outputs=outputs)
+    return OperatorLineage(inputs=inputs, outputs=outputs)

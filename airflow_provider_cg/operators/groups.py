@@ -70,6 +70,12 @@ class _ConsumerGroupOperator(BaseOperator):
     def hook(self) -> NatsHook:
         return NatsHook(nats_conn_id=self.nats_conn_id)
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: administering a group moves no data, so it names no dataset."""
+        from airflow_provider_cg.lineage import no_lineage
+
+        return no_lineage()
+
     def _run(self, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Validate, then ``await fn(nc)`` on a fresh connection; config errors fail for good."""
         try:

@@ -66,6 +66,12 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
         check_maintenance(options.sink, compact=compact, retention_hours=float(self.retention_hours))
         return options, compact
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: compacting a table's files moves no data, so it names no dataset."""
+        from airflow_provider_cg.lineage import no_lineage
+
+        return no_lineage()
+
     def execute(self, context: Any) -> dict[str, Any]:
         try:
             options, compact = self._options()

@@ -118,6 +118,12 @@ class ConsumerGroupMembersOperator(BaseOperator):
     def hook(self) -> NatsHook:
         return NatsHook(nats_conn_id=self.nats_conn_id)
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage: listing the members to land moves no data, so it names no dataset."""
+        from airflow_provider_cg.lineage import no_lineage
+
+        return no_lineage()
+
     def execute(self, context: Any) -> list[dict[str, Any]]:
         try:
             groupnames.validate_name("stream", self.stream, "stream")

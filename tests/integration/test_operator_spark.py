@@ -320,10 +320,33 @@ def test_avro_payloads_bring_sparks_avro_package(airflow_env, nats, shim, tmp_pa
     assert f"--packages {SPARK_AVRO_PACKAGE}" in shim.read_text()
 
 
-def test_zero_backlog_skips_without_starting_spark(airflow_env, nats, shim, tmp_path):
-    result = airflow_env.run_dag(_dag("cg_spark_empty", sink_path=str(tmp_path / "lake")))
+def test_zero_backlog_skips_without_starting_spark(airflow_env, nats, shim, tmp_path, openlineage_events,
+                                                     auth_server):
+    """A member without backlog is skipped before spark-submit, and its OpenLineage event (the
+    provider's real listener) names the stream and no table: it landed nothing. An admin
+    operator's event names no dataset, and is not marked as an operator of unknown source."""
+    from airflow.sdk import DAG
+
+    from airflow_provider_cg.operators.groups import ConsumerGroupStatusOperator
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+
+    with DAG("cg_spark_empty", schedule=None) as dag:
+        ConsumerGroupStatusOperator(task_id="status", stream=STREAM, group=GROUP, nats_conn_id="nats_auth") >> \
+            ConsumerGroupSparkSubmitOperator(task_id="consume", stream=STREAM, group=GROUP, member="m1",
+                                             nats_conn_id="nats_auth", conn_id="spark_test", idle_timeout=1.0,
+                                             sink_path=str(tmp_path / "lake"))
+    result = airflow_env.run_dag(dag)
+    assert result.state_of("status") == "success"
     assert result.state_of("consume") == "skipped"
     assert not shim.exists(), "spark-submit was invoked for a member without backlog"
+    events = {e["job"]["name"].rsplit(".", 1)[-1]: e for e in openlineage_events()
+              if e["eventType"] == "COMPLETE" and e["job"]["name"].startswith("cg_spark_empty.")}
+    assert set(events) == {"status", "consume"}, openlineage_events()
+    names = {task: ([(d["namespace"], d["name"]) for d in e.get("inputs", [])],
+                    [(d["namespace"], d["name"]) for d in e.get("outputs", [])]) for task, e in events.items()}
+    assert names == {"status": ([], []), "consume": ([(f"nats://127.0.0.1:{auth_server.port}", STREAM)], [])}
+    for task, event in events.items():
+        assert "unknownSourceAttribute" not in event["run"].get("facets", {}), (task, event["run"]["facets"])
 
 
 def test_a_backfill_of_a_group_not_created_yet_skips_or_fails_as_asked(airflow_env, nats, shim, tmp_path):

@@ -12,6 +12,9 @@ def test_the_stream_is_named_by_its_first_server_without_credentials():
     assert stream_dataset_name(["nats://lake:s3cr3t@nats-1.example:4223", "nats://nats-2:4222"], "ORDERS") == (
         "nats://nats-1.example:4223", "ORDERS")
     assert stream_dataset_name(["tls://nats-1"], "O") == ("nats://nats-1:4222", "O")
+    # an IPv6 server keeps its brackets, as in a URL
+    assert stream_dataset_name(["nats://[::1]:4443"], "O") == ("nats://[::1]:4443", "O")
+    assert stream_dataset_name(["tls://u:p@[fd00::7]"], "O") == ("nats://[fd00::7]:4222", "O")
 
 
 def test_tables_are_named_as_openlineage_names_their_storage():
@@ -21,6 +24,9 @@ def test_tables_are_named_as_openlineage_names_their_storage():
     assert name(sink="delta", sink_path="/lake/paid_orders") == ("file", "/lake/paid_orders")
     assert name(sink="delta", sink_path="s3://bucket/wh/paid_orders") == ("s3://bucket", "wh/paid_orders")
     assert name(sink="parquet", sink_path="/lake/raw") == ("file", "/lake/raw")
+    # OpenLineage names a file by its plain path: the Asset URI's quoting stays out of the name
+    assert name(sink="parquet", sink_path="/lake/paid orders pq") == ("file", "/lake/paid orders pq")
+    assert name(sink="delta", sink_path="s3://bucket/wh/paid orders") == ("s3://bucket", "wh/paid orders")
     assert name(sink="iceberg", iceberg_table="lake.paid_orders", iceberg_catalog_uri="sqlite:////tmp/c.db") == (
         "iceberg://sqlite", "lake.paid_orders")
     pg = table_dataset_name(MemberJobSpec.build({**BASE, "sink": "postgres", "pg_table": "landed"}),

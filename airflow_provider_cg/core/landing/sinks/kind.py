@@ -18,7 +18,7 @@ import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
 
@@ -130,8 +130,9 @@ class SinkKind:
         and database of a connection that ``locates_table``."""
         uri = self.asset_uri(options)
         parts = urlsplit(uri)
+        # OpenLineage names a file by its plain path: the quoting the Asset URI adds is not part of it
         if parts.scheme == "file":
-            return "file", parts.path
+            return "file", unquote(parts.path)
         return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
 
     def read_table(self, *, columns: list[str] | None = None, storage_options: dict[str, str] | None = None,
