@@ -131,6 +131,11 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param conn_id: Spark connection (its host is the master, e.g. ``local[*]``).
     :param env_vars: extra driver environment (not secrets: use connections for those).
     :param properties_file: a Spark properties file to start from.
+    :param openlineage_inject_parent_job_info: add the ``spark.openlineage.parent*`` properties
+        of this task's run, so the OpenLineage Spark listener links the job's events to the
+        task (as the Spark provider's ``SparkSubmitOperator`` does); default: ``[openlineage]
+        spark_inject_parent_job_info``. The transport's settings are not injected: they may
+        hold a key, and Spark shows its properties.
     :param conf, packages, py_files, files, jars, driver_memory, executor_memory, ...: the
         ``spark-submit`` options of the Spark provider's ``SparkSubmitHook``, passed through.
 
@@ -154,9 +159,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     )
     template_fields_renderers = {"conf": "py", "env_vars": "py"}
     ui_color = UI_COLOR
-    # two of the spark-submit options (all set from SPARK_SUBMIT_OPTIONS) the operator reads itself
+    # three of the spark-submit options (all set from SPARK_SUBMIT_OPTIONS) the operator reads itself
     deploy_mode: str | None
     py_files: str | None
+    conf: dict[str, Any] | None
 
     def __init__(
         self,
@@ -212,6 +218,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         backfill_end: str | None = None,
         env_vars: dict[str, str] | None = None,
         properties_file: str | None = None,
+        openlineage_inject_parent_job_info: bool | None = None,
         **kwargs: Any,
     ) -> None:
         for field in ("application", "application_args"):
@@ -235,6 +242,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self.nats_conn_id, self.conn_id = nats_conn_id, conn_id
         self.name = name or "cg-member"
         self.env_vars, self.properties_file = env_vars, properties_file
+        self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
         for option in SPARK_SUBMIT_OPTIONS:
             setattr(self, option, spark_options.get(option))
         self._spark_hook = None
@@ -293,6 +301,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
         self.py_files = ",".join([*shipped, *(p for p in (self.py_files or "").split(",") if p and p not in shipped)])
+        self._inject_openlineage(context)
         if self.name == "cg-member":
             self.name = f"cg-{spec.stream}-{spec.group}-{spec.member or 'backfill'}"
         with tempfile.TemporaryDirectory(prefix="cg-summary-") as tmp:
@@ -318,6 +327,20 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
                                        f"({describe_counts(summary)}): no asset event")
         self._announce(context, spec, summary)
         return summary
+
+    def _inject_openlineage(self, context: Any) -> None:
+        """The parent job's OpenLineage properties into ``conf``, when asked (see the parameter)."""
+        inject = self.openlineage_inject_parent_job_info
+        if inject is None:
+            from airflow.providers.common.compat.sdk import conf
+
+            inject = conf.getboolean("openlineage", "spark_inject_parent_job_info", fallback=False)
+        if inject:
+            from airflow.providers.common.compat.openlineage.utils.spark import (
+                inject_parent_job_information_into_spark_properties,
+            )
+
+            self.conf = inject_parent_job_information_into_spark_properties(dict(self.conf or {}), context)
 
     def _announce(self, context: Any, spec: MemberJobSpec, summary: dict[str, Any]) -> None:
         """Attach what this run landed to the asset event of each table it wrote (one, or each

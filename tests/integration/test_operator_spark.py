@@ -215,6 +215,7 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
 
     for name in minio_server.env():
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__SPARK_INJECT_PARENT_JOB_INFO", "true")
     airflow_env.add_connection("lake_s3", "aws", login=minio_server.user, password=minio_server.password,
                                extra={"endpoint_url": minio_server.endpoint, "region_name": "us-east-1"})
     try:
@@ -251,6 +252,10 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
     (out,) = event["outputs"]
     assert (out["namespace"], out["name"]) == (f"s3://{s3_bucket}", "orders")
     assert out["outputFacets"]["outputStatistics"]["rowCount"] == 300
+    # [openlineage] spark_inject_parent_job_info: the Spark job's own OpenLineage events can name
+    # this task's run as their parent
+    assert "spark.openlineage.parentJobName=cg_spark_delta_s3.consume" in argv, argv
+    assert f"spark.openlineage.parentRunId={event['run']['runId']}" in argv, argv
     assert minio_server.password not in json.dumps(openlineage_events()) and PASSWORD not in json.dumps(
         openlineage_events())
 
