@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import html
-import json
 import time
 from typing import Any
 
@@ -114,6 +113,15 @@ def last_landed(servers: list[str]) -> dict[tuple[str, str, str], dict[str, Any]
     return out
 
 
+def readable_ranges(ranges: dict[str, str]) -> str:
+    """``{"0": "5008-7000"}`` as people read it: ``partition 0: messages 5,008–7,000``."""
+    out = []
+    for partition, span in sorted(ranges.items(), key=lambda kv: int(kv[0])):
+        first, _, last = span.partition("-")
+        out.append(f"partition {partition}: messages {int(first):,}\u2013{int(last):,}")
+    return "; ".join(out)
+
+
 def create_app() -> FastAPI:
     app = FastAPI(title="NATS consumer groups", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -197,7 +205,7 @@ svg.spark{{display:block;background:#f7fafc}} .legend{{font-size:.8rem}}
             last = m.get("last_landed")
             landed = "-" if not last else (
                 f'{e(last["at"])}: {last["messages_landed"]} messages, {last["rows_written"]} rows '
-                f'(partitions {e(json.dumps(last["ranges"]))}) into {e(str(last["table"]))}')
+                f'({e(readable_ranges(last["ranges"]))}) into {e(str(last["table"]))}')
             parts.append(
                 f'<tr data-member="{e(m["member"])}"><td>{e(m["member"])}</td><td>{e(str(m["partitions"]))}</td>'
                 f'<td>{e(m["pin_holder"] or "-")}</td><td>{e(m["pinned_since"] or "-")}</td>'

@@ -1,6 +1,6 @@
 """The consumer-groups page's last-hour charts and backlog samples (``ui/history.py``,
 ``ui/charts.py``), without Airflow: bars where messages landed, the backlog line through the
-samples, samples older than an hour dropped."""
+samples, samples older than an hour dropped; and the landed ranges as the page writes them."""
 
 from __future__ import annotations
 
@@ -51,3 +51,11 @@ def test_with_history_sums_members_into_the_group():
     g = groups[0]
     assert g["history"]["landed_per_5min"] == [3] * BUCKETS and g["history"]["backlog"] == [[1000.0, 7]]
     assert g["members"][1]["history"] == {"backlog": [[1000.0, 4]], "landed_per_5min": [2] * BUCKETS}
+
+
+def test_landed_ranges_read_as_people_write_them():
+    from airflow_provider_cg.ui.app import readable_ranges
+
+    assert readable_ranges({"10": "7-9", "0": "5008-7000"}) == (
+        "partition 0: messages 5,008\u20137,000; partition 10: messages 7\u20139")
+    assert readable_ranges({}) == ""
