@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-services lint bench clean
+.PHONY: demo test test-services lint docs bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,15 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_protocol_log.py
 	$(BIN)/python benchmarks/bench_control_plane.py
 	$(BIN)/python benchmarks/bench_group_scale.py
+
+# The docs site (docs/, mkdocs.yml) into build/site, strictly: a warning or a broken link fails.
+DOCS_STAMP := $(VENV)/.docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[all,test,docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

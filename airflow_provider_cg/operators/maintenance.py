@@ -26,8 +26,8 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
     (``core/landing/sinks/maintenance.py``): Delta compaction toward ``target_file_size``, a
     checkpoint, ``VACUUM`` and log clean-up; Iceberg snapshot expiry and orphan-file clean-up.
 
-    :param sink, sink_path, iceberg_table, ...: the table, as the landing tasks' sink options
-        (``SinkOptions``), templated.
+    :param sink: the table's kind; with ``sink_path``, ``iceberg_table`` and the other sink
+        options, the table, as the landing tasks' sink options (``SinkOptions``), templated.
     :param compact: compact small files (default: yes for Delta; pyiceberg has no compaction).
     :param target_file_size: the table's target file size in bytes (compaction's target; the
         member jobs split larger files at it too).

@@ -64,8 +64,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param stream: origin stream of the group.
     :param group: consumer group.
     :param member: the member this task consumes as (it must hold or win the pin).
-    :param sink, sink_path, pg_table, iceberg_table, ...: the sink options, every field of the
-        contract's ``SinkOptions`` (``core/landing/contract.py``), all templated: ``sink`` is
+    :param sink: the table's kind; with ``sink_path``, ``pg_table``, ``iceberg_table`` and the
+        other sink options, every field of the contract's ``SinkOptions`` (``core/landing/contract.py``), all templated: ``sink`` is
         ``"delta"`` (``sink_path``: a path, or ``s3://bucket/prefix`` with ``aws_conn_id``),
         ``"iceberg"`` (``iceberg_table``, a catalog: ``iceberg_catalog_uri`` ``sqlite:////path.db``
         or a PostgreSQL catalog from ``pg_conn_id``, ``iceberg_catalog_name``,
@@ -102,9 +102,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         ``--py-files``. Named by the DAG author only (not templated, never read from a
         connection). Each message's effect lands once, whatever the transformation does.
     :param transform_sql: or a Spark SQL statement over the temporary view ``batch`` (templated).
-    :param batch_size, max_messages, max_bytes, max_seconds, standby_timeout, ack_wait,
-        max_ack_pending, max_deliver, idle_timeout, progress_interval, read: the member job's options; ``None``
-        (the default) is the job's default. Their types, defaults and rules are the job's
+    :param batch_size: a member job option; so are ``max_messages``, ``max_bytes``,
+        ``max_seconds``, ``standby_timeout``, ``ack_wait``, ``max_ack_pending``, ``max_deliver``,
+        ``idle_timeout``, ``progress_interval`` and ``read``. ``None`` (the default) is the job's
+        default. Their types, defaults and rules are the job's
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
     :param stream_life: after the origin stream was deleted and created again under the same
@@ -136,9 +137,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         task (as the Spark provider's ``SparkSubmitOperator`` does); default: ``[openlineage]
         spark_inject_parent_job_info``. The transport's settings are not injected: they may
         hold a key, and Spark shows its properties.
-    :param conf, packages, py_files, files, jars, driver_memory, executor_memory, ...: the
-        ``spark-submit`` options of the Spark provider's ``SparkSubmitHook``, passed through.
 
+    The ``spark-submit`` options of the Spark provider's ``SparkSubmitHook`` (``conf``,
+    ``packages``, ``py_files``, ``files``, ``jars``, ``driver_memory``, ``executor_memory``, ...)
+    are passed through.
     Submits through the Spark provider's public ``SparkSubmitHook`` (``hooks/spark_submit.py``
     keeps the secrets out of sight). Returns the job's summary (result, committed, partitions,
     ...) as the task's only XCom, also when the task is then skipped (result ``empty``,

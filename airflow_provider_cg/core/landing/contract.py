@@ -170,7 +170,7 @@ class MemberJobSpec(SinkOptions, BatchOptions):
     @classmethod
     def from_argv(cls, argv: list[str]) -> MemberJobSpec:
         """Parse the job's command line (``UsageError`` for what argparse refuses)."""
-        parser = _parser()
+        parser = job_parser()
         ns = parser.parse_args(argv)
         return cls.build(vars(ns))
 
@@ -223,7 +223,8 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+def job_parser() -> argparse.ArgumentParser:
+    """The member job's command line, made from its contract's fields (the docs print its help)."""
     p = _Parser(prog="cg_member_job", description="Land one member's backlog of a consumer group into a sink.",
                 argument_default=None)
     for f in dataclasses.fields(MemberJobSpec):

@@ -162,11 +162,15 @@ class _Commands:
         self.common, self.offline = _common(), _common(json_only=True)
         self.sub: Any = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
         self.sub.required = True
+        #: each command's parser, in the order --help lists them
+        self.parsers: dict[str, argparse.ArgumentParser] = {}
 
     def cmd(self, name: str, help: str, parents: Sequence[argparse.ArgumentParser] | None = None,
             **kw: Any) -> argparse.ArgumentParser:
-        return self.sub.add_parser(name, help=help, description=help,
-                                   parents=list(parents if parents is not None else (self.common,)), **kw)
+        p = self.sub.add_parser(name, help=help, description=help,
+                                parents=list(parents if parents is not None else (self.common,)), **kw)
+        self.parsers[name] = p
+        return p
 
     @staticmethod
     def sg(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -182,11 +186,16 @@ class _Commands:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return build_commands()[0]
+
+
+def build_commands() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """``cg``'s parser and each command's (the reference docs print every command's help)."""
     parser = Parser(prog="cg", description="Partitioned consumer groups on NATS JetStream (orbit pcgroups compatible).")
     commands = _Commands(parser)
     for add in (_group_commands, _observation_commands, _position_commands, _offline_commands):
         add(commands)  # in this order: the order --help lists them
-    return parser
+    return parser, commands.parsers
 
 
 def _group_commands(c: _Commands) -> None:

@@ -1,0 +1,57 @@
+"""MkDocs hook: the reference pages' generated parts, from the code itself, so they cannot
+drift: ``<!-- generated: NAME -->`` in a page becomes what ``GENERATORS[NAME]`` returns."""
+
+from __future__ import annotations
+
+import re
+
+MARKER = re.compile(r"<!-- generated: ([a-z-]+) -->")
+
+
+def _help_block(text: str) -> str:
+    return "```text\n" + text.rstrip() + "\n```\n"
+
+
+def member_job() -> str:
+    from airflow_provider_cg.core.landing.contract import job_parser
+
+    return _help_block(job_parser().format_help())
+
+
+def cg_commands() -> str:
+    from airflow_provider_cg.core.tools.cli_parser import build_commands
+
+    parser, commands = build_commands()
+    out = [_help_block(parser.format_help())]
+    for name, command in commands.items():
+        out.append(f"## `cg {name}`\n\n{_help_block(command.format_help())}")
+    return "\n".join(out)
+
+
+def exit_codes() -> str:
+    from airflow_provider_cg.core.landing import contract
+
+    rows = [("exit", "meaning"),
+            (str(contract.EXIT_OK), "the run ended as its summary says (`result`)"),
+            (str(contract.EXIT_INVALID), "bad input: the message names the field and the rule; nothing was "
+                                         "written or acknowledged; retrying cannot help"),
+            (str(contract.EXIT_SERVER), "a server (NATS, the sink's storage or database) refused or could not be "
+                                        "reached: retrying may help")]
+    results = [("result", "the task")] + [(f"`{r}`", "skipped" if r in contract.SKIP_RESULTS else "succeeds"
+                                           if r == contract.RESULT_COMMITTED else "fails")
+                                          for r in (contract.RESULT_COMMITTED, contract.RESULT_EMPTY,
+                                                    contract.RESULT_NOT_PINNED, contract.RESULT_REVOKED,
+                                                    contract.RESULT_FAILED)]
+
+    def table(rs: list[tuple[str, str]]) -> str:
+        head, *body = rs
+        return "\n".join([f"| {head[0]} | {head[1]} |", "|---|---|", *(f"| {a} | {b} |" for a, b in body)]) + "\n"
+
+    return table(rows) + "\n" + table(results)
+
+
+GENERATORS = {"member-job": member_job, "cg": cg_commands, "exit-codes": exit_codes}
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs' hook signature
+    return MARKER.sub(lambda m: GENERATORS[m.group(1)](), markdown)
