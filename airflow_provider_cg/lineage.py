@@ -5,7 +5,8 @@ Input: the group's origin stream, ``Dataset(namespace="nats://<host>:<port>", na
 yet, so this follows its Kafka one: the broker as namespace, the topic as name). Output: the
 table, in OpenLineage's naming for its storage: ``file`` + absolute path, ``s3://bucket`` +
 key, ``iceberg://<catalog>`` + ``namespace.table``, ``postgres://host:port`` +
-``database.schema.table``; with the rows the run wrote as output statistics. The provider's
+``database.schema.table``; with the rows the run wrote as output statistics and their columns
+as the dataset's schema. The provider's
 classes are imported here only, when the provider asks for lineage.
 """
 
@@ -51,6 +52,8 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
         InputDataset,
         OutputDataset,
         OutputStatisticsOutputDatasetFacet,
+        SchemaDatasetFacet,
+        SchemaDatasetFacetFields,
     )
     from airflow.providers.openlineage.extractors import OperatorLineage
 
@@ -65,5 +68,10 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
         output_facets: dict[str, Any] = {}
         if counts and counts.get("rows_written") is not None:
             output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(counts["rows_written"]))
-        outputs.append(OutputDataset(namespace=out_namespace, name=out_name, outputFacets=output_facets))
+        facets: dict[str, Any] = {}
+        if counts.get("columns"):  # the rows' columns as the job wrote them (their Arrow types)
+            facets["schema"] = SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=name, type=kind)
+                                                          for name, kind in counts["columns"]])
+        outputs.append(OutputDataset(namespace=out_namespace, name=out_name, facets=facets,
+                                     outputFacets=output_facets))
     return OperatorLineage(inputs=inputs, outputs=outputs)

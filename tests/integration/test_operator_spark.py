@@ -137,7 +137,10 @@ def test_summary_to_xcom_and_no_secret_anywhere(airflow_env, nats, shim, tmp_pat
     summary = result.xcom("consume")
     assert summary["result"] == "committed" and summary["rows_written"] == 500
     assert sum(p["messages"] for p in summary["partitions"].values()) == 500
+    from airflow_provider_cg.core.landing.rows import ROW_SCHEMA
     from airflow_provider_cg.core.landing.sinks import read_committed
+
+    assert [name for name, _ in summary["columns"]] == ROW_SCHEMA.names  # rows as read: the lineage schema
 
     assert read_committed(lake).num_rows == 500
     assert _xcom_keys("cg_spark_summary", "consume") == ["return_value"]  # one XCom: the summary
@@ -252,6 +255,10 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
     (out,) = event["outputs"]
     assert (out["namespace"], out["name"]) == (f"s3://{s3_bucket}", "orders")
     assert out["outputFacets"]["outputStatistics"]["rowCount"] == 300
+    # the table's schema: the transformation's columns, as the Spark tasks wrote them
+    assert [(f["name"], f["type"]) for f in out["facets"]["schema"]["fields"]] == [
+        ("origin_stream", "string"), ("origin_seq", "int64"), ("key", "string"), ("partition", "int32"),
+        ("payload_text", "string")], out["facets"]
     # [openlineage] spark_inject_parent_job_info: the Spark job's own OpenLineage events can name
     # this task's run as their parent
     assert "spark.openlineage.parentJobName=cg_spark_delta_s3.consume" in argv, argv

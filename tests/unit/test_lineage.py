@@ -32,3 +32,17 @@ def test_tables_are_named_as_openlineage_names_their_storage():
     pg = table_dataset_name(MemberJobSpec.build({**BASE, "sink": "postgres", "pg_table": "landed"}),
                             ("db.example:5432", "lake"))
     assert pg == ("postgres://db.example:5432", "lake.public.landed")
+
+
+def test_a_landing_names_its_table_with_the_rows_and_columns_it_wrote_and_no_table_without_rows(airflow_env):
+    from airflow_provider_cg.lineage import operator_lineage
+
+    spec = MemberJobSpec.build({**BASE, "sink": "delta", "sink_path": "/lake/t"})
+    wrote = operator_lineage(spec, ["nats://127.0.0.1:4222"], {"rows_written": 3, "columns": [["id", "int64"]]})
+    (out,) = wrote.outputs
+    assert (out.namespace, out.name, out.outputFacets["outputStatistics"].rowCount) == ("file", "/lake/t", 3)
+    assert [(f.name, f.type) for f in out.facets["schema"].fields] == [("id", "int64")]
+    for summary in (None, {"rows_written": 0, "result": "committed"}):  # skipped, or nothing written
+        nothing = operator_lineage(spec, ["nats://127.0.0.1:4222"], summary)
+        assert [(i.namespace, i.name) for i in nothing.inputs] == [("nats://127.0.0.1:4222", "ORDERS")]
+        assert nothing.outputs == []

@@ -388,8 +388,12 @@ class Summary:
     exit_code: int = EXIT_OK
     error: str | None = None
     #: a routed landing (``routes``): per route, what its table got: ``rows_written``,
-    #: ``duplicates_skipped``, ``messages_landed`` (inputs it recorded) and ``partitions``, as above
+    #: ``duplicates_skipped``, ``messages_landed`` (inputs it recorded) and ``partitions``, as above,
+    #: and its ``columns``
     routes: dict[str, dict] = field(default_factory=dict)
+    #: [name, Arrow type] of the columns of the rows this run wrote (a lineage schema), None
+    #: before a batch with rows committed
+    columns: list[list[str]] | None = None
 
     def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int,
                         into: dict | None = None) -> None:

@@ -84,6 +84,15 @@ def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, sum
     return committed
 
 
+def written_columns(rows: Any) -> list[list[str]] | None:
+    """[name, Arrow type] of a batch's rows as prepared (an Arrow table, or the files Spark
+    staged); None for a batch without rows."""
+    if isinstance(rows, pa.Table):
+        return [[f.name, str(f.type)] for f in rows.schema] if rows.num_rows else None
+    columns = getattr(rows, "columns", None)  # StagedFiles
+    return [list(c) for c in columns] if columns else None
+
+
 def _landed_inputs(inputs, input_keys: dict[str, np.ndarray] | None):
     """The inputs (rows as read) whose effect a transformed batch lands: those it records."""
     if input_keys is None or inputs.num_rows == 0:
@@ -231,7 +240,10 @@ class TwoPhaseLander:
         # again after a recovery does not announce them twice); rows are deduplicated by the sink
         if isinstance(processed.rows, RoutedRows):  # per route, what its table recorded
             _count_routes(s, processed.rows, inputs, result)
+            for name, part in processed.rows.parts.items():
+                s.route(name)["columns"] = written_columns(part.rows) or s.route(name).get("columns")
             return True
+        s.columns = written_columns(processed.rows) or s.columns
         for p, first, last, n in partition_ranges(_landed_inputs(inputs, processed.input_keys)):
             s.count_partition(p, first, last, n)
         return True

@@ -25,6 +25,8 @@ class StagedFiles:
     gid: str
     #: (path relative to the staging directory, rows) of each non-empty part file
     files: tuple[tuple[str, int], ...]
+    #: (name, Arrow type) of the files' columns (none without a file)
+    columns: tuple[tuple[str, str], ...] = ()
 
 
 def stage_frame(sink: Any, batch_id: BatchId, frame) -> StagedFiles:
@@ -69,6 +71,7 @@ def stage_frame(sink: Any, batch_id: BatchId, frame) -> StagedFiles:
         raise SinkError(f"Spark's output for {batch_id.gid} is not in {sink.store.location} as the driver sees "
                         "it (is the lake on a filesystem mounted at the same path on the driver and the "
                         "executors?)")
+    columns: tuple[tuple[str, str], ...] = ()
     if files:
         schema = pq.read_schema(io.BytesIO(sink.store.read(f"{staging}/{files[0][0]}")))
         try:
@@ -76,7 +79,8 @@ def stage_frame(sink: Any, batch_id: BatchId, frame) -> StagedFiles:
         except SchemaMismatch:
             sink.store.delete_tree(staging)
             raise
-    return StagedFiles(batch_id.gid, files)
+        columns = tuple((f.name, str(f.type)) for f in schema)
+    return StagedFiles(batch_id.gid, files, columns)
 
 def check_frame(sink: Any, frame) -> None:
     """The partition and merge columns of a Spark batch, before its tasks write anything."""
