@@ -57,10 +57,23 @@ def pytest_addoption(parser):
                     help="the table of tests/integration/test_mixed_writers.py (default: picked by the seed)")
 
 
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only when a Spark test runs
+def pytest_collection_modifyitems(config, items):
+    import os
+
+    if config.option.collectonly or "SPARK_SUBMIT_OPTS" in os.environ:
+        return
+    if any(item.get_closest_marker("spark") is not None for item in items):
+        from tests.support.spark_cds import dump_in_background
+
+        dump_in_background()
+
+
 def pytest_runtest_setup(item):
     """Tests that run spark-submit (marked ``spark``) get a class-data-sharing archive of Spark's
     classes in ``SPARK_SUBMIT_OPTS``, which Spark's launcher adds to every driver JVM it starts
-    (member jobs, operators, DAGs): about 3 s less per JVM start (``tests/support/spark_cds.py``)."""
+    (member jobs, operators, DAGs): about 3 s less per JVM start (``tests/support/spark_cds.py``;
+    dumped in the background from collection on)."""
     import os
 
     if item.get_closest_marker("spark") is None or "SPARK_SUBMIT_OPTS" in os.environ:

@@ -11,6 +11,7 @@ match the archive ignores it (``-Xshare:auto``, the default). Tests only: users'
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import os
 import shutil
@@ -42,9 +43,27 @@ def _key() -> str:
     return hashlib.sha256(f"{java}|{pyspark.__version__}|{jars}|{os.stat(jars).st_mtime_ns}".encode()).hexdigest()[:16]
 
 
-@cache
+_BACKGROUND: concurrent.futures.Future | None = None
+
+
+def dump_in_background() -> None:
+    """Dump the archive now, niced, in a thread: the tests before the first Spark one run
+    meanwhile (a new venv, as every clean clone has, needs its own: about 25 s here)."""
+    global _BACKGROUND
+    if _BACKGROUND is None:
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cg-spark-cds")
+        _BACKGROUND = pool.submit(_archive, nice=True)
+        pool.shutdown(wait=False)
+
+
 def spark_cds_archive() -> str | None:
-    """Path of the archive (dumped on first use), or None when it cannot be made here."""
+    """Path of the archive (dumped on first use, or by ``dump_in_background``), or None when
+    it cannot be made here."""
+    return _BACKGROUND.result() if _BACKGROUND is not None else _archive()
+
+
+@cache
+def _archive(nice: bool = False) -> str | None:
     try:
         path = cache_dir() / f"spark-cds-{_key()}.jsa"
         if path.exists():
@@ -58,7 +77,8 @@ def spark_cds_archive() -> str | None:
             r = subprocess.run([os.path.join(bindir, "spark-submit"), "--master", "local[2]", "--driver-java-options",
                                 f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial}",
                                 "--conf", "spark.ui.enabled=false", str(script), str(Path(d) / "out")],
-                               capture_output=True, text=True, timeout=300, env=env, cwd=d)
+                               capture_output=True, text=True, timeout=300, env=env, cwd=d,
+                               preexec_fn=(lambda: os.nice(10)) if nice else None)
             if r.returncode != 0 or not partial.exists():
                 return None
             path.parent.mkdir(parents=True, exist_ok=True)
