@@ -26,12 +26,15 @@ def stream_dataset_name(servers: list[str], stream: str) -> tuple[str, str]:
     return f"nats://{f'[{host}]' if ':' in host else host}:{url.port or 4222}", stream
 
 
-def no_lineage():
-    """What a task that moves no data says: no datasets (and no "unknown source" facet, which
-    the provider adds for an operator that says nothing)."""
-    from airflow.providers.openlineage.extractors import OperatorLineage
+class MovesNoData:
+    """Mixin of the operators that move no data (group administration, the members list, table
+    maintenance): their OpenLineage events name no dataset, rather than the "unknown source"
+    facet the provider adds for an operator that says nothing."""
 
-    return OperatorLineage()
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        return OperatorLineage()
 
 
 def table_dataset_name(spec: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:

@@ -35,6 +35,7 @@ from airflow_provider_cg.core.groups.membership import check_assignment, parse_m
 from airflow_provider_cg.core.groups.store import ELASTIC, KINDS, STATIC, GroupInfo
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
 from airflow_provider_cg.hooks.nats import NatsHook
+from airflow_provider_cg.lineage import MovesNoData
 from airflow_provider_cg.operators.group_arguments import (
     TRANSFORM_FUNCTION,
     literal,
@@ -46,7 +47,7 @@ T = TypeVar("T")
 UI_COLOR = "#cfe2f3"
 
 
-class _ConsumerGroupOperator(BaseOperator):
+class _ConsumerGroupOperator(MovesNoData, BaseOperator):
     """Shared by the operators: stream/group names, the connection, error mapping."""
 
     template_fields: Sequence[str] = ("stream", "group", "nats_conn_id")
@@ -70,11 +71,6 @@ class _ConsumerGroupOperator(BaseOperator):
     def hook(self) -> NatsHook:
         return NatsHook(nats_conn_id=self.nats_conn_id)
 
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage: administering a group moves no data, so it names no dataset."""
-        from airflow_provider_cg.lineage import no_lineage
-
-        return no_lineage()
 
     def _run(self, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Validate, then ``await fn(nc)`` on a fresh connection; config errors fail for good."""

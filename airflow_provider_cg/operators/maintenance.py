@@ -18,10 +18,11 @@ from airflow_provider_cg.core.landing.sinks.maintenance import DEFAULT_RETENTION
 from airflow_provider_cg.core.landing.sinks.options import TABLE_FIELDS, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 from airflow_provider_cg.hooks import spark_submit
+from airflow_provider_cg.lineage import MovesNoData
 from airflow_provider_cg.operators.members import UI_COLOR
 
 
-class ConsumerGroupTableMaintenanceOperator(BaseOperator):
+class ConsumerGroupTableMaintenanceOperator(MovesNoData, BaseOperator):
     """Maintain the Delta or Iceberg table member jobs land into, while they land
     (``core/landing/sinks/maintenance.py``): Delta compaction toward ``target_file_size``, a
     checkpoint, ``VACUUM`` and log clean-up; Iceberg snapshot expiry and orphan-file clean-up.
@@ -66,11 +67,6 @@ class ConsumerGroupTableMaintenanceOperator(BaseOperator):
         check_maintenance(options.sink, compact=compact, retention_hours=float(self.retention_hours))
         return options, compact
 
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage: compacting a table's files moves no data, so it names no dataset."""
-        from airflow_provider_cg.lineage import no_lineage
-
-        return no_lineage()
 
     def execute(self, context: Any) -> dict[str, Any]:
         try:

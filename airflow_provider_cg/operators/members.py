@@ -24,6 +24,7 @@ from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.lag import member_backlog
 from airflow_provider_cg.hooks.nats import NatsHook
+from airflow_provider_cg.lineage import MovesNoData
 
 UI_COLOR = "#fce5cd"
 #: how long to wait, at most, for an elastic group's work queue to catch up with its origin
@@ -86,7 +87,7 @@ def fanout_of(status: Any) -> list[dict[str, Any]]:
     ]
 
 
-class ConsumerGroupMembersOperator(BaseOperator):
+class ConsumerGroupMembersOperator(MovesNoData, BaseOperator):
     """Return one dict per member (``member``, ``partitions``, ``backlog``) to map over.
 
     Members without partitions (more members than partitions) are left out; so is any
@@ -118,11 +119,6 @@ class ConsumerGroupMembersOperator(BaseOperator):
     def hook(self) -> NatsHook:
         return NatsHook(nats_conn_id=self.nats_conn_id)
 
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage: listing the members to land moves no data, so it names no dataset."""
-        from airflow_provider_cg.lineage import no_lineage
-
-        return no_lineage()
 
     def execute(self, context: Any) -> list[dict[str, Any]]:
         try:

@@ -42,6 +42,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     WriteState,
 )
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows
+from airflow_provider_cg.core.landing.sinks.spark_staging import StagedFiles
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
@@ -89,8 +90,9 @@ def written_columns(rows: Any) -> list[list[str]] | None:
     staged); None for a batch without rows."""
     if isinstance(rows, pa.Table):
         return [[f.name, str(f.type)] for f in rows.schema] if rows.num_rows else None
-    columns = getattr(rows, "columns", None)  # StagedFiles
-    return [list(c) for c in columns] if columns else None
+    if isinstance(rows, StagedFiles) and rows.columns:
+        return [list(c) for c in rows.columns]
+    return None
 
 
 def _landed_inputs(inputs, input_keys: dict[str, np.ndarray] | None):

@@ -104,8 +104,6 @@ class PostgresSink(TwoPhaseSink):
         self.schema = validate_identifier("pg_schema", schema)
         if table in OWN_TABLES or table.startswith("_cg_stg_"):
             raise ConfigError("pg_table", f"{table!r} is one of the sink's own tables")
-        self.lock_timeout_s = lock_timeout_s
-        self.copy_chunk_rows = copy_chunk_rows
         #: the target holds a transformation's output: created from the first batch's columns
         self.transformed = transformed
         #: upserts (``merging.py``): the target's key is ``merge.keys``, its rows the latest per key
