@@ -19,7 +19,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -ra --durations=40
 
-# The README's run sequence under `airflow standalone` from the wheel (several minutes).
+# The getting-started page's commands, as written, under real Airflow services from the wheel (several minutes).
 test-services: $(STAMP)
 	$(BIN)/python -m pytest -q -ra -m services --timeout 1800
 

@@ -1,4 +1,4 @@
-"""Partitions moved by a membership change, block vs sticky assignment (the README's table).
+"""Partitions moved by a membership change, block vs sticky assignment (the table in docs/how-to/members-and-partitions.md).
 
     python benchmarks/assignment_moves.py
 

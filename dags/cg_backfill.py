@@ -26,7 +26,7 @@ Per-key order holds too: the backfill lands only what the group has passed, and 
 members the messages still pending in a partition whose position lags behind the window
 (``left_to_members`` in its summary); they land them in order. A backfill acknowledges
 nothing: live members' backlogs are untouched. An origin stream deleted and created again
-under the same name is refused until ``stream_life`` says what it is (see the README). The schedule is a timetable with
+under the same name is refused until ``stream_life`` says what it is (see docs/concepts/exactly-once.md). The schedule is a timetable with
 data intervals (``CronDataIntervalTimetable``): Airflow 3 gives plain cron and timedelta
 schedules zero-length intervals.
 

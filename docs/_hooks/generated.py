@@ -53,5 +53,19 @@ def exit_codes() -> str:
 GENERATORS = {"member-job": member_job, "cg": cg_commands, "exit-codes": exit_codes}
 
 
+def on_files(files, config):  # noqa: ARG001 - MkDocs' hook signature
+    """The benchmarks' plots, where the performance page links them (``benchmarks/results/``):
+    the files ``make bench`` writes, not copies of them."""
+    from pathlib import Path
+
+    from mkdocs.structure.files import File
+
+    root = Path(config["config_file_path"]).parent
+    for plot in sorted((root / "benchmarks" / "results").glob("*.png")):
+        files.append(File(f"benchmarks/results/{plot.name}", src_dir=str(root), dest_dir=config["site_dir"],
+                          use_directory_urls=config["use_directory_urls"]))
+    return files
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 - MkDocs' hook signature
     return MARKER.sub(lambda m: GENERATORS[m.group(1)](), markdown)

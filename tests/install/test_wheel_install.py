@@ -36,7 +36,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(installed_wheel
     probe = installed_wheel.probe
     assert str(venv) in probe and str(ROOT) not in probe.split("\n")[0], probe
 
-    # The README's way to get the example DAGs: Airflow's own provider example bundle (one
+    # The documented way to get the example DAGs: Airflow's own provider example bundle (one
     # bundle, every shipped DAG parsing in the stock Airflow), and the UI plugin registered.
     found = json.loads(installed_wheel.bundles.strip().splitlines()[-1])
     assert found["ours"] == [str(venv)] and found["errors"] == {}, found
