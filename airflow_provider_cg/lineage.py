@@ -4,8 +4,9 @@ Input: the group's origin stream, ``Dataset(namespace="nats://<host>:<port>", na
 (the first server of the connection, without credentials; OpenLineage has no NATS naming
 yet, so this follows its Kafka one: the broker as namespace, the topic as name). Output: the
 table, in OpenLineage's naming for its storage: ``file`` + absolute path, ``s3://bucket`` +
-key, ``iceberg://<catalog>`` + ``namespace.table``, ``postgres://host:port`` +
-``database.schema.table``; with the rows the run wrote as output statistics and their columns
+key, ``postgres://host:port`` + ``database.schema.table``; an Iceberg table by its location
+(as OpenLineage's Spark integration names it), with the catalog's name of it as a symlink of
+type TABLE (``SinkKind.catalog_table``); with the rows the run wrote as output statistics and their columns
 as the dataset's schema. The provider's
 classes are imported here only, when the provider asks for lineage.
 """
@@ -52,11 +53,13 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
     provider would fall back to the task's outlet, the table, and the event would read as a
     landing)."""
     from airflow.providers.common.compat.openlineage.facet import (
+        Identifier,
         InputDataset,
         OutputDataset,
         OutputStatisticsOutputDatasetFacet,
         SchemaDatasetFacet,
         SchemaDatasetFacetFields,
+        SymlinksDatasetFacet,
     )
     from airflow.providers.openlineage.extractors import OperatorLineage
 
@@ -66,12 +69,15 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
         return OperatorLineage(inputs=inputs)
     outputs = []
     for route, options in spec.tables():  # one table, or each route's
-        out_namespace, out_name = table_dataset_name(options, table_location)
         counts = summary if route is None or not summary else (summary.get("routes") or {}).get(route) or {}
+        kind = sink_kind(options.sink)
+        out_namespace, out_name = kind.dataset(options, table_location, counts.get("table_location"))
         output_facets: dict[str, Any] = {}
         if counts and counts.get("rows_written") is not None:
             output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(counts["rows_written"]))
         facets: dict[str, Any] = {}
+        if (catalog := kind.catalog_table(options, table_location)) is not None:  # the table as its catalog names it
+            facets["symlinks"] = SymlinksDatasetFacet(identifiers=[Identifier(*catalog, type="TABLE")])
         if counts.get("columns"):  # the rows' columns as the job wrote them (their Arrow types)
             facets["schema"] = SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=name, type=kind)
                                                           for name, kind in counts["columns"]])

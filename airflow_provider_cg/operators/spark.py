@@ -376,14 +376,17 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         from airflow_provider_cg.lineage import operator_lineage
 
         spec = self.job_spec()
-        located = None  # host and database of a connection that says where the table is (PostgreSQL's)
-        conn_id = next((getattr(self, c.param) for name in sorted(spec.sink_kinds)
-                        for c in sink_kind(name).connections if c.locates_table and getattr(self, c.param)), None)
-        if conn_id:
+        # where a connection says the table (or its catalog) is: a database's host and name, or
+        # a REST catalog's URL
+        located = None
+        found = next(((c, getattr(self, c.param)) for name in sorted(spec.sink_kinds)
+                      for c in sink_kind(name).connections if c.locates_table and getattr(self, c.param)), None)
+        if found:
             from airflow.sdk import BaseHook
 
-            conn = BaseHook.get_connection(conn_id)
-            located = (f"{conn.host or 'localhost'}:{conn.port or 5432}", conn.schema or "postgres")
+            conn = BaseHook.get_connection(found[1])
+            located = ((conn.host or "", "") if found[0].gives == "iceberg-catalog" else
+                       (f"{conn.host or 'localhost'}:{conn.port or 5432}", conn.schema or "postgres"))
         return operator_lineage(spec, self.hook.get_settings().servers, self._summary, located)
 
     def job_spec(self) -> MemberJobSpec:

@@ -269,9 +269,10 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
 
 @pytest.mark.spark
 def test_iceberg_with_its_catalog_in_postgresql_from_a_postgres_connection(airflow_env, nats, shim, tmp_path, capfd,
-                                                                           caplog, postgres_db):
+                                                                           caplog, postgres_db, openlineage_events):
     """sink="iceberg" with pg_conn_id: the SQL catalog lives in PostgreSQL, its URI (with the
-    password) reaches the job as CG_ICEBERG_CATALOG_URI only; read back through the catalog."""
+    password) reaches the job as CG_ICEBERG_CATALOG_URI only; read back through the catalog.
+    Lineage names the table by its location, with the catalog's name of it as a symlink."""
     from tests.support.member_job import iceberg_landed
 
     airflow_env.add_connection("pg_catalog", "postgres", host=postgres_db.host, port=postgres_db.port,
@@ -293,6 +294,15 @@ def test_iceberg_with_its_catalog_in_postgresql_from_a_postgres_connection(airfl
     for where, text in (("command line", argv), ("task log", logged),
                         ("XCom / rendered fields", _all_xcoms_and_rendered("cg_spark_iceberg_pg"))):
         assert postgres_db.password not in text, f"the catalog database's password leaked into the {where}"
+    location = (tmp_path / "warehouse" / "lake.db" / "orders").resolve()
+    assert result.xcom("consume")["table_location"] == f"file://{location}"
+    (event,) = [e for e in openlineage_events() if e["eventType"] == "COMPLETE"
+                and e["job"]["name"].endswith("cg_spark_iceberg_pg.consume")]
+    (out,) = event["outputs"]
+    assert (out["namespace"], out["name"]) == ("file", str(location))
+    assert out["facets"]["symlinks"]["identifiers"] == [
+        {"namespace": f"postgresql://{p.host}:{p.port}/{p.dbname}", "name": "default.lake.orders", "type": "TABLE"}]
+    assert postgres_db.password not in json.dumps(openlineage_events())
 
 
 @pytest.mark.spark

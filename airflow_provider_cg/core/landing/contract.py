@@ -389,11 +389,14 @@ class Summary:
     error: str | None = None
     #: a routed landing (``routes``): per route, what its table got: ``rows_written``,
     #: ``duplicates_skipped``, ``messages_landed`` (inputs it recorded) and ``partitions``, as above,
-    #: and its ``columns``
+    #: and its ``columns`` and ``table_location``
     routes: dict[str, dict] = field(default_factory=dict)
     #: [name, Arrow type] of the columns of the rows this run wrote (a lineage schema), None
     #: before a batch with rows committed
     columns: list[list[str]] | None = None
+    #: where the table's files are when its catalog decides it (an Iceberg table's location URI;
+    #: lineage names the table by it), None otherwise
+    table_location: str | None = None
 
     def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int,
                         into: dict | None = None) -> None:

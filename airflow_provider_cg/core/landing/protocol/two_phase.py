@@ -244,8 +244,11 @@ class TwoPhaseLander:
             _count_routes(s, processed.rows, inputs, result)
             for name, part in processed.rows.parts.items():
                 s.route(name)["columns"] = written_columns(part.rows) or s.route(name).get("columns")
+                if (where := self.sink.route_location(name)) is not None:
+                    s.route(name)["table_location"] = where
             return True
         s.columns = written_columns(processed.rows) or s.columns
+        s.table_location = self.sink.table_location
         for p, first, last, n in partition_ranges(_landed_inputs(inputs, processed.input_keys)):
             s.count_partition(p, first, last, n)
         return True

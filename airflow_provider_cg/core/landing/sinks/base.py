@@ -178,6 +178,13 @@ class TwoPhaseSink(abc.ABC):
 
     #: the upsert rule (``merging.MergeSpec``), if the sink merges by key
     merge: Any = None
+    #: where the table's files are, when its catalog decides it (Iceberg): lineage names a table
+    #: by its location (the summary's ``table_location``); None where the options say it
+    table_location: str | None = None
+
+    def route_location(self, route: str) -> str | None:
+        """``table_location`` of a route's table (a routed sink's; others have one table)."""
+        return self.table_location
 
     def refusals(self, table: pa.Table) -> dict[int, str]:
         """Rows of a batch this sink cannot take, whatever else is in the table (a record without

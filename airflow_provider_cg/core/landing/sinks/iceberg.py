@@ -168,6 +168,7 @@ class IcebergSink(TableSink):
         super().__init__(store, compression=compression, checkpoint_interval=checkpoint_interval,
                          target_file_size=target_file_size)
         self.location = store.uri() if isinstance(store, ObjectStorage) else "file://" + store.location
+        self.table_location = self.location
 
     @staticmethod
     def _own_properties(target_file_size: int | None) -> dict[str, str]:

@@ -44,6 +44,15 @@ class Connection:
     locates_table: bool = False
 
 
+def location_dataset(location: str) -> tuple[str, str]:
+    """``(namespace, name)`` of a table at a location, as OpenLineage names storage: ``file`` and
+    the plain path (the quoting a URI adds is not part of it), or ``scheme://bucket`` and the key."""
+    parts = urlsplit(location if "://" in location else f"file://{location}")
+    if parts.scheme == "file":
+        return "file", unquote(parts.path)
+    return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
+
+
 class SinkKind:
     """One sink's declaration (see the module docstring); subclasses set the class variables
     and override what differs."""
@@ -125,15 +134,17 @@ class SinkKind:
         """What an asset event's extra carries to find the table again (``assets.landed_rows``)."""
         return {}
 
-    def dataset(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
+    def dataset(self, options: Any, table_location: tuple[str, str] | None = None,
+                files_at: str | None = None) -> tuple[str, str]:
         """``(namespace, name)`` of the table in OpenLineage's naming; ``table_location``: host
-        and database of a connection that ``locates_table``."""
-        uri = self.asset_uri(options)
-        parts = urlsplit(uri)
-        # OpenLineage names a file by its plain path: the quoting the Asset URI adds is not part of it
-        if parts.scheme == "file":
-            return "file", unquote(parts.path)
-        return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
+        and database of a connection that ``locates_table``; ``files_at``: where the run found
+        the table's files, when its catalog decides it (the summary's ``table_location``)."""
+        return location_dataset(self.asset_uri(options))
+
+    def catalog_table(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str] | None:
+        """``(namespace, name)`` of the table in the catalog that names it, for lineage's symlink
+        of type TABLE beside ``dataset``; None for a table a path names."""
+        return None
 
     def read_table(self, *, columns: list[str] | None = None, storage_options: dict[str, str] | None = None,
                    row_filter: Any = None, **location: Any) -> Any:

@@ -142,6 +142,9 @@ class RoutedSink(TwoPhaseSink):
             parts[name] = RoutePart(rows, None, {s: np.sort(q) for s, q in keys_by_stream(rows).items()})
         return RoutedRows(parts)
 
+    def route_location(self, route: str) -> str | None:
+        return self.sinks[route].table_location
+
     def part_batch(self, batch_id: BatchId, name: str) -> BatchId:
         """The batch id of one table's write: the batch's, with a uid of its own (a PostgreSQL
         global transaction id is unique per server, and two routes may share one)."""

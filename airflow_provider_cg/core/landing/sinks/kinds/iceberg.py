@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.kind import Connection, SinkKind, check_location
+from airflow_provider_cg.core.landing.sinks.kind import Connection, SinkKind, check_location, location_dataset
 from airflow_provider_cg.core.landing.sinks.names import parse_identifier
 
 CATALOG_URI_ENV = "CG_ICEBERG_CATALOG_URI"
@@ -34,8 +34,8 @@ class Iceberg(SinkKind):
     location = ("iceberg_catalog_uri", "iceberg_catalog_name", "iceberg_table")
     driver_modules = ("pyiceberg", "obstore")
     #: a catalog in PostgreSQL (its DSN, password included) or behind a REST endpoint (its token)
-    connections = (Connection("pg_conn_id", "dsn", env=CATALOG_URI_ENV),
-                   Connection("iceberg_conn_id", "iceberg-catalog"))
+    connections = (Connection("pg_conn_id", "dsn", env=CATALOG_URI_ENV, locates_table=True),
+                   Connection("iceberg_conn_id", "iceberg-catalog", locates_table=True))
     partition_transforms = True
     maintained = True
     no_compaction = ("pyiceberg has no data-file compaction (Iceberg's rewrite_data_files runs in Spark or Flink); "
@@ -97,8 +97,32 @@ class Iceberg(SinkKind):
             extra["iceberg_catalog_uri"] = options.iceberg_catalog_uri
         return extra
 
-    def dataset(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
-        return f"iceberg://{urlsplit(self.asset_uri(options)).netloc}", options.iceberg_table
+    def dataset(self, options: Any, table_location: tuple[str, str] | None = None,
+                files_at: str | None = None) -> tuple[str, str]:
+        """By the table's location, as OpenLineage's Spark integration names an Iceberg table
+        (its catalog's name goes in the symlink, ``catalog_table``); by the catalog's name when
+        the run found no location (it wrote nothing)."""
+        return location_dataset(files_at) if files_at else self.catalog_table(options, table_location)
+
+    def catalog_table(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
+        """The catalog's URI (no credentials) and the table's identifier in it. A REST catalog
+        is its endpoint: ``namespace.table``, as OpenLineage's Spark integration names it. A SQL
+        catalog's database holds the tables of several catalogs, keyed by name, so the name is
+        ``<iceberg_catalog_name>.namespace.table``: two catalogs' tables of one name never meet.
+        ``table_location``: where the catalog connection points (a PostgreSQL catalog's host and
+        database, or a REST connection's URL), when ``iceberg_catalog_uri`` is not given."""
+        uri = options.iceberg_catalog_uri
+        if not uri and table_location:
+            where, database = table_location
+            uri = where if "://" in where else f"postgresql://{where}/{database}"
+        if not uri:
+            return "iceberg://catalog", f"{options.iceberg_catalog_name}.{options.iceberg_table}"
+        parts = urlsplit(uri)
+        if "@" in parts.netloc:  # never credentials (the options refuse a password; a user name either)
+            uri = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
+        if parts.scheme in ("http", "https"):
+            return uri.rstrip("/"), options.iceberg_table
+        return uri, f"{options.iceberg_catalog_name}.{options.iceberg_table}"
 
     def read_table(self, *, columns: list[str] | None = None, storage_options: dict[str, str] | None = None,
                    row_filter: Any = None, **location: Any) -> Any:

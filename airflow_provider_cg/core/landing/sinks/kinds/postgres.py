@@ -56,7 +56,8 @@ class Postgres(SinkKind):
     def asset_uri(self, options: Any) -> str:
         return f"postgres:///{options.pg_table or PostgresOptions.pg_table}"
 
-    def dataset(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
+    def dataset(self, options: Any, table_location: tuple[str, str] | None = None,
+                files_at: str | None = None) -> tuple[str, str]:
         where, db = table_location or ("localhost:5432", "postgres")
         table = options.pg_table if "." in (options.pg_table or "") else f"public.{options.pg_table}"
         return f"postgres://{where}", f"{db}.{table}"
