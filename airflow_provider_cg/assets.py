@@ -39,13 +39,21 @@ def table_uri(options: Any) -> str:
     return sink_kind(options.sink).asset_uri(options)
 
 
+def table_asset_name(options: Any) -> str:
+    """The name a landing table's Asset has unless told otherwise, for people: the table's name
+    and format (``paid_orders (delta)``, ``lake.orders (iceberg)``; ``SinkKind.asset_name``)."""
+    return sink_kind(options.sink).asset_name(options)
+
+
 def table_asset(name: str | None = None, **location: Any):
     """An Airflow ``Asset`` for the table the sink options ``location`` name (``SinkOptions``'
-    fields: ``sink="delta", sink_path=...``); named ``name`` or its URI."""
+    fields: ``sink="delta", sink_path=...``), named ``name`` or ``table_asset_name``. A DAG
+    scheduled on a landed table names it the same way (this function, or ``Asset`` with the same
+    name and URI): Airflow keeps one name per URI among active assets."""
     from airflow.sdk import Asset
 
-    uri = table_uri(SinkOptions.build(location))
-    return Asset(name=name or uri, uri=uri)
+    options = SinkOptions.build(location)
+    return Asset(name=name or table_asset_name(options), uri=table_uri(options))
 
 
 def table_assets(**options: Any) -> list:
@@ -80,6 +88,7 @@ def landed_extra(spec: Any, summary: dict[str, Any], servers: Any = ()) -> dict[
         "cg_extra_version": EXTRA_VERSION,
         "format": spec.sink,
         "table": table_uri(spec),
+        "name": table_asset_name(spec),  # the Asset's, for an event through the AssetAlias
         "stream": spec.stream, "group": spec.group, "member": summary.get("member"),
         "nats_servers": server_addresses(servers),
         # under the key of the origin's life: the rows' origin_stream (the stream, or <stream>#<n>)

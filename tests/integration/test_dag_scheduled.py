@@ -58,6 +58,18 @@ def _asset_event_extras(consumer_dag) -> list[dict]:
         return [dict(r.extra or {}) for r in rows]
 
 
+def _asset_event_names(consumer_dag) -> set[str]:
+    """The names of the Assets in Airflow's database that hold the events ``consumer_dag`` reads."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    uris = [a.uri for a in consumer_dag.timetable.asset_condition.objects]
+    with create_session() as s:
+        return set(s.scalars(select(AssetModel.name).join(AssetEvent, AssetEvent.asset_id == AssetModel.id)
+                             .where(AssetModel.uri.in_(uris))).all())
+
+
 def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
                                              tmp_path):
     from tests.support.member_job import assert_exactly_once, delta_landed
@@ -105,6 +117,10 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     assert sum(e["messages_landed"] for e in extras) == N
     assert all(e["table"] == f"file://{lake}" and e["format"] == "delta" and e["batch_ids"] for e in extras)
     assert sum(r["messages"] for e in extras for r in e["origin"]["ORDERS"].values()) == N
+    # the table's Asset is named for people, the same in the landing DAG and the report's schedule
+    assert {a.name for a in report_dag.timetable.asset_condition.objects} == {"paid_orders (delta)"}
+    assert _asset_event_names(report_dag) == {"paid_orders (delta)"} and all(
+        e["name"] == "paid_orders (delta)" for e in extras)
     # (Airflow queues the run at the first event and gives it the events up to then; the others
     # go to the next run, so the run covers one to three members' landings.)
     report = airflow_env.run_asset_triggered(report_dag)

@@ -130,6 +130,13 @@ class SinkKind:
         """The Asset URI of its table (``assets.table_uri``); ``ValueError`` when incomplete."""
         raise ValueError(f"no asset for sink {self.name!r}")
 
+    def asset_name(self, options: Any) -> str:
+        """The Asset's name, for people: the table's own name and its format
+        (``paid_orders (delta)``). Airflow keeps names unique among active assets: two tables of
+        one name and format need names of their own (``assets.table_asset(name=...)``)."""
+        leaf = unquote(urlsplit(self.asset_uri(options)).path.rstrip("/").rsplit("/", 1)[-1])
+        return f"{leaf or self.asset_uri(options)} ({self.name})"
+
     def asset_extra(self, options: Any) -> dict[str, Any]:
         """What an asset event's extra carries to find the table again (``assets.landed_rows``)."""
         return {}

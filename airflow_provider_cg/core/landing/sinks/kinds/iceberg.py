@@ -91,6 +91,9 @@ class Iceberg(SinkKind):
             where = catalog_uri.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0] or "catalog"
         return f"iceberg://{where}/{namespace.replace('.', '/')}/{table}"
 
+    def asset_name(self, options: Any) -> str:
+        return f"{options.iceberg_table} ({self.name})"
+
     def asset_extra(self, options: Any) -> dict[str, Any]:
         extra = {"iceberg_table": options.iceberg_table}
         if options.iceberg_catalog_uri:  # never a password: the contract refuses one in it
