@@ -13,8 +13,10 @@ scrubbed). ``/cg/api/groups?conn_id=`` returns the same as JSON.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query
@@ -23,8 +25,14 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from airflow_provider_cg._provider_info import CONN_TYPE
 from airflow_provider_cg.assets import server_addresses
 from airflow_provider_cg.ui.auth import current_user, may_read_connection
-from airflow_provider_cg.ui.charts import last_hour_svg
-from airflow_provider_cg.ui.history import landed_last_hour, with_history
+from airflow_provider_cg.ui.charts import fmt, last_hour_svg
+from airflow_provider_cg.ui.history import (
+    SAMPLES,
+    landed_last_hour,
+    sample_backlogs,
+    sample_seconds,
+    with_history,
+)
 
 CONNECT_TIMEOUT = 5.0
 LAST_EVENTS = 500  # asset events scanned for each group's last landed batch
@@ -52,8 +60,8 @@ def _is_nats(conn_id: str) -> bool:
         return False
 
 
-async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
-    """``(groups, error)``: every group's lag through connection ``conn_id``."""
+async def lag_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None, Any]:
+    """``(groups, error, settings)``: every group's lag through connection ``conn_id``."""
     from airflow.models.connection import Connection
 
     from airflow_provider_cg.core.groups.lag import GroupLag, all_groups_lag
@@ -61,25 +69,58 @@ async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
 
     settings = None
     try:
-        conn = Connection.get_connection_from_secrets(conn_id)
+        conn = await asyncio.to_thread(Connection.get_connection_from_secrets, conn_id)
         settings = settings_from_connection(conn, conn.extra_dejson or {})
         nc = await asyncio.wait_for(settings.connect(), CONNECT_TIMEOUT + 1)
     except Exception as e:
-        return [], scrub(f"cannot reach NATS through {conn_id!r}: {_first_line(e)}", settings)
+        return [], scrub(f"cannot reach NATS through {conn_id!r}: {_first_line(e)}", settings), settings
     try:
         groups = await all_groups_lag(nc)
     except Exception as e:
-        return [], scrub(f"cannot list the groups: {_first_line(e)}", settings)
+        return [], scrub(f"cannot list the groups: {_first_line(e)}", settings), settings
     finally:
         await nc.close()
     out = [g.to_dict() if isinstance(g, GroupLag) else {**g, "error": scrub(g["error"], settings)} for g in groups]
+    return out, None, settings
+
+
+#: connections the page was asked for that the metadata DB does not list (the environment's, a
+#: secrets backend's): the sampler samples them too, from then on
+ASKED: set[str] = set()
+
+
+async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
+    """``(groups, error)``: every group's lag through connection ``conn_id``, with what each
+    member landed last and the last hour (a backlog sample of this reading added)."""
+    ASKED.add(conn_id)
+    out, error, settings = await lag_of(conn_id)
+    if error:
+        return [], error
     servers = server_addresses(settings.servers)
-    landed = last_landed(servers)
+    now = time.time()
+
+    def history() -> tuple[dict, dict, dict]:  # the metadata DB: off the event loop
+        SAMPLES.record(conn_id, out, now)
+        return last_landed(servers), landed_last_hour(servers, now), SAMPLES.series(conn_id, now)
+
+    landed, per_5min, backlog = await asyncio.to_thread(history)
     for g in out:
         for m in g.get("members") or []:
             m["last_landed"] = landed.get((g["stream"], g["group"], m["member"]))
-    with_history(conn_id, out, landed_last_hour(servers, time.time()))
+    with_history(out, per_5min, backlog)
     return out, None
+
+
+def sampled_connections() -> list[str]:
+    """What the backlog sampler reads: every ``nats`` connection of the metadata DB, and the
+    others the page was asked for."""
+    from airflow.models.connection import Connection
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        ids = set(s.scalars(select(Connection.conn_id).where(Connection.conn_type == CONN_TYPE)).all())
+    return sorted(ids | ASKED)
 
 
 def _first_line(e: Exception) -> str:
@@ -122,8 +163,29 @@ def readable_ranges(ranges: dict[str, str]) -> str:
     return "; ".join(out)
 
 
+@contextlib.asynccontextmanager
+async def sampling(app: FastAPI) -> AsyncIterator[None]:
+    """The API server's lifespan (Airflow enters a plugin app's): the backlog sampler runs as
+    long as the server does."""
+    interval = sample_seconds()
+    task = None
+    if interval > 0:
+        async def read(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
+            groups, error, _ = await lag_of(conn_id)
+            return groups, error
+
+        task = asyncio.create_task(sample_backlogs(read, sampled_connections, interval))
+    try:
+        yield
+    finally:
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 def create_app() -> FastAPI:
-    app = FastAPI(title="NATS consumer groups", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="NATS consumer groups", docs_url=None, redoc_url=None, openapi_url=None, lifespan=sampling)
 
     def readable(conn_id: str | None, user: Any) -> tuple[list[str], str | None]:
         conns = nats_connections(user)
@@ -161,17 +223,53 @@ def _age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+#: Airflow 3's look (its UI is Chakra UI: Inter, zinc greys, tables ruled by rows), light and dark
+STYLE = """
+:root{--bg:#fff;--fg:#09090b;--muted:#71717a;--border:#e4e4e7;--head:#fafafa;--plot:#fafafa;--grid:#e4e4e7;
+--bar:#3b82f6;--line:#e11d48;--err:#dc2626;--link:#0164b3}
+:root[data-theme=dark]{--bg:#09090b;--fg:#fafafa;--muted:#a1a1aa;--border:#27272a;--head:#18181b;--plot:#111113;
+--grid:#27272a;--bar:#60a5fa;--line:#fb7185;--err:#f87171;--link:#60a5fa}
+@media (prefers-color-scheme:dark){:root:not([data-theme=light]){--bg:#09090b;--fg:#fafafa;--muted:#a1a1aa;
+--border:#27272a;--head:#18181b;--plot:#111113;--grid:#27272a;--bar:#60a5fa;--line:#fb7185;--err:#f87171;--link:#60a5fa}}
+html{background:var(--bg);color:var(--fg)}
+body{margin:0;padding:16px 20px;font:14px/1.45 Inter,-apple-system,BlinkMacSystemFont,"Segoe UI",Helvetica,Arial,sans-serif}
+h1{font-size:20px;font-weight:600;margin:0 0 12px} h2{font-size:16px;font-weight:600;margin:24px 0 2px}
+select,input{font:inherit;color:var(--fg);background:var(--bg);border:1px solid var(--border);border-radius:6px;padding:4px 8px}
+table{border-collapse:collapse;margin:8px 0 8px;width:100%}
+th,td{border-bottom:1px solid var(--border);padding:6px 10px;text-align:left;vertical-align:middle}
+th{background:var(--head);font-weight:600;font-size:12px;color:var(--muted);position:sticky;top:0;z-index:1}
+tr:hover td{background:var(--head)} .num{text-align:right;font-variant-numeric:tabular-nums}
+.err{color:var(--err)} .muted{color:var(--muted)} .legend{font-size:12px}
+.legend i{display:inline-block;width:12px;height:8px;margin:0 4px 0 12px;vertical-align:middle}
+svg{display:block;overflow:visible} svg .plot{fill:var(--plot)} svg .grid{stroke:var(--grid);stroke-width:1}
+svg .landed,.legend .landed{fill:var(--bar);background:var(--bar)} svg .backlog{fill:none;stroke:var(--line);stroke-width:1.6}
+svg .backlog-now{fill:var(--line)} .legend .backlog{background:var(--line);height:2px}
+svg text{fill:var(--muted);font-size:10px;font-variant-numeric:tabular-nums} svg.group text{font-size:11px}
+svg text.y-landed{fill:var(--bar)} svg text.y-backlog{fill:var(--line)}
+"""
+#: which theme: Airflow's own (its frame's <html> class, or its saved choice), else the system's
+THEME_SCRIPT = """(function(){function pick(){var d=null;try{var p=window.parent.document.documentElement;
+if(p!==document.documentElement){d=p.classList.contains('dark')?'dark':p.classList.contains('light')?'light':null}}catch(e){}
+if(!d){try{var s=localStorage.getItem('theme');if(s==='dark'||s==='light')d=s}catch(e){}}
+if(!d)d=matchMedia('(prefers-color-scheme: dark)').matches?'dark':'light';document.documentElement.dataset.theme=d}
+pick();try{new MutationObserver(pick).observe(window.parent.document.documentElement,{attributes:true})}catch(e){}})();"""
+#: a group's members filtered by name; the page reloads itself every 30 s unless a filter is typed
+PAGE_SCRIPT = """document.querySelectorAll('input.member-filter').forEach(function(f){f.addEventListener('input',function(){
+var q=f.value.toLowerCase();document.querySelectorAll('#'+f.dataset.table+' tr[data-member]').forEach(function(r){
+r.hidden=q&&r.dataset.member.toLowerCase().indexOf(q)<0})})});
+setInterval(function(){if(![].some.call(document.querySelectorAll('input.member-filter'),function(f){return f.value}))
+location.reload()},30000);"""
+FILTER_FROM = 12  # members from which a group's table gets a filter box
+
+
 def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], error: str | None) -> str:
     e = html.escape
     options = "".join(f'<option value="{e(c)}"{" selected" if c == chosen else ""}>{e(c)}</option>' for c in conns)
+    every = sample_seconds()
+    sampled = (f"sampled every {every:.0f} s by the API server" if every > 0 else "sampled when this page is shown")
     parts = [f"""<!doctype html><html><head><meta charset="utf-8"><title>NATS consumer groups</title>
-<meta http-equiv="refresh" content="15"><style>
-body{{font-family:system-ui,sans-serif;margin:1rem;color:#1a202c}} table{{border-collapse:collapse;margin:.5rem 0 1.5rem}}
-th,td{{border:1px solid #cbd5e0;padding:.25rem .6rem;text-align:left;font-size:.9rem}} th{{background:#edf2f7}}
-.num{{text-align:right}} .err{{color:#c53030}} .muted{{color:#718096}} h2{{font-size:1.1rem;margin-bottom:.2rem}}
-svg.spark{{display:block;background:#f7fafc}} .legend{{font-size:.8rem}}
-.legend i{{display:inline-block;width:.8rem;height:.5rem;margin:0 .2rem 0 .6rem}}
-</style></head><body><h1>NATS consumer groups</h1>
+<meta name="viewport" content="width=device-width"><script>{THEME_SCRIPT}</script><style>{STYLE}</style></head>
+<body><h1>NATS consumer groups</h1>
 <form method="get"><label>Connection <select name="conn_id" onchange="this.form.submit()">{options}</select></label>
 <noscript><button>Show</button></noscript></form>"""]
     if not conns:
@@ -183,25 +281,31 @@ svg.spark{{display:block;background:#f7fafc}} .legend{{font-size:.8rem}}
     now = time.time()
     for g in groups:
         title = f"{g['stream']} / {g['group']}"
+        anchor = e("group-" + g["stream"] + "-" + g["group"])
         if g.get("error"):
-            parts.append(f'<h2>{e(title)}</h2><p class="err">{e(g["error"])}</p>')
+            parts.append(f'<section class="group"><h2>{e(title)}</h2><p class="err">{e(g["error"])}</p></section>')
             continue
+        members = g["members"]
+        table_id = e("members-" + g["stream"] + "-" + g["group"])
         parts.append(
-            f'<h2 id="{e("group-" + g["stream"] + "-" + g["group"])}">{e(title)}</h2>'
-            f'<p class="muted">{e(g["kind"])}, {g["max_members"]} partitions, backlog {g["backlog"]}, '
-            f'oldest pending {_age(g["oldest_pending_age_s"])}'
+            f'<section class="group" id="{anchor}"><h2>{e(title)}</h2>'
+            f'<p class="muted summary">{e(g["kind"])}, {g["max_members"]} partitions, {len(members)} members, '
+            f'backlog {fmt(g["backlog"])}, oldest pending {_age(g["oldest_pending_age_s"])}'
             + (f', source lag {g["source_lag"]}' if g.get("source_lag") is not None else "")
             + (f', unassigned partitions {e(str(g["unassigned_partitions"]))}' if g["unassigned_partitions"] else "")
             + "</p>"
             + "".join(f'<p class="err" data-partition="{e(p)}">partition {e(p)}: its stream is not current: '
                       f'{e(why)} (its backlog is not known)</p>'
                       for p, why in (g.get("partition_problems") or {}).items())
-            + f'<div class="group-chart">{last_hour_svg(g.get("history") or {}, now, width=480, height=60)}</div>'
-            + '<p class="legend muted">last hour: <i style="background:#90cdf4"></i>messages landed per 5 min'
-              '<i style="background:#c53030;height:2px"></i>backlog, sampled while this page is shown</p>'
-            + "<table><tr><th>member</th><th>partitions</th><th>pin holder</th><th>pinned since</th>"
-              "<th>backlog</th><th>ack pending</th><th>oldest pending</th><th>last hour</th><th>last landed</th></tr>")
-        for m in g["members"]:
+            + f'<div class="group-chart">{last_hour_svg(g.get("history") or {}, now, large=True, css_class="group")}</div>'
+            + f'<p class="legend muted">the last hour, UTC: <i class="landed"></i>messages landed per 5 min (left scale)'
+              f'<i class="backlog"></i>backlog, {sampled} (right scale); samples kept in Airflow\'s database</p>'
+            + (f'<input type="search" class="member-filter" data-table="{table_id}" placeholder="Filter members" '
+               f'aria-label="Filter members of {e(title)}">' if len(members) >= FILTER_FROM else "")
+            + f'<table id="{table_id}"><thead><tr><th>member</th><th>partitions</th><th>pin holder</th>'
+              "<th>pinned since</th><th class=\"num\">backlog</th><th class=\"num\">ack pending</th>"
+              "<th class=\"num\">oldest pending</th><th>last hour</th><th>last landed</th></tr></thead><tbody>")
+        for m in members:
             last = m.get("last_landed")
             landed = "-" if not last else (
                 f'{e(last["at"])}: {last["messages_landed"]} messages, {last["rows_written"]} rows '
@@ -212,6 +316,6 @@ svg.spark{{display:block;background:#f7fafc}} .legend{{font-size:.8rem}}
                 f'<td class="num">{m["backlog"]}</td><td class="num">{m["num_ack_pending"]}</td>'
                 f'<td class="num">{_age(m["oldest_pending_age_s"])}</td>'
                 f'<td>{last_hour_svg(m.get("history") or {}, now)}</td><td>{landed}</td></tr>')
-        parts.append("</table>")
-    parts.append("</body></html>")
+        parts.append("</tbody></table></section>")
+    parts.append(f"<script>{PAGE_SCRIPT}</script></body></html>")
     return "".join(parts)

@@ -1,53 +1,108 @@
-"""The last hour of each member, for the consumer-groups page's charts.
+"""The last hour of each group and member, for the consumer-groups page's charts.
 
 - **Landed messages** come from the landing tasks' asset events (``airflow_provider_cg.assets``)
   in Airflow's metadata DB: every run's ``messages_landed`` at its time, summed per 5 minutes.
-  They survive restarts and are the same in every API server.
-- **Backlog** is not stored anywhere by NATS, so the page samples it: every time the page or
-  its JSON is served, each group's and member's backlog is kept in this API server process for
-  an hour (the page reloads itself every 15 s while it is open). A restarted or another API
-  server starts with no samples; the chart says how many it has.
+- **Backlog**: NATS keeps no history of it, so the API server samples it on a schedule, whether
+  or not anyone looks (``sample_backlogs``, every ``[nats_consumer_groups]
+  backlog_sample_seconds``, 60 by default; 0 turns it off), for every ``nats`` connection of the
+  metadata DB and every one the page was asked for; a page view adds a sample too. The samples
+  are rows of ``cg_backlog_samples`` in Airflow's metadata DB (created on first use, kept an
+  hour), so a restarted API server, or another one behind the load balancer, draws the same line.
+
+Both survive restarts and are the same in every API server.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
-from collections import deque
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 WINDOW_S = 3600.0
 BUCKET_S = 300.0
 BUCKETS = int(WINDOW_S // BUCKET_S)
-MAX_SERIES = 20_000  # (connection, stream, group, member) series kept; the oldest-touched go first
 MAX_EVENTS = 50_000  # asset events of the last hour read at most (256 members landing each minute: 15,360)
+SAMPLE_SECONDS = 60  # the sampler's default interval
+GROUP = ""  # the member column of a group's own sample
+
+Key = tuple[str, str, str]  # (stream, group, member or GROUP)
 
 
-class BacklogSamples:
-    """Backlog samples per key, the last ``WINDOW_S`` seconds, thread-safe."""
+def _table():
+    from sqlalchemy import BigInteger, Column, Float, Index, MetaData, String, Table
 
-    def __init__(self) -> None:
+    return Table("cg_backlog_samples", MetaData(),
+                 Column("conn_id", String(250), nullable=False), Column("stream", String(255), nullable=False),
+                 Column("group_name", String(255), nullable=False), Column("member", String(255), nullable=False),
+                 Column("at", Float, nullable=False), Column("backlog", BigInteger, nullable=False),
+                 Index("idx_cg_backlog_samples_conn_at", "conn_id", "at"),
+                 Index("idx_cg_backlog_samples_at", "at"))
+
+
+class BacklogStore:
+    """Backlog samples in a database table (Airflow's metadata DB by default), the last
+    ``WINDOW_S`` seconds. ``engine``: a callable giving the SQLAlchemy engine, asked on first use."""
+
+    def __init__(self, engine: Callable[[], Any] | None = None) -> None:
+        self._engine_of = engine or _airflow_engine
+        self._engine: Any = None
         self._lock = threading.Lock()
-        self._series: dict[tuple, deque[tuple[float, int]]] = {}
+        self.table = _table()
 
-    def record(self, key: tuple, backlog: int, now: float) -> None:
+    def _ready(self) -> Any:
         with self._lock:
-            series = self._series.pop(key, None) or deque()
-            series.append((now, int(backlog)))
-            while series and series[0][0] < now - WINDOW_S:
-                series.popleft()
-            self._series[key] = series  # re-inserted: the dict's order is the touch order
-            while len(self._series) > MAX_SERIES:
-                self._series.pop(next(iter(self._series)))
+            if self._engine is None:
+                engine = self._engine_of()
+                self.table.create(engine, checkfirst=True)
+                self._engine = engine
+            return self._engine
 
-    def series(self, key: tuple, now: float) -> list[tuple[float, int]]:
-        with self._lock:
-            return [(t, n) for t, n in self._series.get(key, ()) if t >= now - WINDOW_S]
+    def record(self, conn_id: str, groups: list[dict[str, Any]], now: float) -> None:
+        """One sample of each group's and member's backlog; samples older than an hour go."""
+        from sqlalchemy import delete, insert
+
+        rows = []
+        for g in groups:
+            if g.get("error") or g.get("backlog") is None:
+                continue
+            rows.append({"member": GROUP, "backlog": int(g["backlog"] or 0), "stream": g["stream"],
+                         "group_name": g["group"]})
+            rows += [{"member": m["member"], "backlog": int(m.get("backlog") or 0), "stream": g["stream"],
+                      "group_name": g["group"]} for m in g.get("members") or []]
+        engine = self._ready()
+        with engine.begin() as c:
+            if rows:
+                c.execute(insert(self.table), [{**r, "conn_id": conn_id, "at": now} for r in rows])
+            c.execute(delete(self.table).where(self.table.c.at < now - WINDOW_S))
+
+    def series(self, conn_id: str, now: float) -> dict[Key, list[tuple[float, int]]]:
+        """Every series of ``conn_id`` over the last hour, oldest sample first."""
+        from sqlalchemy import select
+
+        t = self.table
+        out: dict[Key, list[tuple[float, int]]] = {}
+        with self._ready().connect() as c:
+            for stream, group, member, at, n in c.execute(
+                    select(t.c.stream, t.c.group_name, t.c.member, t.c.at, t.c.backlog)
+                    .where(t.c.conn_id == conn_id, t.c.at >= now - WINDOW_S).order_by(t.c.at)):
+                out.setdefault((stream, group, member), []).append((float(at), int(n)))
+        return out
 
 
-#: this API server process's samples
-SAMPLES = BacklogSamples()
+def _airflow_engine() -> Any:
+    from airflow import settings
+
+    return settings.engine
+
+
+#: this process's store, in Airflow's metadata DB
+SAMPLES = BacklogStore()
 
 
 def bucket_of(at: float, now: float) -> int | None:
@@ -83,22 +138,43 @@ def landed_last_hour(servers: list[str], now: float) -> dict[tuple[str, str, str
     return out
 
 
-def with_history(conn_id: str, groups: list[dict[str, Any]], landed: dict, now: float | None = None) -> None:
-    """Record this reading's backlog and attach each group's and member's last hour:
-    ``{"backlog": [[unix time, messages], ...], "landed_per_5min": [12 counts, oldest first]}``."""
-    now = time.time() if now is None else now
+def with_history(groups: list[dict[str, Any]], landed: dict, backlog: dict[Key, list[tuple[float, int]]]) -> None:
+    """Attach each group's and member's last hour: ``{"backlog": [[unix time, messages], ...],
+    "landed_per_5min": [12 counts, oldest first]}`` (``backlog``: ``BacklogStore.series``)."""
     for g in groups:
         if g.get("error"):
             continue
         total = [0] * BUCKETS
         for m in g.get("members") or []:
-            key = (conn_id, g["stream"], g["group"], m["member"])
-            SAMPLES.record(key, m.get("backlog") or 0, now)
             per = landed.get((g["stream"], g["group"], m["member"])) or [0] * BUCKETS
             total = [a + b for a, b in zip(total, per, strict=True)]
-            m["history"] = {"backlog": [[round(t, 1), n] for t, n in SAMPLES.series(key, now)],
+            m["history"] = {"backlog": [[round(t, 1), n] for t, n in backlog.get((g["stream"], g["group"], m["member"]), ())],
                             "landed_per_5min": per}
-        key = (conn_id, g["stream"], g["group"], None)
-        SAMPLES.record(key, g.get("backlog") or 0, now)
-        g["history"] = {"backlog": [[round(t, 1), n] for t, n in SAMPLES.series(key, now)],
+        g["history"] = {"backlog": [[round(t, 1), n] for t, n in backlog.get((g["stream"], g["group"], GROUP), ())],
                         "landed_per_5min": total}
+
+
+def sample_seconds() -> float:
+    """``[nats_consumer_groups] backlog_sample_seconds`` (0: no scheduled sampling)."""
+    from airflow.configuration import conf
+
+    return conf.getfloat("nats_consumer_groups", "backlog_sample_seconds", fallback=SAMPLE_SECONDS)
+
+
+async def sample_backlogs(read: Callable[[str], Any], connections: Callable[[], list[str]],
+                          interval: float, store: BacklogStore = SAMPLES) -> None:
+    """Sample every connection's backlog each ``interval`` seconds, until cancelled:
+    ``connections()`` names them, ``read(conn_id)`` (a coroutine) gives ``(groups, error)``. A
+    connection that cannot be read is skipped this round (the page says why when shown)."""
+    while True:
+        started = time.monotonic()
+        try:
+            for conn_id in await asyncio.to_thread(connections):
+                groups, error = await read(conn_id)
+                if not error:
+                    await asyncio.to_thread(store.record, conn_id, groups, time.time())
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # never end the loop: the next round tries again
+            log.warning("cg: sampling the consumer groups' backlog failed: %s", str(e).splitlines()[0] if str(e) else e)
+        await asyncio.sleep(max(1.0, interval - (time.monotonic() - started)))

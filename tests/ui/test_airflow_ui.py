@@ -1,12 +1,16 @@
 """The provider in Airflow's own UI, in a real browser: the ``nats`` connection form and the
 consumer-groups page, served by a real ``airflow api-server`` (simple auth manager, signed
 in through its login form) against a real nats-server, driven by Debian's Chromium through
-Playwright. Screenshots go to the test's temp folder."""
+Playwright. Screenshots go to the test's temp folder, and to ``$CG_DOCS_SCREENSHOTS`` when set
+(the docs' images: ``docs/images/``)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -19,6 +23,15 @@ pytest_plugins = ["tests.airflow_conftest"]
 pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.ui]
 
 STREAM, GROUP, N = "ORDERS", "lake", 600
+SAMPLE_SECONDS = 2  # the API server's backlog sampler, here
+
+
+def screenshot(page, tmp_path: Path, name: str, **options) -> Path:
+    shot = tmp_path / name
+    page.screenshot(path=str(shot), **options)
+    if os.environ.get("CG_DOCS_SCREENSHOTS"):
+        shutil.copy(shot, Path(os.environ["CG_DOCS_SCREENSHOTS"]) / name)
+    return shot
 DOWN_PASSWORD = "pw-UI-MARKER-51d0c2"  # of a connection to a server that is not there
 
 
@@ -68,7 +81,9 @@ def ui(airflow_session_env, world):
     from tests.support.airflow_ui import AirflowUI
 
     env_conn = json.dumps({"conn_type": "nats", "host": "127.0.0.1", "port": world[0].port})
-    server = AirflowUI.start(airflow_session_env.home, extra_env={"AIRFLOW_CONN_NATS_ENV": env_conn})
+    server = AirflowUI.start(airflow_session_env.home, extra_env={
+        "AIRFLOW_CONN_NATS_ENV": env_conn,
+        "AIRFLOW__NATS_CONSUMER_GROUPS__BACKLOG_SAMPLE_SECONDS": str(SAMPLE_SECONDS)})
     yield server
     server.stop()
 
@@ -122,8 +137,7 @@ def test_the_nats_connection_form(page, ui, world, tmp_path):
         assert page.locator(f"#element_{secret}").get_attribute("type") == "password", secret
     assert page.locator("#element_tls_ca").evaluate("e => e.tagName") == "TEXTAREA"
     name.fill("airflow-ui-test")
-    shot = tmp_path / "nats-connection-form.png"
-    page.screenshot(path=str(shot), full_page=True)
+    shot = screenshot(page, tmp_path, "nats-connection-form.png", full_page=True)
     assert shot.stat().st_size > 20_000
     page.get_by_role("button", name="Save").click()
     page.get_by_text("nats_form").first.wait_for(timeout=30_000)
@@ -181,6 +195,11 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
         assert code in (201, 409), answer
     extra = _announce_landing(ui, airflow_session_env, tmp_path, server.url)
 
+    # The backlog is sampled on a schedule by the API server, whether or not anyone looks: rows
+    # of its table in Airflow's metadata DB (where a restarted API server finds them).
+    samples = _wait_for_samples("nats_groups", 3)
+    assert {n for m, n in samples if m == "m2"} == {members_backlog(status, "m2")}
+
     # Through Airflow's navigation: Browse -> Consumer groups (the page in the UI's frame).
     sign_in(page, ui, "admin", "/plugin/nats-consumer-groups")
     frame = page.frame_locator("iframe").first
@@ -188,7 +207,7 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
     assert frame.locator("h1").inner_text() == "NATS consumer groups"
 
     page.goto(f"{ui.url}/cg/?conn_id=nats_groups")
-    table = page.locator(f"#group-{STREAM}-{GROUP} + p + div + p + table")
+    table = page.locator(f"#group-{STREAM}-{GROUP} table")
     rows = {r.get_attribute("data-member"): r.locator("td").all_inner_texts() for r in table.locator("tr[data-member]").all()}
     assert set(rows) == {"m1", "m2", "m3"}, rows
     members = {m.member: m for m in status.members}
@@ -201,16 +220,35 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
     assert rows["m2"][8] == "-"  # m2 landed only through another server: another group
     assert "120" not in rows["m2"][8] and f"{extra['messages_landed']} messages" in rows["m1"][8]
     assert "partition 0: messages 3\u2013590; partition 1: messages 1\u2013598" in rows["m1"][8], rows["m1"]
-    # each member's last hour: m1's landing as a bar, and the backlog sampled by this page
+    # each member's last hour: m1's landing as a bar, the backlog line through the samples, a
+    # time axis of UTC clock times, and both scales' values written out
     charts = {r.get_attribute("data-member"): r.locator("svg.spark") for r in table.locator("tr[data-member]").all()}
     assert charts["m1"].locator("rect.landed").count() == 1 and charts["m2"].locator("rect.landed").count() == 0
-    assert f"landed {extra['messages_landed']} messages in the last hour" in charts["m1"].locator("title").text_content()
-    page.reload()
-    spark = page.locator(f"#group-{STREAM}-{GROUP} + p + div + p + table tr[data-member=m2] svg.spark")
+    assert f"landed {extra['messages_landed']} messages in the last hour" in charts["m1"].locator(
+        "title").first.text_content()
+    assert charts["m1"].locator("text.y-landed").text_content() == f"{extra['messages_landed']}/5 min"
+    spark = charts["m2"]
     points = spark.locator("polyline.backlog").get_attribute("points").split()
-    assert len(points) >= 2, points  # the samples of both page loads
-    assert f"backlog now {members['m2'].backlog}" in spark.locator("title").text_content()
-    page.screenshot(path=str(tmp_path / "consumer-groups.png"), full_page=True)
+    assert len(points) >= 3, points  # the sampler's, before anyone looked
+    assert spark.locator("text.y-backlog").text_content() == f"backlog {members['m2'].backlog}"
+    ticks = spark.locator("text.x-tick").all_text_contents()
+    assert len(ticks) == 3 and ticks[-1] in {time.strftime("%H:%M", time.gmtime(time.time() - s)) for s in (0, 60)}, ticks
+    group_chart = page.locator(f"#group-{STREAM}-{GROUP} svg.group")
+    assert group_chart.locator("text.x-tick").count() == 5
+    assert group_chart.locator("text.y-landed").first.text_content() == str(extra["messages_landed"])
+    assert group_chart.locator("text.y-backlog").first.text_content() == f"{N}"  # the largest backlog sampled
+    assert "sampled every 2 s by the API server" in page.locator(f"#group-{STREAM}-{GROUP} .legend").inner_text()
+    screenshot(page, tmp_path, "consumer-groups.png", full_page=True)
+    # light and dark, as Airflow's UI: its saved choice (in the UI's frame, its <html> class)
+    light = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+    page.evaluate("localStorage.setItem('theme', 'dark')")
+    page.reload()
+    dark = page.evaluate("getComputedStyle(document.documentElement).backgroundColor")
+    assert (light, dark) == ("rgb(255, 255, 255)", "rgb(9, 9, 11)"), (light, dark)
+    bar = page.locator(f"#group-{STREAM}-{GROUP} svg.group rect.landed").first
+    assert bar.evaluate("e => getComputedStyle(e).fill") == "rgb(96, 165, 250)"  # the dark palette's bars
+    screenshot(page, tmp_path, "consumer-groups-dark.png", full_page=True)
+    page.evaluate("localStorage.removeItem('theme')")
 
     # The same as JSON; a connection that cannot reach NATS says so, without its password.
     api = page.request.get(f"{ui.url}/cg/api/groups?conn_id=nats_groups").json()
@@ -248,15 +286,21 @@ def test_the_page_stays_usable_with_256_members(page, ui, world, tmp_path):
     sign_in(page, ui, "admin", "/plugin/nats-consumer-groups")
     started = time.monotonic()
     page.goto(f"{ui.url}/cg/?conn_id=nats_groups")
-    rows = page.locator(f"#group-{STREAM}-wide + p + div + p + table tr[data-member]")
-    assert rows.count() == 256 and page.locator(f"#group-{STREAM}-wide + p + div + p + table svg.spark").count() == 256
+    rows = page.locator(f"#group-{STREAM}-wide table tr[data-member]")
+    assert rows.count() == 256 and page.locator(f"#group-{STREAM}-wide table svg.spark").count() == 256
     took = time.monotonic() - started
     size = len(page.content())
     print(f"256 members: page in {took:.2f} s, {size / 1024:.0f} kB")
     assert took < 20 and size < 2_000_000, (took, size)
     backlogs = [int(c) for c in rows.locator("td:nth-child(5)").all_inner_texts()]
     assert sum(backlogs) == N  # every message is in one member's partitions
-    page.screenshot(path=str(tmp_path / "consumer-groups-256.png"))
+    # one member found among 256 by its name, the table's header kept in view
+    page.locator(f"#group-{STREAM}-wide input.member-filter").fill("w2")
+    visible = [r for r in rows.all() if r.is_visible()]
+    assert [r.get_attribute("data-member") for r in visible] == [f"w{i:03d}" for i in range(200, 256)]
+    page.locator(f"#group-{STREAM}-wide input.member-filter").fill("w042")
+    assert [r.get_attribute("data-member") for r in rows.all() if r.is_visible()] == ["w042"]
+    screenshot(page, tmp_path, "consumer-groups-256.png")
 
 
 def test_the_page_is_behind_airflows_auth(page, ui, world):
@@ -267,3 +311,28 @@ def test_the_page_is_behind_airflows_auth(page, ui, world):
     page.goto(f"{ui.url}/cg/")
     assert page.locator("#no-connections").is_visible()
     assert page.request.get(f"{ui.url}/cg/api/groups?conn_id=nats_groups").status == 404
+
+
+def members_backlog(status, member: str) -> int:
+    return next(m.backlog for m in status.members if m.member == member)
+
+
+def _wait_for_samples(conn_id: str, at_least: int, timeout: float = 60) -> list[tuple[str, int]]:
+    """The sampler's rows for ``conn_id``'s group, from Airflow's metadata DB (no page asked):
+    ``(member, backlog)``, once a member has ``at_least`` of them."""
+    from airflow import settings
+    from sqlalchemy import text
+
+    deadline = time.monotonic() + timeout
+    rows: list = []
+    while time.monotonic() < deadline:
+        with settings.engine.connect() as c:
+            try:
+                rows = c.execute(text("SELECT member, backlog FROM cg_backlog_samples WHERE conn_id = :c AND "
+                                      "group_name = :g"), {"c": conn_id, "g": GROUP}).all()
+            except Exception:  # the table is created by the sampler's first round
+                rows = []
+        if sum(1 for m, _ in rows if m == "m2") >= at_least:
+            return [(m, int(n)) for m, n in rows]
+        time.sleep(SAMPLE_SECONDS)
+    raise AssertionError(f"the sampler wrote {len(rows)} samples of {conn_id!r} in {timeout:.0f} s")

@@ -1,13 +1,15 @@
 """The consumer-groups page's last-hour charts and backlog samples (``ui/history.py``,
-``ui/charts.py``), without Airflow: bars where messages landed, the backlog line through the
-samples, samples older than an hour dropped; and the landed ranges as the page writes them."""
+``ui/charts.py``): bars where messages landed, the backlog line through the samples, the time
+axis and both scales' values written; samples kept in a real SQLite database (what Airflow's
+metadata DB is here), an hour per series, read back by a new store as after a restart; and the
+landed ranges as the page writes them."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
 from airflow_provider_cg.ui.charts import last_hour_svg
-from airflow_provider_cg.ui.history import BUCKETS, BacklogSamples, bucket_of, with_history
+from airflow_provider_cg.ui.history import BUCKETS, GROUP, BacklogStore, bucket_of, with_history
 
 NS = "{http://www.w3.org/2000/svg}"
 
@@ -19,38 +21,66 @@ def test_buckets_cover_the_last_hour_oldest_first():
     assert bucket_of(now - 3600, now) is None and bucket_of(now + 1, now) is None
 
 
-def test_samples_keep_one_hour_per_key():
-    s = BacklogSamples()
+def _store(tmp_path):
+    from sqlalchemy import create_engine
+
+    engine = create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    return BacklogStore(lambda: engine)
+
+
+def _groups(backlog_a: int, backlog_b: int) -> list[dict]:
+    return [{"stream": "S", "group": "g", "backlog": backlog_a + backlog_b,
+             "members": [{"member": "a", "backlog": backlog_a}, {"member": "b", "backlog": backlog_b}]},
+            {"stream": "S", "group": "broken", "error": "no stream"}]
+
+
+def test_samples_keep_one_hour_per_series_and_outlive_their_store(tmp_path):
+    store = _store(tmp_path)
     for t in range(0, 7200, 600):
-        s.record(("c", "S", "g", "m1"), t, float(t))
-    assert [n for _, n in s.series(("c", "S", "g", "m1"), 7200.0)] == [3600, 4200, 4800, 5400, 6000, 6600]
-    assert s.series(("c", "S", "g", "m2"), 7200.0) == []
+        store.record("c", _groups(t, 1), float(t))
+    store.record("other", _groups(5, 5), 7000.0)
+    series = _store(tmp_path).series("c", 7200.0)  # another process's store (a restarted API server)
+    assert [n for _, n in series[("S", "g", "a")]] == [3600, 4200, 4800, 5400, 6000, 6600]
+    assert [n for _, n in series[("S", "g", GROUP)]] == [3601, 4201, 4801, 5401, 6001, 6601]
+    assert ("S", "broken", GROUP) not in series and ("S", "g", "c") not in series
+    assert [n for _, n in _store(tmp_path).series("other", 7200.0)[("S", "g", "b")]] == [5]
 
 
-def test_the_chart_draws_landed_bars_and_the_backlog_line():
-    now = 50_000.0
+def test_the_chart_draws_landed_bars_the_backlog_line_and_its_axes():
+    now = 50_000.0  # 13:53:20 UTC
     landed = [0] * BUCKETS
     landed[3], landed[-1] = 500, 1000
-    svg = ET.fromstring(last_hour_svg({"landed_per_5min": landed, "backlog": [[now - 1800, 40], [now, 10]]}, now))
-    bars = svg.findall(f"{NS}rect")
+    history = {"landed_per_5min": landed, "backlog": [[now - 1800, 40], [now, 10]]}
+    svg = ET.fromstring(last_hour_svg(history, now))
+    bars = svg.findall(f"{NS}rect[@class='landed']")
     assert len(bars) == 2 and float(bars[1].get("height")) > float(bars[0].get("height"))
     (line,) = svg.findall(f"{NS}polyline")
     (x1, y1), (x2, y2) = (tuple(map(float, p.split(","))) for p in line.get("points").split())
-    assert x1 == 90.0 and x2 == 180.0 and y1 < y2  # half an hour ago, and now; 40 drawn above 10
+    assert x1 == 120.0 and x2 == 236.0 and y1 < y2  # half an hour ago (mid-plot), and now; 40 drawn above 10
+    texts = {e.get("class"): [x.text for x in svg.findall(f"{NS}text[@class='{e.get('class')}']")]
+             for e in svg.findall(f"{NS}text")}
+    assert texts["x-tick"] == ["12:53", "13:23", "13:53"]  # an hour ago, half an hour ago, now (UTC)
+    assert texts["y-landed"] == ["1,000/5 min"] and texts["y-backlog"] == ["backlog 10"]
     title = svg.find(f"{NS}title").text
-    assert "landed 1500 messages" in title and "backlog now 10, at most 40 in 2 samples" in title
+    assert "landed 1,500 messages" in title and "backlog now 10, at most 40 in 2 samples" in title
+    group = ET.fromstring(last_hour_svg(history, now, large=True))
+    assert [x.text for x in group.findall(f"{NS}text[@class='x-tick']")] == [
+        "12:53", "13:08", "13:23", "13:38", "13:53"]
+    assert [x.text for x in group.findall(f"{NS}text[@class='y-landed']")] == ["1,000", "0"]
+    assert [x.text for x in group.findall(f"{NS}text[@class='y-backlog']")] == ["40", "0"]
     empty = ET.fromstring(last_hour_svg({}, now))
-    assert not empty.findall(f"{NS}rect") and "no backlog samples yet" in empty.find(f"{NS}title").text
+    assert not empty.findall(f"{NS}rect[@class='landed']") and "no backlog samples yet" in empty.find(f"{NS}title").text
 
 
 def test_with_history_sums_members_into_the_group():
-    groups = [{"stream": "S", "group": "g", "backlog": 7,
-               "members": [{"member": "a", "backlog": 3}, {"member": "b", "backlog": 4}]}]
+    groups = _groups(3, 4)
     landed = {("S", "g", "a"): [1] * BUCKETS, ("S", "g", "b"): [2] * BUCKETS}
-    with_history("conn-x", groups, landed, now=1_000.0)
+    backlog = {("S", "g", GROUP): [(1000.0, 7)], ("S", "g", "b"): [(1000.0, 4)]}
+    with_history(groups, landed, backlog)
     g = groups[0]
     assert g["history"]["landed_per_5min"] == [3] * BUCKETS and g["history"]["backlog"] == [[1000.0, 7]]
     assert g["members"][1]["history"] == {"backlog": [[1000.0, 4]], "landed_per_5min": [2] * BUCKETS}
+    assert "history" not in groups[1]
 
 
 def test_landed_ranges_read_as_people_write_them():
