@@ -50,7 +50,29 @@ def exit_codes() -> str:
     return table(rows) + "\n" + table(results)
 
 
-GENERATORS = {"member-job": member_job, "cg": cg_commands, "exit-codes": exit_codes}
+def connection_fields() -> str:
+    """The ``nats`` connection's form: the standard fields as relabelled, then the extra fields,
+    from the provider info the form is built from."""
+    from airflow_provider_cg._provider_info import CONN_FIELDS, UI_FIELD_BEHAVIOUR
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| field | stored as | what it holds | secret |", "|---|---|---|---|"]
+    for std, label in (("host", "Host(s)"), ("port", "Port"), ("schema", "URL scheme"), ("login", "User"),
+                       ("password", "Password")):
+        label = UI_FIELD_BEHAVIOUR["relabeling"].get(std, label)
+        example = UI_FIELD_BEHAVIOUR["placeholders"].get(std, "")
+        rows.append(f"| {label} | the connection's `{std}` | {cell(f'e.g. `{example}`' if example else '')} | "
+                    f"{'yes' if std == 'password' else ''} |")
+    for name, field in CONN_FIELDS.items():
+        secret = field["schema"].get("format") == "password"
+        rows.append(f"| {field['label']} | extra `{name}` | {cell(field.get('description', ''))} | {'yes' if secret else ''} |")
+    return "\n".join(rows) + "\n"
+
+
+GENERATORS = {"member-job": member_job, "cg": cg_commands, "exit-codes": exit_codes,
+              "connection-fields": connection_fields}
 
 
 def on_files(files, config):  # noqa: ARG001 - MkDocs' hook signature
