@@ -5,7 +5,7 @@ Browse). For the chosen ``nats`` connection: each group with its members, their 
 pin holder and since when, backlog, the age of the oldest pending message
 (``core/groups/lag.py``), the last batch that landed for it, from the landing tasks'
 asset events (``airflow_provider_cg.assets``), and a chart of its last hour: messages landed
-per 5 minutes and the sampled backlog (``history.py``, ``charts.py``). Only signed-in users who may read the
+per 5 minutes and the backlog, sampled on a schedule by this app's lifespan task (``history.py``, ``charts.py``). Only signed-in users who may read the
 connection see it (``auth.py``); no secret of the connection is ever shown (errors are
 scrubbed). ``/cg/api/groups?conn_id=`` returns the same as JSON.
 """
