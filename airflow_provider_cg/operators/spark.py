@@ -104,7 +104,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param transform_sql: or a Spark SQL statement over the temporary view ``batch`` (templated).
     :param batch_size: a member job option; so are ``max_messages``, ``max_bytes``,
         ``max_seconds``, ``standby_timeout``, ``ack_wait``, ``max_ack_pending``, ``max_deliver``,
-        ``idle_timeout``, ``progress_interval`` and ``read``. ``None`` (the default) is the job's
+        ``idle_timeout``, ``progress_interval``, ``read``, ``follow`` and ``commit_interval`` (a
+        follower: the run keeps its pin and lands new messages as they arrive for ``follow``
+        seconds, cutting a batch at ``batch_size`` or every ``commit_interval`` seconds). ``None`` (the default) is the job's
         default. Their types, defaults and rules are the job's
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
@@ -199,6 +201,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         max_messages: int | str | None = None,
         max_bytes: int | str | None = None,
         max_seconds: float | str | None = None,
+        follow: float | str | None = None,
+        commit_interval: float | str | None = None,
         standby_timeout: float | str | None = None,
         ack_wait: float | str | None = None,
         max_ack_pending: int | str | None = None,

@@ -71,6 +71,12 @@ class BatchOptions:
     max_messages: int | None = option(None, int, "stop after this many messages", positive=True)
     max_bytes: int | None = option(None, int, "stop after this many payload bytes", positive=True)
     max_seconds: float | None = option(None, float, "stop after this many seconds", positive=True)
+    follow: float | None = option(None, float, "keep the pin and land new messages as they arrive for this many "
+                                "seconds, then finish the last batch, commit and release the pin (without it, a "
+                                "run lands the backlog it found and ends)", positive=True)
+    commit_interval: float = option(1.0, float, "with --follow: the longest a message read waits for its batch's "
+                                  "commit when messages trickle (a batch is cut at --batch-size or this)",
+                                  positive=True)
     standby_timeout: float = option(30.0, float, "seconds to wait for the pin", positive=True)
     ack_wait: float | None = option(None, float, "ack wait (s) of a member consumer the job creates (default: "
                                   f"orbit's {ELASTIC_ACK_WAIT:g} s for elastic groups, {STATIC_ACK_WAIT:g} s for "
@@ -260,6 +266,8 @@ def _check_job(spec: MemberJobSpec) -> None:
         start, end = spec.window()
         if end <= start:
             raise ConfigError("backfill_end", f"must be after backfill_start ({end.isoformat()} <= {start.isoformat()})")
+        if spec.follow:
+            raise ConfigError("follow", "a backfill reads a closed window: it has nothing to follow")
     elif not spec.member:
         raise ConfigError("member", "required (unless backfill_start and backfill_end are given)")
     check_sink(spec)

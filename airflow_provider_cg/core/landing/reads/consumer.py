@@ -137,9 +137,14 @@ class ConsumerReads:
                     break
                 want = r.stop.wanted(self.batch_size)
                 try:
-                    msgs = await client.pull(want, expires=min(r.options.idle_timeout, r.pin.pull_expires_max))
+                    await r.stop.pace()  # a follower's batch: what arrives within its commit interval
+                    expires = r.options.commit_interval if r.stop.following else r.options.idle_timeout
+                    msgs = await client.pull(want, expires=min(expires, r.pin.pull_expires_max))
+                    r.stop.read_found(len(msgs), want)
                     transient_deadline = None
-                    if not msgs and not await self._backlog_left():
+                    if not msgs and r.stop.following:
+                        self.idle_checks = 0  # a follower waits for what comes (its rule says until when)
+                    elif not msgs and not await self._backlog_left():
                         end = "idle"
                 except PinLost as e:
                     msgs, end = e.messages, "pin"

@@ -224,7 +224,10 @@ class DirectReads:
                     s.stop_reason = reason
                     break
                 try:
-                    batches, cut = await self._next(r.stop.wanted(r.batch_size))
+                    await r.stop.pace()  # a follower's batch: what arrives within its commit interval
+                    wanted = r.stop.wanted(r.batch_size)
+                    batches, cut = await self._next(wanted)
+                    r.stop.read_found(sum(len(b) for b in batches), wanted)
                     transient_deadline = None
                 except DirectReadError as e:
                     transient_deadline = transient_deadline or time.monotonic() + max(r.ack_wait, 30.0)
@@ -239,6 +242,8 @@ class DirectReads:
                         landing = None
                     if r.split:  # nothing read: an empty partition stream, or one that cannot serve
                         await r.ensure_current()
+                    if await r.stop.waits_for_more():  # a follower: new messages, in a moment
+                        continue
                     s.stop_reason = "backlog drained" if await r.pin.holds() else "pin lost"
                     break
                 r.stop.took(sum(len(b) for b in batches))

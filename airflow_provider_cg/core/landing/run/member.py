@@ -205,7 +205,7 @@ class MemberRun:
             await self.ensure_partition_streams_current()
             backlog = sum((await self.layout.backlog(self.api, self.consumer_stream, {}, self.partitions)).values())
         stop.aim(backlog)
-        if backlog == 0 and not pinned_id(info):
+        if backlog == 0 and not pinned_id(info) and not stop.following:
             await self.lander.recover(self.partitions)
             s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_EMPTY), "empty backlog"
             return
@@ -213,7 +213,9 @@ class MemberRun:
         try:
             # reading by direct gets, the pin is all this pull is for
             want = 1 if isinstance(reads, DirectReads) else min(self.batch_size, max(s.target, 1))
-            first = await pin.acquire(pin_wait_from + o.standby_timeout, want, lambda: stop.revoked is not None)
+            # a follower waits for the pin (the first message, on an empty work queue) as long as it follows
+            until = max(pin_wait_from + o.standby_timeout, stop.follow_until or 0.0)
+            first = await pin.acquire(until, want, lambda: stop.revoked is not None)
             if first is None:
                 if stop.revoked is not None:  # a standby: the pinned instance hands the consumer over
                     s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_REVOKED), stop.revoked

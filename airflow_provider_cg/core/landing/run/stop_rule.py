@@ -2,15 +2,26 @@
 
 A run of today is "available now" (like Spark's ``Trigger.AvailableNow``): its target is the
 backlog it found when it was pinned, capped by ``max_messages``; it stops there, at
-``max_seconds`` or ``max_bytes``, or when a membership change revokes its partitions. A run
-that keeps following new messages is another rule, not another branch in each reader.
+``max_seconds`` or ``max_bytes``, or when a membership change revokes its partitions.
+
+A follower (``--follow SECONDS``) is the other rule, not another branch in each reader: it has
+no target but ``max_messages``, keeps reading what arrives until its follow time has passed,
+and cuts its batches at ``batch_size`` or every ``commit_interval`` seconds (``paced``), like
+Spark's processing-time trigger and Flink's checkpoint interval. A reader that finds nothing
+asks ``waits_for_more``: a follower waits and reads again, a bounded run ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 
 from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
+
+#: a follower waits at most this long between looks for new messages, and at least this
+#: often re-checks its pin and its deadline
+IDLE_LOOK = 0.25
 
 
 class StopRule:
@@ -20,16 +31,33 @@ class StopRule:
         self.options, self.summary, self.started = options, summary, started
         self.taken = 0
         self.revoked: str | None = None  # why a membership change ends the current assignment
+        #: a follower's end (monotonic), counted from the run's start
+        self.follow_until = started + options.follow if options.follow else None
+        self._last_read = 0.0  # when a follower's last read began
+        self._last_short = False  # whether it found less than a full batch
+
+    @property
+    def following(self) -> bool:
+        return self.follow_until is not None
 
     def aim(self, backlog: int) -> None:
-        """Set the target: what is taken already plus the ``backlog`` found, at most ``max_messages``."""
+        """Set the target: what is taken already plus the ``backlog`` found, at most
+        ``max_messages``. A follower's limit is ``max_messages`` alone (what arrives is its
+        backlog); its target is what it has seen, for the progress line."""
         target = self.taken + backlog
         if self.options.max_messages:
             target = min(target, self.options.max_messages)
         self.summary.target = target
 
+    def _target(self) -> int:
+        if self.following:
+            return self.options.max_messages or sys.maxsize
+        return self.summary.target
+
     def took(self, n: int) -> None:
         self.taken += n
+        if self.following:  # the progress line's "backlog left": what it has seen so far
+            self.summary.target = max(self.summary.target, self.taken)
 
     def gave_back(self, n: int = 1) -> None:
         """Messages handed back to the server (a nak): they come back and are counted again."""
@@ -37,18 +65,50 @@ class StopRule:
 
     def wanted(self, batch_size: int) -> int:
         """How many messages the next batch may take."""
-        return min(batch_size, self.summary.target - self.taken)
+        return min(batch_size, self._target() - self.taken)
 
     def revoke(self, why: str) -> None:
         self.revoked = why
 
+    def follow_left(self) -> float:
+        """Seconds a follower has left (0 for a bounded run)."""
+        return max(0.0, self.follow_until - time.monotonic()) if self.follow_until is not None else 0.0
+
     def reason(self) -> str | None:
         """Why the run stops before its next batch (None: it goes on)."""
         o, s = self.options, self.summary
-        if o.max_seconds and time.monotonic() - self.started >= o.max_seconds:
+        now = time.monotonic()
+        if o.max_seconds and now - self.started >= o.max_seconds:
             return "max_seconds"
         if o.max_bytes and s.bytes >= o.max_bytes:
             return "max_bytes"
-        if self.taken >= s.target:
-            return "target reached"
+        if self.taken >= self._target():
+            return "max_messages" if self.following else "target reached"
+        if self.follow_until is not None and now >= self.follow_until:
+            return "follow ended"
         return self.revoked
+
+    async def waits_for_more(self) -> bool:
+        """A read found nothing: a follower waits a moment (True: read again, after checking
+        the pin and this rule); a bounded run has drained its backlog (False)."""
+        if not self.following:
+            return False
+        await asyncio.sleep(min(IDLE_LOOK, self.options.commit_interval, max(self.follow_left(), 0.01)))
+        return True
+
+    async def pace(self) -> None:
+        """A follower's batches when messages trickle: a read after a short one (less than a
+        full batch) waits until ``commit_interval`` has passed since that one began, so what
+        arrives meanwhile is one batch, not one each; after a full read it goes on at once. Call
+        before each read, and ``read_found`` after it; a bounded run never waits."""
+        if not self.following:
+            return
+        if self._last_short:
+            wait = self._last_read + self.options.commit_interval - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(min(wait, self.follow_left()))
+        self._last_read = time.monotonic()
+
+    def read_found(self, read: int, wanted: int) -> None:
+        """What the read begun at ``pace`` found."""
+        self._last_short = self.following and read < wanted

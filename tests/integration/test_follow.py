@@ -1,0 +1,144 @@
+"""Followers (``--follow``): a member run that keeps its pin and lands new messages as they
+arrive, in batches cut at the batch size or every ``--commit-interval``, until its follow time
+has passed; then it commits and releases the pin. Real nats-server, the member job's own entry
+point (its plain Python driver: the protocol is the same through spark-submit), the Parquet
+lake read back by its commit log; every check is exactly once and per-key order."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+
+from tests.support.member_job import (
+    assert_exactly_once,
+    create_group,
+    parquet_landed,
+    publish_orders,
+    start_member_job,
+    wq_messages,
+)
+
+pytestmark = [pytest.mark.integration]
+
+STREAM, GROUP = "ORDERS", "live"
+
+
+def _job(member_job_zip, tmp_path, nats_server, member: str, *args: str, name: str | None = None):
+    return start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                            member=member, sink_path=tmp_path / "lake", spark=False, name=name,
+                            args=["--batch-size", "2000", *args])
+
+
+async def _rows(path) -> int:
+    """Rows committed in the lake so far (none before its first commit)."""
+    try:
+        return len(await asyncio.to_thread(parquet_landed, path))
+    except (FileNotFoundError, OSError):
+        return 0
+
+
+@pytest.mark.parametrize("read", ["auto", "consumer"])
+async def test_a_follower_lands_what_arrives_while_it_runs(nc, nats_server, member_job_zip, tmp_path, read):
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1",))
+    job = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "7", "--commit-interval", "0.3",
+               "--read", read)
+    expected: dict = {}
+    lake = tmp_path / "lake"
+    landed_while_running = []
+    for _ in range(4):  # a round every 1.2 s: each lands while the follower runs, none waits for the next run
+        expected |= await publish_orders(nc, STREAM, GROUP, 300, 40, wait_sourced=False)
+        await asyncio.sleep(1.2)
+        landed_while_running.append(await _rows(lake))
+    result = await asyncio.to_thread(job.wait, 60)
+    assert result.returncode == 0, result.describe()
+    s = result.summary
+    assert s["result"] == "committed" and s["stop_reason"] == "follow ended", s
+    assert s["duration_s"] >= 7 and s["messages_read"] == 1200, s
+    assert s["batches"] >= 4, s  # landed as the rounds came, not in one batch at the end
+    assert landed_while_running[0] > 0 and landed_while_running[-1] > landed_while_running[0], landed_while_running
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert await wq_messages(nc, STREAM, GROUP) == 0
+
+
+async def test_a_follower_waits_for_its_first_message_and_releases_the_pin_at_its_end(
+        nc, nats_server, member_job_zip, tmp_path):
+    """Started on an empty group it does not end as "empty": it lands what comes. At its end it
+    unpins, so the next run of the member lands at once (no wait for a priority timeout)."""
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    first = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "4", name="first")
+    await asyncio.sleep(1.5)
+    expected = await publish_orders(nc, STREAM, GROUP, 200, 10, wait_sourced=False)
+    r1 = await asyncio.to_thread(first.wait, 60)
+    assert r1.returncode == 0 and r1.summary["result"] == "committed", r1.describe()
+    assert r1.summary["messages_read"] == 200
+    expected |= await publish_orders(nc, STREAM, GROUP, 100, 10)
+    started = time.monotonic()
+    second = _job(member_job_zip, tmp_path, nats_server, "m1", name="second")
+    r2 = await asyncio.to_thread(second.wait, 60)
+    assert r2.returncode == 0 and r2.summary["messages_read"] == 100, r2.describe()
+    assert time.monotonic() - started < 4.5, "the next run waited for the follower's pin to lapse"
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)
+
+
+async def test_a_standby_takes_over_a_killed_follower_within_the_ack_wait(nc, nats_server, member_job_zip, tmp_path):
+    """SIGKILL of the pinned follower mid-stream: the standby follower (started beside it) is
+    pinned within the ack wait (orbit's 5 s) and lands the rest, the killed one's last batch
+    included, once and in per-key order."""
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1",))
+    lake = tmp_path / "lake"
+    expected = await publish_orders(nc, STREAM, GROUP, 500, 30)
+    active = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "30", name="active")
+    deadline = time.monotonic() + 30
+    while await _rows(lake) == 0 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    standby = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "14", "--standby-timeout", "14",
+                   name="standby")
+    await asyncio.sleep(1.5)
+    expected |= await publish_orders(nc, STREAM, GROUP, 300, 30, wait_sourced=False)
+    active.signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    expected |= await publish_orders(nc, STREAM, GROUP, 300, 30, wait_sourced=False)
+    before = await _rows(lake)
+    while await _rows(lake) <= before and time.monotonic() < killed_at + 12:
+        await asyncio.sleep(0.1)
+    took_over = time.monotonic() - killed_at
+    result = await asyncio.to_thread(standby.wait, 60)
+    assert result.returncode == 0 and result.summary["result"] == "committed", result.describe()
+    assert took_over < 5 + 2.5, f"the standby landed {took_over:.1f} s after the kill"
+    assert_exactly_once(parquet_landed(lake), expected)
+    assert await wq_messages(nc, STREAM, GROUP) == 0
+
+
+async def test_a_follower_gives_up_revoked_partitions_at_a_batch_boundary(nc, nats_server, member_job_zip, tmp_path):
+    """A member added while m1 follows: m1 lands its batch in flight, goes on with the partitions
+    it keeps, and m2's follower lands the others; every message once, in per-key order."""
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
+
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1",))
+    expected = await publish_orders(nc, STREAM, GROUP, 400, 30)
+    m1 = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "9", name="m1")
+    await asyncio.sleep(2)
+    await ConsumerGroups(nc).add_members(STREAM, GROUP, ["m2"])
+    m2 = _job(member_job_zip, tmp_path, nats_server, "m2", "--follow", "6", name="m2")
+    for _ in range(3):
+        expected |= await publish_orders(nc, STREAM, GROUP, 200, 30, wait_sourced=False)
+        await asyncio.sleep(1)
+    r1, r2 = await asyncio.to_thread(lambda: (m1.wait(60), m2.wait(60)))
+    for r in (r1, r2):
+        assert r.returncode == 0 and r.summary["result"] == "committed", r.describe()
+    assert set(r2.summary["partitions"]) <= {"2", "3"} and r2.summary["messages_read"] > 0, r2.summary
+    assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)
+    assert await wq_messages(nc, STREAM, GROUP) == 0
+
+
+def test_follow_is_refused_for_a_backfill():
+    from airflow_provider_cg.core.errors import ConfigError
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec
+
+    with pytest.raises(ConfigError) as e:
+        MemberJobSpec.build({"stream": "S", "group": "g", "backfill_start": "2026-01-01T00:00:00Z",
+                             "backfill_end": "2026-01-01T01:00:00Z", "follow": "10"})
+    assert e.value.field == "follow" and "backfill" in str(e.value)
