@@ -30,6 +30,7 @@ from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kind
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.hooks.nats import NatsHook
+from airflow_provider_cg.operators.follow import UNTIL_NEXT_RUN, seconds_until_next_run
 from airflow_provider_cg.operators.members import (
     SETTLE_TIMEOUT,
     UI_COLOR,
@@ -106,7 +107,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         ``max_seconds``, ``standby_timeout``, ``ack_wait``, ``max_ack_pending``, ``max_deliver``,
         ``idle_timeout``, ``progress_interval``, ``read``, ``follow`` and ``commit_interval`` (a
         follower: the run keeps its pin and lands new messages as they arrive for ``follow``
-        seconds, cutting a batch at ``batch_size`` or every ``commit_interval`` seconds). ``None`` (the default) is the job's
+        (seconds, ``"10m"``, or ``"until-next-run"``: until the DAG's next scheduled run),
+        cutting a batch at ``batch_size`` or every ``commit_interval`` seconds; it starts
+        Spark whatever the backlog). ``None`` (the default) is the job's
         default. Their types, defaults and rules are the job's
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
@@ -252,13 +255,17 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         for option in SPARK_SUBMIT_OPTIONS:
             setattr(self, option, spark_options.get(option))
         self._spark_hook = None
+        self._follow_seconds: float | None = None
         self._summary: dict[str, Any] | None = None  # the last run's, for lineage
         self._check(rendered=False)
 
     # --- arguments ---------------------------------------------------------------------
 
     def _job_values(self) -> dict[str, Any]:
-        return {field: getattr(self, field) for field in JOB_FIELDS}
+        values = {field: getattr(self, field) for field in JOB_FIELDS}
+        if values.get("follow") == UNTIL_NEXT_RUN:  # seconds, known once the task runs
+            values["follow"] = self._follow_seconds
+        return values
 
     @overload
     def _check(self, rendered: Literal[True]) -> MemberJobSpec: ...
@@ -297,11 +304,16 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         try:
+            options = self._job_values()  # the job options are attributes of their own names (JOB_FIELDS)
+            if getattr(self, "follow", None) == UNTIL_NEXT_RUN:
+                interval = float(options.get("commit_interval") or MemberJobSpec.commit_interval)
+                self._follow_seconds = seconds_until_next_run(context, interval)
+                self.log.info("following until the next scheduled run: %.0f s", self._follow_seconds)
             spec = self._check(rendered=True)
             _, mode = spark_submit.spark_master(self.conn_id, self.deploy_mode)
             if mode == "client":  # the driver runs here: its lake directory must be writable here
                 spec.check_local_paths()
-            if self.check_backlog:
+            if self.check_backlog and not spec.follow:  # a follower waits for what comes
                 (self._check_window if spec.backfill else self._check_backlog)(context, spec)
             shipped = self._ship(spec)
         except (ConfigError, GroupNotFound) as e:

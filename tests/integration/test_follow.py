@@ -40,6 +40,16 @@ async def _rows(path) -> int:
         return 0
 
 
+async def _rows_above(path, n: int, timeout: float) -> int:
+    """Rows committed, once more than ``n`` (or after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    rows = await _rows(path)
+    while rows <= n and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+        rows = await _rows(path)
+    return rows
+
+
 @pytest.mark.parametrize("read", ["auto", "consumer"])
 async def test_a_follower_lands_what_arrives_while_it_runs(nc, nats_server, member_job_zip, tmp_path, read):
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1",))
@@ -91,9 +101,7 @@ async def test_a_standby_takes_over_a_killed_follower_within_the_ack_wait(nc, na
     lake = tmp_path / "lake"
     expected = await publish_orders(nc, STREAM, GROUP, 500, 30)
     active = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "30", name="active")
-    deadline = time.monotonic() + 30
-    while await _rows(lake) == 0 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    await _rows_above(lake, 0, 30)
     standby = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "14", "--standby-timeout", "14",
                    name="standby")
     await asyncio.sleep(1.5)
@@ -101,9 +109,7 @@ async def test_a_standby_takes_over_a_killed_follower_within_the_ack_wait(nc, na
     active.signal(signal.SIGKILL)
     killed_at = time.monotonic()
     expected |= await publish_orders(nc, STREAM, GROUP, 300, 30, wait_sourced=False)
-    before = await _rows(lake)
-    while await _rows(lake) <= before and time.monotonic() < killed_at + 12:
-        await asyncio.sleep(0.1)
+    await _rows_above(lake, await _rows(lake), 12)
     took_over = time.monotonic() - killed_at
     result = await asyncio.to_thread(standby.wait, 60)
     assert result.returncode == 0 and result.summary["result"] == "committed", result.describe()

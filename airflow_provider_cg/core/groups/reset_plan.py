@@ -7,15 +7,13 @@ re-reads the target from its description (``target_of``)."""
 from __future__ import annotations
 
 import datetime as dt
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airflow_provider_cg.core.durations import parse_duration
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 
 MODES = ("to_datetime", "by_duration", "to_earliest", "to_latest", "to_seq", "shift_by")
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
-_UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 class ResetRefused(ConsumerGroupError):
@@ -85,22 +83,6 @@ def parse_datetime(value: Any) -> dt.datetime:
             raise ConfigError("to_datetime", "must be an ISO 8601 date-time such as 2026-11-25T09:00:00Z "
                               f"(got {value!r})") from None
     return (out if out.tzinfo else out.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``90s``, ``15m``, ``1h30m``, ``2d`` (or a number of seconds), > 0."""
-    text = str(value).strip().lower()
-    try:
-        seconds = float(text)
-    except ValueError:
-        parts = _DURATION.findall(text)
-        if not parts or "".join(n + u for n, u in parts) != text:
-            raise ConfigError("by_duration", f"must be a duration such as 90s, 15m, 1h30m or 2d (got {value!r})") \
-                from None
-        seconds = sum(float(n) * _UNIT[u] for n, u in parts)
-    if not seconds > 0:
-        raise ConfigError("by_duration", "must be > 0")
-    return seconds
 
 
 @dataclass

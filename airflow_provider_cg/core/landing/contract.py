@@ -31,7 +31,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
-from airflow_provider_cg.core.landing.fields import check_fields, converted, flag, option
+from airflow_provider_cg.core.landing.fields import Seconds, check_fields, converted, flag, option
 from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice
 from airflow_provider_cg.core.landing.sinks.options import (
     SINK_FIELDS,
@@ -71,8 +71,8 @@ class BatchOptions:
     max_messages: int | None = option(None, int, "stop after this many messages", positive=True)
     max_bytes: int | None = option(None, int, "stop after this many payload bytes", positive=True)
     max_seconds: float | None = option(None, float, "stop after this many seconds", positive=True)
-    follow: float | None = option(None, float, "keep the pin and land new messages as they arrive for this many "
-                                "seconds, then finish the last batch, commit and release the pin (without it, a "
+    follow: float | None = option(None, Seconds, "keep the pin and land new messages as they arrive for this "
+                                "long (seconds, or 90s, 10m, 1h), then finish the last batch, commit and release the pin (without it, a "
                                 "run lands the backlog it found and ends)", positive=True)
     commit_interval: float = option(1.0, float, "with --follow: the longest a message read waits for its batch's "
                                   "commit when messages trickle (a batch is cut at --batch-size or this)",

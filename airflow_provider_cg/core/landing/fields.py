@@ -22,6 +22,11 @@ def option(default: Any = None, kind: type = str, help: str = "", choices: tuple
     return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive})
 
 
+class Seconds(float):
+    """The kind of a duration field: seconds, or a duration as people write it (``90s``,
+    ``10m``, ``1h30m``: ``core/durations.py``)."""
+
+
 def flag(name: str) -> str:
     """The command-line spelling of a field."""
     return "--" + name.replace("_", "-")
@@ -63,6 +68,10 @@ def convert(name: str, value: Any, kind: type) -> Any:
         if isinstance(value, str) and value.strip().lower() in ("true", "false"):
             return value.strip().lower() == "true"
         raise ConfigError(name, f"must be true or false (got {value!r})")
+    if kind is Seconds:
+        from airflow_provider_cg.core.durations import parse_duration
+
+        return parse_duration(value, name)
     if kind is str:
         if not isinstance(value, str):
             raise ConfigError(name, f"must be text (got {type(value).__name__})")

@@ -1,0 +1,44 @@
+"""``follow="until-next-run"``: the next scheduled run of a DAG's timetable, read through the
+timetables' public faces (Airflow's own timetable classes, no mock)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pendulum
+import pytest
+
+from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.operators.follow import next_run_after
+
+NOW = dt.datetime(2026, 11, 28, 9, 3, 20, tzinfo=dt.UTC)
+
+
+def _timetable(schedule):
+    from airflow.sdk import DAG
+
+    return DAG("x", schedule=schedule, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")).timetable
+
+
+def test_a_cron_schedule_runs_next_at_its_next_fire():
+    from airflow.timetables.interval import CronDataIntervalTimetable
+
+    assert next_run_after(_timetable("*/10 * * * *"), NOW, None) == NOW.replace(minute=10, second=0)
+    assert next_run_after(CronDataIntervalTimetable("0 * * * *", timezone="UTC"), NOW, None) == NOW.replace(
+        hour=10, minute=0, second=0)
+    # in the schedule's own time zone: 10:00 in Berlin is 09:00 UTC in winter
+    berlin = CronDataIntervalTimetable("0 10 * * *", timezone="Europe/Berlin")
+    assert next_run_after(berlin, NOW, None) == dt.datetime(2026, 11, 29, 9, 0, tzinfo=dt.UTC)
+
+
+def test_an_interval_schedule_runs_next_an_interval_after_its_last_run():
+    every_7 = _timetable(dt.timedelta(minutes=7))
+    last = NOW - dt.timedelta(minutes=2)
+    assert next_run_after(every_7, NOW, last) == last + dt.timedelta(minutes=7)
+    assert next_run_after(every_7, NOW, NOW - dt.timedelta(minutes=20)) == NOW + dt.timedelta(minutes=1)
+
+
+def test_a_schedule_without_a_next_run_is_refused_naming_follow():
+    with pytest.raises(ConfigError) as e:
+        next_run_after(_timetable(None), NOW, None)
+    assert e.value.field == "follow" and "until-next-run" in str(e.value)
