@@ -40,8 +40,9 @@ def table_uri(options: Any) -> str:
 
 
 def table_asset_name(options: Any) -> str:
-    """The name a landing table's Asset has unless told otherwise, for people: the table's name
-    and format (``paid_orders (delta)``, ``lake.orders (iceberg)``; ``SinkKind.asset_name``)."""
+    """The name a landing table's Asset has unless told otherwise, for people: the table's name,
+    its format and where it is (``paid_orders (delta, /lake/paid_orders)``, ``lake.orders (iceberg,
+    sqlite)``; one name per URI: ``SinkKind.asset_name``)."""
     return sink_kind(options.sink).asset_name(options)
 
 

@@ -10,8 +10,10 @@ In one run, on a fresh embedded nats-server:
   cases      for each member count (``--members``, default 1, 3 and 6 over ``--partitions`` 6)
              and schedule (``--schedules``: ``back-to-back``, each member's next job starts when
              its last one ends; ``every``, a job per member every ``--interval`` seconds, as a
-             DAG would), publish rates that are fractions of the sourcing rate (``--fractions``)
-             for ``--seconds`` each.
+             DAG would; ``follow``, back to back too, but each job a follower, ``--follow``:
+             it keeps its pin and lands what arrives for the case's publishing time + 4 s, or
+             ``--follow-seconds``, cutting batches every ``--commit-interval``), publish rates
+             that are fractions of the sourcing rate (``--fractions``) for ``--seconds`` each.
 
 Publishing is ``--publishers`` processes (4), so one Python publisher is not the ceiling; the
 rate *achieved* (the origin's count over the publishing time) is what counts. The jobs are the
@@ -22,8 +24,9 @@ max; landed msg/s; and whether the rate was *sustained*: the backlog (published 
 sampled each second) did not grow while publishing (its mean over the last third of the
 publishing time exceeds its mean over the middle third by at most 5 % of the publish rate per
 second), once publishing stopped what was left landed within one ``--interval`` + 10 s, and p99
-freshness was at most ``--interval`` + 30 s. Per member count: the highest rate sustained, as a
-fraction of the server's sourcing. Prints a table, writes ``benchmarks/results/freshness.json``
+freshness was at most ``--interval`` + 30 s. The jobs' CPU (user + system, each job's own, from
+``wait4``) per landed message, and its ratio to one member's in the same schedule. Per member
+count: the highest rate sustained, as a fraction of the server's sourcing. Prints a table, writes ``benchmarks/results/freshness.json``
 and ``freshness.png``. Rates are comparable within a run.
 
     .venv/bin/python benchmarks/bench_freshness.py [--seconds 20] [--members 1,3,6] [--publishers 4]
@@ -143,12 +146,25 @@ class Lander:
     """Starts member jobs per schedule until stopped."""
 
     def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
-                 spark: bool, zip_path: Path) -> None:
+                 spark: bool, zip_path: Path, follow: tuple[float, float] | None = None) -> None:
         self.url, self.workdir, self.stream, self.members = url, workdir, stream, members
         self.interval, self.spark, self.zip_path = interval, spark, zip_path
+        self.follow = follow  # (seconds, commit interval) of each job, or None
         self.lake = workdir / f"lake-{stream}"
         self.jobs = 0
+        self.cpu_s = 0.0  # the jobs' own CPU, user + system
         self.stop = threading.Event()
+
+    def _ended(self, proc: subprocess.Popen) -> bool:
+        """Whether a job ended (reaped here with its own CPU time, which ``poll`` would lose)."""
+        if proc.returncode is not None:
+            return True
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu_s += usage.ru_utime + usage.ru_stime
+        return True
 
     def _start(self, member: str) -> subprocess.Popen:
         env = dict(os.environ, CG_NATS_SERVERS=self.url, PYSPARK_PYTHON=sys.executable,
@@ -156,9 +172,10 @@ class Lander:
         launch = (["spark-submit", "--master", "local[2]", "--py-files", str(self.zip_path), str(member_job_path())]
                   if self.spark else [sys.executable, str(member_job_path()), "--no-spark"])
         self.jobs += 1
+        following = ["--follow", str(self.follow[0]), "--commit-interval", str(self.follow[1])] if self.follow else []
         return subprocess.Popen([*launch, "--stream", self.stream, "--group", "g", "--member", member, "--sink",
                                  "parquet", "--sink-path", str(self.lake), "--batch-size", "20000",
-                                 "--idle-timeout", "0.5", "--standby-timeout", "5"],
+                                 "--idle-timeout", "0.5", "--standby-timeout", "5", *following],
                                 env=env, cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def run(self) -> None:
@@ -169,14 +186,16 @@ class Lander:
             now = time.monotonic() - start
             for m in self.members:
                 proc = running.get(m)
-                idle = proc is None or proc.poll() is not None
+                idle = proc is None or self._ended(proc)
                 if idle and (self.interval is None or now >= next_round):
                     running[m] = self._start(m)
             if self.interval is not None and now >= next_round:
                 next_round += self.interval
             time.sleep(0.05)
+        deadline = time.monotonic() + 120
         for proc in running.values():
-            proc.wait(120)
+            while not self._ended(proc) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 def freshness(lake: Path, stream: str) -> np.ndarray:
@@ -221,7 +240,8 @@ def backlog_growth(samples: list[tuple[float, int]], seconds: float) -> float:
 
 def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float | None, rate: float,
              seconds: float, partitions: int, members: int, spark: bool, zip_path: Path,
-             publishers: int = 4, layout: str = grouplayout.WORK_QUEUE) -> dict:
+             publishers: int = 4, layout: str = grouplayout.WORK_QUEUE,
+             follow: tuple[float, float] | None = None) -> dict:
     stream = name.upper()
     names = [f"m{i + 1}" for i in range(members)]
 
@@ -233,7 +253,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
         await nc.close()
 
     asyncio.run(setup())
-    lander = Lander(url, workdir, stream, names, interval, spark, zip_path)
+    lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow)
     thread = threading.Thread(target=lander.run, daemon=True)
     publisher = Publisher(url, stream, rate, seconds, publishers)
 
@@ -278,6 +298,8 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
             "p99_s": round(float(np.percentile(f, 99)), 2) if len(f) else None,
             "max_s": round(float(f.max()), 2) if len(f) else None,
             "backlog_max": max([b for _, b in publisher.samples] or [0]), "backlog_growth_msg_s": round(growth) if np.isfinite(growth) else None,
+            "jobs_cpu_s": round(lander.cpu_s, 2),
+            "cpu_us_per_msg": round(lander.cpu_s / len(f) * 1e6, 1) if len(f) else None,
             "sustained": bool(sustained)}
 
 
@@ -317,7 +339,11 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between scheduled runs")
     p.add_argument("--partitions", type=int, default=6)
     p.add_argument("--members", default="1,3,6", help="member counts to run (each holds partitions / members)")
-    p.add_argument("--schedules", default="back-to-back", help="back-to-back and/or every (comma-separated)")
+    p.add_argument("--schedules", default="back-to-back,follow",
+                   help="back-to-back, every and/or follow (comma-separated)")
+    p.add_argument("--follow-seconds", type=float, default=None,
+                   help="a follower's time (default: the case's publishing time + 4 s: one start per member)")
+    p.add_argument("--commit-interval", type=float, default=1.0, help="a follower's commit interval")
     p.add_argument("--publishers", type=int, default=4, help="publisher processes")
     p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
     p.add_argument("--reference-messages", type=int, default=300_000)
@@ -325,9 +351,10 @@ def main() -> None:
     args = p.parse_args()
     fractions = [float(x) for x in args.fractions.split(",")]
     member_counts = [int(x) for x in args.members.split(",")]
-    known = {"back-to-back": None, "every": args.interval}
-    schedules = [(name if name == "back-to-back" else f"every-{args.interval:g}s", known[name])
-                 for name in args.schedules.split(",")]
+    known = {"back-to-back": None, "every": args.interval, "follow": None}
+    label = {"back-to-back": "back-to-back", "every": f"every-{args.interval:g}s", "follow": "follow"}
+    schedules = [(label[name], known[name]) for name in args.schedules.split(",")]
+    follow = (args.follow_seconds or args.seconds + 4, args.commit_interval)
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="cg-fresh-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
@@ -339,15 +366,16 @@ def main() -> None:
                 for j, frac in enumerate(fractions):
                     row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}", schedule, interval, reference * frac,
                                    args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
-                                   args.layout)
+                                   args.layout, follow if schedule == "follow" else None)
                     row["fraction"] = frac
                     rows.append(row)
                     print(f"  {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
                           f"published): p50 {row['p50_s']} s, p99 {row['p99_s']} s, max {row['max_s']} s, landed "
-                          f"{row['landed_msg_s']:,} msg/s, sustained {row['sustained']}", flush=True)
+                          f"{row['landed_msg_s']:,} msg/s, {row['jobs']} jobs, {row['cpu_us_per_msg']} us CPU/msg, "
+                          f"sustained {row['sustained']}", flush=True)
     cols = ["members", "schedule", "fraction", "rate_target", "rate_achieved", "published", "landed",
             "landed_msg_s", "p50_s", "p99_s", "max_s", "backlog_max", "backlog_growth_msg_s", "drain_s", "jobs",
-            "sustained"]
+            "cpu_us_per_msg", "sustained"]
     print("\n" + " ".join(f"{c:>13}" for c in cols))
     for r in rows:
         print(" ".join(f"{r.get(c, '')!s:>13}" for c in cols))
@@ -360,7 +388,17 @@ def main() -> None:
                                                "highest_published": tried}
         print(f"{key[0]} members, {key[1]}: highest sustained rate {rate:,} msg/s = {rate / reference:.2f}x the "
               f"server's sourcing (highest published {tried:,} msg/s)")
+    cpu = {}  # the jobs' CPU per landed message against one member's, same schedule and rate
+    for r in rows:
+        one = next((o for o in rows if o["members"] == 1 and o["schedule"] == r["schedule"]
+                    and o["fraction"] == r["fraction"]), None)
+        if one and one.get("cpu_us_per_msg") and r.get("cpu_us_per_msg"):
+            r["cpu_x_one_member"] = round(r["cpu_us_per_msg"] / one["cpu_us_per_msg"], 2)
+            cpu[f"{r['members']} members, {r['schedule']}, {r['fraction']}x"] = r["cpu_x_one_member"]
+    for key, ratio in cpu.items():
+        print(f"jobs' CPU per landed message, {key}: {ratio}x one member's")
     out = {"sourcing_msg_s": round(reference), "interval_s": args.interval, "partitions": args.partitions,
+           "follow_s": follow[0], "commit_interval_s": follow[1], "cpu_x_one_member": cpu,
            "publishers": args.publishers, "layout": args.layout, "spark": args.spark, "cases": rows,
            "highest_sustained": best}
     (RESULTS / "freshness.json").write_text(json.dumps(out, indent=1) + "\n")

@@ -36,7 +36,7 @@ PAGE = ROOT / "docs" / "getting-started.md"
 DAG_ID = "cg_scheduled_consumption"
 REPORT_ID = "cg_paid_orders_report"
 EXAMPLE_DAGS = {DAG_ID, REPORT_ID, "cg_backfill", "cg_overflow_scaleout", "cg_overflow_scaleout_sensor",
-                "cg_table_maintenance"}
+                "cg_table_maintenance", "cg_follow_orders"}
 
 
 def page_commands(marker: str = "begin") -> list[str]:

@@ -118,9 +118,9 @@ def test_dag_lands_every_published_order_once(airflow_env, nats_conn_id, nats_se
     assert all(e["table"] == f"file://{lake}" and e["format"] == "delta" and e["batch_ids"] for e in extras)
     assert sum(r["messages"] for e in extras for r in e["origin"]["ORDERS"].values()) == N
     # the table's Asset is named for people, the same in the landing DAG and the report's schedule
-    assert {a.name for a in report_dag.timetable.asset_condition.objects} == {"paid_orders (delta)"}
-    assert _asset_event_names(report_dag) == {"paid_orders (delta)"} and all(
-        e["name"] == "paid_orders (delta)" for e in extras)
+    name = f"paid_orders (delta, {lake})"
+    assert {a.name for a in report_dag.timetable.asset_condition.objects} == {name}
+    assert _asset_event_names(report_dag) == {name} and all(e["name"] == name for e in extras)
     # (Airflow queues the run at the first event and gives it the events up to then; the others
     # go to the next run, so the run covers one to three members' landings.)
     report = airflow_env.run_asset_triggered(report_dag)

@@ -32,7 +32,8 @@ def shipped(airflow_env, monkeypatch):
     bag = DagBag(dag_folder=str(example_dags_folder()))
     assert not bag.import_errors, bag.import_errors
     assert set(bag.dags) == {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout",
-                             "cg_overflow_scaleout_sensor", "cg_paid_orders_report", "cg_table_maintenance"}
+                             "cg_overflow_scaleout_sensor", "cg_paid_orders_report", "cg_table_maintenance",
+                             "cg_follow_orders"}
     return bag.dags
 
 

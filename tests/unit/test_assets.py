@@ -31,6 +31,28 @@ def test_table_uris():
         _uri("delta")
 
 
+def test_asset_names_read_as_the_table_and_never_share_a_uri():
+    """The table's own name first; one name per URI (Airflow fails a task whose outlet asset it
+    cannot activate, and it activates one URI per name): same leaf, other place, other name."""
+    from airflow_provider_cg.assets import table_asset_name
+
+    def name(sink: str, **location) -> str:
+        return table_asset_name(SinkOptions.build({"sink": sink, **location}))
+
+    assert name("delta", sink_path="/lake/paid_orders") == "paid_orders (delta, /lake/paid_orders)"
+    assert name("delta", sink_path="/lake/paid orders") == "paid orders (delta, /lake/paid orders)"
+    assert name("delta", sink_path="s3://bucket/wh/orders") == "orders (delta, s3://bucket/wh/orders)"
+    assert name("iceberg", iceberg_table="lake.orders", iceberg_catalog_uri="sqlite:////c.db") == (
+        "lake.orders (iceberg, sqlite)")
+    tables = [("parquet", {"sink_path": "/lake/dev/orders"}), ("parquet", {"sink_path": "/lake/prod/orders"}),
+              ("delta", {"sink_path": "s3://a/orders"}), ("delta", {"sink_path": "s3://b/orders"}),
+              ("iceberg", {"iceberg_table": "dev.orders", "iceberg_catalog_uri": "sqlite:////c.db"}),
+              ("iceberg", {"iceberg_table": "lake.orders", "iceberg_catalog_uri": "postgresql://db:5432/cat"})]
+    names = {name(sink, **where) for sink, where in tables}
+    uris = {_uri(sink, **where) for sink, where in tables}
+    assert len(names) == len(uris) == len(tables)
+
+
 def _summary(**partitions) -> dict:
     s = Summary("ORDERS", "g", "m1", result="committed", messages_read=9, rows_written=8, duplicates_skipped=1)
     for p, (first, last, n) in partitions.items():

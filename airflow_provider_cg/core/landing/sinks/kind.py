@@ -131,11 +131,16 @@ class SinkKind:
         raise ValueError(f"no asset for sink {self.name!r}")
 
     def asset_name(self, options: Any) -> str:
-        """The Asset's name, for people: the table's own name and its format
-        (``paid_orders (delta)``). Airflow keeps names unique among active assets: two tables of
-        one name and format need names of their own (``assets.table_asset(name=...)``)."""
-        leaf = unquote(urlsplit(self.asset_uri(options)).path.rstrip("/").rsplit("/", 1)[-1])
-        return f"{leaf or self.asset_uri(options)} ({self.name})"
+        """The Asset's name, for people: the table's own name first, then its format and where it
+        is (``paid_orders (delta, /lake/paid_orders)``). The name is a function of the URI, one to
+        one: Airflow keeps a name to one URI among active assets and fails a task whose outlet
+        it cannot activate, so two tables of one name (``/lake/dev/orders``,
+        ``/lake/prod/orders``) must never share one."""
+        uri = self.asset_uri(options)
+        parts = urlsplit(uri)
+        where = unquote(parts.path) if parts.scheme == "file" else uri
+        leaf = unquote(parts.path.rstrip("/").rsplit("/", 1)[-1])
+        return f"{leaf or uri} ({self.name}, {where})"
 
     def asset_extra(self, options: Any) -> dict[str, Any]:
         """What an asset event's extra carries to find the table again (``assets.landed_rows``)."""

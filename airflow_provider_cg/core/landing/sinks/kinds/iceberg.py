@@ -92,7 +92,7 @@ class Iceberg(SinkKind):
         return f"iceberg://{where}/{namespace.replace('.', '/')}/{table}"
 
     def asset_name(self, options: Any) -> str:
-        return f"{options.iceberg_table} ({self.name})"
+        return f"{options.iceberg_table} ({self.name}, {urlsplit(self.asset_uri(options)).netloc})"
 
     def asset_extra(self, options: Any) -> dict[str, Any]:
         extra = {"iceberg_table": options.iceberg_table}

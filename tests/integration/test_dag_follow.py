@@ -1,0 +1,77 @@
+"""Example DAG 6 (dags/cg_follow_orders.py) with dag.test() against a real nats-server and real
+spark-submit: its follower, one spark-submit, lands orders published while it runs, in several
+batches of one Spark session, into the table every example lands into; each paid order once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+from airflow_provider_cg.core.jetstream.publish import publish_many
+
+pytest_plugins = ["tests.airflow_conftest"]
+pytestmark = [pytest.mark.airflow, pytest.mark.integration, pytest.mark.spark]
+
+GROUP = "follow-lake"
+
+
+def _orders(first: int, n: int) -> list[tuple[str, bytes]]:
+    return [(f"orders.c{i % 53}", json.dumps({"order_id": i, "customer": f"c{i % 53}", "amount": i / 10,
+                                              "status": "cancelled" if i % 10 == 7 else "paid"}).encode())
+            for i in range(first, first + n)]
+
+
+def test_a_follower_lands_orders_as_they_arrive(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
+                                                tmp_path, monkeypatch):
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
+    from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
+    from tests.support.member_job import read_delta
+
+    lake = tmp_path / "paid_orders"
+    for name, value in {"GROUP": GROUP, "SECONDS": "14", "NATS_CONN_ID": nats_conn_id, "SPARK_CONN_ID": spark_env,
+                        "SINK_PATH": str(lake)}.items():
+        monkeypatch.setenv(f"CG_FOLLOW_{name}", value)
+
+    async def setup():
+        nc = await nats_settings.connect()
+        await nc.jetstream().add_stream(name="ORDERS", subjects=["orders.>"])
+        await ConsumerGroups(nc).create("ORDERS", GROUP, ElasticGroupConfig(
+            4, (PartitioningFilter("orders.*", (1,)),), members=("m1",)))
+        assert (await publish_many(nc, _orders(0, 600))).published == 600
+        await nc.close()
+
+    asyncio.run(setup())
+    published = [600]
+
+    def publish_while_following():  # three more rounds while the follower runs
+        async def go():
+            nc = await nats_settings.connect()
+            for _ in range(3):
+                await asyncio.sleep(2.5)
+                assert (await publish_many(nc, _orders(published[0], 300))).published == 300
+                published[0] += 300
+            await nc.close()
+
+        deadline = time.monotonic() + 120  # the follower's first batch landed: it runs
+        while not (lake / "_delta_log" / f"{0:020d}.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        asyncio.run(go())
+
+    publisher = threading.Thread(target=publish_while_following)
+    dag = example_dag("cg_follow_orders.py").dag
+    publisher.start()
+    result = airflow_env.run_dag(dag)
+    publisher.join(60)
+    assert result.state == "success", result.ti_states
+    summary = result.xcom("follow", 0)
+    assert summary["result"] == "committed" and summary["stop_reason"] == "follow ended", summary
+    assert summary["messages_read"] == published[0] == 1500, summary
+    assert summary["batches"] >= 4, summary  # batch after batch in one spark-submit, as the rounds came
+    paid = sorted(i for i in range(published[0]) if i % 10 != 7)
+    table = read_delta(str(lake), ["order_id"])
+    assert sorted(table.column("order_id").to_pylist()) == paid  # every paid order, once
+    assert result.xcom("report")["totals"]["messages_read"] == 1500
