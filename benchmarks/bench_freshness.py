@@ -344,6 +344,7 @@ def main() -> None:
     p.add_argument("--follow-seconds", type=float, default=None,
                    help="a follower's time (default: the case's publishing time + 4 s: one start per member)")
     p.add_argument("--commit-interval", type=float, default=1.0, help="a follower's commit interval")
+    p.add_argument("--results", default="freshness", help="the name of the results' .json and .png")
     p.add_argument("--publishers", type=int, default=4, help="publisher processes")
     p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
     p.add_argument("--reference-messages", type=int, default=300_000)
@@ -401,9 +402,9 @@ def main() -> None:
            "follow_s": follow[0], "commit_interval_s": follow[1], "cpu_x_one_member": cpu,
            "publishers": args.publishers, "layout": args.layout, "spark": args.spark, "cases": rows,
            "highest_sustained": best}
-    (RESULTS / "freshness.json").write_text(json.dumps(out, indent=1) + "\n")
-    plot(rows, reference, RESULTS / "freshness.png")
-    print(f"\nwrote {RESULTS / 'freshness.json'} and {RESULTS / 'freshness.png'}")
+    (RESULTS / f"{args.results}.json").write_text(json.dumps(out, indent=1) + "\n")
+    plot(rows, reference, RESULTS / f"{args.results}.png")
+    print(f"\nwrote {RESULTS / f'{args.results}.json'} and {RESULTS / f'{args.results}.png'}")
 
 
 if __name__ == "__main__":
