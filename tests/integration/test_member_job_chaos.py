@@ -2,6 +2,7 @@
 SIGSTOP past the ack wait, step-downs, membership changes (a member dropped right after its
 job was killed mid-batch included), nats-server restarts; then a clean drain. No failpoints.
 
+Some tests start part of their jobs as followers (``--follow``: kept pinned, landing what arrives).
 Each run prints its seed; ``pytest --chaos-seed N`` (or ``CG_CHAOS_SEED=N``) replays it,
 ``--chaos-seconds 600`` runs longer, ``--chaos-spark`` starts every job through spark-submit.
 The lake tables run too: Delta on MinIO (restarted and killed under the writes), Iceberg.
@@ -34,9 +35,10 @@ async def test_randomized_faults_into_parquet_moving_between_layouts(request, nc
     work-queue layout.) The jobs route by subject: every message into the lake, those of 40 keys
     also into a second one (``routes``), each table exactly once and in per-key order."""
     run = ChaosRun(_config(request, seconds=10.0, messages=20_000, layout="partition-streams", layout_moves=2,
-                           routed_keys=40), nc, [nats_server], tmp_path, member_job_zip)
+                           routed_keys=40, followers=0.5), nc, [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()
+    assert any("--follow" in j.cmd for _, j in run.jobs), run.report()  # followers among the writers
     assert any("layout -> work-queue" in e for e in run.events) and \
         any("layout -> partition-streams" in e for e in run.events), run.report()
     print(run.report(), stats)
@@ -46,7 +48,7 @@ async def test_randomized_faults_on_a_static_group(request, nc, nats_server, mem
     """A static group read by direct gets from its origin, each batch acknowledged by moving the
     member's durable: kills, stalls, step-downs and server restarts must not lose, repeat or
     reorder anything, and the durables end with nothing pending."""
-    run = ChaosRun(_config(request, static=True, seconds=11.0, messages=16_500, server_restarts=1), nc,
+    run = ChaosRun(_config(request, static=True, seconds=11.0, messages=16_500, server_restarts=1, followers=0.5), nc,
                    [nats_server], tmp_path, member_job_zip)
     await run.run()
     stats = await run.check()

@@ -76,6 +76,7 @@ class ChaosConfig:
     routed_keys: int = 0  # routes by subject: every message into the table, and those of this many keys into a second
     partition_replicas: int | None = None  # the partition streams' replicas (default 1)
     restarts_on_schedule: bool = False  # server restarts only at their shares of the time (none drawn at random)
+    followers: float = 0.0  # the share of jobs started as followers (--follow 3-12 s, --commit-interval 0.3)
 
 
 @dataclass
@@ -154,10 +155,13 @@ class ChaosRun:
         sink_path, sink_args = self.sink_args()
         if self.config.routed_keys:
             sink_path, sink_args = None, [*sink_args, *self.routes_args(sink_path)]
+        follow = []
+        if self.config.followers and self.rng.random() < self.config.followers:
+            follow = ["--follow", f"{self.rng.uniform(3, 12):.1f}", "--commit-interval", "0.3"]
         job = start_member_job(
             self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream, group=self.group,
             member=member, sink=self.config.sink, sink_path=sink_path,
-            args=[*JOB_ARGS, *sink_args, *(["--read", self.config.read] if self.config.read else [])],
+            args=[*JOB_ARGS, *sink_args, *(["--read", self.config.read] if self.config.read else []), *follow],
             env=self.sink_env, spark=self.config.spark)
         self.jobs.append((member, job))
         return job
