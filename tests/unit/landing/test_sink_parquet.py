@@ -617,3 +617,25 @@ def test_target_file_size_splits_a_large_batch_in_row_order(lake):
     assert len(files) == 3 and max(f.stat().st_size for f in files) <= 1.1 * (1 << 20)
     assert [s for f in files for s in pq.read_table(f, columns=["origin_seq"]).column(0).to_pylist()] == seqs
     assert_exactly(lake, {("ORDERS", s) for s in seqs})
+
+
+def test_mark_acking_ends_with_an_error_when_another_writes_keys_stay_gone(lake, monkeypatch):
+    """A write marked acking whose keys vanish (the table's directory removed under its writers)
+    made a second writer sharing its inputs re-read the log forever, holding its pin: a
+    follower was found spinning so for 49 minutes. It now ends with a SinkError (exit 2)."""
+    from urllib.parse import unquote
+
+    from airflow_provider_cg.core.landing.sinks import lake as lake_module
+    from airflow_provider_cg.core.landing.sinks.base import SinkError
+
+    monkeypatch.setattr(lake_module, "VANISHED_RETRIES", 5)
+    first, second = ParquetLakeSink(lake), ParquetLakeSink(lake)
+    a = first.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 11)), message_refs=refs_for(range(1, 11)))
+    first.mark_acking(a)
+    b = second.prepare(BatchId("ORDERS", "g", "m2", 1), rows(range(5, 16)), message_refs=refs_for(range(5, 16)))
+    gone = [p for p in (lake / STAGING_DIR).rglob("keys-*.npy") if ":m1:" in unquote(str(p))]
+    assert gone, sorted((lake / STAGING_DIR).rglob("*"))  # the first write's keys, only theirs
+    for p in gone:
+        p.unlink()
+    with pytest.raises(SinkError, match="has no keys"):
+        second.mark_acking(b)

@@ -56,6 +56,7 @@ import io
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -118,6 +119,9 @@ STORED_SCHEMA = pa.schema(
 
 log = logging.getLogger(__name__)
 
+
+#: re-reads of the log when another write's keys are gone before mark_acking gives up
+VANISHED_RETRIES = 200
 
 class LakeSink(TwoPhaseSink):
     """Two-phase sink over a commit log beside the table; see the module docstring.
@@ -451,6 +455,7 @@ class LakeSink(TwoPhaseSink):
             inputs: tuple[bool, dict[str, np.ndarray], dict] | None = None
             helped: set[str] = set()
             checked = 0  # commits up to this log position hold none of the inputs (transformed)
+            vanished = 0  # reads of another write's keys that found them gone, in a row
             while True:
                 self._log.refresh()
                 if gid in self._log.aborts:
@@ -469,7 +474,16 @@ class LakeSink(TwoPhaseSink):
                 try:
                     other = self._finish_sharing(gid, keys)
                 except FileNotFoundError:
-                    continue  # that write finished meanwhile: re-read
+                    # that write finished meanwhile: re-read. A write whose keys stay gone while
+                    # the log still has it in flight (the table's directory deleted under the
+                    # writer) ends the run (exit 2), rather than holding the pin in this loop.
+                    vanished += 1
+                    if vanished > VANISHED_RETRIES:
+                        raise SinkError(f"prepared write {gid}: a write marked acking before it has no keys "
+                                        f"under {self.store.uri()} after {VANISHED_RETRIES} reads (was the table's "
+                                        "directory removed?)") from None
+                    time.sleep(min(0.005 * vanished, 0.1))
+                    continue
                 if other is not None:
                     if other in helped and other in self._log.in_flight:
                         raise DatasetCorrupt(f"write {other} is marked acking but cannot be committed "
