@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.landing import contract
 from airflow_provider_cg.core.landing.contract import MemberJobSpec
+from airflow_provider_cg.core.landing.fields import convert
 from airflow_provider_cg.core.landing.pipeline.decode import SPARK_AVRO_PACKAGE
 from airflow_provider_cg.core.landing.sinks.options import SINK_FIELDS, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kinds
@@ -304,9 +305,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         try:
-            options = self._job_values()  # the job options are attributes of their own names (JOB_FIELDS)
-            if getattr(self, "follow", None) == UNTIL_NEXT_RUN:
-                interval = float(options.get("commit_interval") or MemberJobSpec.commit_interval)
+            if getattr(self, "follow", None) == UNTIL_NEXT_RUN:  # job options are attributes (JOB_FIELDS)
+                given = getattr(self, "commit_interval", None)
+                interval = convert("commit_interval", given, float) if given is not None \
+                    else MemberJobSpec.commit_interval
                 self._follow_seconds = seconds_until_next_run(context, interval)
                 self.log.info("following until the next scheduled run: %.0f s", self._follow_seconds)
             spec = self._check(rendered=True)

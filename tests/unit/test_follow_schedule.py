@@ -42,3 +42,19 @@ def test_a_schedule_without_a_next_run_is_refused_naming_follow():
     with pytest.raises(ConfigError) as e:
         next_run_after(_timetable(None), NOW, None)
     assert e.value.field == "follow" and "until-next-run" in str(e.value)
+
+
+def test_bad_follow_options_name_the_field_exit_1_and_read_nothing(tmp_path):
+    """The member job refuses them before it connects (no server is running here) or writes."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parents[2] / "spark_apps" / "cg_member_job.py"
+    base = [sys.executable, str(job), "--no-spark", "--stream", "S", "--group", "g", "--member", "m1",
+            "--sink-path", str(tmp_path / "lake")]
+    for args, field in ((["--follow", "soon"], "--follow"), (["--follow", "0"], "--follow"),
+                        (["--follow", "5", "--commit-interval", "-1"], "--commit-interval")):
+        r = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and field in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    assert not (tmp_path / "lake").exists()

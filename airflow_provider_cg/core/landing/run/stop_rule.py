@@ -6,7 +6,7 @@ backlog it found when it was pinned, capped by ``max_messages``; it stops there,
 
 A follower (``--follow SECONDS``) is the other rule, not another branch in each reader: it has
 no target but ``max_messages``, keeps reading what arrives until its follow time has passed,
-and cuts its batches at ``batch_size`` or every ``commit_interval`` seconds (``paced``), like
+and cuts its batches at ``batch_size`` or every ``commit_interval`` seconds (``pace``), like
 Spark's processing-time trigger and Flink's checkpoint interval. A reader that finds nothing
 asks ``waits_for_more``: a follower waits and reads again, a bounded run ends.
 """
