@@ -143,3 +143,53 @@ def test_a_writer_stalled_across_a_clean_up_cannot_claim_a_freed_position(tmp_pa
     assert sorted(_keys(root)) == list(range(1, 330))
     fresh = ParquetLakeSink(root, fsync=False)
     assert _land(fresh, range(1, 331), 3, member="m3") == CommitResult(1, 329)
+
+
+def test_a_checkpoint_pointed_past_a_claim_before_its_check_keeps_the_claim(tmp_path):
+    """Between one writer's claim and its check, another reads the record, claims the next
+    position and points at a checkpoint there. The claim holds: taking it back left a hole
+    that a reader which had not read it yet could not pass (a follower found spinning in
+    ``mark_acking`` on a write whose end it could not see)."""
+    root = tmp_path / "lake"
+    b = ParquetLakeSink(root, fsync=False, checkpoint_interval=2)
+    c = ParquetLakeSink(root, fsync=False, checkpoint_interval=2)
+    reader = ParquetLakeSink(root, fsync=False)
+    _land(b, range(1, 11), 1, member="m1")
+    reader._log.refresh()
+    original = b._log._claim_holds
+    raced: list[int] = []
+
+    def racing(pos):
+        if not raced:
+            raced.append(pos)
+            _land(c, range(100, 110), 1, member="m2")  # reads b's record, checkpoints past it
+            assert c._log.pointer() >= pos
+        return original(pos)
+
+    b._log._claim_holds = racing
+    assert _land(b, range(11, 21), 2, member="m1") == CommitResult(10, 0)
+    for pos in range(1, b._log.pos + 1):
+        assert (root / LOG_DIR / f"{pos:020d}.json").exists(), f"hole at {pos}"
+    reader._log.refresh()
+    c._log.refresh()
+    assert reader._log.pos == b._log.pos == c._log.pos
+    assert set(reader._log.commits) == set(b._log.commits) == set(c._log.commits)
+    assert not reader._log.in_flight and not c._log.in_flight
+    assert sorted(_keys(root)) == [*range(1, 21), *range(100, 110)]
+
+
+def test_a_writer_stalled_across_a_clean_up_cannot_claim_a_freed_position_past_the_first(tmp_path):
+    root = tmp_path / "lake"
+    busy = _folding_sink(root)
+    for i in range(3):
+        _land(busy, range(1 + i * 10, 1 + i * 10 + 12), i + 1)
+    stalled = ParquetLakeSink(root, fsync=False)
+    stalled._log.refresh()  # it has read a few records, then stalls
+    assert stalled._log.pos > 1
+    for i in range(3, 30):
+        _land(busy, range(1 + i * 10, 1 + i * 10 + 12), i + 1)
+    assert clean_protocol_log(busy.store, retention_hours=0).records > 10
+    assert not (root / LOG_DIR / f"{stalled._log.pos + 1:020d}.json").exists()
+    assert _land(stalled, range(5, 40), 1, member="m0") == CommitResult(0, 35)
+    assert _land(stalled, range(300, 330), 2, member="m0") == CommitResult(27, 3)
+    assert sorted(_keys(root)) == list(range(1, 330))

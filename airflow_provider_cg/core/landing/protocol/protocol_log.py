@@ -226,11 +226,19 @@ class CommitLog:
 
     def pointer(self) -> int | None:
         """The position of the checkpoint ``_last_checkpoint.json`` names (None if none)."""
+        pointed = self._read_pointer()
+        return None if pointed is None else pointed[0]
+
+    def _read_pointer(self) -> tuple[int, int | None] | None:
+        """The pointer's checkpoint position and fold point (None: a pointer written before
+        it carried the fold point)."""
         try:
-            return int(json.loads(self.store.read(POINTER))["pos"])
+            data = json.loads(self.store.read(POINTER))
+            folded = data.get("folded")
+            return int(data["pos"]), None if folded is None else int(folded)
         except FileNotFoundError:
             return None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None  # half-written by a crashed writer: the listing finds the checkpoint
 
     def _checkpoint_names(self) -> list[str]:
@@ -306,12 +314,34 @@ class CommitLog:
         return pos
 
     def _claim_holds(self, pos: int) -> bool:
-        """Clean-up deletes records oldest first and only before a checkpoint's fold point:
-        a freed position has no record before it, and the pointer is at or past it."""
+        """Clean-up deletes records oldest first and only before a checkpoint's fold point,
+        and points the pointer at that checkpoint or a later one: a freed position has no
+        record before it, and is at or before the pointed checkpoint's fold point.
+
+        Not the pointed checkpoint's own position: another writer may read this record,
+        claim the next position and point at a checkpoint there before this check runs.
+        Taking the claim back then left a hole in the log that readers which had not read
+        the record could not pass, while those which had read it kept a record that was
+        gone (a write marked acking that never finished, for them)."""
         if pos > 1 and not self.store.exists(f"{LOG_DIR}/{pos_name(pos - 1)}"):
             return False
-        pointed = self.pointer()
-        return pointed is None or pointed < pos
+        pointed = self._read_pointer()
+        if pointed is None:
+            return True
+        at, folded = pointed
+        if folded is None:  # a pointer written by an older version: its checkpoint says
+            folded = self._checkpoint_fold(at)
+        return folded < pos
+
+    def _checkpoint_fold(self, pos: int) -> int:
+        """The fold point of the checkpoint at ``pos`` (its position itself if unreadable,
+        the older check's bound)."""
+        try:
+            body = json.loads(self.store.read(f"{LOG_DIR}/{checkpoint_name(pos)}"))
+            folded = body.get("folded")
+            return int(folded["pos"]) if folded else 0
+        except (OSError, ValueError, KeyError, TypeError):
+            return pos
 
     def fold_point(self) -> int:
         """The highest position that may be folded now: ``keep`` records stay whole, and no
@@ -373,7 +403,7 @@ class CommitLog:
         self.store.write(f"{LOG_DIR}/{checkpoint_name(self.pos)}", body)
         pointed = self.pointer()
         if pointed is None or pointed < self.pos:
-            self.store.write(POINTER, json.dumps({"pos": self.pos}).encode())
+            self.store.write(POINTER, json.dumps({"pos": self.pos, "folded": point}).encode())
 
     def committed_files(self) -> list[dict]:
         folded = [f for path in self._folded_file_lists for f in json.loads(self.store.read(path))]
@@ -425,7 +455,7 @@ def clean_protocol_log(store: Storage, retention_hours: float) -> LogCleanup:
     point = int(body["folded"]["pos"])
     pointed = CommitLog(store).pointer()
     if pointed is None or pointed < int(body["pos"]):  # never left on a checkpoint removed below
-        store.write(POINTER, json.dumps({"pos": int(body["pos"])}).encode())
+        store.write(POINTER, json.dumps({"pos": int(body["pos"]), "folded": point}).encode())
     keep = {info["path"] for info in body["folded"]["keys"].values()}
     pos = 1
     first = [n for n in store.list(LOG_DIR) if n.endswith(".json") and not n.endswith(CHECKPOINT_SUFFIX)
