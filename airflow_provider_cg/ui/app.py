@@ -4,7 +4,8 @@ Served by Airflow's API server (``plugin.py`` mounts it at ``/cg``, the UI shows
 Browse). For the chosen ``nats`` connection: each group with its members, their partitions,
 pin holder and since when, backlog, the age of the oldest pending message
 (``core/groups/lag.py``), the last batch that landed for it, from the landing tasks'
-asset events (``airflow_provider_cg.assets``), and a chart of its last hour: messages landed
+asset events (``airflow_provider_cg.assets``) and, while a run is pinned, what it has landed so
+far (its progress board, ``core/landing/run/board.py``: a follower's progress), and a chart of its last hour: messages landed
 per 5 minutes and the backlog, sampled on a schedule by this app's lifespan task (``history.py``, ``charts.py``). Only signed-in users who may read the
 connection see it (``auth.py``); no secret of the connection is ever shown (errors are
 scrubbed). ``/cg/api/groups?conn_id=`` returns the same as JSON.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +26,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from airflow_provider_cg._provider_info import CONN_TYPE
 from airflow_provider_cg.assets import server_addresses
+from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
+from airflow_provider_cg.core.landing.run.board import landing_now
 from airflow_provider_cg.ui.auth import current_user, may_read_connection
 from airflow_provider_cg.ui.charts import fmt, last_hour_svg
 from airflow_provider_cg.ui.history import (
@@ -35,6 +39,7 @@ from airflow_provider_cg.ui.history import (
 )
 
 CONNECT_TIMEOUT = 5.0
+log = logging.getLogger(__name__)
 LAST_EVENTS = 500  # asset events scanned for each group's last landed batch
 
 
@@ -76,11 +81,16 @@ async def lag_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None, Any]:
         return [], scrub(f"cannot reach NATS through {conn_id!r}: {_first_line(e)}", settings), settings
     try:
         groups = await all_groups_lag(nc)
+        out = [g.to_dict() if isinstance(g, GroupLag) else {**g, "error": scrub(g["error"], settings)}
+               for g in groups]
+        try:
+            await landing_now(nc, DEFAULT_PREFIX, out)
+        except Exception as e:  # noqa: BLE001 - the board is an extra: the lag stands without it
+            log.warning("consumer-groups page: the progress board unread (%s)", _first_line(e))
     except Exception as e:
         return [], scrub(f"cannot list the groups: {_first_line(e)}", settings), settings
     finally:
         await nc.close()
-    out = [g.to_dict() if isinstance(g, GroupLag) else {**g, "error": scrub(g["error"], settings)} for g in groups]
     return out, None, settings
 
 
@@ -213,6 +223,17 @@ def create_app() -> FastAPI:
     return app
 
 
+def landing_now_html(now: dict[str, Any]) -> str:
+    """A pinned run's figures from the progress board (``core/landing/run/board.py``): a
+    follower's progress while it runs, before its task's asset event."""
+    until = now.get("follow_until")
+    what = f"following until {until[11:19]} UTC" if until else "landing"
+    return (f'<div class="landing-now" data-owner="{html.escape(str(now.get("owner")))}"><b>{what}</b>: '
+            f'{now.get("messages_read", 0):,} messages, {now.get("rows_written", 0):,} rows in '
+            f'{now.get("batches", 0):,} batches since {html.escape(str(now.get("started_at", ""))[11:19])}, '
+            f'{now.get("rate_msg_s", 0):,} msg/s <span class="muted">(reported {_age(now.get("age_s"))} ago)</span></div>')
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -246,6 +267,7 @@ svg .landed,.legend .landed{fill:var(--bar);background:var(--bar)} svg .backlog{
 svg .backlog-now{fill:var(--line)} .legend .backlog{background:var(--line);height:2px}
 svg text{fill:var(--muted);font-size:10px;font-variant-numeric:tabular-nums} svg.group text{font-size:11px}
 svg text.y-landed{fill:var(--bar)} svg text.y-backlog{fill:var(--line)}
+.landing-now{color:var(--link)}
 """
 #: which theme: Airflow's own (its frame's <html> class, or its saved choice), else the system's
 THEME_SCRIPT = """(function(){function pick(){var d=null;try{var p=window.parent.document.documentElement;
@@ -310,6 +332,8 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
             landed = "-" if not last else (
                 f'{e(last["at"])}: {last["messages_landed"]} messages, {last["rows_written"]} rows '
                 f'({e(readable_ranges(last["ranges"]))}) into {e(str(last["table"]))}')
+            if m.get("landing_now"):
+                landed = f"{landing_now_html(m['landing_now'])}<div>{landed}</div>"
             parts.append(
                 f'<tr data-member="{e(m["member"])}"><td>{e(m["member"])}</td><td>{e(str(m["partitions"]))}</td>'
                 f'<td>{e(m["pin_holder"] or "-")}</td><td>{e(m["pinned_since"] or "-")}</td>'

@@ -50,21 +50,54 @@ async def _rows_above(path, n: int, timeout: float) -> int:
     return rows
 
 
+async def _lag(nc) -> dict:
+    from airflow_provider_cg.core.groups.lag import group_lag
+
+    return (await group_lag(nc, STREAM, GROUP)).to_dict()
+
+
+async def _landing_now(nc, member: str = "m1") -> dict | None:
+    """What the consumer-groups page shows as landing now for ``member`` (None: nothing)."""
+    from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
+    from airflow_provider_cg.core.landing.run.board import landing_now
+
+    lag = await _lag(nc)
+    await landing_now(nc, DEFAULT_PREFIX, [lag])
+    return next(m for m in lag["members"] if m["member"] == member).get("landing_now")
+
+
+async def _page_group(nc, now: dict) -> dict:
+    lag = await _lag(nc)
+    lag["members"][0]["landing_now"] = now
+    return lag
+
+
 @pytest.mark.parametrize("read", ["auto", "consumer"])
 async def test_a_follower_lands_what_arrives_while_it_runs(nc, nats_server, member_job_zip, tmp_path, read):
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1",))
     job = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "7", "--commit-interval", "0.3",
-               "--read", read)
+               "--read", read, "--progress-interval", "0.5")
     expected: dict = {}
     lake = tmp_path / "lake"
-    landed_while_running = []
+    landed_while_running, on_the_page = [], []
     for _ in range(4):  # a round every 1.2 s: each lands while the follower runs, none waits for the next run
         expected |= await publish_orders(nc, STREAM, GROUP, 300, 40, wait_sourced=False)
         await asyncio.sleep(1.2)
         landed_while_running.append(await _rows(lake))
+        on_the_page.append(await _landing_now(nc))
     result = await asyncio.to_thread(job.wait, 60)
     assert result.returncode == 0, result.describe()
     s = result.summary
+    # its progress was on the page while it ran (the progress board), growing; gone at its end
+    assert all(on_the_page), on_the_page
+    now = on_the_page[-1]
+    assert now["pin_id"] == s["pin_id"] and now["follow_until"] and now["state"] == "landing", now
+    assert 0 < on_the_page[0]["messages_read"] < now["messages_read"] <= 1200, on_the_page
+    assert await _landing_now(nc) is None
+    from airflow_provider_cg.ui.app import render
+
+    html = render(["nats_default"], "nats_default", [await _page_group(nc, now)], None)
+    assert "following until" in html and f'{now["messages_read"]:,} messages' in html, html[-3000:]
     assert s["result"] == "committed" and s["stop_reason"] == "follow ended", s
     assert s["duration_s"] >= 7 and s["messages_read"] == 1200, s
     assert s["batches"] >= 4, s  # landed as the rounds came, not in one batch at the end
@@ -148,3 +181,32 @@ def test_follow_is_refused_for_a_backfill():
         MemberJobSpec.build({"stream": "S", "group": "g", "backfill_start": "2026-01-01T00:00:00Z",
                              "backfill_end": "2026-01-01T01:00:00Z", "follow": "10"})
     assert e.value.field == "follow" and "backfill" in str(e.value)
+
+
+async def test_the_progress_board_belongs_to_the_latest_pinned_run(nc):
+    """A predecessor that writes after its successor began (its last write, or a stalled run
+    that comes back) does not overwrite the successor's figures; an ended run leaves the page."""
+    from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
+    from airflow_provider_cg.core.landing.contract import Summary
+    from airflow_provider_cg.core.landing.run.board import BUCKET, ProgressBoard, board_key
+
+    def board(owner: str, pin: str) -> ProgressBoard:
+        s = Summary("S-1", "g#1", "m.1")  # names a KV key cannot hold as they are
+        s.pin_id = pin
+        return ProgressBoard(nc, DEFAULT_PREFIX, s, owner=owner, interval=1.0)
+
+    old, new = board("m.1/old", "p1"), board("m.1/new", "p2")
+    await old._write(old.report("landing"))
+    old.summary.messages_read = 10
+    await old._write(old.report("landing"))  # conditional on its own last write: holds
+    await new._write(new.report("landing"))
+    await old.close()  # the predecessor's last write comes after: refused, not written
+    kv = await nc.jetstream().key_value(BUCKET)
+    key = board_key("S-1", "g#1", "m.1")
+    assert key.count(".") == 2 and "#" not in key, key
+    import json
+
+    assert json.loads((await kv.get(key)).value)["owner"] == "m.1/new"
+    await new.close()
+    entry = json.loads((await kv.get(key)).value)
+    assert entry["owner"] == "m.1/new" and entry["state"] == "ended", entry

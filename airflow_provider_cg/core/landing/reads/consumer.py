@@ -114,7 +114,7 @@ class ConsumerReads:
                         end = "pin"  # lost while the last batch landed: leave these to the new holder
                     elif not r.lander.taken_over:  # else leave them unacked to the new pin holder
                         landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
-                    r.progress.tick()
+                r.progress.tick()  # also while a follower waits for messages
                 if end is not None and landing is not None:
                     await r.pin.await_landing(landing, self._in_progress)  # its outcome may say why we stop
                     landing = None

@@ -242,6 +242,7 @@ class DirectReads:
                         landing = None
                     if r.split:  # nothing read: an empty partition stream, or one that cannot serve
                         await r.ensure_current()
+                    r.progress.tick()  # a follower's line (and board) while it waits
                     if await r.stop.waits_for_more():  # a follower: new messages, in a moment
                         continue
                     s.stop_reason = "backlog drained" if await r.pin.holds() else "pin lost"

@@ -66,6 +66,7 @@ from airflow_provider_cg.core.landing.reads.direct import (
     PartitionStreamPositions,
 )
 from airflow_provider_cg.core.landing.rows import KeySelector
+from airflow_provider_cg.core.landing.run.board import ProgressBoard
 from airflow_provider_cg.core.landing.run.pin import Pin
 from airflow_provider_cg.core.landing.run.reading import BatchIds, MemberReading, Progress
 from airflow_provider_cg.core.landing.run.stop_rule import StopRule
@@ -90,11 +91,12 @@ class MemberRun:
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
         self.api = JsApi(nc, prefix=js_prefix)
         self.started = time.monotonic()
-        self.progress = Progress(self.summary, options.progress_interval)
         self.stop = StopRule(options, self.summary, self.started)
+        self.owner = f"{self.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
+        self.board = ProgressBoard(nc, js_prefix, self.summary, owner=self.owner, interval=options.progress_interval)
+        self.progress = Progress(self.summary, options.progress_interval, self.board.post)
         self.batch_ids = BatchIds(options.stream, options.group, self.member)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
-        self.owner = f"{self.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
         self.lander = TwoPhaseLander(sink, self.summary, options.stream, options.group, self.member)
         self.lander.holds_pin = self.still_pinned
         self.batch_size = options.batch_size  # lowered to fit an existing consumer's max_ack_pending
@@ -137,6 +139,7 @@ class MemberRun:
         finally:
             s.duration_s = round(time.monotonic() - self.started, 3)
             self.progress.tick(force=True)
+            await self.board.close()  # a run that ends otherwise than by releasing its pin
             await self._close_assignment()
 
     async def setup(self) -> None:
@@ -232,6 +235,9 @@ class MemberRun:
             pinned = await pin.pinned()  # the consumer as this run was pinned on it
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", self.member, s.pin_id,
                      self.owner, s.target, list(self.partitions))
+            if stop.follow_until is not None:
+                self.board.follow_until = time.time() + stop.follow_left()
+            self.board.post()
             # fencing and recovery can take longer than the consumer's priority timeout or
             # inactivity threshold (orbit's: the ack wait, 5 s): keep the pin meanwhile
             keeper = asyncio.create_task(pin.keep_until_lost())
@@ -260,6 +266,7 @@ class MemberRun:
             watcher.cancel()
         s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
         if stop.revoked is None:
+            await self.board.close()  # before the pin goes: the successor's entry comes after
             await self._release_pin()
 
     def _pin(self) -> Pin:

@@ -24,10 +24,11 @@ log = logging.getLogger("airflow_provider_cg.landing")
 
 
 class Progress:
-    """The job's progress line, at most every ``interval`` seconds."""
+    """The job's progress line, at most every ``interval`` seconds; ``also`` is called with it
+    (the run's progress board, ``board.py``)."""
 
-    def __init__(self, summary: Summary, interval: float) -> None:
-        self.summary, self.interval = summary, interval
+    def __init__(self, summary: Summary, interval: float, also: Callable[[], None] | None = None) -> None:
+        self.summary, self.interval, self.also = summary, interval, also
         self.start = self.last = time.monotonic()
 
     def tick(self, force: bool = False) -> None:
@@ -40,6 +41,8 @@ class Progress:
         left = max(s.target - s.messages_read, 0)
         log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s backlog_left=%d",
                  s.member, s.messages_read, s.rows_written, rate, left)
+        if self.also is not None and not force:
+            self.also()
 
 
 class BatchIds:
