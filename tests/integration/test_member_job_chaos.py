@@ -2,7 +2,8 @@
 SIGSTOP past the ack wait, step-downs, membership changes (a member dropped right after its
 job was killed mid-batch included), nats-server restarts; then a clean drain. No failpoints.
 
-Some tests start part of their jobs as followers (``--follow``: kept pinned, landing what arrives).
+Every run but the Spark tasks' starts part of its member jobs as followers (``--follow``: kept
+pinned, landing what arrives), so the same faults meet followers mid-batch on every sink.
 Each run prints its seed; ``pytest --chaos-seed N`` (or ``CG_CHAOS_SEED=N``) replays it,
 ``--chaos-seconds 600`` runs longer, ``--chaos-spark`` starts every job through spark-submit.
 The lake tables run too: Delta on MinIO (restarted and killed under the writes), Iceberg.
@@ -81,7 +82,7 @@ async def test_randomized_faults_with_spark_tasks_reading(request, nc, nats_serv
 
 
 async def test_randomized_faults_into_postgres(request, nc, nats_server, member_job_zip, tmp_path, postgres_db):
-    cfg = _config(request, sink="postgres", seconds=14.0, messages=24_000, server_restarts=1)
+    cfg = _config(request, sink="postgres", seconds=14.0, messages=24_000, server_restarts=1, followers=0.4)
     run = ChaosRun(cfg, nc, [nats_server], tmp_path, member_job_zip, sink_env={"CG_PG_DSN": postgres_db.dsn})
     await run.run()
     stats = await run.check(postgres_db.conn_params())
@@ -99,7 +100,7 @@ async def test_randomized_faults_on_a_cluster_killing_the_stream_leader(request,
     nc = await NatsConnectionSettings(servers=nats_cluster.urls).connect()
     try:
         cfg = _config(request, replicas=3, seconds=10.0, messages=20_000, server_restarts=2, layout_moves=2,
-                      restarts_on_schedule=True)
+                      restarts_on_schedule=True, followers=0.3)
         run = ChaosRun(cfg, nc, nats_cluster.servers, tmp_path, member_job_zip)
         await run.run()
         stats = await run.check()
@@ -114,7 +115,7 @@ async def test_randomized_faults_into_a_lake_table(request, sink, nc, nats_serve
     chooses; the mixed-writer runs land into both too); on MinIO the object store itself is
     stopped or SIGKILLed under the jobs' writes, and comes back."""
     pytest.importorskip("deltalake" if sink == "delta" else "pyiceberg")
-    cfg = _config(request, sink=sink, seconds=8.0, messages=9_600, server_restarts=1)
+    cfg = _config(request, sink=sink, seconds=8.0, messages=9_600, server_restarts=1, followers=0.4)
     storage = request.config.getoption("--chaos-storage") or ("s3", "local")[(cfg.seed + (sink == "iceberg")) % 2]
     print("storage:", storage)
     store = request.getfixturevalue("minio_server") if storage == "s3" else None
@@ -132,7 +133,7 @@ async def test_randomized_faults_upserting_a_change_stream(request, nc, nats_ser
     step-downs, membership changes and a server restart: the table equals the last state per
     key computed here from what was published. The seed picks the table: Delta, Iceberg or
     PostgreSQL (``--mixed-sink`` chooses)."""
-    cfg = _config(request, seconds=8.0, messages=6_000, keys=1_000, server_restarts=1, merge=True)
+    cfg = _config(request, seconds=8.0, messages=6_000, keys=1_000, server_restarts=1, merge=True, followers=0.4)
     sink = request.config.getoption("--mixed-sink") or ("delta", "iceberg", "postgres")[cfg.seed % 3]
     if sink not in ("delta", "iceberg", "postgres"):
         pytest.skip(f"upserts go into delta, iceberg or postgres (not {sink})")

@@ -1,5 +1,5 @@
 """Every writer a user can point at one table, at once (``tests/support/mixed_writers.py``):
-live members with standbys, backfills over random overlapping windows and ``cg reset``
+live members with standbys (some of them followers), backfills over random overlapping windows and ``cg reset``
 replays, each job a spark-submit running one transformation (one that drops rows and routes
 the rest into two tables, with records missing their merge key mixed in; one that aggregates),
 under SIGKILL, SIGSTOP past the ack wait, step-downs, membership changes and nats-server
@@ -32,7 +32,7 @@ def _run(request, tmp_path, nc, nats_server, member_job_zip, **overrides) -> tup
     table = request.config.getoption("--mixed-sink") or SINKS[(seed + rotate) % len(SINKS)]
     sink, _, where = table.partition("-")
     cfg = with_chaos_options(request, MixedConfig(seed=seed, sink=sink, spark=True, members=("m1", "m2"),
-                                                  partitions=4, server_restarts=1,
+                                                  partitions=4, server_restarts=1, followers=0.4,
                                                   store_restarts=1 if where else 0, **overrides))
     print(f"\nmixed writers seed {seed} ({table}, {cfg.transform}, {cfg.seconds:g}s, {cfg.messages} messages): "
           f"replay with --chaos-seed {seed} --mixed-sink {table}")

@@ -76,7 +76,7 @@ class ChaosConfig:
     routed_keys: int = 0  # routes by subject: every message into the table, and those of this many keys into a second
     partition_replicas: int | None = None  # the partition streams' replicas (default 1)
     restarts_on_schedule: bool = False  # server restarts only at their shares of the time (none drawn at random)
-    followers: float = 0.0  # the share of jobs started as followers (--follow 3-12 s, --commit-interval 0.3)
+    followers: float = 0.0  # the share of member jobs started as followers (``follow_args``)
 
 
 @dataclass
@@ -155,16 +155,29 @@ class ChaosRun:
         sink_path, sink_args = self.sink_args()
         if self.config.routed_keys:
             sink_path, sink_args = None, [*sink_args, *self.routes_args(sink_path)]
-        follow = []
-        if self.config.followers and self.rng.random() < self.config.followers:
-            follow = ["--follow", f"{self.rng.uniform(3, 12):.1f}", "--commit-interval", "0.3"]
         job = start_member_job(
             self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream, group=self.group,
             member=member, sink=self.config.sink, sink_path=sink_path,
-            args=[*JOB_ARGS, *sink_args, *(["--read", self.config.read] if self.config.read else []), *follow],
+            args=[*JOB_ARGS, *sink_args, *(["--read", self.config.read] if self.config.read else []),
+                  *self.follow_args()],
             env=self.sink_env, spark=self.config.spark)
         self.jobs.append((member, job))
         return job
+
+    def follow_args(self) -> list[str]:
+        """A member job's ``--follow`` for the share ``followers`` of the jobs started: kept
+        pinned 2-8 s (long enough for faults to meet it mid-batch), batches every 0.3 s."""
+        if not self.config.followers:
+            return []
+        first = not any("--follow" in j.cmd for _, j in self.jobs)  # every such run has one
+        if first or self.rng.random() < self.config.followers:
+            return ["--follow", f"{self.rng.uniform(2, 8):.1f}", "--commit-interval", "0.3"]
+        return []
+
+    def followers_landed(self) -> tuple[int, int]:
+        """(follower jobs started, those whose summary shows more than one batch)."""
+        followers = [j for _, j in self.jobs if "--follow" in j.cmd]
+        return len(followers), sum(1 for j in followers if ((j.summary() or {}).get("batches") or 0) > 1)
 
     def running(self, member: str | None = None) -> list[MemberJob]:
         return [j for m, j in self.jobs if j.running() and (member is None or m == member)]
@@ -577,7 +590,12 @@ class ChaosRun:
         assert not refused, f"a job refused its input: {last_error(refused[0])}\n{self.report()}"
         left = self.prepared_left(pg_params)
         assert not left, f"prepared writes left behind: {left}\n{self.report()}"
-        return {"jobs": len(self.jobs), "events": len(self.events), "landed": len(self.expected)}
+        stats = {"jobs": len(self.jobs), "events": len(self.events), "landed": len(self.expected)}
+        if self.config.followers:
+            started, following = self.followers_landed()
+            assert started, f"no follower among the writers\n{self.report()}"
+            stats["followers"] = f"{started} started, {following} landed more than one batch"
+        return stats
 
     def prepared_left(self, pg_params=None) -> list[str]:
         if self.config.sink != "postgres":

@@ -75,6 +75,7 @@ class MixedWritersRun(ChaosRun):
 
     def start_job(self, member: str):
         args, sink_path = self._args()
+        args = [*args, *self.follow_args()]  # a member's job may follow; a backfill never does
         job = start_member_job(self.zip_path, self.workdir / "jobs", nats_servers=self.urls, stream=self.stream,
                                group=self.group, member=member, sink=self.config.sink, sink_path=sink_path,
                                args=args, env=self.sink_env, spark=True)
