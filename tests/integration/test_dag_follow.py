@@ -32,7 +32,7 @@ def test_a_follower_lands_orders_as_they_arrive(airflow_env, nats_conn_id, nats_
     from tests.support.member_job import read_delta
 
     lake = tmp_path / "paid_orders"
-    for name, value in {"GROUP": GROUP, "SECONDS": "30", "NATS_CONN_ID": nats_conn_id, "SPARK_CONN_ID": spark_env,
+    for name, value in {"GROUP": GROUP, "SECONDS": "22", "NATS_CONN_ID": nats_conn_id, "SPARK_CONN_ID": spark_env,
                         "SINK_PATH": str(lake)}.items():
         monkeypatch.setenv(f"CG_FOLLOW_{name}", value)
 
@@ -47,8 +47,8 @@ def test_a_follower_lands_orders_as_they_arrive(airflow_env, nats_conn_id, nats_
     asyncio.run(setup())
     published = [600]
 
-    def publish_while_following():  # three more rounds while the follower runs (it follows 30 s: its
-        # first batch starts Spark, which on a busy machine takes a good part of that)
+    def publish_while_following():  # three more rounds while the follower runs (it follows 22 s: its
+        # first batch starts Spark, which on a busy machine takes a good part of that; the rounds 4.5 s)
         async def go():
             nc = await nats_settings.connect()
             for _ in range(3):

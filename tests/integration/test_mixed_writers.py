@@ -32,7 +32,7 @@ def _run(request, tmp_path, nc, nats_server, member_job_zip, **overrides) -> tup
     table = request.config.getoption("--mixed-sink") or SINKS[(seed + rotate) % len(SINKS)]
     sink, _, where = table.partition("-")
     cfg = with_chaos_options(request, MixedConfig(seed=seed, sink=sink, spark=True, members=("m1", "m2"),
-                                                  partitions=4, server_restarts=1, followers=0.4,
+                                                  partitions=4, server_restarts=1, followers=0.25,
                                                   store_restarts=1 if where else 0, **overrides))
     print(f"\nmixed writers seed {seed} ({table}, {cfg.transform}, {cfg.seconds:g}s, {cfg.messages} messages): "
           f"replay with --chaos-seed {seed} --mixed-sink {table}")

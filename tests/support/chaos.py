@@ -109,6 +109,7 @@ class ChaosRun:
         self.groups = ConsumerGroups(self.nc)
         self.store_restarts_left = self.config.store_restarts
         self.started: float | None = None
+        self.drain_started = False
         self.lake = self.workdir / "lake"
         self.catalog_uri = f"sqlite:///{self.workdir}/catalog.db"
         if self.object_store is not None:
@@ -165,19 +166,21 @@ class ChaosRun:
         return job
 
     def follow_args(self) -> list[str]:
-        """A member job's ``--follow`` for the share ``followers`` of the jobs started: kept
-        pinned 2-8 s (long enough for faults to meet it mid-batch), batches every 0.3 s."""
-        if not self.config.followers:
+        """A member job's ``--follow`` for the share ``followers`` of the jobs started while the
+        faults go on: kept pinned 2-8 s (long enough for faults to meet it mid-batch), ending by
+        about the end of the faults, batches every 0.3 s. The drain's jobs never follow."""
+        if not self.config.followers or self.started is None or self.drain_started:
             return []
+        left = self.config.seconds - (time.monotonic() - self.started)
         first = not any("--follow" in j.cmd for _, j in self.jobs)  # every such run has one
         if first or self.rng.random() < self.config.followers:
-            return ["--follow", f"{self.rng.uniform(2, 8):.1f}", "--commit-interval", "0.3"]
+            return ["--follow", f"{max(1.5, min(self.rng.uniform(2, 8), left + 1)):.1f}", "--commit-interval", "0.3"]
         return []
 
     def followers_landed(self) -> tuple[int, int]:
         """(follower jobs started, those whose summary shows more than one batch)."""
         followers = [j for _, j in self.jobs if "--follow" in j.cmd]
-        return len(followers), sum(1 for j in followers if ((j.summary() or {}).get("batches") or 0) > 1)
+        return len(followers), sum(1 for j in followers if ((j.result().summary or {}).get("batches") or 0) > 1)
 
     def running(self, member: str | None = None) -> list[MemberJob]:
         return [j for m, j in self.jobs if j.running() and (member is None or m == member)]
@@ -480,6 +483,7 @@ class ChaosRun:
                 self.log(f"job {job.pid} did not end by itself: killed")
 
     async def drain(self, rounds: int = 6) -> None:
+        self.drain_started = True
         for i in range(rounds):
             await self.finish_move()
             left = await self.backlog()
