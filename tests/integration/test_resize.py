@@ -46,14 +46,22 @@ class Runner:
         self.members, self.rng, self.faults = list(members), rng, faults
         self.jobs: dict[str, object] = {}
         self.results: list = []
-        self.killed = self.stopped = 0
+        self.killed = self.stopped = self.followers = 0
         self.suspended: list[tuple[object, float]] = []
 
     def _start(self, member: str):
         return start_member_job(self.zip_path, self.tmp_path / "jobs", nats_servers=self.url, stream="ORDERS",
                                 group="g", member=member, sink_path=self.tmp_path / "lake", spark=False,
                                 args=["--idle-timeout", "1", "--standby-timeout", "4", "--batch-size",
-                                      str(self.rng.choice([50, 200, 1000]))])
+                                      str(self.rng.choice([50, 200, 1000])), *self._follow()])
+
+    def _follow(self) -> list[str]:
+        """Half of the jobs are followers (``--follow``): the resize revokes their partitions at
+        a batch boundary while they keep their pins."""
+        if not self.followers or self.rng.random() < 0.5:  # the first job follows
+            self.followers += 1
+            return ["--follow", f"{self.rng.uniform(1, 2.5):.1f}", "--commit-interval", "0.3"]
+        return []
 
     async def run(self, until: asyncio.Event) -> None:
         forced = ["kill", "stop"] if self.faults else []  # at least one of each, early in the run
@@ -158,8 +166,9 @@ async def test_resize_while_jobs_land(nc, nats_server, member_job_zip, tmp_path,
     assert_exactly_once(landed, expected, resized_after=result["cut"])
     assert {r.partition for r in landed if r.origin_seq > result["cut"]} <= set(range(6))
     assert any(r.partition >= 4 for r in landed if r.origin_seq > result["cut"])
-    print(f"resize test seed {seed}: {len(runner.results)} jobs, {runner.killed} SIGKILLed, "
-          f"{runner.stopped} SIGSTOPped")
+    assert runner.followers, "no follower among the jobs"
+    print(f"resize test seed {seed}: {len(runner.results)} jobs ({runner.followers} followers), "
+          f"{runner.killed} SIGKILLed, {runner.stopped} SIGSTOPped")
 
 
 async def test_resize_bad_input_and_static_groups(nc, nats_server):
