@@ -28,7 +28,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_member_job.py
 	$(BIN)/python benchmarks/bench_transform.py
 	$(BIN)/python benchmarks/bench_transform.py --standalone --variants raw,transform,transform-tasks --results transform-standalone
-	$(BIN)/python benchmarks/bench_freshness.py
+	$(BIN)/python benchmarks/bench_freshness.py --fractions 0.05,0.15,0.3,0.5
+	$(BIN)/python benchmarks/bench_freshness.py --spark --members 1 --fractions 0.05,0.1 --seconds 30 \
+		--transform-sql "SELECT * FROM batch WHERE origin_seq % 10 <> 7" --results freshness_spark
 	$(BIN)/python benchmarks/bench_tables.py
 	$(BIN)/python benchmarks/bench_protocol_log.py
 	$(BIN)/python benchmarks/bench_control_plane.py

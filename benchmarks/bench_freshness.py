@@ -10,9 +10,13 @@ In one run, on a fresh embedded nats-server:
   cases      for each member count (``--members``, default 1, 3 and 6 over ``--partitions`` 6)
              and schedule (``--schedules``: ``back-to-back``, each member's next job starts when
              its last one ends; ``every``, a job per member every ``--interval`` seconds, as a
-             DAG would; ``follow``, back to back too, but each job a follower, ``--follow``:
-             it keeps its pin and lands what arrives for the case's publishing time + 4 s, or
-             ``--follow-seconds``, cutting batches every ``--commit-interval``), publish rates
+             DAG would; ``follow``, each job a follower, ``--follow``: it keeps its pin and
+             lands what arrives for the case's publishing time + 4 s (one start per member),
+             or ``--follow-seconds`` (shorter: hand-overs within the case),
+             cutting batches every ``--commit-interval``; its successor starts 2 s before its
+             time is up and waits for the pin, as the next run of a DAG following
+             ``until-next-run`` does; followers start warm, publishing begins once every
+             member's job waits for messages), publish rates
              that are fractions of the sourcing rate (``--fractions``) for ``--seconds`` each.
 
 Publishing is ``--publishers`` processes (4), so one Python publisher is not the ceiling; the
@@ -25,7 +29,10 @@ sampled each second) did not grow while publishing (its mean over the last third
 publishing time exceeds its mean over the middle third by at most 5 % of the publish rate per
 second), once publishing stopped what was left landed within one ``--interval`` + 10 s, and p99
 freshness was at most ``--interval`` + 30 s. The jobs' CPU (user + system, each job's own, from
-``wait4``) per landed message, and its ratio to one member's in the same schedule. Per member
+``wait4``) per landed message, and its ratio to one member's in the same schedule; for
+followers also without their start-up (``cpu_us_per_msg_landing``: CPU spent before publishing
+began left out) and the hand-overs: seconds from a run's last commit to its successor's first
+(``handover_p50_s`` / ``handover_max_s``). Per member
 count: the highest rate sustained, as a fraction of the server's sourcing. Prints a table, writes ``benchmarks/results/freshness.json``
 and ``freshness.png``. Rates are comparable within a run.
 
@@ -143,17 +150,24 @@ async def publish_child(url: str, stream: str, rate: float, seconds: float, inde
 
 
 class Lander:
-    """Starts member jobs per schedule until stopped."""
+    """Starts member jobs per schedule until stopped. Followers hand over as a DAG scheduled
+    every follow period does with ``follow="until-next-run"``: a member's next job starts
+    ``HANDOVER_LEAD`` seconds before its follower's time is up and waits for the pin as its
+    standby, so the hand-over is a pin passed between two running jobs."""
+
+    HANDOVER_LEAD = 5.0  # a successor's start-up (a JVM's too) is over before the pin comes
 
     def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
-                 spark: bool, zip_path: Path, follow: tuple[float, float] | None = None) -> None:
+                 spark: bool, zip_path: Path, follow: tuple[float, float] | None = None, extra: tuple[str, ...] = ()) -> None:
         self.url, self.workdir, self.stream, self.members = url, workdir, stream, members
+        self.extra = extra  # more job arguments (a transformation)
         self.interval, self.spark, self.zip_path = interval, spark, zip_path
         self.follow = follow  # (seconds, commit interval) of each job, or None
         self.lake = workdir / f"lake-{stream}"
         self.jobs = 0
         self.cpu_s = 0.0  # the jobs' own CPU, user + system
         self.stop = threading.Event()
+        self._running: dict[str, list[tuple[float, subprocess.Popen]]] = {}  # member -> (start, job)
 
     def _ended(self, proc: subprocess.Popen) -> bool:
         """Whether a job ended (reaped here with its own CPU time, which ``poll`` would lose)."""
@@ -166,36 +180,72 @@ class Lander:
         self.cpu_s += usage.ru_utime + usage.ru_stime
         return True
 
+    def cpu_so_far(self) -> float:
+        """The jobs' CPU until now: the ended ones' and the running ones' (``/proc``)."""
+        ticks = os.sysconf("SC_CLK_TCK")
+        running = 0.0
+        for jobs in list(self._running.values()):
+            for _, proc in list(jobs):
+                try:
+                    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    running += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+                except (OSError, IndexError, ValueError):
+                    pass
+        return self.cpu_s + running
+
     def _start(self, member: str) -> subprocess.Popen:
-        env = dict(os.environ, CG_NATS_SERVERS=self.url, PYSPARK_PYTHON=sys.executable,
+        env = dict(os.environ, CG_NATS_SERVERS=self.url, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
                    PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-        launch = (["spark-submit", "--master", "local[2]", "--py-files", str(self.zip_path), str(member_job_path())]
+        launch = (["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+                   "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
+                   "--conf", "spark.sql.shuffle.partitions=2", "--py-files", str(self.zip_path), str(member_job_path())]
                   if self.spark else [sys.executable, str(member_job_path()), "--no-spark"])
         self.jobs += 1
         following = ["--follow", str(self.follow[0]), "--commit-interval", str(self.follow[1])] if self.follow else []
         return subprocess.Popen([*launch, "--stream", self.stream, "--group", "g", "--member", member, "--sink",
                                  "parquet", "--sink-path", str(self.lake), "--batch-size", "20000",
-                                 "--idle-timeout", "0.5", "--standby-timeout", "5", *following],
+                                 "--idle-timeout", "0.5", "--standby-timeout", "5", *following, *self.extra],
                                 env=env, cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+    def _due(self, member: str, now: float, next_round: float) -> bool:
+        jobs = self._running[member] = [(t, p) for t, p in self._running.get(member, []) if not self._ended(p)]
+        if self.follow:  # the successor starts as the follower's time nears its end
+            return not jobs or (len(jobs) == 1 and now - jobs[0][0] >= self.follow[0] - self.HANDOVER_LEAD)
+        return not jobs and (self.interval is None or now >= next_round)
+
     def run(self) -> None:
-        running: dict[str, subprocess.Popen] = {}
         next_round = 0.0
         start = time.monotonic()
         while not self.stop.is_set():
             now = time.monotonic() - start
             for m in self.members:
-                proc = running.get(m)
-                idle = proc is None or self._ended(proc)
-                if idle and (self.interval is None or now >= next_round):
-                    running[m] = self._start(m)
+                if self._due(m, now, next_round):
+                    self._running[m].append((now, self._start(m)))
             if self.interval is not None and now >= next_round:
                 next_round += self.interval
             time.sleep(0.05)
         deadline = time.monotonic() + 120
-        for proc in running.values():
-            while not self._ended(proc) and time.monotonic() < deadline:
-                time.sleep(0.05)
+        for jobs in self._running.values():
+            for _, proc in jobs:
+                while not self._ended(proc) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+
+async def all_ready(url: str, stream: str, members: list[str], timeout: float = 60.0) -> None:
+    """Wait until every member's consumer has a job's pull waiting (for its first message, and
+    with it the pin): the followers started warm."""
+    nc = await NatsConnectionSettings(servers=[url]).connect()
+    api = JsApi(nc)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            infos = [await api.consumer_info(f"{stream}-g", m) for m in members]
+            if all(i and int(i.get("num_waiting") or 0) > 0 for i in infos):
+                return
+            await asyncio.sleep(0.1)
+        raise SystemExit(f"{stream}: not every member's job was waiting within {timeout:g} s")
+    finally:
+        await nc.close()
 
 
 def freshness(lake: Path, stream: str) -> np.ndarray:
@@ -214,6 +264,24 @@ def freshness(lake: Path, stream: str) -> np.ndarray:
             ns = col.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_numpy()  # stored in microseconds
             out.append(committed - ns / 1e9)
     return np.concatenate(out) if out else np.zeros(0)
+
+
+def handovers(lake: Path) -> list[float]:
+    """Seconds from a run's last commit to the next run's first commit of the same member (the
+    lake's commit log). A run's batch ids count up from its start time in ms (a batch rolled
+    back skips one), so a new run is where a member's next commit jumps by a second or more."""
+    log = CommitLog(LocalStorage(lake, create=False))
+    log.refresh()
+    by_member: dict[str, list[tuple[float, int]]] = {}
+    for record in log.records:
+        if record["op"] == "commit":
+            at = dt.datetime.fromisoformat(record["committed_at"]).timestamp()
+            by_member.setdefault(record["batch"]["member"], []).append((at, int(record["batch"]["batch_seq"])))
+    gaps = []
+    for commits in by_member.values():
+        commits.sort()
+        gaps += [b[0] - a[0] for a, b in zip(commits, commits[1:], strict=False) if abs(b[1] - a[1]) >= 1000]
+    return gaps
 
 
 async def landed_so_far(api: JsApi, stream: str, partitions: int, layout: str) -> int:
@@ -241,7 +309,7 @@ def backlog_growth(samples: list[tuple[float, int]], seconds: float) -> float:
 def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float | None, rate: float,
              seconds: float, partitions: int, members: int, spark: bool, zip_path: Path,
              publishers: int = 4, layout: str = grouplayout.WORK_QUEUE,
-             follow: tuple[float, float] | None = None) -> dict:
+             follow: tuple[float, float] | None = None, extra: tuple[str, ...] = ()) -> dict:
     stream = name.upper()
     names = [f"m{i + 1}" for i in range(members)]
 
@@ -253,7 +321,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
         await nc.close()
 
     asyncio.run(setup())
-    lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow)
+    lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow, extra)
     thread = threading.Thread(target=lander.run, daemon=True)
     publisher = Publisher(url, stream, rate, seconds, publishers)
 
@@ -265,6 +333,10 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
             return await landed_so_far(api, stream, partitions, layout)
 
         thread.start()
+        if follow:  # followers start warm: publishing begins once every member's job waits for it
+            await all_ready(url, stream, names)
+        nonlocal warm_cpu
+        warm_cpu = lander.cpu_so_far()
         await publisher.run(landed)
         stopped = time.perf_counter()
         limit = stopped + (interval or 0) + 30
@@ -278,11 +350,13 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
         await nc.close()
         return drain_s if drained else None
 
+    warm_cpu = 0.0  # the jobs' CPU before publishing began (followers' start-up)
     t = time.perf_counter()
     drain_s = asyncio.run(go())
     elapsed = time.perf_counter() - t
     thread.join(180)
     f = freshness(lander.lake, stream)
+    gaps = handovers(lander.lake) if follow else []
     achieved = publisher.published / publisher.elapsed
     # kept up: the backlog did not grow while publishing, what was left landed within one
     # scheduled interval (+10 s for a job's start), and p99 freshness is within the target
@@ -300,7 +374,19 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
             "backlog_max": max([b for _, b in publisher.samples] or [0]), "backlog_growth_msg_s": round(growth) if np.isfinite(growth) else None,
             "jobs_cpu_s": round(lander.cpu_s, 2),
             "cpu_us_per_msg": round(lander.cpu_s / len(f) * 1e6, 1) if len(f) else None,
+            "warm_cpu_s": round(warm_cpu, 2),
+            "cpu_us_per_msg_landing": round((lander.cpu_s - warm_cpu) / len(f) * 1e6, 1) if len(f) else None,
+            "handovers": len(gaps), "handover_p50_s": round(float(np.percentile(gaps, 50)), 2) if gaps else None,
+            "handover_max_s": round(max(gaps), 2) if gaps else None,
             "sustained": bool(sustained)}
+
+
+def machine() -> dict:
+    """What the figures ran on."""
+    import platform
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
+            "load_avg_at_start": [round(x, 2) for x in os.getloadavg()]}
 
 
 def plot(rows: list[dict], reference: float, path: Path) -> None:
@@ -342,14 +428,18 @@ def main() -> None:
     p.add_argument("--schedules", default="back-to-back,follow",
                    help="back-to-back, every and/or follow (comma-separated)")
     p.add_argument("--follow-seconds", type=float, default=None,
-                   help="a follower's time (default: the case's publishing time + 4 s: one start per member)")
+                   help="a follower's time (default: the case's publishing time + 4 s, one start per member; "
+                        "shorter: hand-overs within the case)")
     p.add_argument("--commit-interval", type=float, default=1.0, help="a follower's commit interval")
     p.add_argument("--results", default="freshness", help="the name of the results' .json and .png")
     p.add_argument("--publishers", type=int, default=4, help="publisher processes")
     p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
     p.add_argument("--reference-messages", type=int, default=300_000)
     p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
+    p.add_argument("--transform-sql", default=None,
+                   help="the jobs' --transform-sql (with --spark), e.g. \"SELECT * FROM batch WHERE origin_seq % 10 <> 7\"")
     args = p.parse_args()
+    ran_on = machine()
     fractions = [float(x) for x in args.fractions.split(",")]
     member_counts = [int(x) for x in args.members.split(",")]
     known = {"back-to-back": None, "every": args.interval, "follow": None}
@@ -367,16 +457,19 @@ def main() -> None:
                 for j, frac in enumerate(fractions):
                     row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}", schedule, interval, reference * frac,
                                    args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
-                                   args.layout, follow if schedule == "follow" else None)
+                                   args.layout, follow if schedule == "follow" else None,
+                                   ("--transform-sql", args.transform_sql) if args.transform_sql else ())
                     row["fraction"] = frac
                     rows.append(row)
                     print(f"  {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
                           f"published): p50 {row['p50_s']} s, p99 {row['p99_s']} s, max {row['max_s']} s, landed "
-                          f"{row['landed_msg_s']:,} msg/s, {row['jobs']} jobs, {row['cpu_us_per_msg']} us CPU/msg, "
+                          f"{row['landed_msg_s']:,} msg/s, {row['jobs']} jobs, {row['cpu_us_per_msg']} us CPU/msg "
+                          f"({row['cpu_us_per_msg_landing']} landing), hand-overs {row['handovers']} "
+                          f"(p50 {row['handover_p50_s']} s, max {row['handover_max_s']} s), "
                           f"sustained {row['sustained']}", flush=True)
     cols = ["members", "schedule", "fraction", "rate_target", "rate_achieved", "published", "landed",
             "landed_msg_s", "p50_s", "p99_s", "max_s", "backlog_max", "backlog_growth_msg_s", "drain_s", "jobs",
-            "cpu_us_per_msg", "sustained"]
+            "cpu_us_per_msg", "cpu_us_per_msg_landing", "handover_p50_s", "handover_max_s", "sustained"]
     print("\n" + " ".join(f"{c:>13}" for c in cols))
     for r in rows:
         print(" ".join(f"{r.get(c, '')!s:>13}" for c in cols))
@@ -390,17 +483,22 @@ def main() -> None:
         print(f"{key[0]} members, {key[1]}: highest sustained rate {rate:,} msg/s = {rate / reference:.2f}x the "
               f"server's sourcing (highest published {tried:,} msg/s)")
     cpu = {}  # the jobs' CPU per landed message against one member's, same schedule and rate
+    cpu_landing = {}  # the same without the CPU spent before publishing began
     for r in rows:
         one = next((o for o in rows if o["members"] == 1 and o["schedule"] == r["schedule"]
                     and o["fraction"] == r["fraction"]), None)
         if one and one.get("cpu_us_per_msg") and r.get("cpu_us_per_msg"):
             r["cpu_x_one_member"] = round(r["cpu_us_per_msg"] / one["cpu_us_per_msg"], 2)
+            r["cpu_landing_x_one_member"] = round(r["cpu_us_per_msg_landing"] / one["cpu_us_per_msg_landing"], 2)
             cpu[f"{r['members']} members, {r['schedule']}, {r['fraction']}x"] = r["cpu_x_one_member"]
+            cpu_landing[f"{r['members']} members, {r['schedule']}, {r['fraction']}x"] = r["cpu_landing_x_one_member"]
     for key, ratio in cpu.items():
-        print(f"jobs' CPU per landed message, {key}: {ratio}x one member's")
+        print(f"jobs' CPU per landed message, {key}: {ratio}x one member's ({cpu_landing[key]}x without start-up)")
     out = {"sourcing_msg_s": round(reference), "interval_s": args.interval, "partitions": args.partitions,
            "follow_s": follow[0], "commit_interval_s": follow[1], "cpu_x_one_member": cpu,
-           "publishers": args.publishers, "layout": args.layout, "spark": args.spark, "cases": rows,
+           "cpu_landing_x_one_member": cpu_landing, "machine": ran_on,
+           "publishers": args.publishers, "layout": args.layout, "spark": args.spark,
+           "transform_sql": args.transform_sql, "cases": rows,
            "highest_sustained": best}
     (RESULTS / f"{args.results}.json").write_text(json.dumps(out, indent=1) + "\n")
     plot(rows, reference, RESULTS / f"{args.results}.png")
