@@ -227,7 +227,7 @@ def landing_now_html(now: dict[str, Any]) -> str:
     """A pinned run's figures from the progress board (``core/landing/run/board.py``): a
     follower's progress while it runs, before its task's asset event."""
     until = now.get("follow_until")
-    what = f"following until {until[11:19]} UTC" if until else "landing"
+    what = f"following until {html.escape(str(until)[11:19])} UTC" if until else "landing"
     return (f'<div class="landing-now" data-owner="{html.escape(str(now.get("owner")))}"><b>{what}</b>: '
             f'{now.get("messages_read", 0):,} messages, {now.get("rows_written", 0):,} rows in '
             f'{now.get("batches", 0):,} batches since {html.escape(str(now.get("started_at", ""))[11:19])}, '

@@ -143,8 +143,13 @@ async def landing_now(nc: Any, js_prefix: str, groups: list[dict]) -> None:
 
     now = time.time()
     for (_, m), e in zip(members, await asyncio.gather(*(entry(g, m) for g, m in members)), strict=True):
-        if not e or e.get("state") != LANDING:
+        if not isinstance(e, dict) or e.get("state") != LANDING:
             continue
-        age = now - datetime.fromisoformat(e["updated_at"]).timestamp()
-        if age <= 3 * float(e.get("interval_s") or 5) + 2:
-            m["landing_now"] = {**e, "age_s": round(max(age, 0.0), 1)}
+        try:  # anyone who may write the bucket wrote it: only well-formed entries are shown
+            age = now - datetime.fromisoformat(e["updated_at"]).timestamp()
+            counts = {k: int(e.get(k) or 0) for k in ("messages_read", "rows_written", "batches", "rate_msg_s")}
+            fresh = age <= 3 * float(e.get("interval_s") or 5) + 2
+        except (KeyError, TypeError, ValueError):
+            continue
+        if fresh:
+            m["landing_now"] = {**e, **counts, "age_s": round(max(age, 0.0), 1)}

@@ -478,10 +478,6 @@ class LakeSink(TwoPhaseSink):
                     # the log still has it in flight (the table's directory deleted under the
                     # writer) ends the run (exit 2), rather than holding the pin in this loop.
                     vanished += 1
-                    if vanished % 20 == 0:
-                        # a hole in the log (an older version's claim taken back) hides the
-                        # write's end from refresh; the pointed checkpoint goes past it
-                        self._log.reload()
                     if vanished > VANISHED_RETRIES:
                         raise SinkError(f"prepared write {gid}: a write marked acking before it has no keys "
                                         f"under {self.store.uri()} after {VANISHED_RETRIES} reads (was the table's "
