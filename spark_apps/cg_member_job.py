@@ -102,6 +102,8 @@ async def _run(spec, make_sink, pipeline):
         if not spec.backfill and not in_membership(info.config, spec.member):
             raise ConfigError("member", f"{spec.member!r} is not a member of group {spec.group!r} "
                                         f"on stream {spec.stream!r}")
+        if spec.follow:  # it lands whatever comes: be ready when it does
+            pipeline.start_warm_up()
         sink = await asyncio.to_thread(make_sink)
         if spec.backfill:
             from airflow_provider_cg.core.landing.run.backfill import run_backfill

@@ -25,7 +25,9 @@ import dataclasses
 import json
 import logging
 import secrets
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +48,7 @@ from airflow_provider_cg.core.landing.pipeline.bad_records import (
 )
 from airflow_provider_cg.core.landing.pipeline.decode import ERROR, SparkDecoder
 from airflow_provider_cg.core.landing.pipeline.held_inputs import TableInputs, excluding, nothing_staged
-from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.rows import BatchId, row_table
 from airflow_provider_cg.core.landing.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
 from airflow_provider_cg.core.landing.transform import BATCH_VIEW, BatchContext, TransformError, load_function
@@ -95,6 +97,9 @@ class ArrowPipeline:
     def __init__(self, decode: Callable[[pa.Table], tuple[pa.Table, dict[int, str]]] | None = None, *,
                  bad_records: str = "dead-letter") -> None:
         self.decode, self.bad_records = decode, bad_records
+
+    def start_warm_up(self) -> None:
+        """Nothing to start: the driver's Arrow code is ready at once."""
 
     def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
         bad: dict[int, str] = {}
@@ -234,6 +239,38 @@ class SparkPipeline:
             else:
                 part.input_keys = None
                 part.landed = {st: np.sort(q) for st, q in keys_by_stream(part.rows).items()}
+
+    def start_warm_up(self) -> None:
+        """``warm_up`` in the background, while the job waits for its pin and its first
+        messages; the first batch waits for it (one Spark job at a time)."""
+        threading.Thread(target=self.warm_up, daemon=True, name="cg-warm-up").start()
+
+    def warm_up(self) -> None:
+        """Start the session and run Spark's first job on one made-up row, so that a follower's
+        first batch does not pay for it: the JVM loading and compiling the classes of a batch's
+        plan, the tasks' first start (here 3.6 s of session and 3 s of first job when quiet,
+        about 10 s together beside a publisher and the server). The row is decoded as a batch
+        is; with a local master it is written as Parquet into a temporary directory (the
+        writer's classes too), else to Spark's ``noop`` sink. The user's transformation never
+        sees it."""
+        started = time.monotonic()
+        with self._one_at_a_time:
+            try:
+                _ = self.spark  # before any column is built, as in process()
+                sample = row_table(1, origin_stream=["cg-warm-up"], origin_seq=[0], subject=["0.warm-up"],
+                                   partition=[0], key=[None], payload=[b"{}"], timestamp=[0],
+                                   group="cg-warm-up", member="cg-warm-up")
+                frame = self.decoder.apply(self._frame(sample, np.zeros(1, np.int64)))
+                if self.spark.sparkContext.master.startswith("local"):
+                    with tempfile.TemporaryDirectory(prefix="cg-warm-up-") as d:
+                        frame.write.mode("overwrite").parquet(d)
+                else:  # the executors' disks are not the driver's
+                    frame.write.format("noop").mode("overwrite").save()
+            except Exception as e:  # noqa: BLE001 - only a head start; the first batch reports real failures
+                log.info("cg Spark warm-up did not finish (%s); the first batch starts Spark", type(e).__name__)
+                log.debug("cg Spark warm-up", exc_info=True)
+                return
+        log.info("cg Spark warmed up in %.1f s", time.monotonic() - started)
 
     def read_in_tasks(self, settings) -> None:
         """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
