@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.jetstream.direct import ALL, PartitionReader, plan_ranges, subject_filter
+from airflow_provider_cg.core.jetstream.direct import ALL, PartitionReader, ReadRange, plan_ranges, subject_filter
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.sinks.parquet import read_committed
 from tests.support.member_job import (
@@ -163,3 +163,36 @@ async def test_a_batch_whose_ack_did_not_take_effect_is_computed_again_without_i
     assert_each_order_counted_once(out, orders)
     log = "".join(f.read_text(errors="replace") for f in events.rglob("*") if f.is_file())
     assert "cg_nats_ranges" in log and PASSWORD not in log
+
+
+def test_a_workers_tasks_keep_one_connection_across_batches_and_replace_a_broken_one(nats_server, nats_settings):
+    """Spark reuses its Python workers: a follower's tasks, batch after batch, read on the
+    worker's one connection; after a server restart the next task connects again and reads all."""
+    from airflow_provider_cg.core.landing.reads.nats_source import WORKER, batch_plan, read_split
+
+    async def publish():
+        nc = await nats_settings.connect()
+        await JsApi(nc).add_stream({"name": "T", "subjects": ["0.t.*", "1.t.*", "2.t.*"], "storage": "file",
+                                      "allow_direct": True})
+        assert (await publish_many(nc, [(f"{i % 3}.t.k{i % 7}", b"x%d" % i) for i in range(300)])).published == 300
+        await nc.close()
+
+    asyncio.run(publish())
+    settings = nats_settings.portable().to_dict()
+
+    def read(first: int, last: int) -> list[int]:
+        plan = json.loads(batch_plan([ReadRange(ALL, ">", first, last, last - first + 1)], stream="T", origin="T",
+                                     group="g", member="m1", key_rules=[("*.t.*", (2,))], js_prefix="$JS.API",
+                                     only=None, parallelism=1))
+        return [s for b in read_split(plan, settings, plan["splits"][0]) for s in b.column("origin_seq").to_pylist()]
+
+    connects = WORKER.connects
+    try:
+        assert read(1, 100) == list(range(1, 101))
+        assert read(101, 200) == list(range(101, 201))
+        assert WORKER.connects == connects + 1  # the second task used the first one's connection
+        nats_server.restart()
+        assert read(201, 300) == list(range(201, 301))  # the broken connection replaced, nothing lost
+        assert WORKER.connects == connects + 2
+    finally:
+        WORKER.close()

@@ -12,6 +12,9 @@ and UIs): ``register`` makes a subclass per job that carries the NATS connection
 (secrets included, file paths replaced by their content so that executors on other machines
 can use them), pickled by value into the job's own serialized command.
 
+A task's connection and event loop stay with its Python worker (``WorkerConnection``): Spark
+reuses its workers, so a follower's tasks, batch after batch, do not connect again.
+
 Every ``(partition, first, last)`` range is read in full: a task's retry reads the same
 messages (the driver holds the pin, nothing else removes them). ``skip`` drops inputs the sink
 has committed already; ``only`` (a regular expression of the member's filter subjects) drops
@@ -21,6 +24,8 @@ what else a static member's unfiltered read returns.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -114,6 +119,64 @@ class NatsRangeReader(DataSourceReader):
         yield from read_split(self.plan, self.settings, partition.value)
 
 
+class WorkerConnection:
+    """This Python worker's NATS connection and event loop, kept across the tasks it runs. Between
+    tasks nothing runs the loop, so the connection answers no ping: one idle longer than
+    ``IDLE_LIMIT`` (well under the server's ping interval and ping count) is replaced rather
+    than trusted, as is one whose read failed, or one for other settings."""
+
+    IDLE_LIMIT = 30.0
+
+    def __init__(self) -> None:
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.nc = None
+        self.key: str | None = None
+        self.used = 0.0  # when a task last finished with it (monotonic)
+        self.connects = 0  # connections opened by this worker
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None or self.loop.is_closed():
+            self.loop = asyncio.new_event_loop()
+            atexit.register(self.close)
+        return self.loop
+
+    def close(self) -> None:
+        """Close the connection and the loop (at the worker's exit: its client's tasks end cleanly)."""
+        loop, self.loop = self.loop, None
+        if loop is not None and not loop.is_closed():
+            loop.run_until_complete(self.drop())
+            loop.close()
+
+    async def get(self, settings: dict, name: str):
+        """The worker's connection for ``settings``: kept, or new."""
+        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+
+        key = hashlib.sha256(json.dumps([settings, name], sort_keys=True, default=str).encode()).hexdigest()
+        if (self.nc is not None and self.key == key and self.nc.is_connected
+                and time.monotonic() - self.used < self.IDLE_LIMIT):
+            return self.nc
+        await self.drop()
+        self.nc = await NatsConnectionSettings.from_mapping({**settings, "name": name}).connect()
+        self.key = key
+        self.connects += 1
+        return self.nc
+
+    def done(self) -> None:
+        """A task finished with the connection (it stays for the next)."""
+        self.used = time.monotonic()
+
+    async def drop(self) -> None:
+        nc, self.nc, self.key = self.nc, None, None
+        if nc is not None:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+
+WORKER = WorkerConnection()
+
+
 def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBatch]:
     """One task: the split's messages as rows (after ``skip`` and ``only``), one server answer
     at a time, so Spark works on an answer's rows while the next is read."""
@@ -122,7 +185,7 @@ def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBat
         return
     keys = KeySelector(plan["keys"])
     skip = decode_seqs(plan["skip"]) if plan["skip"] else None
-    loop = asyncio.new_event_loop()
+    loop = WORKER.event_loop()
     chunks = _read(plan, settings, rng)
     try:
         while True:
@@ -142,21 +205,18 @@ def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBat
             yield from table.cast(_ARROW_ROWS, safe=False).to_batches(max_chunksize=8192)  # Spark keeps µs
     finally:
         loop.run_until_complete(chunks.aclose())
-        loop.close()
+        WORKER.done()
 
 
 async def _read(plan: dict, settings: dict, rng: ReadRange):
-    """The range's answers; a read interrupted by a restart or a leader change goes on from
-    where it stopped, on a new connection, for up to ``READ_RETRY_SECONDS``."""
-    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
-
+    """The range's answers, on the worker's connection; a read interrupted by a restart or a
+    leader change goes on from where it stopped, on a new connection, for up to
+    ``READ_RETRY_SECONDS``."""
     deadline = time.monotonic() + READ_RETRY_SECONDS
-    conn = NatsConnectionSettings.from_mapping({**settings, "name": f"cg-read-{plan['member']}"})
     seq, got = rng.first_seq, 0
     while True:
-        nc = None
         try:
-            nc = await conn.connect()
+            nc = await WORKER.get(settings, f"cg-read-{plan['member']}")
             reader = PartitionReader(nc, rng.stream or plan["stream"], js_prefix=plan["js_prefix"])
             try:
                 async for chunk in reader.range_chunks(rng.subject, seq, rng.last_seq, rng.messages - got):
@@ -166,15 +226,11 @@ async def _read(plan: dict, settings: dict, rng: ReadRange):
             finally:
                 await reader.close()
         except (DirectReadError, OSError, ConnectionError, TimeoutError) as e:
+            await WORKER.drop()  # not trusted again
             if not getattr(e, "retryable", True) or time.monotonic() > deadline:
                 raise RuntimeError(f"{READ_FAILED}: {rng.stream or plan['stream']} {rng.subject} "
                                    f"[{rng.first_seq}, {rng.last_seq}]: {e}") from None
         except Exception as e:  # a refused connect (NatsConnectError) and the like: no retry helps
+            await WORKER.drop()
             raise RuntimeError(f"{READ_FAILED}: {type(e).__name__}: {e}") from None
-        finally:
-            if nc is not None:
-                try:
-                    await nc.close()
-                except Exception:  # noqa: BLE001 - closing a broken connection
-                    pass
         await asyncio.sleep(0.5)
