@@ -42,6 +42,7 @@ from airflow_provider_cg.core.groups.consumers import (
     static_max_ack_pending,
 )
 from airflow_provider_cg.core.groups.names import subjects_regex
+from airflow_provider_cg.core.groups.store import kind_of
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders
@@ -329,8 +330,8 @@ class MemberRun:
         o = self.options
         while True:
             await asyncio.sleep(MEMBERSHIP_POLL)
-            try:
-                cfg = (await self.groups.get(o.stream, o.group)).config
+            try:  # in its own kind's bucket only: a missing other bucket is not looked up twice a second
+                cfg = (await self.groups.get(o.stream, o.group, kind_of(self.config))).config
             except GroupNotFound:
                 self.stop.revoke("group deleted")
                 return
