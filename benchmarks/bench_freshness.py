@@ -11,12 +11,13 @@ In one run, on a fresh embedded nats-server:
              and schedule (``--schedules``: ``back-to-back``, each member's next job starts when
              its last one ends; ``every``, a job per member every ``--interval`` seconds, as a
              DAG would; ``follow``, each job a follower, ``--follow``: it keeps its pin and
-             lands what arrives for the case's publishing time + 4 s (one start per member),
-             or ``--follow-seconds`` (shorter: hand-overs within the case),
-             cutting batches every ``--commit-interval``; its successor starts 2 s before its
-             time is up and waits for the pin, as the next run of a DAG following
-             ``until-next-run`` does; followers start warm, publishing begins once every
-             member's job waits for messages), publish rates
+             lands what arrives for the case's publishing time + 4 s (+ 20 s with ``--spark``:
+             one start per member), or ``--follow-seconds`` (shorter: hand-overs within the
+             case), cutting batches every ``--commit-interval``; its successor starts 5 s (15 s
+             with ``--spark``) before its time is up and waits for the pin, as the next run of a
+             DAG following ``until-next-run`` does; followers start warm, publishing begins once
+             every member's job waits for messages and, through spark-submit, has warmed Spark
+             up), publish rates
              that are fractions of the sourcing rate (``--fractions``) for ``--seconds`` each.
 
 Publishing is ``--publishers`` processes (4), so one Python publisher is not the ceiling; the
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import os
@@ -155,10 +157,15 @@ class Lander:
     ``HANDOVER_LEAD`` seconds before its follower's time is up and waits for the pin as its
     standby, so the hand-over is a pin passed between two running jobs."""
 
-    HANDOVER_LEAD = 5.0  # a successor's start-up (a JVM's too) is over before the pin comes
+    # a successor's start-up is over before the pin comes: a driver's, or a JVM's, its session's
+    # and Spark's first job (the follower's warm-up: up to 10 s here beside the publishers)
+    HANDOVER_LEAD = 5.0
+    HANDOVER_LEAD_SPARK = 15.0
 
     def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
-                 spark: bool, zip_path: Path, follow: tuple[float, float] | None = None, extra: tuple[str, ...] = ()) -> None:
+                 spark: bool, zip_path: Path, follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (),
+                 job_logs: Path | None = None) -> None:
+        self.job_logs = job_logs or workdir / "logs"  # a log file per job there
         self.url, self.workdir, self.stream, self.members = url, workdir, stream, members
         self.extra = extra  # more job arguments (a transformation)
         self.interval, self.spark, self.zip_path = interval, spark, zip_path
@@ -202,15 +209,26 @@ class Lander:
                   if self.spark else [sys.executable, str(member_job_path()), "--no-spark"])
         self.jobs += 1
         following = ["--follow", str(self.follow[0]), "--commit-interval", str(self.follow[1])] if self.follow else []
-        return subprocess.Popen([*launch, "--stream", self.stream, "--group", "g", "--member", member, "--sink",
-                                 "parquet", "--sink-path", str(self.lake), "--batch-size", "20000",
-                                 "--idle-timeout", "0.5", "--standby-timeout", "5", *following, *self.extra],
-                                env=env, cwd=self.workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = self._log(member)
+        try:
+            return subprocess.Popen([*launch, "--stream", self.stream, "--group", "g", "--member", member, "--sink",
+                                     "parquet", "--sink-path", str(self.lake), "--batch-size", "20000",
+                                     "--idle-timeout", "0.5", "--standby-timeout", "5", *following, *self.extra],
+                                    env=env, cwd=self.workdir, stdout=log, stderr=log)
+        finally:
+            log.close()
+
+    def _log(self, member: str):
+        """A file per job for its output (under spark-submit the driver's Python log is in its
+        standard output): kept with ``--workdir``."""
+        self.job_logs.mkdir(parents=True, exist_ok=True)
+        return open(self.job_logs / f"{self.stream}-{member}-{self.jobs}.log", "wb")  # noqa: SIM115
 
     def _due(self, member: str, now: float, next_round: float) -> bool:
         jobs = self._running[member] = [(t, p) for t, p in self._running.get(member, []) if not self._ended(p)]
         if self.follow:  # the successor starts as the follower's time nears its end
-            return not jobs or (len(jobs) == 1 and now - jobs[0][0] >= self.follow[0] - self.HANDOVER_LEAD)
+            lead = self.HANDOVER_LEAD_SPARK if self.spark else self.HANDOVER_LEAD
+            return not jobs or (len(jobs) == 1 and now - jobs[0][0] >= self.follow[0] - lead)
         return not jobs and (self.interval is None or now >= next_round)
 
     def run(self) -> None:
@@ -231,16 +249,21 @@ class Lander:
                     time.sleep(0.05)
 
 
-async def all_ready(url: str, stream: str, members: list[str], timeout: float = 60.0) -> None:
+async def all_ready(url: str, stream: str, members: list[str], logs: Path | None, timeout: float = 60.0) -> None:
     """Wait until every member's consumer has a job's pull waiting (for its first message, and
-    with it the pin): the followers started warm."""
+    with it the pin), and with ``logs`` (spark-submit) until each member's job says Spark has
+    warmed up (``SparkPipeline.warm_up``): the followers started warm."""
+
+    def warmed(member: str) -> bool:
+        return logs is None or any(b"cg Spark warmed up" in f.read_bytes() for f in logs.glob(f"{stream}-{member}-*.log"))
+
     nc = await NatsConnectionSettings(servers=[url]).connect()
     api = JsApi(nc)
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             infos = [await api.consumer_info(f"{stream}-g", m) for m in members]
-            if all(i and int(i.get("num_waiting") or 0) > 0 for i in infos):
+            if all(i and int(i.get("num_waiting") or 0) > 0 for i in infos) and all(map(warmed, members)):
                 return
             await asyncio.sleep(0.1)
         raise SystemExit(f"{stream}: not every member's job was waiting within {timeout:g} s")
@@ -321,7 +344,8 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
         await nc.close()
 
     asyncio.run(setup())
-    lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow, extra)
+    lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow, extra,
+                    workdir / "logs")
     thread = threading.Thread(target=lander.run, daemon=True)
     publisher = Publisher(url, stream, rate, seconds, publishers)
 
@@ -334,7 +358,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
 
         thread.start()
         if follow:  # followers start warm: publishing begins once every member's job waits for it
-            await all_ready(url, stream, names)
+            await all_ready(url, stream, names, workdir / "logs" if spark else None)
         nonlocal warm_cpu
         warm_cpu = lander.cpu_so_far()
         await publisher.run(landed)
@@ -428,7 +452,8 @@ def main() -> None:
     p.add_argument("--schedules", default="back-to-back,follow",
                    help="back-to-back, every and/or follow (comma-separated)")
     p.add_argument("--follow-seconds", type=float, default=None,
-                   help="a follower's time (default: the case's publishing time + 4 s, one start per member; "
+                   help="a follower's time (default: the case's publishing time + 4 s, + 20 s with --spark: one "
+                        "start per member; "
                         "shorter: hand-overs within the case)")
     p.add_argument("--commit-interval", type=float, default=1.0, help="a follower's commit interval")
     p.add_argument("--results", default="freshness", help="the name of the results' .json and .png")
@@ -437,7 +462,9 @@ def main() -> None:
     p.add_argument("--reference-messages", type=int, default=300_000)
     p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
     p.add_argument("--transform-sql", default=None,
-                   help="the jobs' --transform-sql (with --spark), e.g. \"SELECT * FROM batch WHERE origin_seq % 10 <> 7\"")
+                   help="the jobs' --transform-sql (with --spark), e.g. \"SELECT * FROM batch WHERE origin_seq %% 10 <> 7\"")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="keep the server's store, the lakes and each job's log there (default: a temporary directory)")
     args = p.parse_args()
     ran_on = machine()
     fractions = [float(x) for x in args.fractions.split(",")]
@@ -445,10 +472,13 @@ def main() -> None:
     known = {"back-to-back": None, "every": args.interval, "follow": None}
     label = {"back-to-back": "back-to-back", "every": f"every-{args.interval:g}s", "follow": "follow"}
     schedules = [(label[name], known[name]) for name in args.schedules.split(",")]
-    follow = (args.follow_seconds or args.seconds + 4, args.commit_interval)
+    # a follower outlives the case's publishing, which begins once it waits, warm: a driver's
+    # start-up is about a second, spark-submit's (JVM, session, Spark's first job) up to 15 s here
+    follow = (args.follow_seconds or args.seconds + (20 if args.spark else 4), args.commit_interval)
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="cg-fresh-") as d, EmbeddedNatsServer(Path(d) / "nats") as srv:
+    with (contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(prefix="cg-fresh-")) as d, \
+            EmbeddedNatsServer(Path(d) / "nats") as srv:
         zip_path = build_core_zip(Path(d) / "cg_core.zip")
         reference = asyncio.run(sourcing_rate(srv.url, args.reference_messages))
         print(f"server sourcing alone: {reference:,.0f} msg/s", flush=True)
