@@ -140,6 +140,7 @@ class SparkPipeline:
         self.sql = sql
         self.bad_records = bad_records
         self._one_at_a_time = threading.Lock()  # the view ``batch`` is the session's: one batch at a time
+        self._batch_came = False  # a batch came: a warm-up still waiting runs no job of its own
 
     @property
     def spark(self):
@@ -159,6 +160,7 @@ class SparkPipeline:
         return self.spark.sparkContext.defaultParallelism
 
     def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
+        self._batch_came = True
         with self._one_at_a_time:
             _ = self.spark  # started before any column is built (PySpark's functions need its context)
             return self._process(sink, table, batch_id)
@@ -252,11 +254,16 @@ class SparkPipeline:
         about 10 s together beside a publisher and the server). The row is decoded as a batch
         is; with a local master it is written as Parquet into a temporary directory (the
         writer's classes too), else to Spark's ``noop`` sink. The user's transformation never
-        sees it."""
+        sees it. A batch that comes first (a backlog) does that job itself: the warm-up then
+        only starts the session."""
         started = time.monotonic()
         with self._one_at_a_time:
             try:
                 _ = self.spark  # before any column is built, as in process()
+                if self._batch_came:
+                    log.info("cg Spark started in %.1f s (a batch came first: no warm-up job)",
+                             time.monotonic() - started)
+                    return
                 sample = row_table(1, origin_stream=["cg-warm-up"], origin_seq=[0], subject=["0.warm-up"],
                                    partition=[0], key=[None], payload=[b"{}"], timestamp=[0],
                                    group="cg-warm-up", member="cg-warm-up")
@@ -301,6 +308,7 @@ class SparkPipeline:
         take effect), or records the sink refuses, the staged result is dropped and the batch
         computed again without them (the refused ones marked poison; with routes, inputs one
         table holds are left out of that table's share only)."""
+        self._batch_came = True
         with self._one_at_a_time:
             skip = np.zeros(0, np.int64)
             extra: dict[str, dict[str, np.ndarray]] = {}  # per route, inputs only its table holds
