@@ -152,6 +152,9 @@ class WorkerConnection:
         from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
         key = hashlib.sha256(json.dumps([settings, name], sort_keys=True, default=str).encode()).hexdigest()
+        if self.nc is not None:  # let its client see what came while no task ran (a closed socket)
+            for _ in range(3):
+                await asyncio.sleep(0)
         if (self.nc is not None and self.key == key and self.nc.is_connected
                 and time.monotonic() - self.used < self.IDLE_LIMIT):
             return self.nc
@@ -170,8 +173,8 @@ class WorkerConnection:
         if nc is not None:
             try:
                 await nc.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - closing a broken connection (nats-py
+                pass  # lets its own cancelled reconnect surface here; no task of ours is cancelled)
 
 
 WORKER = WorkerConnection()
