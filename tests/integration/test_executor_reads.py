@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.jetstream.direct import ALL, PartitionReader, ReadRange, plan_ranges, subject_filter
+from airflow_provider_cg.core.jetstream.direct import (
+    ALL,
+    PartitionReader,
+    ReadRange,
+    plan_ranges,
+    subject_filter,
+)
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.sinks.parquet import read_committed
 from tests.support.member_job import (
