@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -285,6 +286,32 @@ def test_mark_acking_is_durable_and_drives_recovery(lake):
     assert fresh.mark_acking(acking).acking is True  # already committed: fine
     assert fresh.recover("ORDERS", "g", "m1") == []
     assert_exactly(lake, {("ORDERS", s) for s in range(11, 21)})
+
+
+def test_every_fsync_finds_the_file_written(lake, monkeypatch):
+    """A file's fsync comes after its bytes left Python's buffer: small files (the manifest, the
+    log's records, a small batch's keys) were once synced empty and written after."""
+    synced: dict[int, int] = {}  # inode -> size when synced, per regular file
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            synced[st.st_ino] = st.st_size
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    sink = ParquetLakeSink(lake)
+    prepared = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 4)), message_refs=refs_for(range(1, 4)))
+    sink.commit(sink.mark_acking(prepared))
+    monkeypatch.undo()
+    final = {p.stat().st_ino: p for p in lake.rglob("*") if p.is_file()}
+    # the data file, the acking and commit records, the committed keys (the staging is gone)
+    kept = [ino for ino in synced if ino in final]
+    assert len(kept) >= 4
+    for ino in kept:
+        assert synced[ino] == final[ino].stat().st_size, f"{final[ino]} was synced before it was written"
+    assert_exactly(lake, {("ORDERS", s) for s in range(1, 4)})
 
 
 CRASH_AFTER_PREPARE = """

@@ -173,6 +173,7 @@ class LocalStorage(Storage):
         with open(tmp, "wb") as fh:
             fh.write(data)
             if self.fsync:
+                fh.flush()  # a small write is still in Python's buffer: fsync would find the file empty
                 os.fsync(fh.fileno())
         return tmp
 
