@@ -8,13 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from airflow_provider_cg.core.landing.pipeline.decode import text_decoder
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
 
 REPO = Path(__file__).resolve().parents[3]
 
 FRESH = """
-import sys, time
+import sys
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
 from airflow_provider_cg.core.landing.pipeline.decode import text_decoder
 before = "pandas" in sys.modules
@@ -27,8 +29,6 @@ def test_the_warm_up_pays_the_first_conversions_import():
     try:
         import pandas  # noqa: F401 - only pyarrow's own use of it is what the warm-up pays for
     except ImportError:
-        import pytest
-
         pytest.skip("pandas is not installed: pyarrow has nothing to import")
     out = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
