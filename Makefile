@@ -30,7 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_transform.py --standalone --variants raw,transform,transform-tasks --results transform-standalone
 	$(BIN)/python benchmarks/bench_freshness.py --fractions 0.05,0.15,0.3,0.5
 	$(BIN)/python benchmarks/bench_freshness.py --members 1,6 --schedules follow --fractions 0.15,0.3 --follow-seconds 40 \
-		--results freshness_members
+		--commit-interval 1,2,4 --results freshness_members
 	$(BIN)/python benchmarks/bench_freshness.py --spark --members 1 --fractions 0.05,0.1 --seconds 30 \
 		--transform-sql "SELECT * FROM batch WHERE origin_seq % 10 <> 7" --results freshness_spark
 	$(BIN)/python benchmarks/bench_tables.py

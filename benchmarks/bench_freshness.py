@@ -13,7 +13,8 @@ In one run, on a fresh embedded nats-server:
              DAG would; ``follow``, each job a follower, ``--follow``: it keeps its pin and
              lands what arrives for the case's publishing time + 4 s (+ 20 s with ``--spark``:
              one start per member), or ``--follow-seconds`` (shorter: hand-overs within the
-             case), cutting batches every ``--commit-interval``; its successor starts 5 s (15 s
+             case), cutting batches every ``--commit-interval`` (several, e.g. 1,2,4: one
+             follow schedule each, in the same run); its successor starts 5 s (15 s
              with ``--spark``) before its time is up and waits for the pin, as the next run of a
              DAG following ``until-next-run`` does; followers start warm, publishing begins once
              every member's job waits for messages and, through spark-submit, has warmed Spark
@@ -455,7 +456,8 @@ def main() -> None:
                    help="a follower's time (default: the case's publishing time + 4 s, + 20 s with --spark: one "
                         "start per member; "
                         "shorter: hand-overs within the case)")
-    p.add_argument("--commit-interval", type=float, default=1.0, help="a follower's commit interval")
+    p.add_argument("--commit-interval", default="1",
+                   help="a follower's commit interval in seconds; several (1,2,4): each a follow schedule of its own")
     p.add_argument("--results", default="freshness", help="the name of the results' .json and .png")
     p.add_argument("--publishers", type=int, default=4, help="publisher processes")
     p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
@@ -471,10 +473,15 @@ def main() -> None:
     member_counts = [int(x) for x in args.members.split(",")]
     known = {"back-to-back": None, "every": args.interval, "follow": None}
     label = {"back-to-back": "back-to-back", "every": f"every-{args.interval:g}s", "follow": "follow"}
-    schedules = [(label[name], known[name]) for name in args.schedules.split(",")]
+    commit_intervals = [float(x) for x in args.commit_interval.split(",")]
+    # (label, scheduled interval, a follower's commit interval or None)
+    schedules = [(label[name], known[name], None) for name in args.schedules.split(",") if name != "follow"]
+    if "follow" in args.schedules.split(","):
+        schedules += [("follow" if len(commit_intervals) == 1 else f"follow, commit every {ci:g} s", None, ci)
+                      for ci in commit_intervals]
     # a follower outlives the case's publishing, which begins once it waits, warm: a driver's
     # start-up is about a second, spark-submit's (JVM, session, Spark's first job) up to 15 s here
-    follow = (args.follow_seconds or args.seconds + (20 if args.spark else 4), args.commit_interval)
+    follow_s = args.follow_seconds or args.seconds + (20 if args.spark else 4)
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
     with (contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(prefix="cg-fresh-")) as d, \
@@ -483,13 +490,13 @@ def main() -> None:
         reference = asyncio.run(sourcing_rate(srv.url, args.reference_messages))
         print(f"server sourcing alone: {reference:,.0f} msg/s", flush=True)
         for k, members in enumerate(member_counts):
-            for i, (schedule, interval) in enumerate(schedules):
+            for i, (schedule, interval, commit_interval) in enumerate(schedules):
                 for j, frac in enumerate(fractions):
                     row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}", schedule, interval, reference * frac,
                                    args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
-                                   args.layout, follow if schedule == "follow" else None,
+                                   args.layout, (follow_s, commit_interval) if commit_interval else None,
                                    ("--transform-sql", args.transform_sql) if args.transform_sql else ())
-                    row["fraction"] = frac
+                    row["fraction"], row["commit_interval_s"] = frac, commit_interval
                     rows.append(row)
                     print(f"  {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
                           f"published): p50 {row['p50_s']} s, p99 {row['p99_s']} s, max {row['max_s']} s, landed "
@@ -525,7 +532,8 @@ def main() -> None:
     for key, ratio in cpu.items():
         print(f"jobs' CPU per landed message, {key}: {ratio}x one member's ({cpu_landing[key]}x without start-up)")
     out = {"sourcing_msg_s": round(reference), "interval_s": args.interval, "partitions": args.partitions,
-           "follow_s": follow[0], "commit_interval_s": follow[1], "cpu_x_one_member": cpu,
+           "follow_s": follow_s,
+           "commit_interval_s": commit_intervals[0] if len(commit_intervals) == 1 else commit_intervals, "cpu_x_one_member": cpu,
            "cpu_landing_x_one_member": cpu_landing, "machine": ran_on,
            "publishers": args.publishers, "layout": args.layout, "spark": args.spark,
            "transform_sql": args.transform_sql, "cases": rows,
