@@ -50,6 +50,18 @@ async def _rows_above(path, n: int, timeout: float) -> int:
     return rows
 
 
+async def _pull_waiting(nc, member: str, timeout: float = 60.0) -> None:
+    from airflow_provider_cg.core.jetstream.api import JsApi
+
+    api, deadline = JsApi(nc), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = await api.consumer_info(f"{STREAM}-{GROUP}", member)
+        if info and int(info.get("num_waiting") or 0) > 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no pull of {member}'s job waited within {timeout:g} s")
+
+
 async def _lag(nc) -> dict:
     from airflow_provider_cg.core.groups.lag import group_lag
 
@@ -75,11 +87,15 @@ async def _page_group(nc, now: dict) -> dict:
 @pytest.mark.parametrize("read", ["auto", "consumer"])
 async def test_a_follower_lands_what_arrives_while_it_runs(nc, nats_server, member_job_zip, tmp_path, read):
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1",))
-    job = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "7", "--commit-interval", "0.3",
+    job = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "8", "--commit-interval", "0.3",
                "--read", read, "--progress-interval", "0.5")
     expected: dict = {}
     lake = tmp_path / "lake"
     landed_while_running, on_the_page = [], []
+    # publishing begins once the follower's pull waits on its member consumer (for the first
+    # message, and with it the pin), not after a guess at its process's start-up, which a loaded
+    # machine makes seconds long
+    await _pull_waiting(nc, "m1")
     for _ in range(4):  # a round every 1.2 s: each lands while the follower runs, none waits for the next run
         expected |= await publish_orders(nc, STREAM, GROUP, 300, 40, wait_sourced=False)
         await asyncio.sleep(1.2)
@@ -99,7 +115,7 @@ async def test_a_follower_lands_what_arrives_while_it_runs(nc, nats_server, memb
     html = render(["nats_default"], "nats_default", [await _page_group(nc, now)], None)
     assert "following until" in html and f'{now["messages_read"]:,} messages' in html, html[-3000:]
     assert s["result"] == "committed" and s["stop_reason"] == "follow ended", s
-    assert s["duration_s"] >= 7 and s["messages_read"] == 1200, s
+    assert s["duration_s"] >= 8 and s["messages_read"] == 1200, s
     assert s["batches"] >= 4, s  # landed as the rounds came, not in one batch at the end
     assert landed_while_running[0] > 0 and landed_while_running[-1] > landed_while_running[0], landed_while_running
     assert_exactly_once(parquet_landed(lake), expected)
