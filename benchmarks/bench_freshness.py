@@ -494,7 +494,7 @@ def main() -> None:
                 for j, frac in enumerate(fractions):
                     row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}", schedule, interval, reference * frac,
                                    args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
-                                   args.layout, (follow_s, commit_interval) if commit_interval else None,
+                                   args.layout, (follow_s, commit_interval) if commit_interval is not None else None,
                                    ("--transform-sql", args.transform_sql) if args.transform_sql else ())
                     row["fraction"], row["commit_interval_s"] = frac, commit_interval
                     rows.append(row)

@@ -51,11 +51,12 @@ async def _rows_above(path, n: int, timeout: float) -> int:
 
 
 async def _pull_waiting(nc, member: str, timeout: float = 60.0) -> None:
+    from airflow_provider_cg.core.groups.names import work_queue_stream
     from airflow_provider_cg.core.jetstream.api import JsApi
 
     api, deadline = JsApi(nc), time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = await api.consumer_info(f"{STREAM}-{GROUP}", member)
+        info = await api.consumer_info(work_queue_stream(STREAM, GROUP), member)
         if info and int(info.get("num_waiting") or 0) > 0:
             return
         await asyncio.sleep(0.1)
