@@ -209,7 +209,7 @@ async def test_aggregation_through_a_takeover_and_a_server_restart(nc, nats_serv
     for both faults, to spare JVM starts): every order counted once across the runs."""
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
 
-    stream, n = "TK", 6000
+    stream, n = "TK", 3000  # 15 batches: three before the step-down, the restart a few batches into the next run
     await create_group(nc, stream, "g", partitions=3, members=("m1",), subjects_prefix=stream.lower())
     expected = await publish_orders(nc, stream, "g", n, 30, subjects_prefix=stream.lower(), payload=_order)
     orders = {seq: json.loads(_order(i)) for i, (_, seq) in enumerate(sorted(expected))}
