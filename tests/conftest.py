@@ -61,7 +61,12 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     import os
 
-    if config.option.collectonly or "SPARK_SUBMIT_OPTS" in os.environ:
+    if config.option.collectonly:
+        return
+    from tests.support.prebuild import start_for
+
+    start_for(items)  # the Go programs the selected tests run, built meanwhile
+    if "SPARK_SUBMIT_OPTS" in os.environ:
         return
     if any(item.get_closest_marker("spark") is not None for item in items):
         from tests.support.spark_cds import dump_in_background

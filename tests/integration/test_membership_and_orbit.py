@@ -23,6 +23,7 @@ from tests.support.member_job import (
     start_member_job,
 )
 from tests.support.orbit import OrbitCli, build_orbit_cg
+from tests.support.prebuild import built
 
 pytestmark = [pytest.mark.integration]
 
@@ -31,7 +32,7 @@ KEYS = 40
 
 @pytest.fixture(scope="session")
 def orbit_binary():
-    return build_orbit_cg()
+    return built(build_orbit_cg)
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from tests.support.member_job import (
     start_member_job,
 )
 from tests.support.orbit import OrbitCli, build_orbit_cg_source, build_orbit_library_program, stop
+from tests.support.prebuild import built
 
 pytestmark = [pytest.mark.integration]
 
@@ -43,12 +44,12 @@ ORBIT_CLI_OPTIONS = ("--ack-wait", "2", "--max-ack-pending", "1")
 
 @pytest.fixture(scope="session")
 def orbit_cli_binary():
-    return build_orbit_cg_source()
+    return built(build_orbit_cg_source)
 
 
 @pytest.fixture(scope="session")
 def orbit_library_binary():
-    return build_orbit_library_program()
+    return built(build_orbit_library_program)
 
 
 class Peer:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.gobuild import go_build
+from tests.support.prebuild import built
 
 MINIO_MODULE = "github.com/minio/minio"
 MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"  # the newest the proxy serves (2026-02)
@@ -108,7 +109,7 @@ class MinioServer:
 def minio_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("minio")
     (root / "data").mkdir()
-    server = MinioServer(build_minio(), root / "data", _free_port(), "cgtest", secrets.token_hex(12))
+    server = MinioServer(built(build_minio), root / "data", _free_port(), "cgtest", secrets.token_hex(12))
     server.start()
     yield server
     server.stop()
