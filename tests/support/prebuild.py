@@ -1,8 +1,9 @@
-"""The Go programs the selected tests run (MinIO, orbit's CLI and library program), built in
-the background from collection on, one after another, niced: on a machine whose cache is empty
-they take minutes (MinIO alone about 5 on 2 cores), which the tests before each one's first
-user then overlap. Their fixtures take the build from here (``built``); a build that failed
-fails them as it would have failed building there. Cached builds return at once.
+"""What the selected tests run beside the project and build or install on first use (MinIO,
+orbit's CLI and library program, Debian's chromium), made in the background from collection
+on, one after another, niced: on a machine whose cache is empty that takes minutes (MinIO
+alone about 5 on 2 cores), which the tests before each one's first user then overlap. Their
+fixtures take the result from here (``built``); a build that failed fails them as it would have
+failed building there. Cached builds return at once.
 """
 
 from __future__ import annotations
@@ -11,29 +12,30 @@ import concurrent.futures
 import inspect
 import os
 from collections.abc import Callable, Iterable
-from pathlib import Path
+from typing import Any
 
-_PENDING: dict[Callable[[], Path], concurrent.futures.Future] = {}
+_PENDING: dict[Callable[[], Any], concurrent.futures.Future] = {}
 
 
-def _builds() -> dict[str, Callable[[], Path]]:
+def _builds() -> dict[str, Callable[[], Any]]:
     """Fixture name -> the build it needs."""
+    from tests.support.airflow_ui import ensure_chromium
     from tests.support.minio import build_minio
     from tests.support.orbit import build_orbit_cg, build_orbit_cg_source, build_orbit_library_program
 
     return {"minio_server": build_minio, "orbit_binary": build_orbit_cg, "orbit_cli_binary": build_orbit_cg_source,
-            "orbit_library_binary": build_orbit_library_program}
+            "orbit_library_binary": build_orbit_library_program, "chromium": ensure_chromium}
 
 
 def _nice() -> None:
-    os.nice(10)  # this thread's (Linux: per thread), and the go processes it starts inherit it
+    os.nice(10)  # this thread's (Linux: per thread), and the processes it starts inherit it
 
 
 def start_for(items: Iterable) -> None:
     """Start the builds the collected ``items`` use: by fixture, or by ``request.getfixturevalue``
     of it in their module."""
     builds, sources = _builds(), {}
-    wanted: list[Callable[[], Path]] = []
+    wanted: list[Callable[[], Any]] = []
     for item in items:
         module = getattr(item, "module", None)
         if module is not None and module.__name__ not in sources:
@@ -53,7 +55,7 @@ def start_for(items: Iterable) -> None:
     pool.shutdown(wait=False)
 
 
-def built(build: Callable[[], Path]) -> Path:
+def built(build: Callable[[], Any]) -> Any:
     """The path ``build`` makes: from the background build when one was started, else built now."""
     pending = _PENDING.get(build)
     return pending.result() if pending is not None else build()

@@ -38,8 +38,9 @@ DOWN_PASSWORD = "pw-UI-MARKER-51d0c2"  # of a connection to a server that is not
 @pytest.fixture(scope="module")
 def chromium():
     from tests.support.airflow_ui import ensure_chromium
+    from tests.support.prebuild import built
 
-    path = ensure_chromium()
+    path = built(ensure_chromium)
     if path is None:
         pytest.fail("Debian's chromium is not installed and cannot be (apt-get as root): the UI tests need it")
     return path
