@@ -193,3 +193,24 @@ def test_a_writer_stalled_across_a_clean_up_cannot_claim_a_freed_position_past_t
     assert _land(stalled, range(5, 40), 1, member="m0") == CommitResult(0, 35)
     assert _land(stalled, range(300, 330), 2, member="m0") == CommitResult(27, 3)
     assert sorted(_keys(root)) == list(range(1, 330))
+
+
+@pytest.mark.parametrize("arr", [np.arange(5, dtype=np.int64), np.zeros(0, np.int64),
+                                 to_runs(np.array([1, 2, 3, 7, 8, 10], np.int64)),
+                                 np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3)),
+                                 np.arange(3, dtype=">i4")], ids=["keys", "empty", "runs", "fortran", "big-endian"])
+def test_keys_files_are_read_without_the_ast_module(arr, monkeypatch):
+    """Writers committing side by side in one process read keys files at once; numpy's header
+    parser (``ast.literal_eval``) is not thread-safe on Python 3.11, so ``npy_load`` must not use it."""
+    import ast
+
+    from airflow_provider_cg.core.landing.protocol.protocol_log import npy_bytes, npy_load
+
+    data = npy_bytes(arr)
+
+    def refuse(*_a, **_k):
+        raise AssertionError("ast.literal_eval used")
+
+    monkeypatch.setattr(ast, "literal_eval", refuse)
+    got = npy_load(data)
+    assert got.dtype == arr.dtype and got.shape == arr.shape and np.array_equal(got, arr) and got.flags.writeable

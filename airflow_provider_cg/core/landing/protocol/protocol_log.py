@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import io
 import json
+import math
+import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -69,7 +71,26 @@ def npy_bytes(arr: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
+#: the header ``np.save`` writes for a plain array: ``{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }``
+_NPY_HEADER = re.compile(rb"\{'descr': '([<>|=]?[a-zA-Z]\d*)', 'fortran_order': (True|False), 'shape': \(([\d, ]*)\), \}")
+
+
 def npy_load(data: bytes) -> np.ndarray:
+    """An array ``npy_bytes`` wrote. Its header is read here, not by ``np.load``: numpy parses it
+    with ``ast.literal_eval``, and on Python 3.11 the AST constructor keeps its recursion counter
+    per interpreter, not per thread, so two threads of one process reading keys at once (writers
+    committing side by side) failed now and then with ``SystemError: AST constructor recursion
+    depth mismatch`` (CPython gh-106905). Any other header goes to ``np.load``."""
+    if data[:6] == b"\x93NUMPY" and len(data) >= 10:
+        size = 2 if data[6] == 1 else 4
+        start = 8 + size
+        end = start + int.from_bytes(data[8:start], "little")
+        m = _NPY_HEADER.match(data, start, end)
+        if m is not None:
+            shape = tuple(int(x) for x in m[3].split(b",") if x.strip())
+            dtype = np.dtype(m[1].decode())
+            arr = np.frombuffer(data, dtype, count=math.prod(shape), offset=end)
+            return arr.reshape(shape, order="F" if m[2] == b"True" else "C").copy()
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
