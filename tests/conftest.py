@@ -57,7 +57,7 @@ def pytest_addoption(parser):
                     help="the table of tests/integration/test_mixed_writers.py (default: picked by the seed)")
 
 
-@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only when a Spark test runs
+@pytest.hookimpl(trylast=True)  # after -m / -k deselection: only what the selected tests use
 def pytest_collection_modifyitems(config, items):
     import os
 
@@ -65,7 +65,7 @@ def pytest_collection_modifyitems(config, items):
         return
     from tests.support.prebuild import start_for
 
-    start_for(items)  # the Go programs the selected tests run, built meanwhile
+    start_for(items)  # MinIO, orbit's programs, chromium: built meanwhile
     if "SPARK_SUBMIT_OPTS" in os.environ:
         return
     if any(item.get_closest_marker("spark") is not None for item in items):
