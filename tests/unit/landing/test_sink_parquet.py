@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.protocol.protocol_log import npy_load
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.sinks import (
     CommitResult,
@@ -313,6 +314,69 @@ def test_every_fsync_finds_the_file_written(lake, monkeypatch):
         assert synced[ino] == final[ino].stat().st_size, f"{final[ino]} was synced before it was written"
     assert_exactly(lake, {("ORDERS", s) for s in range(1, 4)})
 
+
+
+def _durable_steps(lake: Path, monkeypatch) -> list[tuple[str, str]]:
+    """(what, path relative to ``lake``) of every fsync ("sync") and rename or link onto a
+    name ("name") the sink does, in order."""
+    steps: list[tuple[str, str]] = []
+    real_fsync, real_replace, real_link = os.fsync, os.replace, os.link
+
+    def rel(path) -> str:
+        return os.path.relpath(path, lake)
+
+    def fsync(fd):
+        steps.append(("sync", rel(os.readlink(f"/proc/self/fd/{fd}"))))
+        real_fsync(fd)
+
+    def replace(src, dst, *a, **k):
+        real_replace(src, dst, *a, **k)
+        steps.append(("name", rel(dst)))
+
+    def link(src, dst, *a, **k):
+        real_link(src, dst, *a, **k)
+        steps.append(("name", rel(dst)))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "link", link)
+    return steps
+
+
+def test_a_prepared_write_is_durable_in_name_and_bytes_before_anything_names_it(lake, monkeypatch):
+    """Power-loss order on a local disk: the staging's own name, each staged file's bytes, then
+    the manifest with one sync of the staging that makes every name in it durable; at commit,
+    the keys' directory name before the commit record names them. The committed keys are a
+    link to the staged ones (no second file) unless rows were dropped at commit."""
+    sink = ParquetLakeSink(lake)
+    sink.prepare(BatchId("ORDERS", "g", "m2", 1), rows(range(5, 8)), message_refs=refs_for(range(5, 8)))
+    steps = _durable_steps(lake, monkeypatch)
+    prepared = sink.prepare(BatchId("ORDERS", "g", "m1", 1), rows(range(1, 7)), message_refs=refs_for(range(1, 7)))
+    staging = os.path.relpath(prepared.token, lake)
+    names = [p for what, p in steps if what == "name"]
+    assert names == [f"{staging}/prepared.json"], "staged data and keys are written in place, only the manifest renamed"
+    at = steps.index(("name", f"{staging}/prepared.json"))
+    before, after = steps[:at], steps[at + 1:]
+    assert before[0] == ("sync", STAGING_DIR), "the staging's name is durable first"
+    assert {("sync", f"{staging}/part-0.parquet"), ("sync", f"{staging}/keys-0.npy")} <= set(before)
+    assert after == [("sync", staging)], "one sync of the staging makes the manifest's and its files' names durable"
+
+    steps.clear()
+    sink.commit(sink.mark_acking(prepared))
+    claims = [i for i, (what, p) in enumerate(steps) if what == "name" and p.startswith("_cg_log/")]
+    keys_dir = next(p for what, p in steps if what == "name" and p.startswith("_cg_keys/"))
+    assert steps.index(("sync", "_cg_keys")) < steps.index(("name", keys_dir)) < claims[-1]
+    assert ("sync", os.path.dirname(keys_dir)) in steps[:claims[-1]]
+    assert not [p for what, p in steps if what == "sync" and p.startswith("_cg_keys/") and p.endswith(".npy")], \
+        "the committed keys are the staged file, linked"
+    monkeypatch.undo()
+
+    # 5 and 6 committed by then: the other write's keys are written anew, without them
+    other = next(w for w in sink.recover("ORDERS", "g", "m2"))
+    assert sink.commit(sink.mark_acking(other)).duplicates_skipped == 2
+    assert_exactly(lake, {("ORDERS", s) for s in range(1, 8)})
+    record = next(r for r in sink._log.records if r["op"] == "commit" and r["gid"] == other.gid)
+    assert npy_load((lake / record["streams"]["ORDERS"]["keys"]).read_bytes()).tolist() == [7]
 
 CRASH_AFTER_PREPARE = """
 import sys, os

@@ -302,7 +302,7 @@ class LakeSink(TwoPhaseSink):
         return self.partitioning is not None or bool(self.target_file_size)
 
     def write_file(self, table: pa.Table, rel: str) -> None:
-        self.store.write(rel, self._parquet_files(table.schema, None).files(table)[0][0])
+        self.store.write_new(rel, self._parquet_files(table.schema, None).files(table)[0][0])
 
     def _parquet_files(self, schema: pa.Schema, target: int | None) -> SizedParquetFiles:
         """The writer of this sink's data files (its compression, dictionaries and statistics)."""
@@ -317,7 +317,7 @@ class LakeSink(TwoPhaseSink):
         for part in parts:
             for data, rows in self._parquet_files(part.schema, self.target_file_size).files(part):
                 name = f"{stem}-{len(out):05d}.parquet"
-                self.store.write(f"{staging}/{name}", data)
+                self.store.write_new(f"{staging}/{name}", data)
                 out.append((name, rows))
         return out
 
@@ -385,12 +385,13 @@ class LakeSink(TwoPhaseSink):
             log.error("cg lake sink: %d inputs of a transformed batch were committed meanwhile by "
                       "another writer that does not order its acks; their effect is in both batches", n)
             keys = {s: (k[~masks[s]] if s in masks else k) for s, k in current["keys"].items()}
-            return {**current, "keys": {s: k for s, k in keys.items() if len(k)}}
+            return {**current, "keys": {s: k for s, k in keys.items() if len(k)}, "key_files": {}}
         # a batch of rows (not transformed): one file, or one per partition of a partitioned table
         before = pa.concat_tables([self._read_parquet(f) for f, _ in current["files"]])
         table, keys = without(before, current["keys"], masks)
         files = [(f"{staging}/{name}", rows) for name, rows in
                  self.write_parts(table, staging, f"part-{secrets.token_hex(4)}")] if table.num_rows else []
+        self.store.make_durable(staging)  # the new files' names, before a commit record names them
         dropped = before.num_rows - table.num_rows
         return {
             "files": files,
@@ -410,9 +411,13 @@ class LakeSink(TwoPhaseSink):
         self.store.ensure_dir(keys_dir)
         tag = secrets.token_hex(4)
         streams = {}
+        staged_keys = current.get("key_files") or {}
         for i, (stream, keys) in enumerate(current["keys"].items()):
             key_path = f"{keys_dir}/{tag}-{i}.npy"
-            self.store.write(key_path, npy_bytes(keys))
+            if stream in staged_keys:  # as prepared (nothing dropped since): a link, not a new file
+                self.store.copy(staged_keys[stream], key_path)
+            else:
+                self.store.write(key_path, npy_bytes(keys))
             streams[stream] = {"min": int(keys[0]), "max": int(keys[-1]), "count": len(keys), "keys": key_path}
         files = [{"path": self.DATA_PREFIX + self.data_file_name(batch_id, tag, i), "staged": staged_file,
                   "rows": rows} for i, (staged_file, rows) in enumerate(current["files"])]

@@ -86,13 +86,18 @@ class StagingArea:
     def write(self, staging: str, table: pa.Table | StagedFiles, keys: dict, manifest: dict,
               files: DataFiles) -> None:
         """The rows' files (unless Spark staged them), the keys, then the manifest
-        (FileNotFoundError: a recovering instance removed the staging meanwhile)."""
+        (FileNotFoundError: a recovering instance removed the staging meanwhile). The files
+        before the manifest are each durable when written; the manifest's write then makes
+        their names durable with its own (``Storage.write_new``), so a manifest never
+        outlives a file it names."""
         if isinstance(table, StagedFiles):
             for name, rows in table.files:
                 if not self.store.exists(f"{staging}/{name}"):
                     raise FileNotFoundError(name)
                 self.store.make_durable(f"{staging}/{name}")
                 manifest["files"].append({"file": name, "rows": rows})
+            for sub in sorted({name.rpartition("/")[0] for name, _ in table.files} - {""}):
+                self.store.make_durable(f"{staging}/{sub}")  # the names Spark's tasks gave them
             failpoint("mid_prepare")
         elif table.num_rows and files.splits_files():
             manifest["files"] += [{"file": name, "rows": rows}
@@ -105,7 +110,7 @@ class StagingArea:
         if manifest["file"] or manifest["files"] or manifest.get("transformed"):  # a transformation may drop every row
             for i, (stream, sorted_keys) in enumerate(keys.items()):
                 name = f"keys-{i}.npy"
-                self.store.write(f"{staging}/{name}", npy_bytes(sorted_keys))
+                self.store.write_new(f"{staging}/{name}", npy_bytes(sorted_keys))
                 manifest["keys"][stream] = {"file": name, "min": int(sorted_keys[0]), "max": int(sorted_keys[-1])}
         if not self.store.dir_exists(staging):  # removed by a recovering instance meanwhile
             raise FileNotFoundError(staging)
@@ -125,13 +130,15 @@ class StagingArea:
             manifest = self.read_manifest(staging)
         except FileNotFoundError:
             raise PreparedWriteLost(f"no prepared write {gid} (no staging, no commit record)") from None
-        keys = {s: npy_load(self.store.read(f"{staging}/{info['file']}")) for s, info in manifest["keys"].items()}
+        key_files = {s: f"{staging}/{info['file']}" for s, info in manifest["keys"].items()}
+        keys = {s: npy_load(self.store.read(path)) for s, path in key_files.items()}
         files = [(f"{staging}/{f['file']}", f["rows"]) for f in manifest.get("files") or ()]
         if manifest["file"]:
             files.append((f"{staging}/{manifest['file']}", manifest["rows"] - manifest["dropped"]))
         return {
             "files": files,
             "keys": keys,
+            "key_files": key_files,  # the staged keys files, while ``keys`` are theirs
             "dups": manifest["dropped"],
             "rows": manifest["rows"] - manifest["dropped"],
             "transformed": bool(manifest.get("transformed")),

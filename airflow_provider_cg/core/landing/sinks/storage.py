@@ -101,6 +101,13 @@ class Storage(abc.ABC):
     def write(self, rel: str, data: bytes) -> None:
         """Write (or replace) an object durably; readers see all of it or the old one."""
 
+    def write_new(self, rel: str, data: bytes) -> None:
+        """Write a new object into a directory of one writer (a prepared write's staging) that
+        nobody reads before a later ``write`` into the same directory (its manifest). Its bytes
+        are durable on return; its name is once that later ``write`` is, which saves a temp
+        file, a rename and a directory sync per object on a local disk."""
+        self.write(rel, data)
+
     @abc.abstractmethod
     def create(self, rel: str, data: bytes) -> None:
         """Write an object only if the name is free (``FileExistsError`` otherwise), durably."""
@@ -110,11 +117,12 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def ensure_dir(self, rel: str) -> None:
-        """Make ``rel`` a place objects can be written under (a no-op on object stores)."""
+        """Make ``rel`` a place objects can be written under (a no-op on object stores); a
+        directory made here is durable (its parent synced) before anything in it can be."""
 
     @abc.abstractmethod
     def start_dir(self, rel: str) -> None:
-        """Claim a new directory ``rel`` (``FileExistsError`` if it is there already)."""
+        """Claim a new directory ``rel`` (``FileExistsError`` if it is there already), durably."""
 
     @abc.abstractmethod
     def dir_exists(self, rel: str) -> bool:
@@ -140,7 +148,8 @@ class Storage(abc.ABC):
         """The absolute URI of ``rel`` (``file:///...`` or ``s3://bucket/...``)."""
 
     def make_durable(self, rel: str) -> None:  # noqa: B027 - objects are durable once put
-        """Flush a file another writer (a Spark task) wrote under ``rel`` to stable storage."""
+        """Flush a file another writer (a Spark task) wrote under ``rel``, or a directory's
+        names, to stable storage."""
 
     def file_path(self, rel: str) -> str:
         """What pyarrow opens for ``rel`` with ``filesystem()``."""
@@ -182,6 +191,14 @@ class LocalStorage(Storage):
         os.replace(self._tmp(target, data), target)
         self.sync_dir(target.parent)
 
+    def write_new(self, rel: str, data: bytes) -> None:
+        # "xb": a name taken already is an error, never a silent overwrite
+        with open(self.path(rel), "xb") as fh:
+            fh.write(data)
+            if self.fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
+
     def create(self, rel: str, data: bytes) -> None:
         target = self.path(rel)
         tmp = self._tmp(target, data)
@@ -213,10 +230,16 @@ class LocalStorage(Storage):
         return self.path(rel).exists()
 
     def ensure_dir(self, rel: str) -> None:
-        self.path(rel).mkdir(parents=True, exist_ok=True)
+        path = self.path(rel)
+        if path.is_dir():
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        self.sync_dir(path.parent)
 
     def start_dir(self, rel: str) -> None:
-        self.path(rel).mkdir()
+        path = self.path(rel)
+        path.mkdir()
+        self.sync_dir(path.parent)  # its name, before anything written in it counts
 
     def dir_exists(self, rel: str) -> bool:
         return self.path(rel).is_dir()
@@ -380,9 +403,13 @@ class ObjectStorage(Storage):
 
     def copy(self, src: str, dst: str) -> None:
         import obstore
+        from obstore.exceptions import NotFoundError
 
-        with self._io("copy", src):
-            obstore.copy(self._store, self._key(src), self._key(dst))
+        try:
+            with self._io("copy", src):
+                obstore.copy(self._store, self._key(src), self._key(dst))
+        except NotFoundError:
+            raise FileNotFoundError(src) from None
 
     def uri(self, rel: str = "") -> str:
         key = self._key(rel)
