@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import sys
+from typing import NoReturn
 
 # numpy (under pyarrow) starts one busy OpenBLAS thread per core at import; the job does no
 # linear algebra, and on a small machine running many members those threads cost each run
@@ -105,15 +106,18 @@ async def _run(spec, make_sink, pipeline):
         if spec.follow:  # it lands whatever comes: be ready when it does
             pipeline.start_warm_up()
         sink = await asyncio.to_thread(make_sink)
-        if spec.backfill:
-            from airflow_provider_cg.core.landing.run.backfill import run_backfill
+        try:
+            if spec.backfill:
+                from airflow_provider_cg.core.landing.run.backfill import run_backfill
 
-            start, end = spec.window()
-            return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
-                                      pipeline=pipeline, stream_life=spec.stream_life)
-        from airflow_provider_cg.core.landing.run.member import run_member_batch
+                start, end = spec.window()
+                return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
+                                          pipeline=pipeline, stream_life=spec.stream_life)
+            from airflow_provider_cg.core.landing.run.member import run_member_batch
 
-        return await run_member_batch(nc, sink, spec, pipeline)
+            return await run_member_batch(nc, sink, spec, pipeline)
+        finally:
+            await asyncio.to_thread(sink.close)  # e.g. a database session ends cleanly, not by a dropped socket
     finally:
         await nc.close()
 
@@ -208,5 +212,16 @@ def _write_atomically(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _end(code: int) -> NoReturn:
+    """End the job's process once ``main`` has returned: by then the run's work is committed,
+    its connections closed and its summary printed, so the interpreter's teardown of every
+    module the job imported buys nothing and costs about 0.13 s of CPU here (an eighth of a
+    short run's). Logs and standard streams are flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _end(main())

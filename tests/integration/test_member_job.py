@@ -262,3 +262,48 @@ async def test_a_static_durable_that_cannot_be_moved_is_read_through(nc, nats_se
     assert "cannot be moved" in r.output, r.describe()
     assert "cannot be moved" in s["read_path_reason"] and "deliver_policy all" in s["read_path_reason"], s
     assert_exactly_once(parquet_landed(tmp_path / "lake"), expected)
+
+
+async def test_the_job_closes_its_sink_when_the_run_ends_and_when_it_fails(nc, nats_server, tmp_path, monkeypatch):
+    """The job's process ends without the interpreter's teardown (``_end``), so nothing may rely on
+    it: the sink (a database session, for one) is closed by the run itself, also when it fails."""
+    import importlib.util
+
+    from airflow_provider_cg.core.errors import ConsumerGroupError
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec
+    from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
+    from airflow_provider_cg.core.tools.packaging import member_job_path
+
+    loaded = importlib.util.spec_from_file_location("cg_member_job_under_test", member_job_path())
+    job = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(job)
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    expected = await publish_orders(nc, STREAM, GROUP, 300, 20)
+    monkeypatch.setenv("CG_NATS_SERVERS", nats_server.url)
+    lake = tmp_path / "lake"
+    closed: list[str] = []
+
+    class Recorded(ParquetLakeSink):
+        failing = False
+
+        def stream_life(self, *args, **kwargs):  # the run's first look at the table, before the pin
+            if self.failing:
+                raise ConsumerGroupError("the table went away")
+            return super().stream_life(*args, **kwargs)
+
+        def close(self) -> None:
+            closed.append("failed" if self.failing else "ended")
+
+    def spec(*extra: str):
+        return MemberJobSpec.from_argv(["--stream", STREAM, "--group", GROUP, "--member", "m1", "--sink", "parquet",
+                                        "--sink-path", str(lake), "--no-spark", *extra])
+
+    broken = Recorded(lake)
+    broken.failing = True
+    with pytest.raises(ConsumerGroupError, match="went away"):
+        await job._run(spec("--max-seconds", "20"), lambda: broken, ArrowPipeline())
+    summary = await job._run(spec(), lambda: Recorded(lake), ArrowPipeline())
+    assert closed == ["failed", "ended"]
+    assert summary.result == "committed" and summary.messages_read == 300, summary
+    assert_exactly_once(parquet_landed(lake), expected)
