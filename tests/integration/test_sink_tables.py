@@ -261,6 +261,21 @@ def test_object_store_gone_mid_batch_fails_in_one_line_and_the_next_instance_rec
 # -- bad input ------------------------------------------------------------------------------------
 
 
+def test_an_object_store_copy_of_a_missing_object_is_a_missing_file(minio_server, s3_bucket):
+    """Publishing copies staged files and treats a missing one as published already (or the
+    table as corrupt), and a commit links staged keys that another instance may have published
+    meanwhile: on S3 both rely on the same ``FileNotFoundError`` a local disk raises."""
+    from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage
+
+    store = ObjectStorage(f"s3://{s3_bucket}/copies")
+    store.write("a", b"x")
+    store.copy("a", "b")
+    assert store.read("b") == b"x"
+    with pytest.raises(FileNotFoundError):
+        store.copy("missing", "c")
+    assert not store.exists("c")
+
+
 def test_object_store_bad_input_names_the_setting(minio_server, s3_bucket, monkeypatch, tmp_path):
     from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
 

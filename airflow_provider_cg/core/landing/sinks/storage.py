@@ -176,14 +176,18 @@ class LocalStorage(Storage):
     def read(self, rel: str) -> bytes:
         return self.path(rel).read_bytes()
 
-    def _tmp(self, target: Path, data: bytes) -> Path:
-        # no mkdir: writing into a directory another instance removed fails (FileNotFoundError)
-        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
-        with open(tmp, "wb") as fh:
+    def _write_synced(self, path: Path, data: bytes) -> None:
+        # "xb": a name taken already is an error, never a silent overwrite; no mkdir: writing
+        # into a directory another instance removed fails (FileNotFoundError)
+        with open(path, "xb") as fh:
             fh.write(data)
             if self.fsync:
                 fh.flush()  # a small write is still in Python's buffer: fsync would find the file empty
                 os.fsync(fh.fileno())
+
+    def _tmp(self, target: Path, data: bytes) -> Path:
+        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+        self._write_synced(tmp, data)
         return tmp
 
     def write(self, rel: str, data: bytes) -> None:
@@ -192,12 +196,7 @@ class LocalStorage(Storage):
         self.sync_dir(target.parent)
 
     def write_new(self, rel: str, data: bytes) -> None:
-        # "xb": a name taken already is an error, never a silent overwrite
-        with open(self.path(rel), "xb") as fh:
-            fh.write(data)
-            if self.fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
+        self._write_synced(self.path(rel), data)
 
     def create(self, rel: str, data: bytes) -> None:
         target = self.path(rel)
@@ -209,6 +208,7 @@ class LocalStorage(Storage):
         self.sync_dir(target.parent)
 
     def sync_dir(self, path: Path) -> None:
+        """Sync ``path`` (a folder's names, or a file's bytes) to stable storage."""
         if not self.fsync:
             return
         fd = os.open(path, os.O_RDONLY)
@@ -218,13 +218,7 @@ class LocalStorage(Storage):
             os.close(fd)
 
     def make_durable(self, rel: str) -> None:
-        if not self.fsync:
-            return
-        fd = os.open(self.path(rel), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self.sync_dir(self.path(rel))  # a file's fd syncs as a folder's does
 
     def exists(self, rel: str) -> bool:
         return self.path(rel).exists()
@@ -408,7 +402,7 @@ class ObjectStorage(Storage):
         try:
             with self._io("copy", src):
                 obstore.copy(self._store, self._key(src), self._key(dst))
-        except NotFoundError:
+        except (NotFoundError, FileNotFoundError):  # as its reads: one exception for a missing object
             raise FileNotFoundError(src) from None
 
     def uri(self, rel: str = "") -> str:
