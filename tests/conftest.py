@@ -8,8 +8,9 @@ import pytest
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.tools.server import EmbeddedNatsCluster, EmbeddedNatsServer
 
-# Airflow tests share one isolated AIRFLOW_HOME; the plugin imports nothing from Airflow itself.
-pytest_plugins = ["tests.airflow_conftest"]
+# Airflow tests share one isolated AIRFLOW_HOME per process; the plugin imports nothing from
+# Airflow itself. tests.support.shared: what the processes of one run (xdist's workers) share.
+pytest_plugins = ["tests.support.shared", "tests.airflow_conftest"]
 
 
 @pytest.fixture
@@ -39,6 +40,16 @@ def nats_cluster(tmp_path):
     cluster = EmbeddedNatsCluster(3, tmp_path / "cluster").start()
     yield cluster
     cluster.cleanup()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``make test``'s ``-n auto``: one worker per core, two at least (a test spends about 40 % of
+    its time waiting on servers, takeovers and ack waits, so two share one core well) and four at
+    most (each may run several Spark drivers at once)."""
+    import os
+
+    return min(4, max(2, len(os.sched_getaffinity(0))))
 
 
 def pytest_addoption(parser):
@@ -76,14 +87,13 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_runtest_setup(item):
     """Tests that run spark-submit (marked ``spark``) get a class-data-sharing archive of Spark's
-    classes in ``SPARK_SUBMIT_OPTS``, which Spark's launcher adds to every driver JVM it starts
-    (member jobs, operators, DAGs): about 3 s less per JVM start (``tests/support/spark_cds.py``;
-    dumped in the background from collection on)."""
+    classes and the serial collector in ``SPARK_SUBMIT_OPTS``, which Spark's launcher adds to
+    every driver JVM it starts (member jobs, operators, DAGs): about 3 s less per JVM start
+    (``tests/support/spark_cds.py``; dumped in the background from collection on)."""
     import os
 
     if item.get_closest_marker("spark") is None or "SPARK_SUBMIT_OPTS" in os.environ:
         return
-    from tests.support.spark_cds import spark_cds_archive
+    from tests.support.spark_cds import spark_submit_opts
 
-    archive = spark_cds_archive()
-    os.environ["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={archive}" if archive else ""
+    os.environ["SPARK_SUBMIT_OPTS"] = spark_submit_opts()

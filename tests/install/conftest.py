@@ -1,27 +1,31 @@
 """The wheel test's slow parts, the install of the wheel and its dependencies into a fresh
 virtual environment, the probes of that install and the README's demo run from it (together
 about three minutes here), run in the background from the start of the session, niced, and the
-test runs last and checks what they printed: the suite does not wait for pip nor the demo."""
+test runs last and checks what they printed: the suite does not wait for pip nor the demo.
+Under pytest-xdist one worker of the run does it (``tests/support/shared.py``) and leaves its
+result in the run's folder for whichever worker runs the test."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.shared import claim, run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL_TEST = "tests/install/test_wheel_install.py"
 DEMO_ARGS = ("--messages", "5000", "--customers", "50")
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _future: concurrent.futures.Future | None = None
-_dir: str | None = None
 
 
 def _run(cmd, *, cwd, env=None, timeout=900) -> str:
@@ -77,25 +81,53 @@ def _install(base: Path) -> InstalledWheel:
 
 @pytest.hookimpl(trylast=True)  # after -m / -k deselection: only a test that runs starts it
 def pytest_collection_modifyitems(config, items):
-    global _pool, _future, _dir
+    global _pool, _future
     wheel_tests = [i for i in items if i.nodeid.startswith(WHEEL_TEST)]
     if not wheel_tests or config.option.collectonly:
         return
     items[:] = [i for i in items if not i.nodeid.startswith(WHEEL_TEST)] + wheel_tests
-    _dir = tempfile.mkdtemp(prefix="cg-wheel-")
+    if not claim("wheel-install"):  # another worker of the run installs it; the test reads its result
+        return
     _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cg-wheel-install")
-    _future = _pool.submit(_install, Path(_dir))
+    _future = _pool.submit(_install_and_record, run_dir() / "wheel")
+    _pool.shutdown(wait=False)
+
+
+def _install_and_record(base: Path) -> InstalledWheel:
+    """``_install``, its result (or its error) left in the run's folder for the worker that runs the test."""
+    base.mkdir()
+    try:
+        installed = _install(base)
+    except BaseException as e:
+        _publish(base / "error.txt", f"{type(e).__name__}: {e}")
+        raise
+    _publish(base / "result.json", json.dumps({k: str(v) for k, v in dataclasses.asdict(installed).items()}))
+    return installed
+
+
+def _publish(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def pytest_sessionfinish(session, exitstatus):
     if _pool is not None:
-        _pool.shutdown(wait=True)
-    if _dir is not None:
-        shutil.rmtree(_dir, ignore_errors=True)
+        _pool.shutdown(wait=True)  # the run's folder, the install's, goes when the run ends (shared.py)
 
 
 @pytest.fixture
 def installed_wheel() -> InstalledWheel:
-    """The background install's result (its failure fails the test)."""
-    assert _future is not None, "the wheel is installed in the background when its test is collected"
-    return _future.result(timeout=900)
+    """The background install's result (its failure fails the test), from this process or from
+    the worker of the run that claimed it."""
+    if _future is not None:
+        return _future.result(timeout=900)
+    base, deadline = run_dir() / "wheel", time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if (base / "error.txt").exists():
+            pytest.fail(f"the wheel's background install failed: {(base / 'error.txt').read_text()}")
+        if (base / "result.json").exists():
+            fields = json.loads((base / "result.json").read_text())
+            return InstalledWheel(**{**fields, "wheel": Path(fields["wheel"]), "venv": Path(fields["venv"])})
+        time.sleep(1)
+    pytest.fail("the wheel's background install did not finish in 900 s")

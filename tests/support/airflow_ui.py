@@ -22,6 +22,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.gobuild import cache_dir
+from tests.support.shared import build_lock
+
 CHROMIUM = os.environ.get("CG_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
@@ -34,12 +37,13 @@ def ensure_chromium() -> str | None:
         return CHROMIUM
     if shutil.which("apt-get") and os.geteuid() == 0:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for cmd in (["apt-get", "install", "-y", "-q", "chromium"], ["apt-get", "update", "-q"],
-                    ["apt-get", "install", "-y", "-q", "chromium"]):
-            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
-            if os.path.exists(CHROMIUM):
-                return CHROMIUM
-    return None
+        with build_lock(cache_dir() / "chromium-apt"):  # apt-get beside another apt-get fails on dpkg's lock
+            for cmd in (["apt-get", "install", "-y", "-q", "chromium"], ["apt-get", "update", "-q"],
+                        ["apt-get", "install", "-y", "-q", "chromium"]):
+                if os.path.exists(CHROMIUM):
+                    return CHROMIUM
+                subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=900)
+    return CHROMIUM if os.path.exists(CHROMIUM) else None
 
 
 def _free_port() -> int:

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.support.shared import build_lock
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("CG_ORBIT_CACHE") or Path.home() / ".cache" / "airflow-provider-cg")
@@ -20,10 +22,12 @@ def go_build(name: str, module: str, version: str, package: str, binary: str, *,
     out = cache_dir() / f"{name}-{version}" / binary
     if out.is_file():
         return out
-    work = fresh_dir(f"{name}-build-{version}")
-    run_go(name, work, ["mod", "init", f"{name}build"], ["get", f"{module}@{version}"],
-           ["build", "-o", str(out), package], timeout=timeout)
-    shutil.rmtree(work, ignore_errors=True)
+    with build_lock(out):
+        if not out.is_file():
+            work = fresh_dir(f"{name}-build-{version}")
+            run_go(name, work, ["mod", "init", f"{name}build"], ["get", f"{module}@{version}"],
+                   ["build", "-o", str(out), package], timeout=timeout)
+            shutil.rmtree(work, ignore_errors=True)
     return out
 
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.shared import build_lock
+
 MAVEN = "https://repo1.maven.org/maven2"
 ICEBERG, JETTY = "1.10.0", "11.0.25"
 JARS = [
@@ -72,14 +74,15 @@ def classpath() -> str:
     import pyspark
 
     cache = _cache()
-    jars = [str(_fetch(c, cache)) for c in JARS]
     spark_jars = str(Path(pyspark.__file__).parent / "jars" / "*")
     classes = cache / "classes"
     compiled = classes / "CgIcebergRestCatalog.class"
-    if not compiled.exists() or compiled.stat().st_mtime < LAUNCHER.stat().st_mtime:
-        classes.mkdir(exist_ok=True)
-        subprocess.run(["javac", "-d", str(classes), "-cp", ":".join([*jars, spark_jars]), str(LAUNCHER)],
-                       check=True, capture_output=True)
+    with build_lock(classes):  # another worker of the run may be fetching or compiling them
+        jars = [str(_fetch(c, cache)) for c in JARS]
+        if not compiled.exists() or compiled.stat().st_mtime < LAUNCHER.stat().st_mtime:
+            classes.mkdir(exist_ok=True)
+            subprocess.run(["javac", "-d", str(classes), "-cp", ":".join([*jars, spark_jars]), str(LAUNCHER)],
+                           check=True, capture_output=True)
     return ":".join([str(classes), *jars, spark_jars])
 
 

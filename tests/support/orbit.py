@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.gobuild import cache_dir, fresh_dir, go_build, run_go
+from tests.support.shared import build_lock
 
 ORBIT_MODULE = "github.com/synadia-io/orbit.go/pcgroups"
 ORBIT_VERSION = "v0.1.0"
@@ -52,11 +53,13 @@ def _orbit_source() -> Path:
     root = cache_dir() / f"orbit-src-{ORBIT_SOURCE_VERSION}-{digest}"
     module = root / "orbit.go" / "pcgroups"
     if not (module / "go.mod").is_file():
-        work = fresh_dir(f"orbit-src-unpack-{digest}")
-        with tarfile.open(tarball) as tar:
-            tar.extractall(work, filter="data")
-        (work / "orbit.go" / "pcgroups" / "go.work").unlink(missing_ok=True)
-        work.rename(root) if not root.exists() else None
+        with build_lock(root):
+            if not (module / "go.mod").is_file():
+                work = fresh_dir(f"orbit-src-unpack-{digest}")
+                with tarfile.open(tarball) as tar:
+                    tar.extractall(work, filter="data")
+                (work / "orbit.go" / "pcgroups" / "go.work").unlink(missing_ok=True)
+                work.rename(root) if not root.exists() else None
     return module
 
 
@@ -65,7 +68,9 @@ def build_orbit_cg_source() -> Path:
     src = _orbit_source()
     out = src.parents[1] / "bin" / "cg"
     if not out.is_file():
-        run_go("orbit-cg", src, ["build", "-o", str(out), "./cg"])
+        with build_lock(out):
+            if not out.is_file():
+                run_go("orbit-cg", src, ["build", "-o", str(out), "./cg"])
     return out
 
 
@@ -76,11 +81,13 @@ def build_orbit_library_program() -> Path:
     out = cache_dir() / f"orbit-library-{ORBIT_SOURCE_VERSION}-{digest}" / "orbit-library"
     if out.is_file():
         return out
-    work = fresh_dir(f"orbit-library-build-{digest}")
-    (work / "main.go").write_text(LIBRARY_PROGRAM.read_text())
-    (work / "go.mod").write_text(f"module orbitlibrary\n\ngo 1.25.0\n\nrequire {ORBIT_MODULE} {ORBIT_SOURCE_VERSION}\n\n"
-                                 f"replace {ORBIT_MODULE} => {src}\n")
-    run_go("orbit-library", work, ["mod", "tidy"], ["build", "-o", str(out), "."])
+    with build_lock(out):
+        if not out.is_file():
+            work = fresh_dir(f"orbit-library-build-{digest}")
+            (work / "main.go").write_text(LIBRARY_PROGRAM.read_text())
+            (work / "go.mod").write_text(f"module orbitlibrary\n\ngo 1.25.0\n\nrequire {ORBIT_MODULE} "
+                                         f"{ORBIT_SOURCE_VERSION}\n\nreplace {ORBIT_MODULE} => {src}\n")
+            run_go("orbit-library", work, ["mod", "tidy"], ["build", "-o", str(out), "."])
     return out
 
 
