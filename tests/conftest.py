@@ -9,8 +9,9 @@ from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.tools.server import EmbeddedNatsCluster, EmbeddedNatsServer
 
 # Airflow tests share one isolated AIRFLOW_HOME per process; the plugin imports nothing from
-# Airflow itself. tests.support.shared: what the processes of one run (xdist's workers) share.
-pytest_plugins = ["tests.support.shared", "tests.airflow_conftest"]
+# Airflow itself. tests.support.shared: what the processes of one run (xdist's workers) share;
+# tests.support.ordering: the longest files first.
+pytest_plugins = ["tests.support.shared", "tests.support.ordering", "tests.airflow_conftest"]
 
 
 @pytest.fixture
@@ -44,9 +45,9 @@ def nats_cluster(tmp_path):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    """``make test``'s ``-n auto``: one worker per core, two at least (a test spends about 40 % of
-    its time waiting on servers, takeovers and ack waits, so two share one core well) and four at
-    most (each may run several Spark drivers at once)."""
+    """``make test``'s ``-n auto``: one worker per core, two at least (one process keeps about
+    60 % of two cores busy: its tests wait on ack waits, takeovers and server restarts) and four
+    at most (each may run several Spark drivers at once)."""
     import os
 
     return min(4, max(2, len(os.sched_getaffinity(0))))

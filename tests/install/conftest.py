@@ -1,6 +1,6 @@
 """The wheel test's slow parts, the install of the wheel and its dependencies into a fresh
 virtual environment, the probes of that install and the README's demo run from it (together
-about three minutes here), run in the background from the start of the session, niced, and the
+about three minutes here), run in the background from the start of the session (niced in one process), and the
 test runs last and checks what they printed: the suite does not wait for pip nor the demo.
 Under pytest-xdist one worker of the run does it (``tests/support/shared.py``) and leaves its
 result in the run's folder for whichever worker runs the test."""
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.shared import claim, run_dir
+from tests.support.shared import background_niceness, claim, run_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL_TEST = "tests/install/test_wheel_install.py"
@@ -30,7 +30,7 @@ _future: concurrent.futures.Future | None = None
 
 def _run(cmd, *, cwd, env=None, timeout=900) -> str:
     r = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                       preexec_fn=lambda: os.nice(10))
+                       preexec_fn=lambda: os.nice(background_niceness()))
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return r.stdout

@@ -1,6 +1,6 @@
 """What the selected tests run beside the project and build or install on first use (MinIO,
 orbit's CLI and library program, Debian's chromium), made in the background from collection
-on, one after another, niced: on a machine whose cache is empty that takes minutes (MinIO
+on, one after another, niced (in one process): on a machine whose cache is empty that takes minutes (MinIO
 alone about 5 on 2 cores), which the tests before each one's first user then overlap. Their
 fixtures take the result from here (``built``); a build that failed fails them as it would have
 failed building there. Cached builds return at once.
@@ -13,6 +13,8 @@ import inspect
 import os
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from tests.support.shared import background_niceness
 
 _PENDING: dict[Callable[[], Any], concurrent.futures.Future] = {}
 
@@ -28,7 +30,7 @@ def _builds() -> dict[str, Callable[[], Any]]:
 
 
 def _nice() -> None:
-    os.nice(10)  # this thread's (Linux: per thread), and the processes it starts inherit it
+    os.nice(background_niceness())  # this thread's (Linux: per thread), and the processes it starts inherit it
 
 
 def start_for(items: Iterable) -> None:

@@ -7,7 +7,8 @@ collection asks for. Work whose result any worker may need is done once:
   stays readable by the others until the run ends;
 - ``claim(name)``: true in exactly one process of the run, the one to do ``name``;
 - ``build_lock(target)``: held while one process builds a cached ``target`` (a Go binary, the
-  Spark archive, a browser); another process, or another test run, waits and then finds it built.
+  Spark archive, a browser); another process, or another test run, waits and then finds it built;
+- ``background_niceness()``: how much to nice work started in the background.
 
 Loaded as a pytest plugin by ``tests/conftest.py``.
 """
@@ -70,3 +71,10 @@ def build_lock(target: Path) -> Iterator[None]:
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
+
+
+def background_niceness() -> int:
+    """In one process the tests leave about 40 % of two cores idle, which niced background work
+    (builds, the wheel's install) takes without slowing them. xdist's workers leave none: niced,
+    that work would starve until a test waits for it, and that worker would then sit idle."""
+    return 0 if os.environ.get("PYTEST_XDIST_WORKER") else 10

@@ -22,7 +22,7 @@ from functools import cache
 from pathlib import Path
 
 from tests.support.gobuild import cache_dir
-from tests.support.shared import build_lock
+from tests.support.shared import background_niceness, build_lock
 
 _WARM_UP = r"""
 import pyarrow as pa
@@ -88,7 +88,7 @@ def _dump(path: Path, nice: bool) -> str | None:
                             f"-XX:TieredStopAtLevel=1 -XX:ArchiveClassesAtExit={partial}",
                             "--conf", "spark.ui.enabled=false", str(script), str(Path(d) / "out")],
                            capture_output=True, text=True, timeout=300, env=env, cwd=d,
-                           preexec_fn=(lambda: os.nice(10)) if nice else None)
+                           preexec_fn=(lambda: os.nice(background_niceness())) if nice else None)
         if r.returncode != 0 or not partial.exists():
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
