@@ -1,7 +1,8 @@
 """The wheel test's slow parts, the install of the wheel and its dependencies into a fresh
 virtual environment, the probes of that install and the README's demo run from it (together
-about three minutes here), run in the background from the start of the session (niced in one process), and the
-test runs last and checks what they printed: the suite does not wait for pip nor the demo.
+about three minutes here), run in the background from the start of the session (niced in one
+process), and the test runs last and checks what they printed: the suite does not wait for pip
+nor the demo.
 Under pytest-xdist one worker of the run does it (``tests/support/shared.py``) and leaves its
 result in the run's folder for whichever worker runs the test."""
 

@@ -1,7 +1,8 @@
 """What the selected tests run beside the project and build or install on first use (MinIO,
 orbit's CLI and library program, Debian's chromium), made in the background from collection
-on, one after another, niced (in one process): on a machine whose cache is empty that takes minutes (MinIO
-alone about 5 on 2 cores), which the tests before each one's first user then overlap. Their
+on, one after another, niced in one process (``shared.background_niceness``): on a machine whose
+cache is empty that takes minutes (MinIO alone about 5 on 2 cores), which the tests before each
+one's first user then overlap. Under xdist one worker builds each (``shared.build_lock``). Their
 fixtures take the result from here (``built``); a build that failed fails them as it would have
 failed building there. Cached builds return at once.
 """
