@@ -244,7 +244,10 @@ async def test_suspended_in_prepare_its_write_is_rolled_back_by_the_new_instance
     (r1,) = await _wait(first)
     s1, s2 = _ok(r1), _ok(r2)
     # a half-prepared write is not reported as recovered: it is dropped as never prepared
-    assert (s2["recovered_aborted"], s2["recovered_committed"]) == (int(point == "after_prepare"), 0), s2
+    protocol_lines = "\n".join(line for r in (r1, r2) for line in r.stderr.splitlines()
+                               if "cg recovery" in line or "cg batch" in line or "cg failpoint" in line)
+    assert (s2["recovered_aborted"], s2["recovered_committed"]) == (int(point == "after_prepare"), 0), \
+        f"{s2}\n{protocol_lines}"
     assert s2["rows_written"] == n and s2["result"] == "committed", s2
     assert s1["rows_written"] == 0 and s1["stop_reason"] in ("taken over by another instance", "pin lost"), s1
     lost = "was rolled back by another instance" if point == "after_prepare" else "was removed by another instance"

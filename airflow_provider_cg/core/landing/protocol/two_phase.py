@@ -64,24 +64,25 @@ def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, sum
     ever sent, none can have taken effect. ``abort_unless_acking`` is atomic against a zombie's
     ``mark_acking``: if its mark came first, the write is committed instead. Returns the
     writes committed here (their ``refs`` say which messages they covered)."""
-    committed, aborted = [], 0
+    committed, aborted = [], []
     for prepared in sink.recover(stream, group, member, partitions, partition_count):
         if prepared.acking or sink.abort_unless_acking(prepared) is WriteState.PREPARED:
             try:
                 res = sink.commit(prepared)
             except PreparedWriteLost:  # its own run rolled it back meanwhile (never acked)
-                aborted += 1
+                aborted.append(prepared.gid)
                 continue
             committed.append(prepared)
             summary.rows_written += res.rows_written  # an earlier run read (and counted) its messages
             for name, r in getattr(res, "routes", {}).items():
                 summary.route(name)["rows_written"] += r.rows_written
         else:
-            aborted += 1
+            aborted.append(prepared.gid)
     summary.recovered_committed += len(committed)
-    summary.recovered_aborted += aborted
+    summary.recovered_aborted += len(aborted)
     if committed or aborted:
-        log.info("cg recovery member=%s committed=%d rolled_back=%d", member, len(committed), aborted)
+        log.info("cg recovery member=%s committed=%d rolled_back=%d (committed %s; rolled back %s)", member,
+                 len(committed), len(aborted), [w.gid for w in committed], aborted)
     return committed
 
 

@@ -598,6 +598,7 @@ class LakeSink(TwoPhaseSink):
                         # an abort first, so a stalled writer that finishes its manifest later
                         # cannot claim ``acking`` (and the abort loses if it already has).
                         if self._abort_gid(gid, unless_acking=True) is not WriteState.PREPARED:
+                            log.info("cg lake sink: half-prepared write %s rolled back (no manifest)", gid)
                             continue
                         manifest = self.staged.read_manifest(path)
                     batch = BatchId(**manifest["batch"])
