@@ -26,5 +26,5 @@ def parse_duration(value: Any, field: str = "by_duration") -> float:
             raise ConfigError(field, f"must be a duration such as 90s, 15m, 1h30m or 2d (got {value!r})") from None
         seconds = sum(float(n) * _UNIT[u] for n, u in parts)
     if not seconds > 0 or seconds == float("inf"):
-        raise ConfigError(field, f"must be > 0 (got {value!r})")
+        raise ConfigError(field, f"must be a finite duration > 0 (got {value!r})")
     return seconds

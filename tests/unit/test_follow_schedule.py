@@ -8,6 +8,7 @@ import datetime as dt
 import pendulum
 import pytest
 
+from airflow_provider_cg.core.durations import parse_duration
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.operators.follow import next_run_after
 
@@ -58,3 +59,20 @@ def test_bad_follow_options_name_the_field_exit_1_and_read_nothing(tmp_path):
         r = subprocess.run([*base, *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 1 and field in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert not (tmp_path / "lake").exists()
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90", 90.0), ("90s", 90.0), ("15m", 900.0), ("1h30m", 5400.0),
+                                               ("2d", 172800.0), (" 1.5h ", 5400.0), (2.5, 2.5)])
+def test_durations_as_people_write_them(text, seconds):
+    assert parse_duration(text, "follow") == seconds
+
+
+@pytest.mark.parametrize(("value", "rule"), [("soon", "a duration such as"), ("15x", "a duration such as"),
+                                             ("1h 30m", "a duration such as"), (True, "a duration such as"),
+                                             ("0", "finite duration > 0"), ("-5", "finite duration > 0"),
+                                             ("nan", "finite duration > 0"), ("inf", "finite duration > 0"),
+                                             ("1e400", "finite duration > 0")])
+def test_a_bad_duration_names_its_field_and_rule(value, rule):
+    with pytest.raises(ConfigError) as e:
+        parse_duration(value, "follow")
+    assert e.value.field == "follow" and rule in str(e.value), str(e.value)
