@@ -21,6 +21,7 @@ from typing import Any, Literal, overload
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
+from airflow_provider_cg.core.durations import parse_duration
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.landing import contract
 from airflow_provider_cg.core.landing.contract import MemberJobSpec
@@ -279,6 +280,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         hides), then the operator's own: ``ConfigError(field, ...)``. Returns the job's spec
         once rendered."""
         values = self._job_values()
+        follow = values.get("follow")
+        if isinstance(follow, str) and not templated(follow):  # the word is the operator's, not the job's
+            parse_duration(follow, "follow", also=f', or "{UNTIL_NEXT_RUN}"')
         spec = None
         if rendered:
             spec = MemberJobSpec.build(values)

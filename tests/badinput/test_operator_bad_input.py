@@ -78,8 +78,13 @@ def test_sensor_and_spark_operator_refuse_bad_arguments(airflow_env):
         ({"payload_format": "json"}, "json_schema"), ({"payload_format": "avro"}, "avro_schema"),
         ({"payload_format": "avro", "avro_schema": "{"}, "avro_schema"),
         ({"payload_format": "avro", "avro_schema": '{"type": "enum"}'}, "avro_schema"),
-        ({"payload_format": "avro", "avro_schema": AVRO_OK, "avro_package": "spark-avro"}, "avro_package")])
+        ({"payload_format": "avro", "avro_schema": AVRO_OK, "avro_package": "spark-avro"}, "avro_package"),
+        ({"follow": "until-next-rn"}, "follow"), ({"follow": "inf"}, "follow"), ({"follow": 0}, "follow"),
+        ({"follow": "10m", "commit_interval": 0}, "commit_interval")])
     assert not failures, "\n".join(failures)
+    # the operator's own word for a follower's time is named where it is refused
+    with pytest.raises(ConfigError, match='or "until-next-run"'):
+        ConsumerGroupSparkSubmitOperator(**base, follow="until-next-rn")
 
 
 def test_what_the_job_refuses_the_operator_refuses_before_spark_submit(airflow_env):
