@@ -27,6 +27,7 @@ reloads the log and retries.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -56,8 +57,9 @@ class DatasetCorrupt(SinkError):
     """The commit log references a file that is neither published nor staged."""
 
 
+@functools.lru_cache(maxsize=4096)
 def fs_name(gid: str) -> str:
-    """A gid as one path segment."""
+    """A gid as one path segment (cached: a batch names its gid's folders several times)."""
     return quote(gid, safe="")
 
 

@@ -20,7 +20,7 @@ import os
 import secrets
 import shutil
 from collections.abc import Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,7 +161,10 @@ class Storage(abc.ABC):
 
 
 class LocalStorage(Storage):
-    """A directory on a POSIX filesystem (``fsync=False``: tests only, no power-loss safety)."""
+    """A directory on a POSIX filesystem (``fsync=False``: tests only, no power-loss safety).
+
+    Names are plain strings joined with ``os.path``: a batch makes about 25 storage calls, and
+    ``pathlib`` objects cost a follower's sink a sixth of its CPU per batch."""
 
     def __init__(self, root: str | os.PathLike, *, fsync: bool = True, create: bool = True) -> None:
         self.root = Path(root).absolute()
@@ -171,12 +174,16 @@ class LocalStorage(Storage):
             self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, rel: str) -> Path:
-        return self.root / rel
+        return Path(self._path(rel))
+
+    def _path(self, rel: str) -> str:
+        return os.path.join(self.location, rel) if rel else self.location
 
     def read(self, rel: str) -> bytes:
-        return self.path(rel).read_bytes()
+        with open(self._path(rel), "rb") as fh:
+            return fh.read()
 
-    def _write_synced(self, path: Path, data: bytes) -> None:
+    def _write_synced(self, path: str, data: bytes) -> None:
         # "xb": a name taken already is an error, never a silent overwrite; no mkdir: writing
         # into a directory another instance removed fails (FileNotFoundError)
         with open(path, "xb") as fh:
@@ -185,29 +192,30 @@ class LocalStorage(Storage):
                 fh.flush()  # a small write is still in Python's buffer: fsync would find the file empty
                 os.fsync(fh.fileno())
 
-    def _tmp(self, target: Path, data: bytes) -> Path:
-        tmp = target.parent / f".{target.name}.{secrets.token_hex(6)}.tmp"
+    def _tmp(self, target: str, data: bytes) -> str:
+        folder, name = os.path.split(target)
+        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
         self._write_synced(tmp, data)
         return tmp
 
     def write(self, rel: str, data: bytes) -> None:
-        target = self.path(rel)
+        target = self._path(rel)
         os.replace(self._tmp(target, data), target)
-        self.sync_dir(target.parent)
+        self.sync_dir(os.path.dirname(target))
 
     def write_new(self, rel: str, data: bytes) -> None:
-        self._write_synced(self.path(rel), data)
+        self._write_synced(self._path(rel), data)
 
     def create(self, rel: str, data: bytes) -> None:
-        target = self.path(rel)
+        target = self._path(rel)
         tmp = self._tmp(target, data)
         try:
             os.link(tmp, target)  # fails if the name exists: exactly one writer wins it
         finally:
-            tmp.unlink()
-        self.sync_dir(target.parent)
+            os.unlink(tmp)
+        self.sync_dir(os.path.dirname(target))
 
-    def sync_dir(self, path: Path) -> None:
+    def sync_dir(self, path: str | os.PathLike) -> None:
         """Sync ``path`` (a folder's names, or a file's bytes) to stable storage."""
         if not self.fsync:
             return
@@ -218,49 +226,50 @@ class LocalStorage(Storage):
             os.close(fd)
 
     def make_durable(self, rel: str) -> None:
-        self.sync_dir(self.path(rel))  # a file's fd syncs as a folder's does
+        self.sync_dir(self._path(rel))  # a file's fd syncs as a folder's does
 
     def exists(self, rel: str) -> bool:
-        return self.path(rel).exists()
+        return os.path.exists(self._path(rel))
 
     def ensure_dir(self, rel: str) -> None:
-        path = self.path(rel)
-        if path.is_dir():
+        path = self._path(rel)
+        if os.path.isdir(path):
             return
-        path.mkdir(parents=True, exist_ok=True)
-        self.sync_dir(path.parent)
+        os.makedirs(path, exist_ok=True)
+        self.sync_dir(os.path.dirname(os.path.normpath(path)))
 
     def start_dir(self, rel: str) -> None:
-        path = self.path(rel)
-        path.mkdir()
-        self.sync_dir(path.parent)  # its name, before anything written in it counts
+        path = self._path(rel)
+        os.mkdir(path)
+        self.sync_dir(os.path.dirname(os.path.normpath(path)))  # its name, before anything written in it counts
 
     def dir_exists(self, rel: str) -> bool:
-        return self.path(rel).is_dir()
+        return os.path.isdir(self._path(rel))
 
     def size(self, rel: str) -> int:
-        return self.path(rel).stat().st_size
+        return os.stat(self._path(rel)).st_size
 
     def list(self, rel: str) -> list[str]:
         try:
-            return sorted(n for n in os.listdir(self.path(rel)) if not n.startswith("."))
+            return sorted(n for n in os.listdir(self._path(rel)) if not n.startswith("."))
         except (FileNotFoundError, NotADirectoryError):
             return []
 
     def delete_tree(self, rel: str) -> None:
-        path = self.path(rel)
-        if path.is_dir():
+        path = self._path(rel)
+        if os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
         else:
-            path.unlink(missing_ok=True)
+            with suppress(FileNotFoundError):
+                os.unlink(path)
 
     def copy(self, src: str, dst: str) -> None:
-        target = self.path(dst)
+        target = self._path(dst)
         try:
-            os.link(self.path(src), target)
+            os.link(self._path(src), target)
         except FileExistsError:
             return
-        self.sync_dir(target.parent)
+        self.sync_dir(os.path.dirname(target))
 
     def uri(self, rel: str = "") -> str:
         return self.path(rel).as_uri() if rel else self.root.as_uri()
