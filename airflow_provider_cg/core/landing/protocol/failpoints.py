@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 
 FAILPOINT_ENV = "CG_FAILPOINT"
 
@@ -25,4 +26,7 @@ def failpoint(name: str) -> None:
         log.warning("cg failpoint %s: suspending this process", value)
         for h in logging.getLogger().handlers:
             h.flush()
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # To this thread, not the process: a process-directed SIGSTOP is taken by the main
+        # thread, and until it runs this thread goes on past the point (under load, through
+        # the rest of a prepare). This thread takes its own at once and stops them all.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
