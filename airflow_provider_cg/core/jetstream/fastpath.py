@@ -8,6 +8,11 @@ subscription's sid ahead of ``Client._process_msg``; ``publish_raw`` queues pre-
 ``PUB`` commands. Both check nats-py's version and the signatures they rely on, and fall back to
 nats-py's public API (a normal subscription whose ``Msg`` is turned back into the same raw
 form; ``publish`` per message) when anything differs. Tests run both paths.
+
+Ahead of nats-py's protocol parser, ``RawFrames`` takes the complete ``MSG``/``HMSG`` frames of
+raw sids at the front of each chunk read (one slice and split per frame, no regular expression,
+no coroutine per message: half of what nats-py's parser and dispatch cost a direct-get reply)
+and leaves every other frame, and any frame it is unsure of, to nats-py's own parser.
 """
 
 from __future__ import annotations
@@ -73,6 +78,7 @@ class _Dispatch:
         self.handlers: dict[int, RawHandler] = {}
         self.orig = nc._process_msg
         nc._process_msg = self.process_msg
+        self.frames = RawFrames.install(nc, self.handlers)
 
     @classmethod
     def of(cls, nc) -> _Dispatch | None:
@@ -99,6 +105,140 @@ class _Dispatch:
         if not self.handlers and self.nc.__dict__.get("_process_msg") == self.process_msg:
             del self.nc._process_msg
             self.nc.__dict__.pop(self.ATTR, None)
+            if self.frames is not None:
+                self.frames.uninstall()
+
+
+class RawFrames:
+    """The complete ``MSG``/``HMSG`` frames of raw sids at the front of nats-py's read buffer,
+    parsed and handed to their handlers in order; the rest of the buffer (another sid's
+    message, ``PING``, ``INFO``, ``-ERR``, a frame it cannot read) goes to nats-py's parser as
+    it is. A raw frame not yet whole waits for the next chunk, as nats-py's own parse would."""
+
+    def __init__(self, nc, parser, handlers: dict[int, RawHandler]) -> None:
+        self.nc, self.parser, self.handlers = nc, parser, handlers
+        self.orig = parser.parse
+        # the buffer whose front raw frame is not whole yet, and the length it needs then
+        # (nats-py's ``reset`` on a reconnect gives the parser a new buffer: that one starts over)
+        self.waiting: tuple[bytearray, int] | None = None
+
+    @classmethod
+    def install(cls, nc, handlers: dict[int, RawHandler]) -> RawFrames | None:
+        parser = getattr(nc, "_ps", None)
+        if parser is None or not _raw_frames_supported(parser):
+            return None
+        frames = cls(nc, parser, handlers)
+        parser.parse = frames.parse  # an instance attribute: nats-py's read loop calls ``self._ps.parse``
+        return frames
+
+    def uninstall(self) -> None:
+        if self.parser.__dict__.get("parse") == self.parse:
+            del self.parser.parse
+
+    async def parse(self, data: bytes = b"") -> None:
+        ps = self.parser
+        if ps.state != _AWAITING_CONTROL_LINE:  # nats-py is inside a frame of its own
+            await self.orig(data)
+            return
+        ps.buf.extend(data)
+        if self.waiting is not None:
+            buf, need = self.waiting
+            if buf is ps.buf and len(buf) < need:
+                return
+            self.waiting = None
+        if self._take() and ps.buf:
+            await self.orig()
+
+    def _take(self) -> bool:
+        """Hand the whole raw frames at the buffer's front to their handlers; True when what is
+        left is for nats-py's parser, False when a raw frame is waiting for its last bytes."""
+        buf = self.parser.buf
+        view = bytes(buf)
+        size, pos, count, nbytes = len(view), 0, 0, 0
+        handlers = self.handlers
+        leftover = True
+        while pos < size:
+            if view.startswith(b"HMSG ", pos):
+                eol = view.find(b"\r\n", pos)
+                parts = view[pos + 5:eol].split() if eol > 0 else ()
+                if len(parts) == 4:
+                    subject, sid, hlen, total = parts
+                    reply = b""
+                elif len(parts) == 5:
+                    subject, sid, reply, hlen, total = parts
+                else:
+                    break
+            elif view.startswith(b"MSG ", pos):
+                eol = view.find(b"\r\n", pos)
+                parts = view[pos + 4:eol].split() if eol > 0 else ()
+                if len(parts) == 3:
+                    subject, sid, total = parts
+                    reply, hlen = b"", b"-"
+                elif len(parts) == 4:
+                    subject, sid, reply, total = parts
+                    hlen = b"-"
+                else:
+                    break
+            else:
+                break
+            if not (sid.isdigit() and total.isdigit() and (hlen == b"-" or hlen.isdigit())):
+                break  # nats-py says what is wrong with it
+            handler = handlers.get(int(sid))
+            if handler is None:
+                break
+            start = eol + 2
+            stop = start + int(total)
+            if stop + 2 > size:
+                self.waiting = (buf, stop + 2 - pos)
+                leftover = False
+                break
+            if hlen == b"-":
+                hdr, payload = None, view[start:stop]
+            else:
+                split = start + int(hlen)
+                if split > stop:
+                    break
+                hdr, payload = view[start:split], view[split:stop]
+            pos = stop + 2
+            count += 1
+            nbytes += len(payload)
+            try:
+                handler(subject, reply, payload, hdr)
+            except Exception:  # never break nats-py's read loop
+                log.exception("raw message handler failed")
+        if pos:
+            del buf[:pos]
+        if count:
+            stats = self.nc.stats
+            stats["in_msgs"] += count
+            stats["in_bytes"] += nbytes
+        return leftover
+
+
+def _raw_frames_supported(parser) -> bool:
+    """nats-py's ``Parser`` as read for ``RawFrames``: a bytearray ``buf``, a ``state`` with its
+    control-line value, a coroutine ``parse(data)``."""
+    global _AWAITING_CONTROL_LINE
+    try:
+        from nats.protocol import parser as nats_parser
+    except ImportError:
+        return False
+    state = getattr(nats_parser, "AWAITING_CONTROL_LINE", None)
+    fn = getattr(parser, "parse", None)
+    if state is None or fn is None or not inspect.iscoroutinefunction(fn) or not hasattr(parser, "__dict__"):
+        return False
+    if not isinstance(getattr(parser, "buf", None), bytearray) or not hasattr(parser, "state"):
+        return False
+    try:
+        if list(inspect.signature(fn).parameters) != ["data"]:
+            return False
+    except (TypeError, ValueError):
+        return False
+    _AWAITING_CONTROL_LINE = state
+    return True
+
+
+_AWAITING_CONTROL_LINE = 1  # nats-py's value, read again by ``_raw_frames_supported``
 
 
 def _header_block(headers: dict | None) -> bytes | None:
