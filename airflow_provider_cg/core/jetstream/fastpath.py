@@ -171,17 +171,17 @@ class RawFrames:
             elif view.startswith(b"MSG ", pos):
                 eol = view.find(b"\r\n", pos)
                 parts = view[pos + 4:eol].split() if eol > 0 else ()
+                hlen = None  # no header block
                 if len(parts) == 3:
                     subject, sid, total = parts
-                    reply, hlen = b"", b"-"
+                    reply = b""
                 elif len(parts) == 4:
                     subject, sid, reply, total = parts
-                    hlen = b"-"
                 else:
                     break
             else:
                 break
-            if not (sid.isdigit() and total.isdigit() and (hlen == b"-" or hlen.isdigit())):
+            if not (sid.isdigit() and total.isdigit() and (hlen is None or hlen.isdigit())):
                 break  # nats-py says what is wrong with it
             handler = handlers.get(int(sid))
             if handler is None:
@@ -192,7 +192,7 @@ class RawFrames:
                 self.waiting = (buf, stop + 2 - pos)
                 leftover = False
                 break
-            if hlen == b"-":
+            if hlen is None:
                 hdr, payload = None, view[start:stop]
             else:
                 split = start + int(hlen)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from airflow_provider_cg.core.jetstream import fastpath as nats_fastpath
 from airflow_provider_cg.core.jetstream.protocol import parse_headers, parse_status
 
@@ -147,14 +149,15 @@ async def test_a_reconnect_does_not_wait_for_the_old_buffers_frame(monkeypatch):
     assert nc.events == [("ping",), ("raw", 7, b"b", b"", b"hi", None)]
 
 
-async def test_a_frame_nats_py_would_refuse_is_left_to_nats_py(monkeypatch):
+@pytest.mark.parametrize("bad", [b"HMSG a x 1 2\r\n..\r\n", b"HMSG a 7 - 2\r\n..\r\n", b"MSG a 7 2 x\r\n..\r\n"])
+async def test_a_frame_nats_py_would_refuse_is_left_to_nats_py(monkeypatch, bad):
     from nats.errors import ProtocolError
 
     for fast in (False, True):
         nc = _WireClient()
         raised = None
         try:
-            await _feed(nc, b"MSG a 7 2\r\nok\r\nHMSG a x 1 2\r\n..\r\nnot a protocol line\r\n",
+            await _feed(nc, b"MSG a 7 2\r\nok\r\n" + bad + b"not a protocol line\r\n",
                         __import__("random").Random(3), fast, monkeypatch)
         except ProtocolError as e:
             raised = e
