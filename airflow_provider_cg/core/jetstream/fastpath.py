@@ -115,8 +115,9 @@ class RawFrames:
     message, ``PING``, ``INFO``, ``-ERR``, a frame it cannot read) goes to nats-py's parser as
     it is. A raw frame not yet whole waits for the next chunk, as nats-py's own parse would."""
 
-    def __init__(self, nc, parser, handlers: dict[int, RawHandler]) -> None:
+    def __init__(self, nc, parser, handlers: dict[int, RawHandler], control_line: int) -> None:
         self.nc, self.parser, self.handlers = nc, parser, handlers
+        self.control_line = control_line  # nats-py's state between frames
         self.orig = parser.parse
         # the buffer whose front raw frame is not whole yet, and the length it needs then
         # (nats-py's ``reset`` on a reconnect gives the parser a new buffer: that one starts over)
@@ -125,9 +126,9 @@ class RawFrames:
     @classmethod
     def install(cls, nc, handlers: dict[int, RawHandler]) -> RawFrames | None:
         parser = getattr(nc, "_ps", None)
-        if parser is None or not _raw_frames_supported(parser):
+        if parser is None or (control_line := _raw_frames_supported(parser)) is None:
             return None
-        frames = cls(nc, parser, handlers)
+        frames = cls(nc, parser, handlers, control_line)
         parser.parse = frames.parse  # an instance attribute: nats-py's read loop calls ``self._ps.parse``
         return frames
 
@@ -137,7 +138,7 @@ class RawFrames:
 
     async def parse(self, data: bytes = b"") -> None:
         ps = self.parser
-        if ps.state != _AWAITING_CONTROL_LINE:  # nats-py is inside a frame of its own
+        if ps.state != self.control_line:  # nats-py is inside a frame of its own
             await self.orig(data)
             return
         ps.buf.extend(data)
@@ -151,59 +152,47 @@ class RawFrames:
 
     def _take(self) -> bool:
         """Hand the whole raw frames at the buffer's front to their handlers; True when what is
-        left is for nats-py's parser, False when a raw frame is waiting for its last bytes."""
+        left is for nats-py's parser, False when a raw frame is waiting for its last bytes.
+
+        ``MSG <subject> <sid> [reply] <total>`` / ``HMSG <subject> <sid> [reply] <header> <total>``."""
         buf = self.parser.buf
+        if not buf.startswith(_MESSAGE_OPS):
+            return True
         view = bytes(buf)
         size, pos, count, nbytes = len(view), 0, 0, 0
-        handlers = self.handlers
         leftover = True
         while pos < size:
             if view.startswith(b"HMSG ", pos):
-                eol = view.find(b"\r\n", pos)
-                parts = view[pos + 5:eol].split() if eol > 0 else ()
-                if len(parts) == 4:
-                    subject, sid, hlen, total = parts
-                    reply = b""
-                elif len(parts) == 5:
-                    subject, sid, reply, hlen, total = parts
-                else:
-                    break
+                skip, headed = 5, True
             elif view.startswith(b"MSG ", pos):
-                eol = view.find(b"\r\n", pos)
-                parts = view[pos + 4:eol].split() if eol > 0 else ()
-                hlen = None  # no header block
-                if len(parts) == 3:
-                    subject, sid, total = parts
-                    reply = b""
-                elif len(parts) == 4:
-                    subject, sid, reply, total = parts
-                else:
-                    break
+                skip, headed = 4, False
             else:
                 break
-            if not (sid.isdigit() and total.isdigit() and (hlen is None or hlen.isdigit())):
-                break  # nats-py says what is wrong with it
-            handler = handlers.get(int(sid))
+            fixed = 4 if headed else 3  # subject, sid, [header size,] total
+            eol = view.find(b"\r\n", pos)
+            parts = view[pos + skip:eol].split() if eol > 0 else []
+            reply = parts.pop(2) if len(parts) == fixed + 1 else b""
+            if len(parts) != fixed or not (parts[1].isdigit() and parts[-1].isdigit() and parts[-2].isdigit()):
+                break  # not whole, or malformed: nats-py waits for it or says what is wrong
+            handler = self.handlers.get(int(parts[1]))
             if handler is None:
                 break
             start = eol + 2
-            stop = start + int(total)
+            stop = start + int(parts[-1])
             if stop + 2 > size:
                 self.waiting = (buf, stop + 2 - pos)
                 leftover = False
                 break
-            if hlen is None:
-                hdr, payload = None, view[start:stop]
-            else:
-                split = start + int(hlen)
-                if split > stop:
-                    break
-                hdr, payload = view[start:split], view[split:stop]
+            split = start + int(parts[2]) if headed else start
+            if split > stop:
+                break
+            hdr = view[start:split] if headed else None
+            payload = view[split:stop]
             pos = stop + 2
             count += 1
             nbytes += len(payload)
             try:
-                handler(subject, reply, payload, hdr)
+                handler(parts[0], reply, payload, hdr)
             except Exception:  # never break nats-py's read loop
                 log.exception("raw message handler failed")
         if pos:
@@ -215,30 +204,29 @@ class RawFrames:
         return leftover
 
 
-def _raw_frames_supported(parser) -> bool:
-    """nats-py's ``Parser`` as read for ``RawFrames``: a bytearray ``buf``, a ``state`` with its
-    control-line value, a coroutine ``parse(data)``."""
-    global _AWAITING_CONTROL_LINE
+_MESSAGE_OPS = (b"HMSG ", b"MSG ")
+
+
+def _raw_frames_supported(parser) -> int | None:
+    """nats-py's ``Parser`` as read for ``RawFrames`` (a bytearray ``buf``, a ``state``, a
+    coroutine ``parse(data)``): its control-line state's value, or None when it differs."""
     try:
         from nats.protocol import parser as nats_parser
     except ImportError:
-        return False
+        return None
     state = getattr(nats_parser, "AWAITING_CONTROL_LINE", None)
     fn = getattr(parser, "parse", None)
-    if state is None or fn is None or not inspect.iscoroutinefunction(fn) or not hasattr(parser, "__dict__"):
-        return False
+    if not isinstance(state, int) or fn is None or not inspect.iscoroutinefunction(fn) \
+            or not hasattr(parser, "__dict__"):
+        return None
     if not isinstance(getattr(parser, "buf", None), bytearray) or not hasattr(parser, "state"):
-        return False
+        return None
     try:
         if list(inspect.signature(fn).parameters) != ["data"]:
-            return False
+            return None
     except (TypeError, ValueError):
-        return False
-    _AWAITING_CONTROL_LINE = state
-    return True
-
-
-_AWAITING_CONTROL_LINE = 1  # nats-py's value, read again by ``_raw_frames_supported``
+        return None
+    return state
 
 
 def _header_block(headers: dict | None) -> bytes | None:

@@ -103,7 +103,7 @@ _RAW_FRAMES_SUPPORTED = nats_fastpath._raw_frames_supported
 
 async def _feed(nc, wire: bytes, rng, fast: bool, monkeypatch) -> None:
     monkeypatch.setattr(nats_fastpath, "_raw_frames_supported",
-                        _RAW_FRAMES_SUPPORTED if fast else (lambda parser: False))
+                        _RAW_FRAMES_SUPPORTED if fast else (lambda parser: None))
     dispatch = nats_fastpath._Dispatch(nc)
     assert (dispatch.frames is not None) is fast
     for sid in (7, 9):
