@@ -269,11 +269,15 @@ class DirectReads:
         ``after`` has landed) the two-phase steps with the ack of the range read. Nothing of
         it is prepared if ``after`` failed or was taken over."""
         r, positions = self.r, self.positions
-        table, refs = await asyncio.to_thread(rows_from_batches, batches, group=r.options.group, member=r.member,
-                                              keys=r.keys, origin=positions.origin)
-        table = r.rows_of(table)
-        batch_id = r.next_batch_id()
-        processed = await asyncio.to_thread(r.pipeline.process, r.sink, table, batch_id)
+        batch_id = r.next_batch_id()  # in read order: the landing tasks start in the order they were made
+
+        def rows_and_output():  # one hand-off to a worker thread per batch, not one per step
+            table, refs = rows_from_batches(batches, group=r.options.group, member=r.member, keys=r.keys,
+                                            origin=positions.origin)
+            table = r.rows_of(table)
+            return table, refs, r.pipeline.process(r.sink, table, batch_id)
+
+        table, refs, processed = await asyncio.to_thread(rows_and_output)
         if not await self._previous_landed(after, processed):
             return
         if processed.bad:
