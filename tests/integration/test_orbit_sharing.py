@@ -216,7 +216,9 @@ async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_pat
     await create_group(nc, "ORDERS", "g", partitions=2, members=("m1",))
     api = JsApi(nc)
     expected = await publish_orders(nc, "ORDERS", "g", MESSAGES, KEYS)
-    peer = _start_peer(peer_kind, orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "20ms")
+    # orbit takes 50 ms a message: 15 s for the backlog, more than the standby run below takes
+    # on a loaded machine (at 20 ms one CI run saw orbit drain it all before it was stopped)
+    peer = _start_peer(peer_kind, orbit_cli_binary, orbit_library_binary, nats_server.url, tmp_path, "50ms")
     try:
         await _wait_until(lambda: _pinned(api), 30, f"orbit's instance is pinned ({peer.text()[-1500:]})")
     except BaseException:
@@ -229,9 +231,14 @@ async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_pat
         assert standby.returncode == 0 and standby.summary["result"] == "not-pinned", standby.describe()
         assert await _created(api) == created, "our job replaced orbit's consumer"
         assert peer.proc.poll() is None, peer.text()[-1500:]
-        await asyncio.sleep(1.0)  # orbit processes part of the backlog (~20 ms a message)
+
+        async def processed_some() -> bool:
+            return bool(peer.acked_origin_seqs())
+        await _wait_until(processed_some, 30, f"orbit processed part of the backlog ({peer.text()[-1500:]})")
     finally:
         peer.stop()
+    left = int((await api.stream_info("ORDERS-g"))["state"]["messages"])
+    assert left > 0, f"orbit processed the whole backlog before it was stopped: nothing left for our job ({left})"
     ours = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server.url, *job_args).wait, 120)
     assert ours.returncode == 0 and ours.summary["result"] == "committed", ours.describe()
     assert int((await api.stream_info("ORDERS-g"))["state"]["messages"]) == 0
