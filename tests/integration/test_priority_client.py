@@ -322,6 +322,12 @@ async def test_404_and_408(nc, fast_path):
         assert await c.pull(10, expires=0.4) == [] and c.last_end is PullEnd.EXPIRED
         assert 0.3 < time.monotonic() - t0 < 1.3
         await _publish(nc, api, 3)
+        # A stored message reaches the consumer's pending count a moment after the publish ack:
+        # a no_wait pull in between gets a 404 (seen once on a loaded machine). Wait for it.
+        for _ in range(100):
+            if int((await api.consumer_info("S", "C"))["num_pending"]) == 3:
+                break
+            await asyncio.sleep(0.02)
         got = await c.pull(10, no_wait=True, expires=None)  # what there is, then 404
         assert len(got) == 3 and c.last_end is PullEnd.NO_MESSAGES
         assert await c.pull(10, no_wait=True, expires=0.5) == [] and c.last_end is PullEnd.EXPIRED
