@@ -1,9 +1,10 @@
 """The user's transformation inside the exactly-once boundary, through real spark-submit:
-a filter, an explode, a join with reference data, a per-batch aggregation and a SQL
-statement each land every message's effect once (row-wise ones in per-key order) when the job
-is SIGKILLed at steps of a batch (every step meets two kinds), from outside at a random moment
-(the kinds whose output is not one row per input: explode, aggregation), through a takeover
-and a server restart; a failing transformation fails the batch before any acknowledgement."""
+a filter, an explode, a join with reference data, a per-batch aggregation (into PostgreSQL,
+its rows committed with their input keys) and a SQL statement each land every message's
+effect once (row-wise ones in per-key order) when the job is SIGKILLed at a step of a batch
+(every step meets one kind), from outside at a random moment (the kinds whose output is not
+one row per input: explode, aggregation), or, for the SQL statement, through a takeover and a
+server restart; a failing transformation fails the batch before any acknowledgement."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import signal
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.compute as pc
 import pytest
 
 from airflow_provider_cg.core.landing.sinks.parquet import read_committed
@@ -47,12 +47,14 @@ async def _setup(nc, stream: str):
     return orders
 
 
-def _job(zip_path, tmp_path, nats_server, stream, transform_args, failpoint=None, name=None):
+def _job(zip_path, tmp_path, nats_server, stream, transform_args, failpoint=None, name=None, env=None):
+    """One spark-submit of m1; the Parquet lake unless ``transform_args`` name another sink."""
+    sink_path = None if "--sink" in transform_args else tmp_path / "lake"
     return start_member_job(zip_path, tmp_path / (name or "run"), nats_servers=nats_server.url, stream=stream,
-                            group="g", member="m1", sink_path=tmp_path / "lake", py_files=[TRANSFORMS],
+                            group="g", member="m1", sink_path=sink_path, py_files=[TRANSFORMS],
                             args=["--payload-format", "json", "--json-schema", SCHEMA, "--batch-size", "300",
                                   "--standby-timeout", "30", *transform_args],
-                            env={"CG_FAILPOINT": failpoint} if failpoint else None)
+                            env={**(env or {}), **({"CG_FAILPOINT": failpoint} if failpoint else {})})
 
 
 STEPS = ("mid_prepare", "after_prepare", "mid_ack", "before_commit")
@@ -67,27 +69,27 @@ assert Counter(s for steps in STEPS_OF.values() for s in steps) == dict.fromkeys
 
 
 async def _through_every_fault(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed, steps,
-                               outside_kill: bool = True):
+                               outside_kill: bool = True, env=None):
     """SIGKILL at the given steps of a batch (one run per step, each recovering the previous one's
     write), then (``outside_kill``) a run SIGKILLed from outside at a random moment once it is
     landing, then a run to the end: every message acknowledged, no traceback."""
     for step in steps:
         crashed = await asyncio.to_thread(_job(zip_path, tmp_path, nats_server, stream, transform_args, step,
-                                               f"crash-{step}").wait, 240)
+                                               f"crash-{step}", env).wait, 240)
         assert crashed.returncode != 0 and f"cg failpoint {step}" in crashed.output, crashed.describe()
     if outside_kill:
-        await _killed_at_random(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed)
+        await _killed_at_random(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed, env)
     rerun = await asyncio.to_thread(_job(zip_path, tmp_path, nats_server, stream, transform_args, None,
-                                         "rerun").wait, 240)
+                                         "rerun", env).wait, 240)
     assert rerun.returncode == 0 and "Traceback" not in rerun.output, rerun.describe()
     assert await wq_messages(nc, stream, "g") == 0  # every message acknowledged
     return rerun.summary
 
 
-async def _killed_at_random(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed):
+async def _killed_at_random(nc, nats_server, zip_path, tmp_path, stream, transform_args, seed, env=None):
     rnd = random.Random(seed)
     left = await wq_messages(nc, stream, "g")
-    victim = _job(zip_path, tmp_path, nats_server, stream, transform_args, None, "killed")
+    victim = _job(zip_path, tmp_path, nats_server, stream, transform_args, None, "killed", env)
     for _ in range(1200):  # until it landed a batch, then a random moment later
         if await wq_messages(nc, stream, "g") < left or not victim.running():
             break
@@ -139,21 +141,32 @@ async def test_join_with_reference_data_through_every_fault(nc, nats_server, mem
     assert all(region[s] == ("north" if int(orders[s]["customer"][1:]) % 2 else "south") for s in seqs)
 
 
-@pytest.mark.parametrize("kind", ["function", "sql"])
-async def test_per_batch_aggregation_through_every_fault(nc, nats_server, member_job_zip, tmp_path, kind):
-    stream = "TA" if kind == "function" else "TS"
-    orders = await _setup(nc, stream)
-    args = (["--transform", "transforms:totals_per_customer"] if kind == "function" else
-            ["--transform-sql", "SELECT value.customer AS customer, count(*) AS orders, sum(value.amount) AS total "
-                                "FROM batch GROUP BY value.customer"])
-    # the SQL statement runs the same path as the function: one step is enough for it
-    await _through_every_fault(nc, nats_server, member_job_zip, tmp_path, stream, args, 14,
-                               STEPS_OF["aggregation"] if kind == "function" else ("mid_ack",),
-                               outside_kill=kind == "function")
-    out = read_committed(tmp_path / "lake")
-    assert_each_order_counted_once(out, orders)
-    if kind == "function":
-        assert pc.count_distinct(out.column("batch_id")).as_py() >= N // 300
+async def test_per_batch_aggregation_into_postgres_through_every_fault(nc, nats_server, member_job_zip, tmp_path,
+                                                                    postgres_db):
+    """The PostgreSQL sink: a transformation's rows into a table of its own columns, the input
+    keys committed with them in the same prepared transaction, through a crash before the
+    commit and a kill from outside."""
+    import psycopg2
+
+    orders = await _setup(nc, "TA")
+    args = ["--sink", "postgres", "--pg-table", "customer_totals", "--transform", "transforms:totals_per_customer"]
+    await _through_every_fault(nc, nats_server, member_job_zip, tmp_path, "TA", args, 14, STEPS_OF["aggregation"],
+                               env={"CG_PG_DSN": postgres_db.dsn})
+    with psycopg2.connect(**postgres_db.conn_params()) as conn, conn.cursor() as cur:
+        cur.execute("SELECT customer, sum(orders), sum(total) FROM customer_totals GROUP BY customer")
+        got = {c: (int(n), float(t)) for c, n, t in cur.fetchall()}
+        cur.execute("SELECT count(*) FROM customer_totals")
+        rows = cur.fetchone()[0]
+        cur.execute("SELECT count(*), count(DISTINCT origin_seq) FROM cg_committed_inputs WHERE origin_stream = 'TA'")
+        assert cur.fetchone() == (N, N)
+    want: dict[str, list] = {}
+    for o in orders.values():
+        w = want.setdefault(o["customer"], [0, 0.0])
+        w[0] += 1
+        w[1] += o["amount"]
+    assert {c: n for c, (n, _) in got.items()} == {c: n for c, (n, _) in want.items()}  # each order once
+    assert all(abs(got[c][1] - want[c][1]) < 1e-6 for c in want)
+    assert rows > len(want)  # per batch: a customer's row in every batch that had their orders
 
 
 async def test_a_failing_transformation_fails_the_batch_before_any_ack(nc, nats_server, member_job_zip, tmp_path):
@@ -167,53 +180,19 @@ async def test_a_failing_transformation_fails_the_batch_before_any_ack(nc, nats_
     assert not (tmp_path / "lake").exists() or read_committed(tmp_path / "lake").num_rows == 0
 
 
-async def test_aggregation_into_postgres_after_a_crash_before_commit(nc, nats_server, member_job_zip, tmp_path,
-                                                                     postgres_db):
-    """The PostgreSQL sink: a transformation's rows into a table of its own columns, the input
-    keys committed with them in the same prepared transaction."""
-    import psycopg2
-
-    orders = await _setup(nc, "TP")
-    args = ["--sink", "postgres", "--pg-table", "customer_totals", "--transform", "transforms:totals_per_customer"]
-    env = {"CG_PG_DSN": postgres_db.dsn}
-
-    def run(failpoint, name):
-        return start_member_job(member_job_zip, tmp_path / name, nats_servers=nats_server.url, stream="TP",
-                                group="g", member="m1", py_files=[TRANSFORMS],
-                                args=["--payload-format", "json", "--json-schema", SCHEMA, "--batch-size", "300",
-                                      "--standby-timeout", "30", *args],
-                                env={**env, **({"CG_FAILPOINT": failpoint} if failpoint else {})})
-
-    crashed = await asyncio.to_thread(run("before_commit", "crash").wait, 240)
-    assert crashed.returncode != 0 and "cg failpoint before_commit" in crashed.output, crashed.describe()
-    rerun = await asyncio.to_thread(run(None, "rerun").wait, 240)
-    assert rerun.returncode == 0, rerun.describe()
-    assert await wq_messages(nc, "TP", "g") == 0
-    with psycopg2.connect(**postgres_db.conn_params()) as conn, conn.cursor() as cur:
-        cur.execute("SELECT customer, sum(orders), sum(total) FROM customer_totals GROUP BY customer")
-        got = {c: (int(n), float(t)) for c, n, t in cur.fetchall()}
-        cur.execute("SELECT count(*), count(DISTINCT origin_seq) FROM cg_committed_inputs WHERE origin_stream = 'TP'")
-        assert cur.fetchone() == (N, N)
-    want: dict[str, list] = {}
-    for o in orders.values():
-        w = want.setdefault(o["customer"], [0, 0.0])
-        w[0] += 1
-        w[1] += o["amount"]
-    assert {c: n for c, (n, _) in got.items()} == {c: n for c, (n, _) in want.items()}  # each order once
-    assert all(abs(got[c][1] - want[c][1]) < 1e-6 for c in want)
-
-
-async def test_aggregation_through_a_takeover_and_a_server_restart(nc, nats_server, member_job_zip, tmp_path):
-    """A per-batch aggregation while the pin moves (a step-down: the pinned run stops, the next
-    one takes over) and then, in that next run, the nats-server restarts mid-batch (one test
-    for both faults, to spare JVM starts): every order counted once across the runs."""
+async def test_sql_aggregation_through_a_takeover_and_a_server_restart(nc, nats_server, member_job_zip, tmp_path):
+    """A per-batch aggregation in a SQL statement (``--transform-sql``) while the pin moves (a
+    step-down: the pinned run stops, the next one takes over) and then, in that next run, the
+    nats-server restarts mid-batch (one test for both faults, to spare JVM starts): every order
+    counted once across the runs."""
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
 
     stream, n = "TK", 3000  # 15 batches: three before the step-down, the restart a few batches into the next run
     await create_group(nc, stream, "g", partitions=3, members=("m1",), subjects_prefix=stream.lower())
     expected = await publish_orders(nc, stream, "g", n, 30, subjects_prefix=stream.lower(), payload=_order)
     orders = {seq: json.loads(_order(i)) for i, (_, seq) in enumerate(sorted(expected))}
-    args = ["--transform", "transforms:totals_per_customer", "--batch-size", "200", "--ack-wait", "10"]
+    args = ["--transform-sql", "SELECT value.customer AS customer, count(*) AS orders, sum(value.amount) AS total "
+                               "FROM batch GROUP BY value.customer", "--batch-size", "200", "--ack-wait", "10"]
 
     async def until_landed(job, count: int) -> None:
         for _ in range(600):  # until that many landed (some batches)
@@ -239,7 +218,4 @@ async def test_aggregation_through_a_takeover_and_a_server_restart(nc, nats_serv
         assert r3.returncode == 0, r3.describe()
     assert await wq_messages(nc, stream, "g") == 0
     out = read_committed(tmp_path / "lake")
-    counts = Counter()
-    for c, k in zip(out.column("customer").to_pylist(), out.column("orders").to_pylist(), strict=True):
-        counts[c] += k
-    assert counts == Counter(o["customer"] for o in orders.values())
+    assert_each_order_counted_once(out, orders)
