@@ -512,13 +512,15 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
 
 class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
     """Move an elastic group to another layout (``"work-queue"`` or ``"partition-streams"``), as
-    ``cg layout`` does (``core/groups/moves.py``), with nothing lost or landed twice while its
-    members' jobs run. To ``partition-streams`` it is done at once. Back to ``work-queue`` it
-    stops the mirrors and waits up to ``wait`` seconds for the members' jobs to land what the
-    partition streams hold (they must run meanwhile); if they have not, the task fails with the
-    group draining, and its retry (or any later move) goes on from there. Returns the move
-    (``layout``, ``done``, ``left`` per partition). ``partition_replicas``: the partition
-    streams' replicas (default: the work queue's)."""
+    ``cg layout`` does (``core/groups/moves.py``), with nothing lost, landed twice or out of
+    per-key order while its members' jobs run. Either way the group's source moves at a cut and
+    the task waits up to ``wait`` seconds for the members' jobs to land what the side it leaves
+    holds (the work queue, state ``filling``; the partition log, state ``draining``; the jobs
+    must run meanwhile); if they have not, the task fails with the group filling or draining,
+    and its retry (or any later move) goes on from there. Moving a group that is in
+    ``partition-streams`` there again rebuilds its partition streams that are missing or lost
+    messages. Returns the move (``layout``, ``done``, ``left`` per partition).
+    ``partition_replicas``: the partition streams' replicas (default 1)."""
 
     template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "layout")
 
@@ -543,9 +545,8 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
 
         move = self._run(go)
         if not move["done"]:
-            raise LayoutError(f"group {self.group} on {self.stream} is still draining after {self.wait:g}s: "
-                              f"{sum(move['left'].values())} messages in its partition streams wait for its "
-                              "members' jobs; a retry goes on")
+            raise LayoutError(f"group {self.group} on {self.stream} is still {move['layout']} after {self.wait:g}s: "
+                              f"{sum(move['left'].values())} messages wait for its members' jobs; a retry goes on")
         self.log.info("Group %s on %s is in the %s layout", self.group, self.stream, move["layout"])
         return move
 

@@ -1,7 +1,9 @@
 """The ``partition-streams`` layout (``core/groups/layouts/``) on a real nats-server: member jobs
-land it exactly once and in per-key order, status and lag count its partition streams, a group
-moves between layouts under running jobs with nothing lost or landed twice, orbit's member
-consumer is refused on it, and what it does not do yet is refused with the way there."""
+land it exactly once and in per-key order, the partition log holds every message until it is
+landed, status and lag count it, a partition stream that lost messages is named and rebuilt
+from the log before anything newer of it lands, a group moves between layouts under running
+jobs with nothing lost or landed twice, and what the layout does not do yet is refused with the
+way there. (``test_lost_disk.py``: a server's disk lost for good on a cluster.)"""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import asyncio
 
 import pytest
 
-from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError, ServerUnavailable
+from airflow_provider_cg.core.errors import ConfigError, ServerUnavailable
 from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
@@ -18,7 +20,7 @@ from airflow_provider_cg.core.groups.layouts import partition_streams as groupla
 from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.groups.reset_plan import ResetTarget
 from airflow_provider_cg.core.groups.resize import GroupResize
-from airflow_provider_cg.core.jetstream.api import ERR_WQ_CONSUMER_NOT_UNIQUE, JsApi
+from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.tools.cli import main as cg_main
 from tests.support.member_job import (
     assert_exactly_once,
@@ -85,11 +87,69 @@ async def test_members_land_their_partition_streams_exactly_once(nc, nats_server
     assert sum((await _partition_totals(nc, 6)).values()) == 0
     assert (await ConsumerGroups(nc).status(STREAM, GROUP)).backlog == 0
 
-    # orbit's member consumer (its partitions' filters) is refused next to the mirrors
-    with pytest.raises(JetStreamApiError) as e:
-        await api.create_consumer(wq, {"name": "m1", "filter_subjects": ["0.>", "1.>"], "ack_policy": "explicit"},
-                                  action=None)
-    assert e.value.err_code in (ERR_WQ_CONSUMER_NOT_UNIQUE, 10148)
+    # the log sources the origin (the work queue holds only pin anchors) and kept every message until landed
+    assert not (await api.stream_info(wq))["config"].get("sources")
+    assert (await api.stream_info(grouplayout.partition_log(wq)))["state"]["messages"] == 0
+
+
+async def test_a_partition_stream_that_lost_messages_is_named_and_rebuilt_from_the_log(nc, nats_server, member_job_zip,
+                                                                                      tmp_path):
+    """A partition stream made again empty under its mirror (what a server that lost its store
+    does: the stream comes back from its assignment, and the mirror goes on after what it had
+    delivered) is behind its log: cg status, cg lag and the sensor's figures name it, and the
+    member's job rebuilds it from the log before it lands anything newer of the partition:
+    every message once, in per-key order."""
+    from airflow_provider_cg.triggers.overflow import measure
+
+    await _group(nc, 3, ("m1",))
+    api, wq = JsApi(nc), f"{STREAM}-{GROUP}"
+    expected = await publish_orders(nc, STREAM, GROUP, 1500, 60)
+    for _ in range(100):
+        if sum((await _partition_totals(nc, 3)).values()) == 1500:
+            break
+        await asyncio.sleep(0.1)
+    lost = grouplayout.partition_stream(wq, 1)
+    held = (await api.stream_info(lost))["state"]["messages"]
+    for _ in range(100):  # a lull: the mirror acknowledged what it moved (else all of it would come again)
+        mirror = await api.consumer_info(grouplayout.partition_log(wq), "cg-partition-1")
+        if not mirror["num_ack_pending"] and not mirror["num_pending"]:
+            break
+        await asyncio.sleep(0.1)
+    await api.delete_stream(lost)  # the mirror consumer on the log stays, as on a replacement node
+    await api.add_stream(grouplayout.partition_stream_config((await api.stream_info(wq))["config"], 1))
+    expected |= await publish_orders(nc, STREAM, GROUP, 300, 60)
+    for _ in range(100):  # the new messages reach the new stream (the keys are published evenly); the old ones do not
+        if (await api.stream_info(lost))["state"]["messages"] == held // 5:
+            break
+        await asyncio.sleep(0.1)
+    assert (await api.stream_info(lost))["state"]["messages"] == held // 5
+    st = await ConsumerGroups(nc).status(STREAM, GROUP)
+    assert set(st.partition_problems) == {1} and "lost messages" in st.partition_problems[1], st.partition_problems
+    assert st.backlog == 1800  # the log's count: what the stream lost is still to land
+    assert "1" in (await group_lag(nc, STREAM, GROUP, status=st)).partition_problems
+    assert "1" in measure(st)["partition_problems"]
+    out = await asyncio.to_thread(cg_main_output, ["status", STREAM, GROUP, "--server", nats_server.url])
+    assert f"NOT CURRENT:  partition 1's stream {lost}: lost messages" in out, out
+
+    lake = tmp_path / "lake"
+    r = run_member_job(member_job_zip, tmp_path / "jobs", nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                       member="m1", sink="parquet", sink_path=lake, args=JOB, spark=False, timeout=120)
+    assert r.returncode == 0 and r.summary["rebuilt_partitions"] == [1], r.describe()
+    assert "rebuilding it from the log" in r.output
+    _drain(member_job_zip, tmp_path / "jobs", nats_server, lake, ("m1",), rounds=1)
+    assert_exactly_once(parquet_landed(lake), expected)
+    st = await ConsumerGroups(nc).status(STREAM, GROUP)
+    assert st.backlog == 0 and not st.partition_problems, st.partition_problems
+
+
+def cg_main_output(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        cg_main(argv)
+    return buf.getvalue()
 
 
 async def test_moves_between_layouts_under_running_jobs(nc, nats_server, member_job_zip, tmp_path):

@@ -72,7 +72,7 @@ class ChaosConfig:
     read: str | None = None  # the jobs' --read (``executors``: Spark's tasks read; needs ``spark``)
     merge: bool = False  # upserts by key (--merge-keys key): a change stream, about 1 in 8 records a delete
     layout: str = "work-queue"  # the elastic group's layout at the start (``groups/layouts/``)
-    layout_moves: int = 0  # moves to the other layout during the faults (a move back waits for the draining)
+    layout_moves: int = 0  # moves to the other layout during the faults (each waits for its side to be landed)
     routed_keys: int = 0  # routes by subject: every message into the table, and those of this many keys into a second
     partition_replicas: int | None = None  # the partition streams' replicas (default 1)
     restarts_on_schedule: bool = False  # server restarts only at their shares of the time (none drawn at random)
@@ -105,7 +105,7 @@ class ChaosRun:
         self.moves_left = self.config.layout_moves
         self.healthy_after: list[float] = []  # per server restart (a cluster): seconds until /healthz was ok
         self.layout = self.config.layout
-        self.draining = False  # a move back to the work-queue layout waits for the partition streams
+        self.moving: str | None = None  # the layout of a move not finished yet (filling or draining)
         self.groups = ConsumerGroups(self.nc)
         self.store_restarts_left = self.config.store_restarts
         self.started: float | None = None
@@ -214,7 +214,7 @@ class ChaosRun:
 
     async def backlog(self) -> int:
         """Messages not yet acknowledged: the work queue's, or the static durables' pending."""
-        if not self.config.static and self.layout == "work-queue" and not self.draining:
+        if not self.config.static and self.layout == "work-queue" and not self.moving:
             return await wq_messages(self.nc, self.stream, self.group)
         if not self.config.static:
             return (await self.groups.status(self.stream, self.group)).backlog
@@ -298,30 +298,30 @@ class ChaosRun:
             await self.move_layout()
 
     async def move_layout(self) -> None:
-        """Move the group to its other layout under the running jobs; a move back to the
-        work-queue layout is finished by ``finish_move`` once the partition streams are landed."""
+        """Move the group to its other layout under the running jobs (or take back a move not
+        finished yet); ``finish_move`` finishes it once the side it leaves is landed."""
         to = "partition-streams" if self.layout == "work-queue" else "work-queue"
         try:
-            move = await self.groups.move_layout(self.stream, self.group, to, wait=0 if to == "work-queue" else 10,
+            move = await self.groups.move_layout(self.stream, self.group, to, wait=0,
                                                  partition_replicas=self.config.partition_replicas
                                                  if to == "partition-streams" else None)
         except ConsumerGroupError as e:  # e.g. across a server restart: the move is idempotent, do it again
             self.log(f"layout -> {to} interrupted ({type(e).__name__}: {e}); again later")
             return
         self.moves_left -= 1
-        self.layout, self.draining = to, not move.done
-        self.log(f"layout -> {to}" + (f" (draining {sum(move.left.values())})" if self.draining else ""))
+        self.layout, self.moving = to, (None if move.done else to)
+        self.log(f"layout -> {to}" + (f" ({move.layout} {sum(move.left.values())})" if self.moving else ""))
 
     async def finish_move(self) -> None:
-        if self.draining:
+        if self.moving:
             try:
-                move = await self.groups.move_layout(self.stream, self.group, "work-queue", wait=0)
+                move = await self.groups.move_layout(self.stream, self.group, self.moving, wait=0)
             except ConsumerGroupError as e:
                 self.log(f"finishing the layout move interrupted ({type(e).__name__}); again later")
                 return
             if move.done:
-                self.draining = False
-                self.log("layout move to work-queue finished")
+                self.log(f"layout move to {self.moving} finished")
+                self.moving = None
 
     async def change_membership(self) -> None:
         base = [m for m in self.config.members if m in self.current]
@@ -355,7 +355,7 @@ class ChaosRun:
             server = self.servers[0]
         else:  # the node leading the work-queue stream, or (partition streams) a partition's stream
             led = f"{self.stream}-{self.group}"
-            if self.layout == "partition-streams" and not self.draining:
+            if self.layout == "partition-streams" and not self.moving:
                 led = f"{led}-p{self.rng.randrange(self.config.partitions)}"
             try:
                 leader = ((await JsApi(self.nc).stream_info(led)).get("cluster") or {}).get("leader")
@@ -409,7 +409,7 @@ class ChaosRun:
                 if not self.config.static:
                     await api.stream_info(f"{self.stream}-{self.group}")
                 await api.stream_info(self.stream)
-                if self.layout == "partition-streams" and not self.draining:  # each with a leader again
+                if self.layout == "partition-streams" and not self.moving:  # each with a leader again
                     from airflow_provider_cg.core.groups.layouts.partition_streams import (
                         partition_stream_problems,
                     )
@@ -487,7 +487,7 @@ class ChaosRun:
         for i in range(rounds):
             await self.finish_move()
             left = await self.backlog()
-            if left == 0 and i > 0 and not self.draining:
+            if left == 0 and i > 0 and not self.moving:
                 return
             self.log(f"drain round {i + 1}: {left} messages left")
             for job in [self.start_job(m) for m in self.current]:
@@ -495,7 +495,7 @@ class ChaosRun:
         await self.finish_move()
         left = await self.backlog()
         assert left == 0, f"{left} messages left after {rounds} drain rounds\n" + self.report()
-        assert not self.draining, "the move back to the work-queue layout never finished\n" + self.report()
+        assert not self.moving, f"the move to {self.moving} never finished\n" + self.report()
 
     # --- the verdict ---------------------------------------------------------------------------
 

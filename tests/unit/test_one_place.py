@@ -111,8 +111,8 @@ def test_no_module_but_a_sinks_own_compares_a_sink_name():
 
 
 def test_no_module_but_a_layouts_own_compares_a_layout_name():
-    names = {*layouts.NAMES, layouts.DRAINING}
-    constants = frozenset({"WORK_QUEUE", "PARTITION_STREAMS", "DRAINING", "DEFAULT"})
+    names = {*layouts.NAMES, layouts.DRAINING, layouts.FILLING}
+    constants = frozenset({"WORK_QUEUE", "PARTITION_STREAMS", "DRAINING", "FILLING", "DEFAULT"})
     found = [hit for p in SOURCES if not _own(p, "core/groups/layouts/")
              for hit in name_comparisons(p.read_text(), str(p.relative_to(ROOT)), names, constants)]
     assert not found, "ask the layout object (groups/layouts/) instead:\n" + "\n".join(found)

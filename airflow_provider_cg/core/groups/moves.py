@@ -1,19 +1,24 @@
 """Moving an elastic group between layouts (``layouts/``) with nothing lost or landed twice.
 
-To ``partition-streams``: record the layout on the work queue first (a member job that joins
-from then on makes its consumer on its pin subject), delete the member consumers that hold
-partition filters (a job of the old layout loses its pin and lands nothing more: a batch not
-yet acknowledged rolls back), then create the mirrors and partition streams. The work queue's
-unacknowledged messages move into the partition streams in order. A batch that a job of the
-old layout committed but had not yet purged moves too; it is landed again by nobody: every
-sink refuses an input another writer committed (the rows' origin keys are the same in both
-layouts), and the job reading it drops it.
+To ``partition-streams``: record ``filling`` on the work queue, stop its sourcing at a cut
+(``sourcing.py``) and make the partition log source the origin from after the cut, with the
+partition streams mirroring the log; members go on landing what the work queue holds, as in
+``work-queue``, while new messages gather in the log. Once the work queue holds nothing of any
+partition, record the layout and delete the member consumers that hold partition filters (a job
+of the old layout loses its pin; its next run makes its consumer on its pin subject and reads
+the partition streams). Everything older than the cut lands before anything newer.
 
-Back to ``work-queue``: stop the mirrors (state ``draining``; new messages wait in the work
-queue, whose buffered limits pause the sourcing when it fills) while members land what the
-partition streams hold; once they are all empty, drop the pin consumers and the partition
-streams and record ``work-queue``. A call that runs out of ``wait`` leaves the group draining
-and says how much is left; calling again goes on.
+Back to ``work-queue``: record ``draining``, stop the log's sourcing at a cut and resume the
+work queue's from after it; members land what the log holds (through the partition streams)
+while new messages wait in the work queue, whose buffered limits pause the sourcing when it
+fills; once the log is empty, drop the pin consumers, the partition streams and the log and
+record ``work-queue``. A move taken back half way (``filling`` back to ``work-queue``,
+``draining`` back to ``partition-streams``) sources again what the other side has not landed.
+
+A call that runs out of ``wait`` leaves the group filling or draining and says how much is
+left; calling again goes on. A batch a job committed but had not yet acknowledged when its
+stream changed is landed again by nobody: every sink refuses an input another writer committed
+(the rows' origin keys are the same in both layouts).
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ class LayoutMoves:
             return await layouts.ORIGIN.enter(self, stream, group, layouts.ORIGIN, {}, 0, 0.0, None)
         wq = groupnames.work_queue_stream(stream, group)
         cfg = await layouts.wq_config(self.api, wq)
-        if sourcing.stopped_state(cfg) is not None:
+        stopped = sourcing.stopped_state(cfg)
+        if stopped is not None and "layout" not in stopped.intent:  # a move's own stop: the move goes on
             raise layouts.LayoutError(f"a reset or resize of {group!r} is under way (sourcing of {wq!r} is "
                                       "stopped): run it again to finish it first")
         return await target.enter(self, stream, group, layouts.of(cfg), cfg, info.config.max_members,

@@ -182,7 +182,7 @@ class GroupObservation:
             partitions.update(await layout.backlog(self.api, wq, si["state"].get("subjects") or {},
                                                    range(cfg.max_members), st.partition_problems))
             # the work queue's messages, unless members read elsewhere (each counted once there)
-            st.backlog = sum(partitions.values()) if layout.reads_partition_streams \
+            st.backlog = sum(partitions.values()) if layout.has_partition_streams \
                 else int(si["state"].get("messages", 0))
             st.buffered_msgs = int(si["state"].get("messages", 0))
             st.buffered_bytes = int(si["state"].get("bytes", 0))

@@ -213,21 +213,23 @@ class GroupStore:
             info = existing
         if isinstance(info.config, ElasticGroupConfig):
             try:
-                await self._ensure_wq_stream(stream, group, info.config, origin["config"])
-                await self._ensure_layout(info, target, created)
+                source = await self._ensure_wq_stream(stream, group, info.config, origin["config"], target)
+                await self._ensure_layout(info, target, created, source)
             except BaseException:
                 if created:
                     await self._rollback(kv, key, info.revision)
                 raise
         return info
 
-    async def _ensure_layout(self, info: GroupInfo, target: layouts.Layout, created: bool) -> None:
+    async def _ensure_layout(self, info: GroupInfo, target: layouts.Layout, created: bool, source: dict) -> None:
+        """``source``: the origin's source as the group's config makes it (a partition log that
+        is missing is made with it)."""
         have = await self.layout(info)
         if have is not target and not (created and have is layouts.named(layouts.DEFAULT)):
             raise ConfigError("layout", f"group {info.group!r} on stream {info.stream!r} exists in the {have.name} "
                                         f"layout; move it with: cg layout {info.stream} {info.group} {target.name}")
         await target.prepare(self.api, groupnames.work_queue_stream(info.stream, info.group), info.config.max_members,
-                             deadline=time.monotonic() + 5.0)
+                             deadline=time.monotonic() + 5.0, source=source)
 
     async def _check_durable_names(self, stream: str, group: str, config: GroupConfig) -> None:
         """A static member's durable is ``<group>-<member>``: group ``a`` member ``b-m1`` and
@@ -291,27 +293,35 @@ class GroupStore:
             "sources": [{"name": stream, "subject_transforms": transforms}],
         }
 
-    async def _ensure_wq_stream(self, stream: str, group: str, config: ElasticGroupConfig, origin: dict) -> None:
+    async def _ensure_wq_stream(self, stream: str, group: str, config: ElasticGroupConfig, origin: dict,
+                                target: layouts.Layout) -> dict:
+        """Create the work-queue stream (in ``target``'s shape), or check that the existing one
+        is this group's; returns the origin's source as the config makes it."""
         want = self.wq_stream_config(stream, group, config, origin)
+        source = want["sources"][0]
+        created, _ = target.creation_source(want)
         try:
-            await self.api.add_stream(want)
-            return
+            await self.api.add_stream(created)
+            return source
         except JetStreamApiError as e:
             if e.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
         have = (await self.api.stream_info(want["name"]))["config"]
         stopped = sourcing.stopped_state(have)
         sources = [stopped.source] if stopped is not None else have.get("sources") or []  # a reset/resize runs
+        if not sources and layouts.of(have).has_partition_streams:  # the partition log sources the origin
+            sources = await layouts.log_sources(self.api, want["name"])
         same = (
             have.get("retention") == "workqueue"
             and len(sources) == 1
             and sources[0].get("name") == stream
-            and (sources[0].get("subject_transforms") or []) == want["sources"][0]["subject_transforms"]
+            and (sources[0].get("subject_transforms") or []) == source["subject_transforms"]
         )
         if not same:
             raise ConfigError(
                 "group", f"stream {want['name']!r} exists and is not this group's work-queue stream"
             )
+        return source
 
     async def layout(self, info: GroupInfo) -> layouts.Layout:
         """Where the group's partitions are stored (``layouts/``): recorded on an elastic

@@ -341,22 +341,40 @@ async def read_shares(reader_of, starts: dict[int, int], count: int, timeout: fl
     return [b for b in batches if len(b)]
 
 
+class PartitionStreamLost(DirectReadError):
+    """A partition stream lacks a message its log holds and the reader had not read (its
+    server's store was lost, a replacement node came up empty): nothing of the partition may be
+    landed until the stream is made again from the log."""
+
+    def __init__(self, partition: int, stream: str, log: str, seq: int) -> None:
+        super().__init__(f"partition {partition}'s stream {stream} lost messages: {log} holds sequence {seq}, "
+                         "not landed, and the stream does not", retryable=False)
+        self.partition, self.seq = partition, seq
+
+
 class PartitionStreamReaders:
     """One :class:`PartitionReader` per partition stream of a group in the ``partition-streams``
     layout (``groups/layouts/``), behind the reads and acks a :class:`PartitionReader` offers
-    per partition: each stream holds one partition, read unfiltered (``ALL``'s subject) and
-    purged by sequence; the sequences are the work queue's, so one cut spans them all."""
+    per partition: each stream holds one partition, read unfiltered (``ALL``'s subject); the
+    sequences are its log's, so one cut spans them all. The log (``log``) is the copy of
+    record: a landed range is purged from it first, then from the stream, and every read checks
+    that the stream holds the log's first message of the partition from where it reads
+    (``PartitionStreamLost`` otherwise). ``mirrors``: each partition's mirror consumer on the
+    log (an empty stream lost what its mirror says it delivered)."""
 
-    def __init__(self, nc, streams: dict[int, str], *, js_prefix: str = DEFAULT_PREFIX,
-                 fast_path: bool | None = None) -> None:
+    def __init__(self, nc, streams: dict[int, str], *, log: str, mirrors: dict[int, str],
+                 js_prefix: str = DEFAULT_PREFIX, fast_path: bool | None = None) -> None:
         self.streams = dict(streams)
         self.readers = {p: PartitionReader(nc, s, js_prefix=js_prefix, fast_path=fast_path) for p, s in streams.items()}
+        self.log, self.mirrors = log, dict(mirrors)
+        self.log_reader = PartitionReader(nc, log, js_prefix=js_prefix, fast_path=fast_path)
+        self.api = JsApi(nc, prefix=js_prefix)
 
     def __getitem__(self, partition: int) -> PartitionReader:
         return self.readers[partition]
 
     async def close(self) -> None:
-        for r in self.readers.values():
+        for r in (*self.readers.values(), self.log_reader):
             await r.close()
 
     async def last_seq(self) -> int:
@@ -366,15 +384,70 @@ class PartitionStreamReaders:
     async def read_partitions(self, starts: dict[int, int], count: int, timeout: float = READ_TIMEOUT,
                               subjects: dict[int, str] | None = None) -> list[PartitionBatch]:
         """As ``PartitionReader.read_partitions``; every stream is read unfiltered (``subjects``
-        does not apply: a stream holds only its partition)."""
-        return await read_shares(self.readers.__getitem__, starts, count, timeout,
-                                 {p: subject_filter(ALL) for p in starts})
+        does not apply: a stream holds only its partition). Raises ``PartitionStreamLost``
+        when a stream lacks the log's first message from where it is read."""
+        batches = await read_shares(self.readers.__getitem__, starts, count, timeout,
+                                    {p: subject_filter(ALL) for p in starts})
+        read = {b.partition: b for b in batches if len(b)}
+        await self.check_fronts({p: (s, _header_int(read[p].hdrs[0], b"Nats-Sequence:") if p in read else None)
+                                 for p, s in starts.items()})
+        return batches
+
+    async def check_fronts(self, fronts: dict[int, tuple[int, int | None]]) -> None:
+        """``fronts``: per partition, ``(from_seq, first)``, the first message its stream holds
+        from ``from_seq`` on (None: none). ``PartitionStreamLost`` for the first partition
+        whose stream lacks what its log holds there (``lost_from``)."""
+        found = await asyncio.gather(*(self.lost_from(p, s, f) for p, (s, f) in fronts.items()))
+        for p, seq in zip(fronts, found, strict=True):
+            if seq is not None:
+                raise PartitionStreamLost(p, self.streams[p], self.log, seq)
+
+    async def lost_from(self, partition: int, from_seq: int, first: int | None) -> int | None:
+        try:
+            return await lost_from(self.api, self.log, self.mirrors[partition], partition, from_seq, first)
+        except ConsumerGroupError as e:  # a restart or leader change: read again
+            raise DirectReadError(f"the log {self.log} of partition {partition}: {e}") from None
 
     async def purge_through(self, partition: int, last_seq: int, timeout: float = 10.0) -> int:
+        """The ack of a landed range: purged from the log (the copy of record), then from the
+        partition's stream. Returns what the stream dropped."""
+        await self.log_reader.purge_through(partition, last_seq, timeout)
         return await self.readers[partition].purge_through(ALL, last_seq, timeout)
 
     async def acked_through(self, partition: int, last_seq: int, deadline: float) -> bool:
-        return await self.readers[partition].acked_through(ALL, last_seq, deadline)
+        """Make sure the range up to ``last_seq`` is gone from the log (the ack), re-purging
+        both until it is, or ``deadline`` (loop time). False: unknown."""
+        loop = asyncio.get_running_loop()
+        while loop.time() < deadline:
+            try:
+                head = await self.api.next_msg(self.log, 1, f"{partition}.>")
+                if head is None or int(head["seq"]) > last_seq:
+                    await self.readers[partition].purge_through(ALL, last_seq, timeout=5.0)
+                    return True
+                await self.purge_through(partition, last_seq, timeout=max(1.0, min(5.0, deadline - loop.time())))
+            except Exception as e:  # server away (restart, leader change): wait for the reconnect
+                log.warning("purge check of partition %d failed (%s); retrying", partition, e)
+                await asyncio.sleep(0.5)
+        return False
+
+
+async def lost_from(api: JsApi, log_stream: str, mirror: str, partition: int, from_seq: int, first: int | None,
+                    mirror_info: dict | None = None) -> int | None:
+    """The log's first message of ``partition`` from ``from_seq`` on when the partition's stream
+    lost it, else None: the stream's first message from there (``first``) is past it (its
+    mirror delivers in order), or it has none and its mirror consumer ``mirror`` (its info:
+    ``mirror_info``, read when needed) says it delivered it. The log is read from its leader: a
+    replica serving direct gets may not have seen the latest purge yet."""
+    head = await api.next_msg(log_stream, max(from_seq, 1), f"{partition}.>")
+    if head is None:
+        return None
+    seq = int(head["seq"])
+    if first is not None:
+        return seq if first > seq else None
+    if mirror_info is None:
+        mirror_info = await api.consumer_info(log_stream, mirror)
+    floor = int(((mirror_info or {}).get("ack_floor") or {}).get("stream_seq") or 0)
+    return seq if floor >= seq else None
 
 
 async def plan_ranges(reader: PartitionReader | PartitionStreamReaders, starts: dict[int, tuple[str, int]], count: int,
@@ -392,6 +465,9 @@ async def plan_ranges(reader: PartitionReader | PartitionStreamReaders, starts: 
         return reader[p] if isinstance(reader, PartitionStreamReaders) else reader
 
     found = await asyncio.gather(*(of(p).count_from(subject, start) for p, (subject, start) in starts.items()))
+    if isinstance(reader, PartitionStreamReaders):
+        await reader.check_fronts({p: (start, first or None) for (p, (_, start)), (_, first)
+                                   in zip(starts.items(), found, strict=True)})
     firsts = {p: first for p, (_, first) in zip(starts, found, strict=True) if 0 < first <= last_seq}
     if not firsts:
         return [], 0

@@ -405,6 +405,7 @@ class Summary:
     #: where the table's files are when its catalog decides it (an Iceberg table's location URI;
     #: lineage names the table by it), None otherwise
     table_location: str | None = None
+    rebuilt_partitions: list[int] = field(default_factory=list)
 
     def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int,
                         into: dict | None = None) -> None:

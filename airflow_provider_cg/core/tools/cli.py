@@ -249,9 +249,7 @@ async def _layout(c: Call) -> None:
     move = await c.cg.move_layout(args.stream, args.group, args.layout, wait=args.wait,
                                   partition_replicas=args.partition_replicas)
     if not move.done:
-        raise LayoutError(f"draining: {sum(move.left.values())} messages are still in the partition streams "
-                          f"after {args.wait:g}s (their members land them; new ones wait in the work queue): "
-                          "run the command again to finish")
+        raise LayoutError(move.unfinished(args.wait))
     c.emit(move.to_dict(), f"group {args.group} is in the {move.layout} layout")
 
 

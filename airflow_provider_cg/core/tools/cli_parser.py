@@ -264,14 +264,16 @@ def _position_commands(c: _Commands) -> None:
     """layout, resize, reset: moving a group's partitions and positions."""
     cmd, sg = c.cmd, c.sg
     p = sg(cmd("layout", "move an elastic group to another layout (work-queue / partition-streams) with nothing "
-                         "lost or landed twice; back to work-queue waits until the partition streams are landed"))
+                         "lost or landed twice; the move waits until the side it leaves is landed. Again in "
+                         "partition-streams: rebuild partition streams that are missing or lost messages"))
     p.add_argument("layout", choices=layouts.NAMES, metavar="LAYOUT", help=" or ".join(layouts.NAMES))
     p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
-                   help="how long to wait for the partition streams to be landed (moving to work-queue); "
-                        "if they are not, the group stays draining and running the command again goes on")
+                   help="how long to wait for the side the group leaves to be landed (the work queue, or the "
+                        "partition log); if it is not, the group stays filling or draining and running the command "
+                        "again goes on")
     p.add_argument("--partition-replicas", type=int, metavar="N",
-                   help="(to partition-streams) the partition streams' replicas, 1 to 5 (default: the work "
-                        "queue's)")
+                   help="(to partition-streams) the partition streams' replicas, 1 to 5 (default 1: the "
+                        "partition log keeps the work queue's replicas and every message until it is landed)")
     p = sg(cmd("resize", "change an elastic group's partition count (max_members): a plan by default, "
                          "--execute to stop sourcing, let the members drain the old partitions, switch and resume"))
     p.add_argument("--max-members", type=int, required=True, metavar="N", help="the new number of partitions")

@@ -20,6 +20,11 @@ def test_the_layout_is_read_from_the_work_queue_and_defaults_to_orbits():
     assert layouts.named(gl.PARTITION_STREAMS).reads_partition_streams
     assert layouts.named(gl.DRAINING).reads_partition_streams
     assert not layouts.named(gl.WORK_QUEUE).reads_partition_streams
+    # filling: members land the work queue (as in work-queue) while the log and its streams fill
+    filling = layouts.of({"metadata": {"cg.layout": "filling"}})
+    assert filling.name == gl.FILLING and not filling.reads_partition_streams and filling.has_partition_streams
+    assert not layouts.named(gl.WORK_QUEUE).has_partition_streams
+    assert gl.FILLING not in layouts.NAMES and gl.DRAINING not in layouts.NAMES  # states of a move, not choices
     with pytest.raises(ConfigError) as e:
         layouts.check("layout", "sideways")
     assert e.value.field == "layout" and "work-queue" in e.value.rule
@@ -33,15 +38,28 @@ def test_recording_a_layout_keeps_other_metadata_and_drops_the_servers():
     assert back["metadata"] == {"cg.sourcing.stopped": "x"} and "subjects" not in back
 
 
-def test_a_partition_stream_is_a_limitless_mirror_through_its_flow_control_consumer():
+def test_the_partition_log_is_the_copy_of_record_with_the_work_queues_replicas_and_limits():
+    wq = {**WQ, "max_msgs": 500, "max_bytes": -1, "discard": "new"}
+    source = {"name": "ORDERS", "subject_transforms": [{"src": "orders.*", "dest": "x"}], "opt_start_seq": 11}
+    cfg = gl.partition_log_config(wq, source)
+    assert cfg["name"] == "ORDERS-g-log" and cfg["retention"] == "limits" and cfg["discard"] == "new"
+    assert cfg["num_replicas"] == 3 and cfg["max_msgs"] == 500 and cfg["sources"] == [source]
+    assert cfg["metadata"] == {"cg.log_of": "ORDERS-g"} and cfg["allow_direct"]
+    # a group created in the layout: its work queue holds the pin subjects and no source
+    wq_cfg, given = layouts.named(gl.PARTITION_STREAMS).creation_source({**WQ, "metadata": {}})
+    assert given == WQ["sources"][0] and wq_cfg["sources"] == [] and wq_cfg["subjects"] == ["_cg.pin.ORDERS-g.*"]
+    assert layouts.named(gl.WORK_QUEUE).creation_source(WQ) == (WQ, None)
+
+
+def test_a_partition_stream_is_a_limitless_mirror_of_the_log_through_its_flow_control_consumer():
     cfg = gl.partition_stream_config(WQ, 4)  # one replica, whatever the work queue's (check_replicas says why)
     assert cfg["name"] == "ORDERS-g-p4" and cfg["retention"] == "workqueue" and cfg["num_replicas"] == 1
     recorded = layouts.named(gl.PARTITION_STREAMS).work_queue_config(WQ, replicas=2)
     assert gl.partition_stream_config(recorded, 4)["num_replicas"] == 2
     assert gl.REPLICAS_KEY not in (layouts.named(gl.WORK_QUEUE).work_queue_config(recorded).get("metadata") or {})
     assert "max_msgs" not in cfg and "discard" not in cfg  # a full mirror stalls for good
-    assert cfg["mirror"] == {"name": "ORDERS-g", "consumer": {"name": "cg-partition-4",
-                                                              "deliver_subject": "_cg.mirror.ORDERS-g.4"}}
+    assert cfg["mirror"] == {"name": "ORDERS-g-log", "consumer": {"name": "cg-partition-4",
+                                                                  "deliver_subject": "_cg.mirror.ORDERS-g.4"}}
     cc = gl.mirror_consumer_config(4, "ORDERS-g")
     assert cc["filter_subject"] == "4.>" and cc["ack_policy"] == "flow_control" and cc["max_deliver"] == -1
     assert cc["deliver_subject"] == cfg["mirror"]["consumer"]["deliver_subject"]

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 WORK_QUEUE = "work-queue"
 PARTITION_STREAMS = "partition-streams"
 DRAINING = "draining"  # moving from partition-streams back to work-queue
+FILLING = "filling"  # moving from work-queue into partition-streams
 LAYOUT_KEY = "cg.layout"
 REPLICAS_KEY = "cg.partition_replicas"  # on the work queue: the partition streams' replicas, if chosen
 
@@ -49,6 +50,15 @@ class LayoutMove:
     def to_dict(self) -> dict:
         return {"stream": self.stream, "group": self.group, "layout": self.layout, "done": self.done,
                 "left": {str(p): n for p, n in sorted(self.left.items()) if n}}
+
+    def unfinished(self, waited: float) -> str:
+        """What a move that is not done waits for, after ``waited`` seconds."""
+        n = sum(self.left.values())
+        if self.layout == FILLING:
+            return (f"filling: {n} messages are still in the work queue after {waited:g}s (their members land "
+                    "them; new ones gather in the partition log): run the command again to finish")
+        return (f"draining: {n} messages are still in the partition log after {waited:g}s (their members land "
+                "them; new ones wait in the work queue): run the command again to finish")
 
 
 class Mover(Protocol):
@@ -76,6 +86,8 @@ class Layout:
     chosen: ClassVar[bool] = True
     #: members read a stream per partition, not the work queue
     reads_partition_streams: ClassVar[bool] = False
+    #: the group has a partition log and partition streams (in this layout or on the way to or from it)
+    has_partition_streams: ClassVar[bool] = False
     #: the partition streams are being fed by their mirrors (not while draining back)
     mirrored: ClassVar[bool] = False
     #: only an elastic group can be in it (a static group's members read the origin)
@@ -111,8 +123,14 @@ class Layout:
     def check_server(self, nc: Any) -> None:
         """``ConfigError`` when the connected server cannot hold this layout."""
 
-    async def prepare(self, api: JsApi, wq: str, partitions: int, deadline: float) -> None:
-        """What a group created in this layout needs besides its work queue ``wq``."""
+    def creation_source(self, wq_cfg: dict) -> tuple[dict, dict | None]:
+        """A new group's work-queue config in this layout, and the source ``prepare`` gives
+        elsewhere (None: the work queue sources the origin itself)."""
+        return wq_cfg, None
+
+    async def prepare(self, api: JsApi, wq: str, partitions: int, deadline: float, source: dict | None = None) -> None:
+        """What a group created in this layout needs besides its work queue ``wq`` (``source``:
+        the origin's source, when the work queue does not hold it)."""
 
     def check_repartition(self, what: str, stream: str, group: str) -> None:
         """``ConfigError`` unless a ``reset`` or ``resize`` (``what``) can run in this layout."""
@@ -141,6 +159,14 @@ class Layout:
     async def oldest(self, api: JsApi, wq: str, partition: int, problems: dict[int, str]) -> Any:
         """The oldest message of a partition not yet landed (None when there is none)."""
         return await api.next_msg(wq, 1, f"{partition}.>")
+
+    async def rebuild(self, api: JsApi, wq: str, partition: int) -> None:
+        """Make a partition's stream again from the copy of record (a layout that has them)."""
+        raise ConsumerGroupError(f"the {self.name} layout has no partition streams to rebuild")
+
+    def rebuilds(self, why: str) -> bool:
+        """Whether ``rebuild`` heals a partition whose store has the problem ``why``."""
+        return False
 
     async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
                     deadline: float, replicas: int | None) -> LayoutMove:

@@ -1,4 +1,5 @@
-"""The ``partition-streams`` layout (and its ``draining`` state), and where its partitions are stored.
+"""The ``partition-streams`` layout (with its ``filling`` and ``draining`` states), and where its
+partitions are stored.
 
 ``work-queue`` (orbit ``pcgroups``'): one work-queue stream ``<stream>-<group>`` sources the
 origin and puts the partition token first; each member reads its partitions ``<p>.>`` from it.
@@ -7,32 +8,42 @@ sequences; ``msgBlock.firstMatching`` loads and matches each message), so a grou
 grows with members x stream: measured here, a member of a 256-partition group read its
 partition at 0.13x the rate of a member of a 6-partition group.
 
-``partition-streams``: the same work-queue stream, and behind it one stream per partition,
-``<stream>-<group>-p<p>``, each a *filtered mirror* of the work queue through a durable
-flow-control consumer ``cg-partition-<p>`` (nats-server 2.14+, ADR-58: the work queue drops a
-message only once its partition stream stored it). A mirror keeps the work queue's sequence
-numbers and the message's own headers, so rows still name their origin message
-(``Nats-Stream-Source``) and a batch is still acknowledged as a range of work-queue sequences:
-both layouts are the same positions to the sinks, and a group can move between them with
-nothing lost or landed twice. (A *source* would not do: sourcing a sourced stream replaces the
-``Nats-Stream-Source`` header, nats-server ``stream.go``.) A member reads each of its
-partitions unfiltered from its own stream and purges it by sequence; a cluster places the
-partition streams on different servers.
+``partition-streams``: the origin is sourced (partition token first, orbit's transforms) into the
+group's *partition log* ``<stream>-<group>-log``, a limits-retention stream with the work
+queue's replicas and buffered limits; behind it one stream per partition,
+``<stream>-<group>-p<p>``, each a *filtered mirror* of the log through a durable flow-control
+consumer ``cg-partition-<p>`` on the log. A member reads each of its partitions unfiltered from
+its stream and acknowledges a landed range by purging it from the log (``<p>.>`` below a
+sequence) and then from its stream.
+
+The log is the copy of record: a message leaves it only when its member has landed it, so a
+partition stream (one replica, see ``check_replicas``) never holds the only copy of a message
+not landed. A mirror, by contrast, acknowledges what it stored to what it mirrors (since
+nats-server 2.14, ADR-58), and a work queue drops what is acknowledged: when the partition
+streams mirrored the work queue, a server whose disk was lost for good took their messages with
+it (351 of 20,000 in one run). A partition stream is a read path that can be rebuilt: one whose
+first message is past the log's first message of its partition (an empty replacement, a gap)
+*lost* messages, and is rebuilt from the log in sequence order (``rebuild_partition_stream``) by
+its member's job, before anything newer of the partition lands, or by ``cg layout ...
+partition-streams``. A mirror keeps the log's sequence numbers and the message's headers, so
+rows name their origin message (``Nats-Stream-Source``: the log sources the origin itself) and a
+batch is a range of log sequences, one cut across the partitions.
 
 The member consumer stays on the work queue, named after the member, as the exclusivity token
 (priority group ``PCG``, ``pinned_client``). Its filter is the member's *pin subject*
-``_cg.pin.<wq>.<member>`` (the work queue captures ``_cg.pin.<wq>.*``): the mirrors' consumers
-hold the partition subjects, and a work queue allows no overlapping filters. The server pins a
-client only when it delivers a message, so a job that wants the pin publishes one small anchor
-message there first (``Pin.anchor``, ``landing/pin.py``).
+``_cg.pin.<wq>.<member>`` (the work queue captures ``_cg.pin.<wq>.*``; its source is the log's
+while the group is in this layout). The server pins a client only when it delivers a message, so
+a job that wants the pin publishes one small anchor message there first (``Pin.anchor``).
 
 orbit: its CLI reads and changes the membership of a ``partition-streams`` group (the KV entry is
-the same JSON), but an orbit *instance* cannot consume one: its consumer's ``<p>.>`` filters
-overlap the mirrors' and the server refuses it (10100).
+the same JSON); an orbit *instance* finds nothing in the work queue to consume.
 
-Moving back to ``work-queue`` first stops the mirrors (state
-``draining``: members keep landing the partition streams while new messages wait in the work
-queue), and finishes once every partition stream is empty.
+Moves (``moves.py``): into the layout the work queue's source is handed to the log at a cut
+(state ``filling``: members land what the work queue holds, new messages gather in the log);
+once the work queue is landed the members' partition consumers are replaced by pin consumers.
+Back to ``work-queue`` the log's source is handed back to the work queue (state ``draining``:
+members land the log, new messages wait in the work queue); once the log is landed it and the
+partition streams go. Per-key order holds through both: what is older is landed first.
 """
 
 from __future__ import annotations
@@ -43,8 +54,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.groups import sourcing
 from airflow_provider_cg.core.groups.layouts.base import (
     DRAINING,
+    FILLING,
     LAYOUT_KEY,
     PARTITION_STREAMS,
     REPLICAS_KEY,
@@ -63,12 +76,13 @@ from airflow_provider_cg.core.jetstream.api import (
     ERR_CONSUMER_EXISTS,
     ERR_STREAM_NAME_IN_USE,
     ERR_STREAM_NOT_FOUND,
-    ERR_WQ_CONSUMER_NOT_UNIQUE,
     JsApi,
     server_version,
 )
+from airflow_provider_cg.core.jetstream.direct import PartitionStreamReaders, lost_from
 
 PARTITION_OF_KEY = "cg.partition_of"  # on a partition stream: its work queue and partition
+LOG_OF_KEY = "cg.log_of"  # on a partition log: its work queue
 DURABLE_SOURCING_VERSION = (2, 14, 0)  # durable (flow-control) sourcing and mirroring, ADR-58
 MIRROR_HEARTBEAT_NS = 1_000_000_000
 MIRROR_MAX_ACK_PENDING = 10_000
@@ -78,14 +92,18 @@ def partition_stream(wq: str, p: int) -> str:
     return f"{wq}-p{p}"
 
 
+def partition_log(wq: str) -> str:
+    """The group's partition log (the copy of record of what is not landed, in this layout)."""
+    return f"{wq}-log"
+
+
 def mirror_subject(wq: str, p: int) -> str:
     return f"_cg.mirror.{wq}.{p}"
 
 
 def mirror_consumer_config(p: int, wq: str) -> dict:
-    """The durable flow-control consumer that moves partition ``p`` of the work queue into its
-    stream (the server acks each message once the partition stream stored it). A work queue
-    takes only ``deliver_policy: all``."""
+    """The durable flow-control consumer on the log that moves partition ``p`` into its stream
+    (the log keeps what it moved: it is limits-retention, members purge it)."""
     return {
         "name": mirror_consumer(p),
         "durable_name": mirror_consumer(p),
@@ -114,16 +132,15 @@ REPLICATED_MIRRORS_FAIL_THROUGH = (2, 15, 1)
 def check_replicas(field: str, value: Any, server: tuple[int, ...] | None = None) -> int | None:
     """The partition streams' replicas: 1 by default, and on the servers checked here, 1 only.
 
-    A partition stream is a *filtered mirror* of the work queue, and nats-server 2.14 to 2.15.1
-    loses replicated ones: created on a work queue that has moved past sequence 1 the leader
-    jumps its own store over the gap and its followers then refuse every write (critical write
-    error, no quorum: the group stalls); created otherwise, a leader killed under load comes
-    back having dropped messages its mirror had acknowledged to the work queue (in 2 of 2 runs
-    of ``benchmarks/repro_clustered_filtered_mirror.py --scale-up``: 12,000 and 1,000 of 44,000
-    lost). R1 partition streams have no Raft group, so neither path exists (44,000 of 44,000 in
-    3 of 3 runs, each SIGKILLing the server that holds the stream 4 times). The work queue and
-    the origin keep their replicas; what a partition stream holds is on one server until landed
-    (after a server's disk is lost for good, ``cg reset`` replays it from the origin)."""
+    A partition stream is a *filtered mirror* of the log, and nats-server 2.14 to 2.15.1 loses
+    replicated ones: created on a stream that has moved past sequence 1 the leader jumps its
+    own store over the gap and its followers then refuse every write (critical write error, no
+    quorum: the group stalls); created otherwise, a leader killed under load comes back having
+    dropped messages its mirror had acknowledged (in 2 of 2 runs of
+    ``benchmarks/repro_clustered_filtered_mirror.py --scale-up``: 12,000 and 1,000 of 44,000
+    lost). R1 partition streams have no Raft group, so neither path exists. Nothing needs them
+    replicated: the log, with the work queue's replicas, holds every message until it is landed,
+    and a partition stream lost with its server's disk is rebuilt from it."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 5:
@@ -131,15 +148,39 @@ def check_replicas(field: str, value: Any, server: tuple[int, ...] | None = None
     if value > 1 and server is not None and server <= REPLICATED_MIRRORS_FAIL_THROUGH:
         v = ".".join(map(str, server))
         raise ConfigError(field, f"must be 1 on nats-server {v}: it stalls or loses replicated filtered mirrors "
-                                 "(benchmarks/repro_clustered_filtered_mirror.py); the work queue and the origin "
-                                 "keep their replicas")
+                                 "(benchmarks/repro_clustered_filtered_mirror.py); the partition log keeps the "
+                                 "work queue's replicas and every message until it is landed")
     return value
 
 
+def partition_log_config(wq_cfg: dict, source: dict) -> dict:
+    """The partition log: the work queue's replicas, storage and buffered limits (``discard``
+    new: a full log pauses the sourcing, as a full work queue does), limits retention (members
+    purge what they landed), sourcing the origin as the work queue did (``source``). No direct
+    gets: nats-server lets a mirror of a stream that has them answer direct gets *for* that
+    stream (``mirror_direct``, forced to the origin's ``allow_direct``), and a filtered mirror
+    answers for its partition only, so a direct get on the log would find nothing of the others
+    (seen on 2.15.1). The log is read from its leader (``STREAM.MSG.GET``) and counted by its
+    per-subject state."""
+    wq = wq_cfg["name"]
+    return {
+        "name": partition_log(wq),
+        "retention": "limits",
+        "discard": "new",
+        "max_msgs": wq_cfg.get("max_msgs", -1),
+        "max_bytes": wq_cfg.get("max_bytes", -1),
+        "num_replicas": int(wq_cfg.get("num_replicas") or 1),
+        "storage": wq_cfg.get("storage") or "file",
+        "allow_direct": False,
+        "sources": [source],
+        "metadata": {LOG_OF_KEY: wq},
+    }
+
+
 def partition_stream_config(wq_config: dict, p: int) -> dict:
-    """Partition ``p``'s stream: a work-queue mirror of the work queue, filtered by its
-    consumer. No limits of its own: a full mirror stalls for good (checked on nats-server
-    2.15), so the group's buffered limits stay on the work queue."""
+    """Partition ``p``'s stream: a work-queue mirror of the log, filtered by its consumer. No
+    limits of its own: a full mirror stalls for good (checked on nats-server 2.15), so the
+    group's buffered limits stay on the log."""
     wq = wq_config["name"]
     return {
         "name": partition_stream(wq, p),
@@ -147,35 +188,59 @@ def partition_stream_config(wq_config: dict, p: int) -> dict:
         "num_replicas": partition_replicas(wq_config),
         "storage": wq_config.get("storage") or "file",
         "allow_direct": True,
-        "mirror": {"name": wq, "consumer": {"name": mirror_consumer(p), "deliver_subject": mirror_subject(wq, p)}},
+        "mirror": {"name": partition_log(wq),
+                   "consumer": {"name": mirror_consumer(p), "deliver_subject": mirror_subject(wq, p)}},
         "metadata": {PARTITION_OF_KEY: f"{wq} {p}"},
     }
 
 
-async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: int, deadline: float) -> None:
-    """Create (or find) every partition's mirror consumer and stream. A consumer whose filter
-    a member consumer still holds (10100, a job of the old layout not yet gone) is retried
-    until ``deadline`` (monotonic)."""
+async def log_config(api: JsApi, wq: str) -> dict | None:
+    """The partition log's config (None: there is none)."""
+    try:
+        return (await api.stream_info(partition_log(wq)))["config"]
+    except JetStreamApiError as e:
+        if e.err_code != ERR_STREAM_NOT_FOUND:
+            raise
+        return None
+
+
+async def delete_partition_log(api: JsApi, wq: str) -> None:
+    """Delete ``wq``'s partition log (with the mirrors' consumers), if it is one: a stream of
+    that name made otherwise (another group's work queue) is left alone."""
+    cfg = await log_config(api, wq)
+    if cfg is not None and (cfg.get("metadata") or {}).get(LOG_OF_KEY) == wq:
+        await api.delete_stream(partition_log(wq))
+
+
+async def ensure_partition_log(api: JsApi, wq_cfg: dict, source: dict) -> dict:
+    """Create (or find) the partition log of ``wq_cfg``'s work queue, sourcing with ``source``."""
+    want = partition_log_config(wq_cfg, source)
+    try:
+        return (await api.add_stream(want))["config"]
+    except JetStreamApiError as e:
+        if e.err_code != ERR_STREAM_NAME_IN_USE:
+            raise
+    have = await wq_config(api, want["name"])
+    if (have.get("metadata") or {}).get(LOG_OF_KEY) != wq_cfg["name"]:
+        raise LayoutError(f"stream {want['name']!r} exists and is not the partition log of {wq_cfg['name']!r}; "
+                          "rename or remove it")
+    return have
+
+
+async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: Iterable[int] | int) -> None:
+    """Create (or find) every partition's mirror consumer on the log and its stream."""
     wq = wq_cfg["name"]
-    for p in range(partitions):
+    log_name = partition_log(wq)
+    for p in range(partitions) if isinstance(partitions, int) else partitions:
         cc = mirror_consumer_config(p, wq)
-        while True:
-            try:
-                await api.create_consumer(wq, cc, action="create")
-                break
-            except JetStreamApiError as e:
-                if e.err_code == ERR_CONSUMER_EXISTS:
-                    have = await api.consumer_info(wq, cc["name"])
-                    if _ours(have, cc):  # made by an earlier version (deliver_policy all): it is this mirror
-                        break
-                    raise LayoutError(f"consumer {cc['name']!r} on {wq!r} exists with another config; delete it "
-                                      "(it is not this group's partition mirror)") from None
-                if e.err_code != ERR_WQ_CONSUMER_NOT_UNIQUE:
-                    raise
-                if time.monotonic() > deadline:
-                    raise LayoutError(f"partition {p} of {wq!r} is still held by a member consumer with filter "
-                                      f"'{p}.>' (a job of the work-queue layout): stop it, or run again") from None
-                await asyncio.sleep(0.2)
+        try:
+            await api.create_consumer(log_name, cc, action="create")
+        except JetStreamApiError as e:
+            if e.err_code != ERR_CONSUMER_EXISTS:
+                raise
+            if not _ours(await api.consumer_info(log_name, cc["name"]), cc):
+                raise LayoutError(f"consumer {cc['name']!r} on {log_name!r} exists with another config; delete it "
+                                  "(it is not this group's partition mirror)") from None
         want = partition_stream_config(wq_cfg, p)
         try:
             await api.add_stream(want)
@@ -183,21 +248,31 @@ async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: int, de
             if e.err_code != ERR_STREAM_NAME_IN_USE:
                 raise
             have = await wq_config(api, want["name"])
-            if (have.get("mirror") or {}).get("name") != wq or \
+            if (have.get("mirror") or {}).get("name") != log_name or \
                     (have.get("metadata") or {}).get(PARTITION_OF_KEY) != f"{wq} {p}":
                 raise LayoutError(f"stream {want['name']!r} exists and is not partition {p} of {wq!r}; "
                                   "rename or remove it") from None
 
 
+async def rebuild_partition_stream(api: JsApi, wq_cfg: dict, p: int) -> None:
+    """Partition ``p``'s stream made again from the log: the stream and its mirror consumer
+    deleted and created anew, so the mirror moves the log's messages of ``p`` (every one not
+    yet landed) into it in sequence order."""
+    wq = wq_cfg["name"]
+    await api.delete_stream(partition_stream(wq, p))
+    await api.delete_consumer(partition_log(wq), mirror_consumer(p))
+    await ensure_partition_streams(api, wq_cfg, [p])
+
+
 def _ours(info: dict | None, want: dict) -> bool:
-    """Whether an existing consumer is this partition's mirror consumer, whatever deliver policy
-    it was made with."""
+    """Whether an existing consumer is this partition's mirror consumer."""
     cfg = (info or {}).get("config") or {}
     return all(cfg.get(k) == want[k] for k in ("filter_subject", "deliver_subject", "ack_policy"))
 
 
 async def stop_mirrors(api: JsApi, wq: str) -> int:
-    """Delete the partitions' mirror consumers (what they had not moved stays in the work queue)."""
+    """Delete the mirror consumers a group made by an earlier version left on its work queue
+    (its partition streams mirrored the work queue then)."""
     n = 0
     for c in await api.list_consumers(wq):
         if is_mirror_consumer(c.get("name", "")):
@@ -205,10 +280,10 @@ async def stop_mirrors(api: JsApi, wq: str) -> int:
     return n
 
 
-async def _stored(api: JsApi, wq: str, p: int) -> int | None:
-    """Messages stored in partition ``p``'s stream (None: it does not exist)."""
+async def _stored(api: JsApi, stream: str) -> int | None:
+    """Messages stored in ``stream`` (None: it does not exist)."""
     try:
-        return int((await api.stream_info(partition_stream(wq, p)))["state"]["messages"])
+        return int((await api.stream_info(stream))["state"]["messages"])
     except JetStreamApiError as e:
         if e.err_code != ERR_STREAM_NOT_FOUND:
             raise
@@ -217,8 +292,27 @@ async def _stored(api: JsApi, wq: str, p: int) -> int | None:
 
 async def partition_streams_left(api: JsApi, wq: str, partitions: int) -> dict[int, int]:
     """Messages still stored in each partition stream that exists."""
-    out = {p: await _stored(api, wq, p) for p in range(partitions)}
+    out = {p: await _stored(api, partition_stream(wq, p)) for p in range(partitions)}
     return {p: n for p, n in out.items() if n is not None}
+
+
+async def counts_of(api: JsApi, stream: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Per partition, its messages in ``stream`` ({} when the stream is empty or missing), from
+    the stream's per-subject counts (``<p>.<subject>``)."""
+    if not await _stored(api, stream):
+        return {}
+    info = await api.stream_info(stream, subjects_filter=">")
+    return count_partitions(dict.fromkeys(partitions, 0), info["state"].get("subjects") or {})
+
+
+async def log_left(api: JsApi, wq: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Per partition, the messages the log holds (not yet landed); {} when there is none."""
+    return await counts_of(api, partition_log(wq), partitions)
+
+
+async def work_queue_left(api: JsApi, wq: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Per partition, the messages the work queue holds (pin anchors are not partitions')."""
+    return await counts_of(api, wq, partitions)
 
 
 async def partition_streams_of(api: JsApi, wq: str) -> list[str]:
@@ -239,51 +333,50 @@ async def partition_streams_of(api: JsApi, wq: str) -> list[str]:
 
 
 async def remove_partition_streams(api: JsApi, wq: str) -> None:
+    """The partition streams, the log (with the mirrors' consumers) and an earlier version's
+    mirror consumers on the work queue."""
     await stop_mirrors(api, wq)
     for name in await partition_streams_of(api, wq):
         await api.delete_stream(name)
+    await delete_partition_log(api, wq)
 
 
 async def partition_backlog(api: JsApi, wq: str, partitions, problems: dict[int, str] | None = None,
                             mirrored: bool = True) -> dict[int, int]:
-    """Per partition: what its stream holds plus what its mirror has not yet delivered. (The
-    work queue drops a moved message only at the mirror's next flow-control reply, so its own
-    count would count a moved message twice meanwhile.) With ``problems``, each partition
-    stream's health is looked at too (``partition_stream_problem``), and a stream that does not
-    answer counts only what its mirror has to move, instead of failing the whole count."""
-    out: dict[int, int] = {}
-    for p in partitions:
-        info = await api.consumer_info(wq, mirror_consumer(p))
-        pending = int(info.get("num_pending") or 0) if info else 0
+    """Per partition, what the log holds of it: every message not yet landed, whether its
+    stream holds it yet or not (a partition stream is only a read path). With ``problems``,
+    each partition stream's health is looked at too (``partition_stream_problem``)."""
+    partitions = list(partitions)
+    if problems is not None:
+        problems.update(await partition_stream_problems(api, wq, partitions, mirrored=mirrored))
+    try:
+        return await log_left(api, wq, partitions) or dict.fromkeys(partitions, 0)
+    except ConsumerGroupError as e:
         if problems is None:
-            out[p] = (await _stored(api, wq, p) or 0) + pending
-            continue
-        why = await partition_stream_problem(api, wq, p, mirror_info=info, mirrored=mirrored)
-        if why is not None:
-            problems[p] = why
-        try:
-            out[p] = (await _stored(api, wq, p) or 0) + pending
-        except ConsumerGroupError:
-            out[p] = pending
-    return out
+            raise
+        for p in partitions:
+            problems.setdefault(p, f"its log {partition_log(wq)} is unavailable ({e})")
+        return dict.fromkeys(partitions, 0)
 
 
-#: a mirror with messages to move that has not heard from the work queue for this long is stalled
+#: a mirror with messages to move that has not heard from the log for this long is stalled
 MIRROR_STALLED_NS = 15_000_000_000
+
+LOST = "lost messages"  # how a partition stream behind its log is named (``Lost.of``)
 
 
 async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dict | None = None,
                                    timeout: float = 5.0, mirrored: bool = True) -> str | None:
     """Why partition ``p``'s stream is not current, or None when it is: it does not answer, has
-    no leader (a cluster lost its quorum), its mirror reports an error, or its mirror has
-    messages to move and has stalled. (A replica catching up is no problem: the leader serves.)
-    ``mirrored`` False: the mirrors are stopped (draining back to the work queue)."""
+    no leader (a cluster lost its quorum), its mirror reports an error or has stalled, or it
+    lost messages its log holds (its server's disk lost, a replacement node). (A replica
+    catching up is no problem: the leader serves; a rebuilt stream filling up neither.)"""
     name = partition_stream(wq, p)
     try:
         info = await api.request(f"STREAM.INFO.{name}", timeout=timeout)
     except JetStreamApiError as e:
         if e.err_code == ERR_STREAM_NOT_FOUND:
-            return "missing (the layout is partition-streams: run cg layout again to create it)"
+            return f"{MISSING} (its member's next job makes it again from the log, or: cg layout ... partition-streams)"
         return f"unavailable ({e.description})"
     except ConsumerGroupError as e:  # no answer: no server holds it, or none can answer
         return f"unavailable ({e})"
@@ -296,10 +389,20 @@ async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dic
     mirror = info.get("mirror") or {}
     if mirror.get("error"):
         return f"its mirror failed ({(mirror['error'] or {}).get('description') or mirror['error']})"
-    if mirror_info is None:
-        mirror_info = await api.consumer_info(wq, mirror_consumer(p))
-    if mirror_info is None:
-        return f"its mirror consumer {mirror_consumer(p)!r} on {wq!r} is missing"
+    try:
+        if mirror_info is None:
+            mirror_info = await api.consumer_info(partition_log(wq), mirror_consumer(p))
+        if mirror_info is None:
+            return f"its mirror consumer {mirror_consumer(p)!r} on {partition_log(wq)!r} is missing"
+        state = info.get("state") or {}
+        first = int(state.get("first_seq") or 0) if int(state.get("messages") or 0) else None
+        lost = await lost_from(api, partition_log(wq), mirror_consumer(p), p, 1, first, mirror_info)
+    except ConsumerGroupError as e:
+        return f"its log {partition_log(wq)} is unavailable ({e})"
+    if lost is not None:
+        return (f"{LOST}: the log {partition_log(wq)} holds sequence {lost} not landed and the stream does not "
+                "(its server's store was lost?); its member's next job rebuilds it from the log, or: cg layout "
+                "... partition-streams")
     pending = int(mirror_info.get("num_pending") or 0)
     active = int(mirror.get("active") or 0)
     if pending and active > MIRROR_STALLED_NS:
@@ -317,19 +420,103 @@ async def partition_stream_problems(api: JsApi, wq: str, partitions, mirrored: b
     return out
 
 
+MISSING = "missing"  # a partition stream that does not exist
+
+
+def rebuilds(why: str) -> bool:
+    """Whether a partition stream's problem (``partition_stream_problem``) is one a rebuild
+    from the log heals: missing, or lost messages."""
+    return why.startswith((LOST, MISSING))
+
+
+async def rebuild_lost(api: JsApi, wq: str, partitions: Iterable[int]) -> list[int]:
+    """Rebuild from the log every partition stream of ``partitions`` that is missing or lost
+    messages (``rebuilds``); the partitions rebuilt."""
+    cfg = await wq_config(api, wq)
+    out = []
+    for p in partitions:
+        why = await partition_stream_problem(api, wq, p)
+        if why is not None and rebuilds(why):
+            await rebuild_partition_stream(api, cfg, p)
+            out.append(p)
+    return out
+
+
 def check_server(nc) -> None:
     if server_version(nc) < DURABLE_SOURCING_VERSION:
         v = ".".join(map(str, server_version(nc)))
-        raise ConfigError("layout", f"{PARTITION_STREAMS} needs nats-server 2.14 or later (durable mirroring of a "
-                                    f"work-queue stream); the server is {v}")
+        raise ConfigError("layout", f"{PARTITION_STREAMS} needs nats-server 2.14 or later (durable mirroring); "
+                                    f"the server is {v}")
+
+
+# --- handing the source between the work queue and the log ------------------------------------
+
+
+def _plain_source(source: dict) -> dict:
+    return {k: v for k, v in source.items() if k not in ("opt_start_seq", "opt_start_time")}
+
+
+async def hand_source_to_log(api: JsApi, wq_cfg: dict) -> dict:
+    """The work queue's source moved to the partition log at a cut: the work queue stops
+    sourcing (the stop recorded on it, ``sourcing.py``), the log starts after the cut, then the
+    record goes. Every step can be run again after a kill. Returns the work queue's config."""
+    wq = wq_cfg["name"]
+    have = await log_config(api, wq)
+    if have is not None and have.get("sources"):
+        return wq_cfg  # handed over already (the record cleared below, unless killed before)
+    stopped = sourcing.stopped_state(wq_cfg)
+    if stopped is None:
+        stopped = await sourcing.stop(api, wq, intent={"layout": PARTITION_STREAMS})
+    elif stopped.intent.get("layout") != PARTITION_STREAMS:
+        raise LayoutError(f"a reset or resize of {wq!r} is under way (its sourcing is stopped): finish it first")
+    source = {**_plain_source(stopped.source), "opt_start_seq": stopped.cut + 1}
+    if have is None:
+        await ensure_partition_log(api, stopped.config, source)
+    else:  # the log made by an earlier try, or left by a move back: source from the cut
+        await api.request(f"STREAM.UPDATE.{partition_log(wq)}", {**have, "sources": [source]})
+    cfg = await wq_config(api, wq)
+    md = {k: v for k, v in (cfg.get("metadata") or {}).items() if k != sourcing.STOPPED_KEY}
+    return (await api.request(f"STREAM.UPDATE.{wq}", {**cfg, "metadata": md}))["config"]
+
+
+async def hand_source_to_work_queue(api: JsApi, wq_cfg: dict, *, undo: bool = False) -> None:
+    """The log's source moved back to the work queue: the log stops sourcing at a cut (recorded
+    on the log), the work queue sources from after it. ``undo``: from where the log started (a
+    move into the layout taken back before the log's messages were landed: the work queue
+    sources them again, after what it holds). Can be run again after a kill."""
+    wq = wq_cfg["name"]
+    if wq_cfg.get("sources"):
+        return
+    log_cfg = await log_config(api, wq)
+    if log_cfg is None:
+        raise LayoutError(f"{wq!r} has no source and its partition log {partition_log(wq)!r} is missing: create "
+                          "the group again (same config) to restore its source")
+    stopped = sourcing.stopped_state(log_cfg)
+    if stopped is None:
+        if not log_cfg.get("sources"):
+            raise LayoutError(f"neither {wq!r} nor its partition log sources the origin: create the group again "
+                              "(same config) to restore it")
+        stopped = await sourcing.stop(api, partition_log(wq), intent={"layout": WORK_QUEUE})
+    start = int(stopped.source.get("opt_start_seq") or 1) if undo else stopped.cut + 1
+    await sourcing.resume(api, wq, sourcing.Stopped(wq_cfg, _plain_source(stopped.source), stopped.cut, {}), start)
+
+
+async def _wait_empty(count, deadline: float) -> dict[int, int]:
+    """Poll ``count()`` (per partition) until nothing is left or ``deadline`` (monotonic)."""
+    while True:
+        left = {p: n for p, n in (await count()).items() if n}
+        if not left or time.monotonic() >= deadline:
+            return left
+        await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
 
 
 class PartitionStreams(Layout):
-    """Members read a stream per partition, fed by its mirror of the work queue; the member
-    consumer on the work queue holds only the member's pin subject."""
+    """Members read a stream per partition, fed by its mirror of the log; the member consumer on
+    the work queue holds only the member's pin subject."""
 
     name = PARTITION_STREAMS
     reads_partition_streams = True
+    has_partition_streams = True
     mirrored = True
     elastic_only = True
 
@@ -355,9 +542,17 @@ class PartitionStreams(Layout):
     def check_server(self, nc) -> None:
         check_server(nc)
 
-    async def prepare(self, api: JsApi, wq: str, partitions: int, deadline: float) -> None:
+    def creation_source(self, wq_cfg: dict) -> tuple[dict, dict | None]:
+        """A group created in this layout: its log sources the origin, its work queue nothing."""
+        source = (wq_cfg.get("sources") or [None])[0]
+        return self.work_queue_config({**wq_cfg, "sources": []}), source
+
+    async def prepare(self, api: JsApi, wq: str, partitions: int, deadline: float, source: dict | None = None) -> None:
         cfg = await self.record(api, wq)
-        await ensure_partition_streams(api, cfg, partitions, deadline=deadline)
+        if source is not None:
+            await ensure_partition_log(api, cfg, source)
+        await ensure_partition_streams(api, cfg, partitions)
+        await rebuild_lost(api, wq, range(partitions))
 
     def check_repartition(self, what: str, stream: str, group: str) -> None:
         """``reset`` and ``resize`` move work-queue positions and partition tokens; they are not
@@ -367,12 +562,17 @@ class PartitionStreams(Layout):
                                     f"partition streams are landed), then {what}, then move it back")
 
     def partition_readers(self, nc, wq: str, partitions: tuple[int, ...], js_prefix: str):
-        from airflow_provider_cg.core.jetstream.direct import PartitionStreamReaders
-
-        return PartitionStreamReaders(nc, {p: partition_stream(wq, p) for p in partitions}, js_prefix=js_prefix)
+        return PartitionStreamReaders(nc, {p: partition_stream(wq, p) for p in partitions}, log=partition_log(wq),
+                                      mirrors={p: mirror_consumer(p) for p in partitions}, js_prefix=js_prefix)
 
     def partition_store(self, wq: str, partition: int) -> str:
         return partition_stream(wq, partition)
+
+    async def rebuild(self, api: JsApi, wq: str, partition: int) -> None:
+        await rebuild_partition_stream(api, await wq_config(api, wq), partition)
+
+    def rebuilds(self, why: str) -> bool:
+        return rebuilds(why)
 
     async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
                       problems: dict[int, str] | None = None) -> dict[int, int]:
@@ -385,54 +585,116 @@ class PartitionStreams(Layout):
         return await partition_stream_problems(api, wq, partitions, mirrored=self.mirrored)
 
     async def oldest(self, api: JsApi, wq: str, partition: int, problems: dict[int, str]) -> Any:
-        msg = None
-        if partition not in problems:
-            msg = await api.next_msg(partition_stream(wq, partition), 1, ">")
-        return msg or await super().oldest(api, wq, partition, problems)
+        """The log's first message of the partition (the oldest not landed, wherever its stream is)."""
+        try:
+            return await api.next_msg(partition_log(wq), 1, f"{partition}.>")
+        except ConsumerGroupError:
+            return None
 
     async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
                     deadline: float, replicas: int | None):
-        """Record the layout first (a member job that joins from then on makes its consumer on
-        its pin subject), delete the member consumers that hold partition filters, then create
-        the mirrors and partition streams (``moves.py``)."""
+        """From ``work-queue``: record ``filling``, hand the source to the log at a cut, make the
+        partition streams, then wait (until ``deadline``) for the members to land the work
+        queue; once it is landed, record this layout and drop the members' partition consumers
+        (their jobs' next runs read the partition streams). Already in the layout: rebuild what
+        is missing or lost (``rebuild_lost``). From ``draining``: take the move back."""
         self.check_server(moves.nc)
-        wq = wq_cfg["name"]
-        if replicas is not None and have.reads_partition_streams and partition_replicas(wq_cfg) != replicas:
+        api, wq = moves.api, wq_cfg["name"]
+        if replicas is not None and have.has_partition_streams and partition_replicas(wq_cfg) != replicas:
             raise ConfigError("partition_replicas", f"the partition streams exist with {partition_replicas(wq_cfg)} "
                                                     "replicas: move the group to work-queue first to change them")
-        if not have.mirrored or replicas is not None:
-            wq_cfg = await self.record(moves.api, wq, replicas)
+        if have.name == PARTITION_STREAMS:
+            await ensure_partition_streams(api, wq_cfg, partitions)
+            await rebuild_lost(api, wq, range(partitions))
+            return LayoutMove(stream, group, self.name, True)
+        if have.name == DRAINING:
+            return await self._resume(moves, stream, group, wq_cfg, partitions)
+        if have.name != FILLING or replicas is not None:
+            wq_cfg = await FILLING_LAYOUT.record(api, wq, replicas)
+        wq_cfg = await hand_source_to_log(api, wq_cfg)
+        await ensure_partition_streams(api, wq_cfg, partitions)
+        left = await _wait_empty(lambda: work_queue_left(api, wq, range(partitions)), deadline)
+        if left:
+            return LayoutMove(stream, group, FILLING, False, left)
+        await self.record(api, wq)
         await moves.drop_member_consumers(wq, partition_filters=True)
-        await ensure_partition_streams(moves.api, wq_cfg, partitions, deadline=max(deadline, time.monotonic() + 5))
+        return LayoutMove(stream, group, self.name, True)
+
+    async def _resume(self, moves: Mover, stream: str, group: str, wq_cfg: dict, partitions: int) -> LayoutMove:
+        """A move back to ``work-queue`` taken back while draining: what the work queue sourced
+        since is purged (none of it was landed: members read the log) and the log sources it
+        again, after what it holds."""
+        api, wq = moves.api, wq_cfg["name"]
+        log_cfg = await log_config(api, wq)
+        stopped = sourcing.stopped_state(log_cfg or {})
+        if log_cfg is None or stopped is None:
+            raise LayoutError(f"the partition log of {wq!r} is missing or sources: move the group to "
+                              f"{WORK_QUEUE} first")
+        if wq_cfg.get("sources"):
+            wq_cfg = (await api.request(f"STREAM.UPDATE.{wq}", {**wq_cfg, "sources": []}))["config"]
+        for p in range(partitions):
+            await api.request(f"STREAM.PURGE.{wq}", {"filter": f"{p}.>"})
+        await sourcing.resume(api, partition_log(wq), stopped, stopped.cut + 1)
+        await ensure_partition_streams(api, wq_cfg, partitions)
+        await self.record(api, wq)
         return LayoutMove(stream, group, self.name, True)
 
     async def drain(self, api: JsApi, wq: str, partitions: int, deadline: float) -> dict[int, int]:
-        """Stop the mirrors (state ``draining``) and wait until members landed every partition
-        stream, or ``deadline`` (monotonic): what is left per partition ({} once all are empty)."""
-        if self.mirrored:
-            await DRAINING_LAYOUT.record(api, wq)
-        await stop_mirrors(api, wq)
-        while True:
-            left = await partition_streams_left(api, wq, partitions)
-            if not any(left.values()):
-                return {}
-            if time.monotonic() >= deadline:
-                return left
-            await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+        """Hand the source back to the work queue (state ``draining``) and wait until members
+        landed everything the log holds, or ``deadline`` (monotonic): what is left per
+        partition ({} once all is landed)."""
+        cfg = await wq_config(api, wq)
+        if self.name != DRAINING:
+            cfg = await DRAINING_LAYOUT.record(api, wq)
+        if await log_config(api, wq) is None:  # an earlier version's: the partition streams mirror the work queue
+            await stop_mirrors(api, wq)
+            return await _wait_empty(lambda: partition_streams_left(api, wq, partitions), deadline)
+        await hand_source_to_work_queue(api, cfg)
+        return await _wait_empty(lambda: log_left(api, wq, range(partitions)), deadline)
 
 
-class Draining(PartitionStreams):
-    """On the way back to the work queue: the mirrors are stopped, members land what the
-    partition streams hold, and new messages wait in the work queue meanwhile."""
+class Filling(PartitionStreams):
+    """On the way into partition streams: members land what the work queue holds (they read it
+    as in ``work-queue``) while new messages gather in the log."""
 
-    name = DRAINING
+    name = FILLING
     chosen = False
-    mirrored = False
+    reads_partition_streams = False
+
+    def member_filters(self, config, member: str, wq: str | None = None) -> list[str]:
+        return Layout.member_filters(self, config, member, wq)
+
+    def partition_readers(self, nc, wq: str, partitions: tuple[int, ...], js_prefix: str):
+        return None
+
+    def partition_store(self, wq: str, partition: int) -> str:
+        return partition_stream(wq, partition)
 
     async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
                       problems: dict[int, str] | None = None) -> dict[int, int]:
         return count_partitions(await super().backlog(api, wq, wq_subjects, partitions, problems), wq_subjects)
 
+    async def oldest(self, api: JsApi, wq: str, partition: int, problems: dict[int, str]) -> Any:
+        return await Layout.oldest(self, api, wq, partition, problems) or \
+            await super().oldest(api, wq, partition, problems)
+
+
+class Draining(PartitionStreams):
+    """On the way back to the work queue: members land what the log holds (through the partition
+    streams) while new messages wait in the work queue."""
+
+    name = DRAINING
+    chosen = False
+
+    async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
+                      problems: dict[int, str] | None = None) -> dict[int, int]:
+        return count_partitions(await super().backlog(api, wq, wq_subjects, partitions, problems), wq_subjects)
+
+    async def oldest(self, api: JsApi, wq: str, partition: int, problems: dict[int, str]) -> Any:
+        return await super().oldest(api, wq, partition, problems) or \
+            await Layout.oldest(self, api, wq, partition, problems)
+
 
 PARTITION_STREAMS_LAYOUT = PartitionStreams()
+FILLING_LAYOUT = Filling()
 DRAINING_LAYOUT = Draining()

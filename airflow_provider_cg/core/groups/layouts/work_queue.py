@@ -21,17 +21,23 @@ class WorkQueue(Layout):
 
     async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
                     deadline: float, replicas: int | None):
-        """Back from partition streams: they are drained first (``PartitionStreams.drain``); a
-        call that runs out of time leaves the group draining and says how much is left. Then
-        the layout is recorded, the pin consumers dropped and the partition streams removed."""
+        """Back from partition streams: the log's source goes back to the work queue and the
+        members land what the log holds first (``PartitionStreams.drain``); a call that runs
+        out of time leaves the group draining and says how much is left. Then the layout is
+        recorded, the pin consumers dropped and the partition streams and log removed. From
+        ``filling`` (nothing of the log landed yet) the work queue sources again from where
+        the log started, after what it still holds."""
         from airflow_provider_cg.core.groups.layouts import partition_streams as ps
 
         if not isinstance(have, ps.PartitionStreams):
             return LayoutMove(stream, group, self.name, True)
         wq = wq_cfg["name"]
-        left = await have.drain(moves.api, wq, partitions, deadline)
-        if left:
-            return LayoutMove(stream, group, ps.DRAINING, False, left)
+        if have.name == ps.FILLING:
+            await ps.hand_source_to_work_queue(moves.api, wq_cfg, undo=True)
+        else:
+            left = await have.drain(moves.api, wq, partitions, deadline)
+            if left:
+                return LayoutMove(stream, group, ps.DRAINING, False, left)
         await self.record(moves.api, wq)
         await moves.drop_member_consumers(wq, partition_filters=False)
         await ps.remove_partition_streams(moves.api, wq)

@@ -24,12 +24,13 @@ import logging
 import time
 from typing import Any
 
-from airflow_provider_cg.core.errors import JetStreamApiError
+from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.jetstream.direct import (
     ALL,
     DirectReadError,
     PartitionBatch,
     PartitionReader,
+    PartitionStreamLost,
     PartitionStreamReaders,
     ReadRange,
     plan_ranges,
@@ -99,13 +100,23 @@ class PartitionPositions:
 class PartitionStreamPositions(PartitionPositions):
     """An elastic member's place in its partition streams (``groups/layouts/``): as in the
     work queue, but each partition is a stream of its own, read unfiltered from its first
-    message and purged by sequence (``PartitionStreamReaders``); the sequences are the work
-    queue's, so rows and acks are as in the work queue."""
+    message, and a landed range is purged from the partition log and then from the stream
+    (``PartitionStreamReaders``); the sequences are the log's, so rows and acks are as in the
+    work queue."""
+
+    reader: PartitionStreamReaders
 
     def __init__(self, readers: PartitionStreamReaders, partitions) -> None:
         self.reader = readers
         self.starts = {p: 0 for p in partitions}
         self.subjects = {p: subject_filter(ALL) for p in partitions}
+
+    async def behind(self) -> list[int]:
+        """The partitions whose log holds messages from where they are read that their streams
+        do not hold yet (a mirror catching up, a stream being rebuilt): not drained."""
+        found = await asyncio.gather(*(self.reader.api.next_msg(self.reader.log, max(s, 1), f"{p}.>")
+                                       for p, s in self.starts.items()))
+        return [p for p, head in zip(self.starts, found, strict=True) if head is not None]
 
 
 class ConsumerPosition:
@@ -202,6 +213,25 @@ class DirectReads:
                  positions: PartitionPositions | PartitionStreamPositions | ConsumerPosition) -> None:
         self.r = reading
         self.positions = positions
+        self._behind_since: float | None = None
+
+    async def _streams_behind(self) -> bool:
+        """Nothing read from the partition streams, but a partition's log holds what its stream
+        does not yet (its mirror catching up, a rebuilt stream filling): wait a moment rather
+        than call the backlog drained. A stream still behind after the standby timeout ends the
+        run (exit 2, retried) naming it."""
+        behind = await self.positions.behind() if isinstance(self.positions, PartitionStreamPositions) else []
+        if not behind:
+            self._behind_since = None
+            return False
+        now = time.monotonic()
+        self._behind_since = self._behind_since or now
+        if now - self._behind_since > self.r.options.standby_timeout:
+            p = behind[0]
+            raise ConsumerGroupError(f"partition {p}'s stream has not received what its log holds for "
+                                     f"{now - self._behind_since:.0f}s (its mirror does not move: cg status shows it)")
+        await asyncio.sleep(0.2)
+        return True
 
     async def consume(self) -> None:
         """Read the member's partitions by direct gets, batch k+1 while batch k lands; the
@@ -229,6 +259,12 @@ class DirectReads:
                     batches, cut = await self._next(wanted)
                     r.stop.read_found(sum(len(b) for b in batches), wanted)
                     transient_deadline = None
+                except PartitionStreamLost as e:  # nothing newer of it lands before what it lost
+                    if landing is not None:
+                        await r.pin.await_landing(landing)
+                        landing = None
+                    await r.rebuild_partition(e.partition)
+                    continue
                 except DirectReadError as e:
                     transient_deadline = transient_deadline or time.monotonic() + max(r.ack_wait, 30.0)
                     if not e.retryable or time.monotonic() > transient_deadline:
@@ -242,6 +278,8 @@ class DirectReads:
                         landing = None
                     if r.split:  # nothing read: an empty partition stream, or one that cannot serve
                         await r.ensure_current()
+                        if await self._streams_behind():
+                            continue
                     r.progress.tick()  # a follower's line (and board) while it waits
                     if await r.stop.waits_for_more():  # a follower: new messages, in a moment
                         continue

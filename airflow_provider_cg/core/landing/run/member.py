@@ -206,7 +206,7 @@ class MemberRun:
         pin.adopt_timings(info.get("config") or {}, self.ack_wait)
         backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
         if self.split:  # the member consumer holds only pin anchors: the backlog is the partitions'
-            await self.ensure_partition_streams_current()
+            await self.ensure_partition_streams_current(pinned=False)
             backlog = sum((await self.layout.backlog(self.api, self.consumer_stream, {}, self.partitions)).values())
         stop.aim(backlog)
         if backlog == 0 and not pinned_id(info) and not stop.following:
@@ -255,6 +255,8 @@ class MemberRun:
             if s.read_path == "consumer" and o.read != "consumer":
                 s.read_path_reason = self.slow_path
             if isinstance(reads, DirectReads):
+                if self.split:  # as the pin holder: a partition stream its server lost is made again first
+                    await self.ensure_partition_streams_current()
                 # the stream (elastic) or the durable's position (static), not the consumer's
                 # deliveries, says what earlier holders left unacknowledged
                 await reads.consume()
@@ -305,7 +307,8 @@ class MemberRun:
             dlq=self.dlq, api=self.api, consumer_stream=self.consumer_stream, partitions=self.partitions,
             keys=self.keys, key_rules=self.key_rules, sourced=self.sourced, split=self.split,
             origin_key=self.origin_key, ack_wait=self.ack_wait, batch_size=self.batch_size,
-            batch_ids=self.batch_ids, ensure_current=self.ensure_partition_streams_current)
+            batch_ids=self.batch_ids, ensure_current=self.ensure_partition_streams_current,
+            rebuild_partition=self.rebuild_partition_stream)
 
     def _positions(self, consumer: str) -> PartitionPositions | PartitionStreamPositions | ConsumerPosition:
         """Where a direct-get reader of this member reads from, and how it acks a range."""
@@ -413,11 +416,13 @@ class MemberRun:
         writes = await self.lander.take_over(self.owner, self.partitions)
         return {int(q) for w in writes for q in w.refs.get(self.consumer_stream, ())}
 
-    async def ensure_partition_streams_current(self) -> None:
+    async def ensure_partition_streams_current(self, pinned: bool = True) -> None:
         """The member's partition streams answer, have a leader and a working mirror, or the run
         ends with a server error (exit 2, retried) naming the stream, rather than landing nothing
         from a stream that cannot serve it. A server restart or a leader election heals within
-        seconds: the run waits up to its ``standby_timeout`` first, as it would for its pin."""
+        seconds: the run waits up to its ``standby_timeout`` first, as it would for its pin. A
+        stream that is missing or lost messages (its server's store lost) is rebuilt from the
+        log by the pin holder (``pinned``), before anything of its partition lands."""
         deadline = time.monotonic() + self.options.standby_timeout
         while True:
             problems = await self.layout.problems(self.api, self.consumer_stream, self.partitions)
@@ -425,6 +430,11 @@ class MemberRun:
                 self.layout = layouts.of(await layouts.wq_config(self.api, self.consumer_stream))
                 if not self.layout.mirrored:
                     continue
+            for p, why in list(problems.items()):
+                if self.layout.rebuilds(why):
+                    if pinned:
+                        await self.rebuild_partition_stream(p)
+                    del problems[p]
             if not problems:
                 return
             if time.monotonic() >= deadline:
@@ -436,6 +446,15 @@ class MemberRun:
                         "; ".join(f"{self.layout.partition_store(self.consumer_stream, p)}: {why}"
                                   for p, why in sorted(problems.items())))
             await asyncio.sleep(1.0)
+
+    async def rebuild_partition_stream(self, partition: int) -> None:
+        """As the pin holder: make partition ``partition``'s stream again from the log (it lost
+        messages the log holds: ``PartitionStreamLost``); nothing newer of it has landed."""
+        log.warning("cg member=%s: partition %d's stream %s lost messages its log holds; rebuilding it from the "
+                    "log before anything newer of it lands", self.member, partition,
+                    self.layout.partition_store(self.consumer_stream, partition))
+        await self.layout.rebuild(self.api, self.consumer_stream, partition)
+        self.summary.rebuilt_partitions.append(partition)
 
 
 async def origin_life_key(api: JsApi, sink: TwoPhaseSink, options: BatchOptions) -> str:

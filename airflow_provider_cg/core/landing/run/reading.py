@@ -85,6 +85,8 @@ class MemberReading:
     batch_ids: BatchIds
     #: the member's partition streams answer, or the run ends with exit 2 naming one
     ensure_current: Callable[[], Awaitable[None]]
+    #: a partition stream that lost messages made again from its log (``layouts/partition_streams.py``)
+    rebuild_partition: Callable[[int], Awaitable[None]]
 
     def next_batch_id(self) -> BatchId:
         return self.batch_ids.next()
