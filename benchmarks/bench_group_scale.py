@@ -26,10 +26,13 @@ driver (``--no-spark``, raw payloads, the Parquet lake), all of a case's jobs at
   model      the landed rate a machine with more cores would reach, from the cpu figures (see
              ``model``), written next to them.
 
-Prints tables, writes ``benchmarks/results/group_scale.json`` and ``group_scale.png``. This
-machine is shared and noisy: read the ratios within one run.
+Prints tables, writes ``benchmarks/results/group_scale.json`` and ``group_scale.png`` (or
+``<--results>.json``). This machine is shared and noisy: read the ratios within one run.
+``CG_TREE``: the checkout whose provider is measured (default: this one), so that
+``compare_group_scale.py`` runs the same cases on two trees.
 
     .venv/bin/python benchmarks/bench_group_scale.py [--messages 300000] [--read-messages 200000]
+        [--layouts work-queue,partition-streams] [--parts cpu,startup,large,read,2of6] [--results NAME]
 """
 
 from __future__ import annotations
@@ -45,16 +48,18 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent.parent))
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, os.environ.get("CG_TREE") or str(Path(__file__).parent.parent))
 import pyarrow.parquet as pq  # noqa: E402
 from bench_member_job import settle  # noqa: E402  (idle server between cases)
 
+from airflow_provider_cg.core.groups import layouts  # noqa: E402
 from airflow_provider_cg.core.groups.admin import ConsumerGroups  # noqa: E402
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, MemberMapping, PartitioningFilter  # noqa: E402
 from airflow_provider_cg.core.groups.layouts import partition_streams as grouplayout  # noqa: E402
 from airflow_provider_cg.core.jetstream.api import JsApi  # noqa: E402
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings  # noqa: E402
-from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders  # noqa: E402
+from airflow_provider_cg.core.jetstream.direct import PartitionReader  # noqa: E402
 from airflow_provider_cg.core.jetstream.publish import publish_many  # noqa: E402
 from airflow_provider_cg.core.landing.contract import SUMMARY_PREFIX  # noqa: E402
 from airflow_provider_cg.core.landing.reads.direct import PartitionPositions, PartitionStreamPositions  # noqa: E402
@@ -94,12 +99,12 @@ async def make_group(url: str, partitions: int, members=None, mappings=None, lay
                                                       members=members or (), member_mappings=mappings or ()),
                     layout=layout)
     wq = f"{STREAM}-{group}"
-    while True:  # polled lightly: the polls' own cost is charged to the sourcing
-        si = await api.stream_info(wq)
-        held = int(si["state"]["messages"])
-        if layout != grouplayout.WORK_QUEUE and held == 0 and int(si["state"]["last_seq"]) >= n:
+    while True:  # polled lightly: the polls' own cost is charged to the sourcing (and mirroring)
+        if layouts.named(layout).reads_partition_streams:
             held = sum((await grouplayout.partition_streams_left(api, wq, partitions)).values())
-        if layout == grouplayout.WORK_QUEUE and held >= n or layout != grouplayout.WORK_QUEUE and held == n:
+        else:
+            held = int((await api.stream_info(wq))["state"]["messages"])
+        if held >= n:
             break
         await asyncio.sleep(1.0)
     await nc.close()
@@ -107,6 +112,8 @@ async def make_group(url: str, partitions: int, members=None, mappings=None, lay
 
 def start_job(url: str, workdir: Path, member: str, batch_size: int, group: str = GROUP) -> subprocess.Popen:
     env = dict(os.environ, CG_NATS_SERVERS=url)
+    if os.environ.get("CG_TREE"):  # the jobs run that tree's provider too
+        env["PYTHONPATH"] = os.environ["CG_TREE"]
     cmd = [sys.executable, str(member_job_path()), "--no-spark", "--stream", STREAM, "--group", group,
            "--member", member, "--sink", "parquet", "--sink-path", str(workdir / f"lake-{group}"),
            "--batch-size", str(batch_size), "--idle-timeout", "1"]
@@ -159,7 +166,7 @@ def partition_reader(nc, layout: str, partitions: int, p: int):
     if layout == grouplayout.WORK_QUEUE:
         reader = PartitionReader(nc, wq)
         return reader, PartitionPositions(reader, [p], partitions, [f"{p}.scale.*"])
-    readers = PartitionStreamReaders(nc, {p: grouplayout.partition_stream(wq, p)})
+    readers = layouts.named(layout).partition_readers(nc, wq, (p,), "$JS.API")
     return readers, PartitionStreamPositions(readers, [p])
 
 
@@ -281,7 +288,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for layout in LAYOUTS:
+    for layout in sorted({r["layout"] for r in result["cpu"]}):
         rows = [r for r in result["cpu"] if r["layout"] == layout]
         a.plot([r["members"] for r in rows], [r["server_us"] + r["sourcing_us"] for r in rows], "o-",
                label=f"{layout}: server")
@@ -309,12 +316,15 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=20_000)
     p.add_argument("--large-messages", type=int, default=1_000_000)
     p.add_argument("--parts", default="cpu,startup,large,read,2of6")
+    p.add_argument("--layouts", default=",".join(LAYOUTS), help="the layouts of the cpu, read and 2of6 cases")
+    p.add_argument("--results", default="group_scale", help="the results' file name in benchmarks/results/")
     args = p.parse_args()
+    chosen = tuple(layouts.check("layouts", x) for x in args.layouts.split(","))
     parts = set(args.parts.split(","))
     result: dict = {"messages": args.messages, "read_messages": args.read_messages, "cpu": [], "read": [],
                     "2of6": []}
     if "cpu" in parts:
-        for layout in LAYOUTS:
+        for layout in chosen:
             for members in (1, 3, 6):
                 r = cpu_case(layout, members, args.messages, args.batch_size)
                 result["cpu"].append(r)
@@ -324,7 +334,7 @@ def main() -> None:
             b = base[r["layout"]]
             r["server_x"] = round((r["server_us"] + r["sourcing_us"]) / (b["server_us"] + b["sourcing_us"]), 2)
             r["jobs_x"] = round(r["jobs_us"] / b["jobs_us"], 2)
-            wq = base[grouplayout.WORK_QUEUE]
+            wq = base.get(grouplayout.WORK_QUEUE, b)
             r["server_x_wq1"] = round((r["server_us"] + r["sourcing_us"]) / (wq["server_us"] + wq["sourcing_us"]), 2)
         result["model"] = model(result["cpu"])
     if "startup" in parts:
@@ -341,7 +351,7 @@ def main() -> None:
             r["server_x"] = round((r["server_us"] + r["sourcing_us"]) / (one["server_us"] + one["sourcing_us"]), 2)
         print(result["large"], flush=True)
     if "read" in parts:
-        for layout in LAYOUTS:
+        for layout in chosen:
             for partitions in (6, 64, 256):
                 r = read_case(layout, partitions, args.read_messages)
                 result["read"].append(r)
@@ -352,7 +362,7 @@ def main() -> None:
     if "2of6" in parts:  # the single member lands as many messages as the 2-of-6 member's share
         one = job_case(grouplayout.WORK_QUEUE, 1, 1, args.messages // 3, args.batch_size)
         result["2of6"].append(one)
-        for layout in LAYOUTS:
+        for layout in chosen:
             r = job_case(layout, 6, 3, args.messages, args.batch_size)
             r["x_1p"] = round(r["msg_s"] / one["msg_s"], 2)
             result["2of6"].append(r)
@@ -377,9 +387,9 @@ def main() -> None:
         print(table(result["large"], ["layout", "members", "one_by_one", "messages", "landed_msg_s", "sourcing_us",
                                       "server_us", "jobs_us", "server_x", "jobs_x"]))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "group_scale.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / f"{args.results}.json").write_text(json.dumps(result, indent=2))
     if result["cpu"] and result["read"]:
-        plot(result, RESULTS / "group_scale.png")
+        plot(result, RESULTS / f"{args.results}.png")
 
 
 if __name__ == "__main__":
