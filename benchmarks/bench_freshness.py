@@ -309,15 +309,13 @@ def handovers(lake: Path) -> list[float]:
 
 
 async def landed_so_far(api: JsApi, stream: str, partitions: int, layout: str) -> int:
-    """Messages no longer waiting: the origin's count minus the work queue's, the source's lag
-    and (partition streams) what the partition streams hold."""
+    """Messages no longer waiting: the origin's count minus what the stream that sources it holds
+    (the work queue, or in the partition-streams layout the partition log) and its source's lag."""
     origin = int((await api.stream_info(stream))["state"]["messages"])
-    wq = await api.stream_info(f"{stream}-g")
-    lag = int((wq.get("sources") or [{}])[0].get("lag", 0))
-    held = 0
-    if layout != grouplayout.WORK_QUEUE:
-        held = sum((await grouplayout.partition_streams_left(api, f"{stream}-g", partitions)).values())
-    return origin - int(wq["state"]["messages"]) - lag - held
+    wq = f"{stream}-g"
+    store = await api.stream_info(wq if layout == grouplayout.WORK_QUEUE else grouplayout.partition_log(wq))
+    lag = int((store.get("sources") or [{}])[0].get("lag", 0))
+    return origin - int(store["state"]["messages"]) - lag
 
 
 def backlog_growth(samples: list[tuple[float, int]], seconds: float) -> float:

@@ -18,6 +18,7 @@ started the group was healthy (``cg status``: no partition problem, backlog 0).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import shutil
 import time
@@ -71,7 +72,8 @@ class LostDiskRun:
             while not stop_jobs.is_set():
                 job = jobs[m] = start(m)
                 while job.running() and not stop_jobs.is_set():
-                    await asyncio.sleep(0.2)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop_jobs.wait(), 0.2)
                 if not stop_jobs.is_set():
                     r = job.result()
                     assert r.returncode in (0, 2, -9), r.describe()  # 2: a server away
