@@ -1,13 +1,13 @@
 """A server's disk lost for good under a running group, over several seeds
 (``tests/support/lost_disk.py`` says what one run does): the partition-streams layout with and
 without a lull in traffic before the loss, with a move to the work-queue layout and back after
-it, and the work-queue layout as the control. Per run: messages lost, duplicated and out of
+it, the work-queue layout as the control, and two servers of three down at once (stores kept). Per run: messages lost, duplicated and out of
 per-key order (the run fails on any), what the lost server's partition streams held, and how
 long after the replacement started the group was healthy.
 
 Prints a table, writes ``benchmarks/results/lost_disk.json`` and ``lost_disk.png``.
 
-    .venv/bin/python benchmarks/lost_disk.py [--seeds 1,2,3] [--cases ps-lull,ps-steady,ps-move,wq-lull]
+    .venv/bin/python benchmarks/lost_disk.py [--seeds 1,2,3] [--cases ps-lull,ps-steady,ps-move,wq-lull,ps-two-down]
 """
 
 from __future__ import annotations
@@ -27,17 +27,18 @@ from airflow_provider_cg.core.tools.server import EmbeddedNatsCluster  # noqa: E
 from tests.support.lost_disk import LostDiskRun  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-CASES = {  # name: (layout, lull, move)
-    "ps-lull": ("partition-streams", True, False),
-    "ps-steady": ("partition-streams", False, False),
-    "ps-move": ("partition-streams", True, True),
-    "wq-lull": ("work-queue", True, False),
+CASES = {  # name: (layout, lull, move, two servers down instead of a disk lost)
+    "ps-lull": ("partition-streams", True, False, False),
+    "ps-steady": ("partition-streams", False, False, False),
+    "ps-move": ("partition-streams", True, True, False),
+    "wq-lull": ("work-queue", True, False, False),
+    "ps-two-down": ("partition-streams", True, False, True),
 }
 
 
 def one(case: str, seed: int, zip_path: Path) -> dict:
-    layout, lull, move = CASES[case]
-    run = LostDiskRun(layout, seed, lull=lull, move=move)
+    layout, lull, move, two_down = CASES[case]
+    run = LostDiskRun(layout, seed, lull=lull, move=move, disk=not two_down, two_down=two_down)
     t = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cg-lost-disk-") as d, EmbeddedNatsCluster(3, Path(d) / "cluster") as c:
         error = None
@@ -49,6 +50,7 @@ def one(case: str, seed: int, zip_path: Path) -> dict:
             error = traceback.format_exc(limit=3).splitlines()[-1]
     return {"case": case, "seed": seed, "ok": error is None, "error": error, "lost": run.lost,
             "lost_server_held": sum(run.wq_streams_lost.values()), "healthy_after_s": run.healthy_after_s,
+            "landed_after_s": run.landed_after_s,
             "run_s": round(time.monotonic() - t, 1), "events": run.events}
 
 
@@ -65,10 +67,10 @@ def main() -> None:
                 r = one(case, seed, zip_path)
                 rows.append(r)
                 print({k: v for k, v in r.items() if k != "events"}, flush=True)
-    print("\ncase | seed | ok | lost | the lost server's partition streams held | healthy after | run")
+    print("\ncase | seed | ok | lost | the lost server's partition streams held | healthy after | all landed after | run")
     for r in rows:
         print(f"{r['case']} | {r['seed']} | {'yes' if r['ok'] else 'NO: ' + str(r['error'])} | {r['lost']} | "
-              f"{r['lost_server_held']} | {r['healthy_after_s']} s | {r['run_s']} s")
+              f"{r['lost_server_held']} | {r['healthy_after_s']} s | {r['landed_after_s']} s | {r['run_s']} s")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "lost_disk.json").write_text(json.dumps(rows, indent=2))
     plot(rows, RESULTS / "lost_disk.png")

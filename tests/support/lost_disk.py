@@ -9,8 +9,10 @@ each member's job (``--no-spark``) runs again after every exit and is SIGKILLed 
 Half way, after a lull in publishing (``lull``: the mirrors acknowledge what they moved), the
 server holding the most partition streams (in the work-queue layout: the work queue's leader) is
 SIGKILLed, its store deleted, and a replacement with the same name, config and an empty store
-started; publishing goes on. With ``move``, the group is moved to the other layout and back
-after the loss. Then the members land what is left, and the result is read back: every origin
+started; publishing goes on (``disk`` False: not this). With ``move``, the group is moved to
+the other layout and back after the loss. With ``two_down``, later, two servers are SIGKILLed at
+once (stores kept: no quorum for the R3 streams), the group is seen stalled (``cg status``
+names its partition streams as not current, or gets no answer), and both start again. Then the members land what is left, and the result is read back: every origin
 message once, in per-key order (``assert_exactly_once``), and how long after the replacement
 started the group was healthy (``cg status``: no partition problem, backlog 0).
 """
@@ -25,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
 from airflow_provider_cg.core.groups.layouts import partition_streams as ps
@@ -43,11 +46,14 @@ class LostDiskRun:
     seed: int
     lull: bool = True
     move: bool = False
+    disk: bool = True
+    two_down: bool = False
     messages: int = 6000
     keys: int = 600
     seconds: float = 16.0  # publishing
     events: list[str] = field(default_factory=list)
     healthy_after_s: float | None = None  # from the replacement's start to the group healthy
+    landed_after_s: float | None = None  # from the replacement's start to everything landed
     lost: int = 0
     wq_streams_lost: dict[str, int] = field(default_factory=dict)
 
@@ -92,12 +98,17 @@ class LostDiskRun:
             await self._create(nc)
             runners = [asyncio.create_task(keep_running(m)) for m in MEMBERS]
             kills = asyncio.create_task(killer())
-            half = self.messages // 2
-            await self._publish(nc, 0, half)
-            replaced_at = await self._lose_a_disk(cluster, nc)
-            if self.move:
-                await self._move_and_back(nc)
-            await self._publish(nc, half, self.messages)
+            cuts = [self.messages * i // (1 + self.disk + self.two_down) for i in range(1 + self.disk + self.two_down)]
+            await self._publish(nc, 0, cuts[1] if len(cuts) > 1 else self.messages)
+            if self.disk:
+                replaced_at = await self._lose_a_disk(cluster, nc)
+                if self.move:
+                    await self._move_and_back(nc)
+            if self.two_down:
+                if self.disk:
+                    await self._publish(nc, cuts[1], cuts[2])
+                replaced_at = await self._two_down(cluster, nc)
+            await self._publish(nc, cuts[-1], self.messages)
             await self._await_landed(nc, replaced_at)
             stop_jobs.set()
             kills.cancel()
@@ -173,6 +184,30 @@ class LostDiskRun:
         self.log(f"replacement {name} started on an empty store")
         return time.monotonic()
 
+    async def _two_down(self, cluster, nc) -> float:
+        """Two of the three servers SIGKILLed at once (stores kept), the stall seen, both back."""
+        if self.lull:
+            await self._await_mirrors_acknowledged(JsApi(nc), f"{STREAM}-{GROUP}")
+        down = cluster.servers[1:]
+        for server in down:
+            server.kill()
+        self.log(f"SIGKILL {', '.join(s.name for s in down)} (stores kept)")
+        cg, deadline = ConsumerGroups(nc), time.monotonic() + 30
+        seen = None
+        while time.monotonic() < deadline and seen is None:
+            try:
+                st = await cg.status(STREAM, GROUP)
+                seen = f"status: problems {st.partition_problems}" if st.partition_problems else None
+            except Exception as e:  # noqa: BLE001 - what a stalled cluster answers
+                seen = f"status refused: {type(e).__name__}: {e}"
+            await asyncio.sleep(0.5)
+        assert seen is not None, "two servers down and the tools said nothing"
+        self.log(seen[:200])
+        for server in down:
+            server.start()
+        self.log("both started again")
+        return time.monotonic()
+
     async def _await_mirrors_acknowledged(self, api: JsApi, wq: str, timeout: float = 20.0) -> None:
         """A lull: what the partition streams took is acknowledged to what they mirror."""
         deadline = time.monotonic() + timeout
@@ -202,7 +237,9 @@ class LostDiskRun:
             self.log(f"layout -> {to}")
 
     async def _await_landed(self, nc, replaced_at: float, timeout: float = 180.0) -> None:
-        """Until the group is healthy (no partition problem) with nothing left to land."""
+        """Until the group is healthy (no partition problem) with nothing left to land, and its
+        source has reached the origin's end (after a server's loss a source's consumer is made
+        again with a back-off of up to two minutes: a backlog of 0 said nothing then)."""
         cg, api = ConsumerGroups(nc), JsApi(nc)
         deadline = time.monotonic() + timeout
         last = None
@@ -210,6 +247,8 @@ class LostDiskRun:
             try:
                 st = await cg.status(STREAM, GROUP)
                 origin = (await api.stream_info(STREAM))["state"]["messages"]
+                sourcing = layouts.named(st.layout).sourcing_stream(f"{STREAM}-{GROUP}")
+                sourced = int(((await api.stream_info(sourcing)).get("sources") or [{}])[0].get("seq") or 0)
             except Exception as e:  # noqa: BLE001 - a server catching up
                 last = f"{type(e).__name__}: {e}"
                 await asyncio.sleep(0.5)
@@ -219,8 +258,9 @@ class LostDiskRun:
                 self.log("group healthy")
             elif st.partition_problems:
                 self.healthy_after_s = None
-            last = f"backlog {st.backlog}, problems {st.partition_problems}"
-            if not st.partition_problems and st.backlog == 0 and origin == self.messages:
+            last = f"backlog {st.backlog}, problems {st.partition_problems}, {sourcing} sourced through {sourced}"
+            if not st.partition_problems and st.backlog == 0 and origin == self.messages and sourced >= origin:
+                self.landed_after_s = round(time.monotonic() - replaced_at, 1)
                 self.log("landed")
                 return
             await asyncio.sleep(0.5)

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from airflow_provider_cg.core.errors import JetStreamApiError
+from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import layouts, partitioning, sourcing
 from airflow_provider_cg.core.groups import names as groupnames
@@ -143,6 +143,14 @@ class GroupObservation:
             out.append(st)
         return out
 
+    async def _sourcing_info(self, name: str) -> dict:
+        """Stream info of the stream that sources the origin, or an empty one while it is away
+        (its partitions' problems say so)."""
+        try:
+            return await self.api.stream_info(name)
+        except ConsumerGroupError:
+            return {"state": {}}
+
     async def status(self, stream: str, group: str, kind: str | None = None) -> GroupStatus:
         """Per-partition backlog, per-member state and totals (one KV get, one stream info,
         one consumer list)."""
@@ -184,11 +192,13 @@ class GroupObservation:
             # the work queue's messages, unless members read elsewhere (each counted once there)
             st.backlog = sum(partitions.values()) if layout.has_partition_streams \
                 else int(si["state"].get("messages", 0))
-            st.buffered_msgs = int(si["state"].get("messages", 0))
-            st.buffered_bytes = int(si["state"].get("bytes", 0))
+            # the buffer and the source are where the origin is sourced to (the work queue, or the partition log)
+            src = si if layout.sourcing_stream(wq) == wq else await self._sourcing_info(layout.sourcing_stream(wq))
+            st.buffered_msgs = int(src["state"].get("messages", 0))
+            st.buffered_bytes = int(src["state"].get("bytes", 0))
             st.max_buffered_msgs = cfg.max_buffered_msgs or None
             st.max_buffered_bytes = cfg.max_buffered_bytes or None
-            sources = si.get("sources") or []
+            sources = src.get("sources") or []
             st.source_lag = int(sources[0].get("lag", 0)) if sources else None
             stopped = sourcing.stopped_state(si.get("config") or {})
             if stopped is not None:

@@ -141,6 +141,10 @@ class Layout:
         the member reads the work queue, or its origin)."""
         return None
 
+    def sourcing_stream(self, wq: str) -> str:
+        """The stream that sources the origin (and holds the group's buffered limits)."""
+        return wq
+
     def partition_store(self, wq: str, partition: int) -> str:
         """The stream that holds a partition's messages not yet landed."""
         return wq

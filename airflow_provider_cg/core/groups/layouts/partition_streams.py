@@ -568,6 +568,9 @@ class PartitionStreams(Layout):
     def partition_store(self, wq: str, partition: int) -> str:
         return partition_stream(wq, partition)
 
+    def sourcing_stream(self, wq: str) -> str:
+        return partition_log(wq)
+
     async def rebuild(self, api: JsApi, wq: str, partition: int) -> None:
         await rebuild_partition_stream(api, await wq_config(api, wq), partition)
 
@@ -685,6 +688,9 @@ class Draining(PartitionStreams):
 
     name = DRAINING
     chosen = False
+
+    def sourcing_stream(self, wq: str) -> str:
+        return wq  # handed back
 
     async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
                       problems: dict[int, str] | None = None) -> dict[int, int]:
