@@ -110,13 +110,7 @@ async def test_a_partition_stream_that_lost_messages_is_named_and_rebuilt_from_t
         await asyncio.sleep(0.1)
     lost = grouplayout.partition_stream(wq, 1)
     held = (await api.stream_info(lost))["state"]["messages"]
-    for _ in range(100):  # a lull: the mirror acknowledged what it moved (else all of it would come again)
-        mirror = await api.consumer_info(grouplayout.partition_log(wq), "cg-partition-1")
-        if not mirror["num_ack_pending"] and not mirror["num_pending"]:
-            break
-        await asyncio.sleep(0.1)
-    await api.delete_stream(lost)  # the mirror consumer on the log stays, as on a replacement node
-    await api.add_stream(grouplayout.partition_stream_config((await api.stream_info(wq))["config"], 1))
+    await _lose_partition_stream(api, wq, 1)
     expected |= await publish_orders(nc, STREAM, GROUP, 300, 60)
     for _ in range(100):  # the new messages reach the new stream (the keys are published evenly); the old ones do not
         if (await api.stream_info(lost))["state"]["messages"] == held // 5:
@@ -136,10 +130,31 @@ async def test_a_partition_stream_that_lost_messages_is_named_and_rebuilt_from_t
                        member="m1", sink="parquet", sink_path=lake, args=JOB, spark=False, timeout=120)
     assert r.returncode == 0 and r.summary["rebuilt_partitions"] == [1], r.describe()
     assert "rebuilding it from the log" in r.output
+    # again, and this time the operator rebuilds it at once: cg layout, run again in the layout
+    expected |= await publish_orders(nc, STREAM, GROUP, 600, 60)
+    await _lose_partition_stream(api, wq, 2)
+    expected |= await publish_orders(nc, STREAM, GROUP, 300, 60)
+    assert "lost messages" in (await ConsumerGroups(nc).status(STREAM, GROUP)).partition_problems.get(2, "")
+    out = await asyncio.to_thread(cg_main_output, ["layout", STREAM, GROUP, "partition-streams", "--server",
+                                                   nats_server.url])
+    assert "is in the partition-streams layout" in out, out
+    assert not (await ConsumerGroups(nc).status(STREAM, GROUP)).partition_problems
     _drain(member_job_zip, tmp_path / "jobs", nats_server, lake, ("m1",), rounds=1)
     assert_exactly_once(parquet_landed(lake), expected)
     st = await ConsumerGroups(nc).status(STREAM, GROUP)
     assert st.backlog == 0 and not st.partition_problems, st.partition_problems
+
+
+async def _lose_partition_stream(api, wq: str, p: int) -> None:
+    """Partition ``p``'s stream made again empty under its mirror once the mirror acknowledged
+    what it moved, as a server that lost its store makes it."""
+    for _ in range(100):
+        mirror = await api.consumer_info(grouplayout.partition_log(wq), f"cg-partition-{p}")
+        if not mirror["num_ack_pending"] and not mirror["num_pending"]:
+            break
+        await asyncio.sleep(0.1)
+    await api.delete_stream(grouplayout.partition_stream(wq, p))
+    await api.add_stream(grouplayout.partition_stream_config((await api.stream_info(wq))["config"], p))
 
 
 def cg_main_output(argv: list[str]) -> str:
