@@ -52,7 +52,7 @@ class LostDiskRun:
     keys: int = 600
     seconds: float = 16.0  # publishing
     events: list[str] = field(default_factory=list)
-    healthy_after_s: float | None = None  # from the replacement's start to the group healthy
+    healthy_after_s: float | None = None  # from the last disruption's end to cg status naming no problem
     landed_after_s: float | None = None  # from the replacement's start to everything landed
     lost: int = 0
     wq_streams_lost: dict[str, int] = field(default_factory=dict)
@@ -100,15 +100,22 @@ class LostDiskRun:
             kills = asyncio.create_task(killer())
             cuts = [self.messages * i // (1 + self.disk + self.two_down) for i in range(1 + self.disk + self.two_down)]
             await self._publish(nc, 0, cuts[1] if len(cuts) > 1 else self.messages)
+            watch = None
             if self.disk:
                 replaced_at = await self._lose_a_disk(cluster, nc)
+                watch = asyncio.create_task(self._watch_health(nc, replaced_at))
                 if self.move:
                     await self._move_and_back(nc)
             if self.two_down:
                 if self.disk:
                     await self._publish(nc, cuts[1], cuts[2])
+                if watch is not None:
+                    await watch
                 replaced_at = await self._two_down(cluster, nc)
+                watch = asyncio.create_task(self._watch_health(nc, replaced_at))
             await self._publish(nc, cuts[-1], self.messages)
+            if watch is not None:
+                await watch
             await self._await_landed(nc, replaced_at)
             stop_jobs.set()
             kills.cancel()
@@ -236,8 +243,21 @@ class LostDiskRun:
                 raise AssertionError(f"the move to {to} did not finish")
             self.log(f"layout -> {to}")
 
+    async def _watch_health(self, nc, since: float, timeout: float = 120.0) -> None:
+        """From a disruption on (``since``), while publishing goes on: how long until ``cg
+        status`` first names no partition problem (``healthy_after_s``)."""
+        cg = ConsumerGroups(nc)
+        self.healthy_after_s = None
+        while time.monotonic() - since < timeout:
+            with contextlib.suppress(Exception):  # a server catching up: not healthy yet
+                if not (await cg.status(STREAM, GROUP)).partition_problems:
+                    self.healthy_after_s = round(time.monotonic() - since, 1)
+                    self.log("group healthy")
+                    return
+            await asyncio.sleep(0.5)
+
     async def _await_landed(self, nc, replaced_at: float, timeout: float = 180.0) -> None:
-        """Until the group is healthy (no partition problem) with nothing left to land, and its
+        """Until the group names no partition problem, has nothing left to land, and its
         source has reached the origin's end (after a server's loss a source's consumer is made
         again with a back-off of up to two minutes: a backlog of 0 said nothing then)."""
         cg, api = ConsumerGroups(nc), JsApi(nc)
@@ -253,11 +273,6 @@ class LostDiskRun:
                 last = f"{type(e).__name__}: {e}"
                 await asyncio.sleep(0.5)
                 continue
-            if not st.partition_problems and self.healthy_after_s is None:
-                self.healthy_after_s = round(time.monotonic() - replaced_at, 1)
-                self.log("group healthy")
-            elif st.partition_problems:
-                self.healthy_after_s = None
             last = f"backlog {st.backlog}, problems {st.partition_problems}, {sourcing} sourced through {sourced}"
             if not st.partition_problems and st.backlog == 0 and origin == self.messages and sourced >= origin:
                 self.landed_after_s = round(time.monotonic() - replaced_at, 1)
