@@ -311,3 +311,38 @@ async def test_a_partition_stream_that_cannot_serve_is_shown_and_its_member_ends
         assert_exactly_once(parquet_landed(lake), expected)
     finally:
         await nc.close()
+
+
+async def test_a_group_an_earlier_version_moved_to_partition_streams_moves_back(nc, nats_server, member_job_zip,
+                                                                               tmp_path):
+    """Made as the previous version made it (partition streams mirroring the work queue through
+    consumers on it, no partition log): this version's jobs land what its streams hold, and
+    cg layout work-queue drains it back; every message once, in per-key order."""
+    await _group(nc, 3, ("m1",), layout=grouplayout.WORK_QUEUE)
+    api, wq = JsApi(nc), f"{STREAM}-{GROUP}"
+    await grouplayout.PARTITION_STREAMS_LAYOUT.record(api, wq)  # the earlier version's shape, by hand
+    wq_cfg = (await api.stream_info(wq))["config"]
+    for p in range(3):
+        await api.create_consumer(wq, grouplayout.mirror_consumer_config(p, wq))
+        cfg = grouplayout.partition_stream_config(wq_cfg, p)
+        await api.add_stream({**cfg, "mirror": {**cfg["mirror"], "name": wq}})
+    expected = await publish_orders(nc, STREAM, GROUP, 900, 30)
+    for _ in range(100):
+        if sum((await _partition_totals(nc, 3)).values()) == 900:
+            break
+        await asyncio.sleep(0.1)
+    st = await ConsumerGroups(nc).status(STREAM, GROUP)
+    assert st.backlog == 900 and not st.partition_problems, (st.backlog, st.partition_problems)
+    lake = tmp_path / "lake"
+    r = run_member_job(member_job_zip, tmp_path / "jobs", nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                       member="m1", sink="parquet", sink_path=lake, args=JOB, spark=False, timeout=120)
+    assert r.returncode == 0 and r.summary["messages_read"] == 900, r.describe()
+    expected |= await publish_orders(nc, STREAM, GROUP, 300, 30, wait_sourced=False)
+    move = await ConsumerGroups(nc).move_layout(STREAM, GROUP, grouplayout.WORK_QUEUE, wait=5)
+    if not move.done:  # what the streams took of the new messages: landed by a job, then the move goes on
+        _drain(member_job_zip, tmp_path / "jobs", nats_server, lake, ("m1",), rounds=1)
+        move = await ConsumerGroups(nc).move_layout(STREAM, GROUP, grouplayout.WORK_QUEUE, wait=30)
+    assert move.done, move
+    assert await grouplayout.partition_streams_of(api, wq) == []
+    _drain(member_job_zip, tmp_path / "jobs", nats_server, lake, ("m1",), rounds=2)
+    assert_exactly_once(parquet_landed(lake), expected)

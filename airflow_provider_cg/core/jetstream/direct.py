@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass, field
 
 from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
-from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
+from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, ERR_STREAM_NOT_FOUND, JsApi
 from airflow_provider_cg.core.jetstream.fastpath import RawSubscription, subscribe_raw
 
 log = logging.getLogger(__name__)
@@ -369,6 +369,9 @@ class PartitionStreamReaders:
         self.log, self.mirrors = log, dict(mirrors)
         self.log_reader = PartitionReader(nc, log, js_prefix=js_prefix, fast_path=fast_path)
         self.api = JsApi(nc, prefix=js_prefix)
+        #: a group moved to partition streams by an earlier version (they mirror its work queue,
+        #: and there is no log): its streams are drained as they are, with nothing to check against
+        self.without_log = False
 
     def __getitem__(self, partition: int) -> PartitionReader:
         return self.readers[partition]
@@ -403,15 +406,23 @@ class PartitionStreamReaders:
                 raise PartitionStreamLost(p, self.streams[p], self.log, seq)
 
     async def lost_from(self, partition: int, from_seq: int, first: int | None) -> int | None:
+        if self.without_log:
+            return None
         try:
             return await lost_from(self.api, self.log, self.mirrors[partition], partition, from_seq, first)
+        except JetStreamApiError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:  # a group an earlier version moved here: its streams only
+                self.without_log = True
+                return None
+            raise DirectReadError(f"the log {self.log} of partition {partition}: {e}") from None
         except ConsumerGroupError as e:  # a restart or leader change: read again
             raise DirectReadError(f"the log {self.log} of partition {partition}: {e}") from None
 
     async def purge_through(self, partition: int, last_seq: int, timeout: float = 10.0) -> int:
         """The ack of a landed range: purged from the log (the copy of record), then from the
         partition's stream. Returns what the stream dropped."""
-        await self.log_reader.purge_through(partition, last_seq, timeout)
+        if not self.without_log:
+            await self.log_reader.purge_through(partition, last_seq, timeout)
         return await self.readers[partition].purge_through(ALL, last_seq, timeout)
 
     async def acked_through(self, partition: int, last_seq: int, deadline: float) -> bool:
@@ -420,7 +431,7 @@ class PartitionStreamReaders:
         loop = asyncio.get_running_loop()
         while loop.time() < deadline:
             try:
-                head = await self.api.next_msg(self.log, 1, f"{partition}.>")
+                head = None if self.without_log else await self.api.next_msg(self.log, 1, f"{partition}.>")
                 if head is None or int(head["seq"]) > last_seq:
                     await self.readers[partition].purge_through(ALL, last_seq, timeout=5.0)
                     return True

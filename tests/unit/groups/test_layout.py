@@ -44,7 +44,8 @@ def test_the_partition_log_is_the_copy_of_record_with_the_work_queues_replicas_a
     cfg = gl.partition_log_config(wq, source)
     assert cfg["name"] == "ORDERS-g-log" and cfg["retention"] == "limits" and cfg["discard"] == "new"
     assert cfg["num_replicas"] == 3 and cfg["max_msgs"] == 500 and cfg["sources"] == [source]
-    assert cfg["metadata"] == {"cg.log_of": "ORDERS-g"} and cfg["allow_direct"]
+    # no direct gets: the server would let its filtered mirrors answer them, each with its partition only
+    assert cfg["metadata"] == {"cg.log_of": "ORDERS-g"} and cfg["allow_direct"] is False
     # a group created in the layout: its work queue holds the pin subjects and no source
     wq_cfg, given = layouts.named(gl.PARTITION_STREAMS).creation_source({**WQ, "metadata": {}})
     assert given == WQ["sources"][0] and wq_cfg["sources"] == [] and wq_cfg["subjects"] == ["_cg.pin.ORDERS-g.*"]

@@ -350,7 +350,10 @@ async def partition_backlog(api: JsApi, wq: str, partitions, problems: dict[int,
     if problems is not None:
         problems.update(await partition_stream_problems(api, wq, partitions, mirrored=mirrored))
     try:
-        return await log_left(api, wq, partitions) or dict.fromkeys(partitions, 0)
+        left = await log_left(api, wq, partitions)
+        if not left and await log_config(api, wq) is None:  # an earlier version's streams: what they hold
+            left = await partition_streams_left(api, wq, len(partitions) and max(partitions) + 1)
+        return {p: left.get(p, 0) for p in partitions}
     except ConsumerGroupError as e:
         if problems is None:
             raise
@@ -384,9 +387,9 @@ async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dic
     if cluster and not cluster.get("leader"):
         offline = [r.get("name") for r in cluster.get("replicas") or () if r.get("offline")]
         return "no leader" + (f" (replicas offline: {', '.join(offline)})" if offline else " (no quorum)")
-    if not mirrored:
-        return None
     mirror = info.get("mirror") or {}
+    if not mirrored or mirror.get("name") != partition_log(wq):  # or an earlier version's, mirroring the work queue
+        return None
     if mirror.get("error"):
         return f"its mirror failed ({(mirror['error'] or {}).get('description') or mirror['error']})"
     try:

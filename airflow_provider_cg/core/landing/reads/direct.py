@@ -114,6 +114,8 @@ class PartitionStreamPositions(PartitionPositions):
     async def behind(self) -> list[int]:
         """The partitions whose log holds messages from where they are read that their streams
         do not hold yet (a mirror catching up, a stream being rebuilt): not drained."""
+        if self.reader.without_log:
+            return []
         found = await asyncio.gather(*(self.reader.api.next_msg(self.reader.log, max(s, 1), f"{p}.>")
                                        for p, s in self.starts.items()))
         return [p for p, head in zip(self.starts, found, strict=True) if head is not None]
