@@ -305,19 +305,27 @@ class PartitionReader:
         return _header_int(batch.hdrs[0], b"Nats-Sequence:") if len(batch) else None
 
     async def acked_through(self, partition: int, last_seq: int, deadline: float) -> bool:
-        """Make sure the range up to ``last_seq`` is gone: re-purge (idempotent) until the
-        partition's first message is past it, or ``deadline`` (loop time). False: unknown."""
-        loop = asyncio.get_running_loop()
-        while loop.time() < deadline:
-            try:
-                first = await self.first_seq(partition)
-                if first is None or first > last_seq:
-                    return True
-                await self.purge_through(partition, last_seq, timeout=max(1.0, min(5.0, deadline - loop.time())))
-            except Exception as e:  # server away (restart, leader change): wait for the reconnect
-                log.warning("purge check of partition %d failed (%s); retrying", partition, e)
-                await asyncio.sleep(0.5)
-        return False
+        """Make sure the range up to ``last_seq`` is gone (``repurge_until_gone``)."""
+        return await repurge_until_gone(lambda: self.first_seq(partition),
+                                        lambda t: self.purge_through(partition, last_seq, timeout=t),
+                                        partition, last_seq, deadline)
+
+
+async def repurge_until_gone(first_left, purge, partition: int, last_seq: int, deadline: float) -> bool:
+    """Re-purge (idempotent: ``purge(timeout)``) until ``first_left()``, the partition's first
+    message left (None: none), is past ``last_seq``, or ``deadline`` (loop time). False:
+    unknown."""
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        try:
+            first = await first_left()
+            if first is None or first > last_seq:
+                return True
+            await purge(max(1.0, min(5.0, deadline - loop.time())))
+        except Exception as e:  # server away (restart, leader change): wait for the reconnect
+            log.warning("purge check of partition %d failed (%s); retrying", partition, e)
+            await asyncio.sleep(0.5)
+    return False
 
 
 async def read_shares(reader_of, starts: dict[int, int], count: int, timeout: float,
@@ -426,20 +434,17 @@ class PartitionStreamReaders:
         return await self.readers[partition].purge_through(ALL, last_seq, timeout)
 
     async def acked_through(self, partition: int, last_seq: int, deadline: float) -> bool:
-        """Make sure the range up to ``last_seq`` is gone from the log (the ack), re-purging
-        both until it is, or ``deadline`` (loop time). False: unknown."""
-        loop = asyncio.get_running_loop()
-        while loop.time() < deadline:
-            try:
-                head = None if self.without_log else await self.api.next_msg(self.log, 1, f"{partition}.>")
-                if head is None or int(head["seq"]) > last_seq:
-                    await self.readers[partition].purge_through(ALL, last_seq, timeout=5.0)
-                    return True
-                await self.purge_through(partition, last_seq, timeout=max(1.0, min(5.0, deadline - loop.time())))
-            except Exception as e:  # server away (restart, leader change): wait for the reconnect
-                log.warning("purge check of partition %d failed (%s); retrying", partition, e)
-                await asyncio.sleep(0.5)
-        return False
+        """Make sure the range up to ``last_seq`` is gone from the log (the ack), and then from
+        the stream, re-purging both (``repurge_until_gone``)."""
+        async def log_first() -> int | None:  # read from the log's leader
+            head = None if self.without_log else await self.api.next_msg(self.log, 1, f"{partition}.>")
+            first = int(head["seq"]) if head else None
+            if first is None or first > last_seq:
+                await self.readers[partition].purge_through(ALL, last_seq, timeout=5.0)
+            return first
+
+        return await repurge_until_gone(log_first, lambda t: self.purge_through(partition, last_seq, timeout=t),
+                                        partition, last_seq, deadline)
 
 
 async def lost_from(api: JsApi, log_stream: str, mirror: str, partition: int, from_seq: int, first: int | None,
