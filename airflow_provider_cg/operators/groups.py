@@ -518,8 +518,8 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
     holds (the work queue, state ``filling``; the partition log, state ``draining``; the jobs
     must run meanwhile); if they have not, the task fails with the group filling or draining,
     and its retry (or any later move) goes on from there. Moving a group that is in
-    ``partition-streams`` there again rebuilds its partition streams that are missing or lost
-    messages. Returns the move (``layout``, ``done``, ``left`` per partition).
+    ``partition-streams`` there again rebuilds its partition streams that are missing, lost
+    messages or have no server (a node gone for good). Returns the move (``layout``, ``done``, ``left`` per partition).
     ``partition_replicas``: the partition streams' replicas (default 1)."""
 
     template_fields: Sequence[str] = ("stream", "group", "nats_conn_id", "layout")

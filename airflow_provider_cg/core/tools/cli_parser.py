@@ -265,7 +265,7 @@ def _position_commands(c: _Commands) -> None:
     cmd, sg = c.cmd, c.sg
     p = sg(cmd("layout", "move an elastic group to another layout (work-queue / partition-streams) with nothing "
                          "lost or landed twice; the move waits until the side it leaves is landed. Again in "
-                         "partition-streams: rebuild partition streams that are missing or lost messages"))
+                         "partition-streams: rebuild partition streams that are missing, lost messages or have no server"))
     p.add_argument("layout", choices=layouts.NAMES, metavar="LAYOUT", help=" or ".join(layouts.NAMES))
     p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
                    help="how long to wait for the side the group leaves to be landed (the work queue, or the "

@@ -53,7 +53,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.errors import (
+    ConfigError,
+    ConsumerGroupError,
+    JetStreamApiError,
+    ServerUnavailable,
+)
 from airflow_provider_cg.core.groups import sourcing
 from airflow_provider_cg.core.groups.layouts.base import (
     DRAINING,
@@ -233,14 +238,19 @@ async def ensure_partition_streams(api: JsApi, wq_cfg: dict, partitions: Iterabl
     log_name = partition_log(wq)
     for p in range(partitions) if isinstance(partitions, int) else partitions:
         cc = mirror_consumer_config(p, wq)
+        have = await api.consumer_info(log_name, cc["name"])  # made already: left as it is
         try:
-            await api.create_consumer(log_name, cc, action="create")
+            if have is None:
+                await api.create_consumer(log_name, cc, action="create")
         except JetStreamApiError as e:
             if e.err_code != ERR_CONSUMER_EXISTS:
                 raise
-            if not _ours(await api.consumer_info(log_name, cc["name"]), cc):
-                raise LayoutError(f"consumer {cc['name']!r} on {log_name!r} exists with another config; delete it "
-                                  "(it is not this group's partition mirror)") from None
+            have = await api.consumer_info(log_name, cc["name"])
+        except ServerUnavailable:  # no answer in time (a cluster that lost a node elects its leader): look
+            have = await _await_consumer(api, log_name, cc["name"])
+        if have is not None and not _ours(have, cc):
+            raise LayoutError(f"consumer {cc['name']!r} on {log_name!r} exists with another config; delete it "
+                              "(it is not this group's partition mirror)")
         want = partition_stream_config(wq_cfg, p)
         try:
             await api.add_stream(want)
@@ -259,9 +269,75 @@ async def rebuild_partition_stream(api: JsApi, wq_cfg: dict, p: int) -> None:
     deleted and created anew, so the mirror moves the log's messages of ``p`` (every one not
     yet landed) into it in sequence order."""
     wq = wq_cfg["name"]
-    await api.delete_stream(partition_stream(wq, p))
-    await api.delete_consumer(partition_log(wq), mirror_consumer(p))
+    name, log_name = partition_stream(wq, p), partition_log(wq)
+
+    async def stream_gone() -> bool:
+        await api.delete_stream(name)
+        try:
+            await api.stream_info(name)
+        except JetStreamApiError as e:
+            if e.err_code == ERR_STREAM_NOT_FOUND:
+                return True
+            raise
+        return False
+
+    async def consumer_gone() -> bool:
+        await api.delete_consumer(log_name, mirror_consumer(p))
+        return await api.consumer_info(log_name, mirror_consumer(p)) is None
+
+    await _until_gone(stream_gone)
+    await _until_gone(consumer_gone)
     await ensure_partition_streams(api, wq_cfg, [p])
+
+
+async def _until_gone(gone, timeout: float = 30.0) -> None:
+    """Delete and look again until ``gone()``. A stream or consumer whose only server is gone
+    for good (a replacement node under another name) answers nothing, its deletion neither;
+    the meta leader removes it all the same (checked on 2.15.1: a stream made again at once,
+    on another server)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if await gone():
+                return
+        except ServerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.5)
+
+
+async def _await_consumer(api: JsApi, stream: str, name: str, timeout: float = 30.0) -> dict:
+    """The consumer a create request made without answering in time, once it answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            have = await api.consumer_info(stream, name)
+            if have is not None:
+                return have
+        except ServerUnavailable:
+            pass
+        if time.monotonic() > deadline:
+            raise LayoutError(f"consumer {name!r} on {stream!r} was asked for and does not answer after "
+                              f"{timeout:.0f}s: run the command again")
+        await asyncio.sleep(0.5)
+
+
+async def drop_unserved_consumers(api: JsApi, wq: str) -> list[str]:
+    """Delete the consumers on the work queue that no server answers for (their server gone for
+    good): in this layout they are only the members' pin tokens, which the members' next jobs
+    make again. Returns their names."""
+    out = []
+    for c in await api.list_consumers(wq):
+        name = c.get("name", "")
+        try:
+            await api.consumer_info(wq, name)
+        except ServerUnavailable:
+            async def gone(name: str = name) -> bool:
+                await api.delete_consumer(wq, name)
+                return await api.consumer_info(wq, name) is None
+            await _until_gone(gone)
+            out.append(name)
+    return out
 
 
 def _ours(info: dict | None, want: dict) -> bool:
@@ -395,8 +471,13 @@ async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dic
     try:
         if mirror_info is None:
             mirror_info = await api.consumer_info(partition_log(wq), mirror_consumer(p))
+    except ServerUnavailable as e:  # the log answers (or the problem is the log's): its mirror consumer's server is away
+        return f"unavailable: its mirror consumer {mirror_consumer(p)!r} on {partition_log(wq)!r} does not answer ({e})"
+    except ConsumerGroupError as e:
+        return f"its log {partition_log(wq)} is unavailable ({e})"
+    try:
         if mirror_info is None:
-            return f"its mirror consumer {mirror_consumer(p)!r} on {partition_log(wq)!r} is missing"
+            return f"{MIRROR_MISSING} ({mirror_consumer(p)!r} on {partition_log(wq)!r})"
         state = info.get("state") or {}
         first = int(state.get("first_seq") or 0) if int(state.get("messages") or 0) else None
         lost = await lost_from(api, partition_log(wq), mirror_consumer(p), p, 1, first, mirror_info)
@@ -424,22 +505,26 @@ async def partition_stream_problems(api: JsApi, wq: str, partitions, mirrored: b
 
 
 MISSING = "missing"  # a partition stream that does not exist
+MIRROR_MISSING = "its mirror consumer is missing"
+UNSERVED = ("unavailable", "no leader")  # a partition stream no server serves now
 
 
 def rebuilds(why: str) -> bool:
     """Whether a partition stream's problem (``partition_stream_problem``) is one a rebuild
-    from the log heals: missing, or lost messages."""
-    return why.startswith((LOST, MISSING))
+    from the log heals: it or its mirror consumer missing, or lost messages."""
+    return why.startswith((LOST, MISSING, MIRROR_MISSING))
 
 
-async def rebuild_lost(api: JsApi, wq: str, partitions: Iterable[int]) -> list[int]:
+async def rebuild_lost(api: JsApi, wq: str, partitions: Iterable[int], unavailable: bool = False) -> list[int]:
     """Rebuild from the log every partition stream of ``partitions`` that is missing or lost
-    messages (``rebuilds``); the partitions rebuilt."""
+    messages (``rebuilds``), and with ``unavailable`` also those no server serves (an operator's
+    word that their server is not coming back: made again on one that is); the partitions
+    rebuilt."""
     cfg = await wq_config(api, wq)
     out = []
     for p in partitions:
         why = await partition_stream_problem(api, wq, p)
-        if why is not None and rebuilds(why):
+        if why is not None and (rebuilds(why) or unavailable and why.startswith(UNSERVED)):
             await rebuild_partition_stream(api, cfg, p)
             out.append(p)
     return out
@@ -609,9 +694,10 @@ class PartitionStreams(Layout):
         if replicas is not None and have.has_partition_streams and partition_replicas(wq_cfg) != replicas:
             raise ConfigError("partition_replicas", f"the partition streams exist with {partition_replicas(wq_cfg)} "
                                                     "replicas: move the group to work-queue first to change them")
-        if have.name == PARTITION_STREAMS:
+        if have.name == PARTITION_STREAMS:  # again: what is missing, lost or unserved is made again from the log
+            await rebuild_lost(api, wq, range(partitions), unavailable=True)
             await ensure_partition_streams(api, wq_cfg, partitions)
-            await rebuild_lost(api, wq, range(partitions))
+            await drop_unserved_consumers(api, wq)
             return LayoutMove(stream, group, self.name, True)
         if have.name == DRAINING:
             return await self._resume(moves, stream, group, wq_cfg, partitions)

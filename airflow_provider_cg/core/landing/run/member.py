@@ -441,7 +441,9 @@ class MemberRun:
                 p, why = min(problems.items())
                 raise ConsumerGroupError(
                     f"partition {p}'s stream {self.layout.partition_store(self.consumer_stream, p)} is not current: "
-                    f"{why}; nothing of it can be landed until the cluster serves it again (cg status shows it)")
+                    f"{why}; nothing of it can be landed until the cluster serves it again (cg status shows it; if "
+                    f"its server is gone for good: cg layout {self.options.stream} {self.options.group} "
+                    "partition-streams makes it again from the log)")
             log.warning("cg member=%s: partition streams not current (%s); waiting", self.member,
                         "; ".join(f"{self.layout.partition_store(self.consumer_stream, p)}: {why}"
                                   for p, why in sorted(problems.items())))
