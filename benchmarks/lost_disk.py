@@ -49,7 +49,7 @@ def one(case: str, seed: int, zip_path: Path) -> dict:
         except Exception:  # noqa: BLE001 - reported, the other runs go on
             error = traceback.format_exc(limit=3).splitlines()[-1]
     return {"case": case, "seed": seed, "ok": error is None, "error": error, "lost": run.lost,
-            "lost_server_held": sum(run.wq_streams_lost.values()), "healthy_after_s": run.healthy_after_s,
+            "lost_server_held": sum(run.lost_server_streams.values()), "healthy_after_s": run.healthy_after_s,
             "landed_after_s": run.landed_after_s,
             "run_s": round(time.monotonic() - t, 1), "events": run.events}
 

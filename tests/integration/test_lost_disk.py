@@ -24,7 +24,7 @@ async def test_partition_streams_through_a_lost_disk_a_move_and_two_servers_down
         await run.run(nats_cluster, member_job_zip, tmp_path)
     finally:
         print("\n".join(run.events))
-    assert run.wq_streams_lost, run.events  # the lost server held partition streams
+    assert run.lost_server_streams, run.events  # the lost server held partition streams
     assert run.lost == 0 and run.healthy_after_s is not None and run.healthy_after_s < 60, run.events
 
 

@@ -55,7 +55,7 @@ class LostDiskRun:
     healthy_after_s: float | None = None  # from the last disruption's end to cg status naming no problem
     landed_after_s: float | None = None  # from the replacement's start to everything landed
     lost: int = 0
-    wq_streams_lost: dict[str, int] = field(default_factory=dict)
+    lost_server_streams: dict[str, int] = field(default_factory=dict)
 
     def log(self, text: str) -> None:
         self.events.append(f"{time.monotonic() - self.t0:7.2f}s {text}")
@@ -182,7 +182,7 @@ class LostDiskRun:
             name = ((await api.stream_info(wq)).get("cluster") or {}).get("leader")
         server = next(s for s in cluster.servers if s.name == name)
         on_it = {s: n for s, (leader, n) in streams.items() if leader == name}
-        self.wq_streams_lost = on_it
+        self.lost_server_streams = on_it
         server.kill()
         shutil.rmtree(server.store_dir / "js")
         self.log(f"SIGKILL {name}, store deleted (its partition streams held {on_it})")

@@ -759,9 +759,6 @@ class Filling(PartitionStreams):
     def partition_readers(self, nc, wq: str, partitions: tuple[int, ...], js_prefix: str):
         return None
 
-    def partition_store(self, wq: str, partition: int) -> str:
-        return partition_stream(wq, partition)
-
     async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],
                       problems: dict[int, str] | None = None) -> dict[int, int]:
         return count_partitions(await super().backlog(api, wq, wq_subjects, partitions, problems), wq_subjects)
