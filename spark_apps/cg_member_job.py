@@ -33,6 +33,8 @@ def _build_sink(spec):
     from airflow_provider_cg.core.landing.sinks.opening import open_sink
 
     sink = open_sink(spec.sink_options, transformed=spec.transforming)
+    # a table's commits for all its writers at most once per interval (``sinks/tables.py``)
+    sink.set_table_commit_interval(spec.table_commit_interval or spec.commit_interval)
     check = getattr(sink, "check", None)
     if check is not None:
         check()  # an unreachable database fails here, before the pin is taken

@@ -111,7 +111,9 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         follower: the run keeps its pin and lands new messages as they arrive for ``follow``
         (seconds, ``"10m"``, or ``"until-next-run"``: until the DAG's next scheduled run),
         cutting a batch at ``batch_size`` or every ``commit_interval`` seconds; it starts
-        Spark whatever the backlog). ``None`` (the default) is the job's
+        Spark whatever the backlog), and ``table_commit_interval`` (Delta and Iceberg: the
+        members' batches committed within an interval are published together, one table commit;
+        default ``commit_interval``). ``None`` (the default) is the job's
         default. Their types, defaults and rules are the job's
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
@@ -208,6 +210,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         max_seconds: float | str | None = None,
         follow: float | str | None = None,
         commit_interval: float | str | None = None,
+        table_commit_interval: float | str | None = None,
         standby_timeout: float | str | None = None,
         ack_wait: float | str | None = None,
         max_ack_pending: int | str | None = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
@@ -491,3 +492,88 @@ def test_target_file_size_splits_a_large_batch_in_row_order(table):
         assert data == sorted(data)
         first.append(data[0])
     assert first == sorted(first)
+
+
+def _table_commits(table: Table) -> list[dict]:
+    """Each table commit that published protocol records, oldest first: its time (s) and the
+    last log position it recorded, as delta-rs's history or pyiceberg's snapshots say."""
+    from airflow_provider_cg.core.landing.sinks.iceberg import POSITION_PROPERTY
+
+    if table.fmt == "delta":
+        from deltalake import DeltaTable
+
+        out = [{"at": h["timestamp"] / 1000, "pos": int(h["cg.position"])} for h in DeltaTable(table.location).history()
+               if "cg.position" in h]
+    else:
+        tbl = table.sink().load_table()
+        out = [{"at": s.timestamp_ms / 1000, "pos": int(s.summary[POSITION_PROPERTY])} for s in tbl.snapshots()
+               if s.summary is not None and POSITION_PROPERTY in (s.summary.additional_properties or {})]
+    return sorted(out, key=lambda c: c["pos"])
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_group_commit_publishes_every_writers_batches_in_one_table_commit_per_interval(fmt, tmp_path):
+    """Four writers (separate sink instances, as separate jobs) commit batches as fast as they
+    can with a 0.5 s table commit interval: the table gets at most one commit per interval
+    (each publishing several writers' records, in log order), every key lands once, and a
+    writer's ``flush`` returns once its batches are readable. A writer whose commit record is
+    published by another counts nothing; each table commit is counted once, by its maker."""
+    location = str(tmp_path / ("warehouse" if fmt == "iceberg" else "orders"))
+    table = Table(fmt, location, f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)
+    interval, workers, batches = 0.5, 4, 12
+    errors, counts = [], []
+
+    def work(w):
+        try:
+            sink = table.sink()
+            sink.set_table_commit_interval(interval)
+            for i in range(batches):
+                first = 1 + (w * batches + i) * 10
+                _land(sink, range(first, first + 10), i + 1, member=f"m{w}")
+            sink.flush()
+            mine = {("ORDERS", s) for s in range(1 + w * batches * 10, 1 + (w + 1) * batches * 10)}
+            assert mine <= set(table.keys()), "flush returned before the writer's batches were readable"
+            counts.append(sink.publish_counts())
+            sink.close()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    started = time.time()
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    elapsed = time.time() - started
+    assert not errors, errors
+    table.assert_exactly({("ORDERS", s) for s in range(1, 1 + workers * batches * 10)})
+    commits = _table_commits(table)
+    made = sum(c["table_commits"] for c in counts)
+    assert made == len(commits), (counts, commits)
+    assert sum(c["records_published"] for c in counts) == workers * batches
+    assert len(commits) <= elapsed / interval + 2, (len(commits), elapsed)
+    assert len(commits) < workers * batches / 2, commits  # records were published together
+    slots = [int(c["at"] // interval) for c in commits]
+    assert len(slots) - len(set(slots)) <= 1, commits  # one commit per slot (a flush's may share one)
+    assert [c["pos"] for c in commits] == sorted({c["pos"] for c in commits})  # in log order
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_writer_that_dies_before_its_slot_is_published_by_the_next_slots_winner(fmt, tmp_path):
+    """A writer's commit record, deferred to a later slot, and then the writer gone (its
+    process killed: no timer, no flush): the next writer to win a slot publishes it with its
+    own, and counts the publish."""
+    location = str(tmp_path / ("warehouse" if fmt == "iceberg" else "orders"))
+    table = Table(fmt, location, f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)
+    gone = table.sink()
+    gone.set_table_commit_interval(3600)  # never its slot again within the test
+    gone._slot_tried = int(time.time() // 3600)  # as if it had just lost this slot
+    _land(gone, range(1, 11), 1, member="m1")
+    gone._closing = True  # its timer thread, as after SIGKILL: never runs
+    table.assert_exactly(set())
+    other = table.sink()
+    other.set_table_commit_interval(0.2)
+    _land(other, range(11, 21), 1, member="m2")
+    other.flush()
+    table.assert_exactly({("ORDERS", s) for s in range(1, 21)})
+    assert other.publish_counts()["records_published"] == 2

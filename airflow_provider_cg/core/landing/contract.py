@@ -77,6 +77,10 @@ class BatchOptions:
     commit_interval: float = option(1.0, float, "with --follow: the longest a message read waits for its batch's "
                                   "commit when messages trickle (a batch is cut at --batch-size or this)",
                                   positive=True)
+    table_commit_interval: float | None = option(None, float, "Delta and Iceberg: the longest a committed batch "
+                                                "waits to be published; the members' batches ready in an interval "
+                                                "are published together, one table commit (default: "
+                                                "--commit-interval)", positive=True)
     standby_timeout: float = option(30.0, float, "seconds to wait for the pin", positive=True)
     ack_wait: float | None = option(None, float, "ack wait (s) of a member consumer the job creates (default: "
                                   f"orbit's {ELASTIC_ACK_WAIT:g} s for elastic groups, {STATIC_ACK_WAIT:g} s for "
@@ -406,6 +410,12 @@ class Summary:
     #: lineage names the table by it), None otherwise
     table_location: str | None = None
     rebuilt_partitions: list[int] = field(default_factory=list)
+    #: a Delta or Iceberg table's group commit (``sinks/tables.py``): the table commits this run
+    #: made, the records they published (its own and other writers'), and commits that lost a
+    #: race to another writer's (each retried after re-reading the table)
+    table_commits: int = 0
+    records_published: int = 0
+    table_conflicts: int = 0
 
     def count_partition(self, partition: int, first_seq: int, last_seq: int, n: int,
                         into: dict | None = None) -> None:

@@ -51,8 +51,13 @@ AckStep = Callable[[], Awaitable[int]]
 #: ``recompute()`` of a batch whose inputs another writer committed meanwhile: a new batch id and
 #: the batch processed again (the pipeline drops the inputs committed by then)
 RecomputeStep = Callable[[], tuple[BatchId, ProcessedBatch]]
-#: how often one batch is computed again because other writers took some of its inputs
+#: how often in a row a batch is computed again without taking any input out (other writers
+#: taking its inputs shrink it each time; this bounds a recompute that does not see them)
 MAX_RECOMPUTES = 5
+
+
+def _input_count(processed: ProcessedBatch) -> int:
+    return sum(len(v) for v in (processed.input_keys or {}).values())
 
 
 def recover_writes(sink: TwoPhaseSink, stream: str, group: str, member: str, summary: Summary,
@@ -160,6 +165,20 @@ class TwoPhaseLander:
         return await asyncio.to_thread(recover_writes, self.sink, self.stream, self.group, self.member,
                                        self.summary, partitions, self.partition_count)
 
+    def count_publishing(self) -> None:
+        """The sink's table commits so far into the summary (``Summary.table_commits``)."""
+        counts = self.sink.publish_counts()
+        s = self.summary
+        s.table_commits = counts.get("table_commits", 0)
+        s.records_published = counts.get("records_published", 0)
+        s.table_conflicts = counts.get("table_conflicts", 0)
+
+    async def finish(self) -> None:
+        """At the end of a run: wait until what it committed is published (a table's group
+        commit), then count it."""
+        await asyncio.to_thread(self.sink.flush)
+        self.count_publishing()
+
     async def discard(self, processed: ProcessedBatch) -> None:
         await asyncio.to_thread(self.sink.discard, processed.rows)
 
@@ -173,7 +192,8 @@ class TwoPhaseLander:
         before any ack was sent, so none can take effect: roll the write back and leave the
         messages for the re-created consumer. ``recompute``: how to compute the batch again
         when the sink refuses it because another writer committed some of its inputs."""
-        for attempt in range(MAX_RECOMPUTES + 1):
+        stalled = 0  # recomputes in a row that took no input out
+        while True:
             prepared = None
             try:
                 prepared = await self._prepare(batch_id, processed, refs)
@@ -193,11 +213,16 @@ class TwoPhaseLander:
                 await asyncio.to_thread(self.sink.abort, prepared)
             else:
                 await asyncio.to_thread(self.sink.discard, processed.rows)
-            if recompute is None or attempt == MAX_RECOMPUTES:
+            if recompute is None or stalled == MAX_RECOMPUTES:
                 raise SinkError(f"batch {batch_id.gid}: {taken}; other writers keep taking its inputs")
             log.info("cg batch %s: %s; computing it again without them", batch_id.gid, taken)
             self.summary.recomputed += 1
+            before = _input_count(processed)
             batch_id, processed = await asyncio.to_thread(recompute)
+            # Each recompute drops the inputs taken meanwhile, so a batch shrinks until it holds
+            # only inputs no other writer has (at worst none: it lands nothing, acks its messages
+            # and the run goes on); the bound is on recomputes that take nothing out
+            stalled = 0 if _input_count(processed) < before else stalled + 1
         return await self._ack_and_commit(batch_id, prepared, processed, inputs, ack, n_msgs, n_bytes)
 
     async def _stop(self, batch_id: BatchId, prepared, e: Exception) -> bool:
@@ -233,6 +258,7 @@ class TwoPhaseLander:
             s.unconfirmed_acks += await ack()
         failpoint("before_commit")
         result = await asyncio.to_thread(self.sink.commit, prepared)
+        self.count_publishing()
         s.batches += 1
         s.batch_ids.append(batch_id.gid)
         s.rows_written += result.rows_written

@@ -312,6 +312,7 @@ async def run_backfill(
     last_seq = int((await api.stream_info(stream)).get("state", {}).get("last_seq", 0))
     start_ns, end_ns = _ns(start), _ns(end)
     if last_seq == 0:
+        await lander.finish()
         s.stop_reason = "origin stream empty"
         s.duration_s = round(time.monotonic() - started, 3)
         return s
@@ -331,7 +332,8 @@ async def run_backfill(
             await api.delete_consumer(stream, name)
         except Exception as e:  # the inactive threshold removes it anyway
             log.warning("could not delete backfill consumer %s: %s", name, e)
-        s.duration_s = round(time.monotonic() - started, 3)
+    await lander.finish()  # what it committed is readable when the run ends
+    s.duration_s = round(time.monotonic() - started, 3)
     s.target = s.messages_read
     s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
     return s

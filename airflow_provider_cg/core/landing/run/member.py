@@ -108,40 +108,46 @@ class MemberRun:
     # --- the lifecycle ---------------------------------------------------------------------
 
     async def run(self) -> Summary:
-        s = self.summary
-        rejoins = 0
         try:
-            while True:
-                try:
-                    await self._run_assignment()
-                except ConsumerGone as e:
-                    if s.messages_read or s.rows_written:
-                        raise
-                    # The member's consumer was deleted before this instance landed anything
-                    # (nothing of ours is in flight): a membership change (the pinned instance
-                    # re-creates it with new filters), or an inactivity threshold that ran out
-                    # while this instance was starting. A member that still has partitions
-                    # joins again while its standby time lasts; one that has none is revoked.
-                    if rejoins < MAX_REJOINS and await self._may_rejoin():
-                        rejoins += 1
-                        log.info("cg member=%s: member consumer deleted (%s); joining again", self.member,
-                                 e.description)
-                        await self._close_assignment()
-                        await asyncio.sleep(min(0.2 * rejoins, 1.0))
-                        continue
-                    s.result, s.stop_reason = RESULT_REVOKED, f"member consumer deleted ({e.description})"
-                    log.info("cg member=%s: %s", self.member, s.stop_reason)
-                    return s
-                if self.stop.revoked is None:
-                    return s
-                if not await self._hand_over():
-                    return s
-                log.info("cg member=%s: continuing with partitions %s", self.member, self.partitions)
+            s = await self._assignments()
+            await self.lander.finish()  # what it committed is readable when the run ends
+            return s
         finally:
-            s.duration_s = round(time.monotonic() - self.started, 3)
+            self.summary.duration_s = round(time.monotonic() - self.started, 3)
             self.progress.tick(force=True)
             await self.board.close()  # a run that ends otherwise than by releasing its pin
             await self._close_assignment()
+
+    async def _assignments(self) -> Summary:
+        """Assignment after assignment, while membership changes hand this run new partitions."""
+        s = self.summary
+        rejoins = 0
+        while True:
+            try:
+                await self._run_assignment()
+            except ConsumerGone as e:
+                if s.messages_read or s.rows_written:
+                    raise
+                # The member's consumer was deleted before this instance landed anything
+                # (nothing of ours is in flight): a membership change (the pinned instance
+                # re-creates it with new filters), or an inactivity threshold that ran out
+                # while this instance was starting. A member that still has partitions
+                # joins again while its standby time lasts; one that has none is revoked.
+                if rejoins < MAX_REJOINS and await self._may_rejoin():
+                    rejoins += 1
+                    log.info("cg member=%s: member consumer deleted (%s); joining again", self.member,
+                             e.description)
+                    await self._close_assignment()
+                    await asyncio.sleep(min(0.2 * rejoins, 1.0))
+                    continue
+                s.result, s.stop_reason = RESULT_REVOKED, f"member consumer deleted ({e.description})"
+                log.info("cg member=%s: %s", self.member, s.stop_reason)
+                return s
+            if self.stop.revoked is None:
+                return s
+            if not await self._hand_over():
+                return s
+            log.info("cg member=%s: continuing with partitions %s", self.member, self.partitions)
 
     async def setup(self) -> None:
         """The assignment's member consumer (as orbit creates it), layout, partitions and reader."""

@@ -39,8 +39,10 @@ class Progress:
         s = self.summary
         rate = s.messages_read / max(now - self.start, 1e-9)
         left = max(s.target - s.messages_read, 0)
-        log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s backlog_left=%d",
-                 s.member, s.messages_read, s.rows_written, rate, left)
+        tables = (f" table_commits={s.table_commits} table_conflicts={s.table_conflicts}"
+                  if s.table_commits or s.table_conflicts else "")
+        log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s backlog_left=%d%s",
+                 s.member, s.messages_read, s.rows_written, rate, left, tables)
         if self.also is not None and not force:
             self.also()
 

@@ -282,6 +282,18 @@ class TwoPhaseSink(abc.ABC):
     def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:
         """Boolean mask: which ``seqs`` of ``origin_stream`` are already committed."""
 
+    def flush(self) -> None:  # noqa: B027 - most sinks publish at commit
+        """Return once every write this instance committed is visible to readers (a table sink's
+        group commit may publish later than the commit, ``tables.py``); the end of a run calls it."""
+
+    def set_table_commit_interval(self, seconds: float) -> None:  # noqa: B027 - only table sinks group commits
+        """Publish committed writes together at most once per ``seconds`` (``tables.py``)."""
+
+    def publish_counts(self) -> dict[str, int]:
+        """What this instance's table commits did (``tables.PublishCounts``); empty for a sink
+        whose commit is its publish."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (no-op by default)."""
 

@@ -1,11 +1,11 @@
 """Delta Lake tables, on local disk or S3-compatible object storage, exactly once.
 
 The lake protocol (``lake.py``) decides what is committed; each committed batch is then
-published as one Delta commit (``deltalake``, delta-rs) that adds all of the batch's files
-and carries the app transaction ``(airflow-provider-cg, <log position>)``. Records are
-published in log order, so the table's app-transaction version says exactly which batches it
-holds: a publisher reads it, publishes the next record, and when another publisher got there
-first, delta-rs refuses the second commit of the same app transaction
+published in one Delta commit (``deltalake``, delta-rs) with every other record ready then
+(``tables.py``'s group commit), adding all of their files and carrying the app transaction
+``(airflow-provider-cg, <last log position>)``. Records are published in log order, so the
+table's app-transaction version says exactly which batches it holds: a publisher reads it,
+publishes the records after it, and when another publisher got there first, delta-rs refuses the second commit of the same app transaction
 (``ConcurrentTransaction``) and the loser re-reads. Commits of other writers (OPTIMIZE,
 VACUUM, a user's appends) rebase as usual. Data files are written by Spark tasks (or the
 driver) into the protocol's staging and copied to ``data/`` at publish, so a VACUUM with
@@ -35,6 +35,7 @@ from airflow_provider_cg.core.landing.sinks.tables import (
     SchemaMismatch,
     TableConflict,
     TableSink,
+    TableState,
     new_columns,
     stats_json,
 )
@@ -100,13 +101,11 @@ class DeltaLakeSink(TableSink):
             raise SinkError(f"cannot read the delta table {self.uri} ({type(e).__name__}: {first})") from None
         return self._dt
 
-    def published_through(self) -> int:
+    def load_state(self) -> TableState:
         dt = self._table()
-        return (dt.transaction_version(APP_ID) or 0) if dt is not None else 0
-
-    def table_schema(self) -> pa.Schema | None:
-        dt = self._table()
-        return None if dt is None else pa.schema(dt.schema().to_arrow())
+        if dt is None:
+            return TableState(0, None)
+        return TableState(dt.transaction_version(APP_ID) or 0, pa.schema(dt.schema().to_arrow()), dt)
 
     def check_schema(self, schema: pa.Schema) -> None:
         """Besides the table's own columns: every column must be of a type Delta has (a
@@ -168,38 +167,44 @@ class DeltaLakeSink(TableSink):
         return SinkError(f"delta {what} of position {pos} to {self.uri} failed ({type(e).__name__}: {first})")
 
     @staticmethod
-    def _properties(record: dict, now: int, retries: int, **metadata: str):
-        """The commit's app transaction (the record's log position) and metadata."""
+    def _properties(records: list[dict], now: int, retries: int, **metadata: str):
+        """The commit's app transaction (the last record's log position) and metadata: the
+        positions and gids it publishes."""
         from deltalake import CommitProperties, Transaction
 
-        return CommitProperties(app_transactions=[Transaction(APP_ID, record["pos"], now)],
-                                custom_metadata={"cg.gid": record["gid"], "cg.position": str(record["pos"]),
+        last = records[-1]
+        return CommitProperties(app_transactions=[Transaction(APP_ID, last["pos"], now)],
+                                custom_metadata={"cg.gid": last["gid"], "cg.position": str(last["pos"]),
+                                                 "cg.positions": ",".join(str(r["pos"]) for r in records),
                                                  **metadata},
                                 max_commit_retries=retries)
 
-    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
+    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> None:
         from deltalake.exceptions import DeltaError
         from deltalake.transaction import AddAction
 
+        last = records[-1]["pos"]
         try:
             dt = self._evolved_table(schema)
-            if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
+            if (dt.transaction_version(APP_ID) or 0) >= last:
                 return  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             part = self.partitioning
             actions = [AddAction(f.path, f.size, part.delta_values(f.partition or []) if part else {}, now, True,
                                  stats_json(f.stats)) for f in files]
-            props = self._properties(record, now, 10, **{"cg.rows": str(record["rows_written"])})
+            rows = sum(int(r["rows_written"]) for r in records)
+            props = self._properties(records, now, 10, **{"cg.rows": str(rows)})
             dt.create_write_transaction(actions, "append", pa.schema(dt.schema().to_arrow()), commit_properties=props,
                                         partition_by=part.columns if part else None)
         except DeltaError as e:  # CommitFailedError is one
-            raise self._publish_failed(e, "commit", record["pos"]) from None
+            raise self._publish_failed(e, "commit", last) from None
 
-    def merge_rows(self, record: dict, latest: pa.Table) -> None:
-        """One delta-rs MERGE per batch, carrying the batch's app transaction: insert new keys,
-        replace or delete (tombstones) only rows older than the batch's record."""
+    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> None:
+        """One delta-rs MERGE for the records, carrying the last one's app transaction: insert
+        new keys, replace or delete (tombstones) only rows older than the merged record."""
         from deltalake.exceptions import DeltaError
 
+        last = records[-1]["pos"]
         latest = self.storable(latest)
         columns = [quote(c) for c in latest.column_names if c != DELETE_FLAG]
         on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in self.merge.keys)
@@ -207,13 +212,13 @@ class DeltaLakeSink(TableSink):
         flag = f"s.{quote(DELETE_FLAG)}"
         try:
             dt = self._evolved_table(latest.drop_columns([DELETE_FLAG]).schema)
-            if (dt.transaction_version(APP_ID) or 0) >= record["pos"]:
+            if (dt.transaction_version(APP_ID) or 0) >= last:
                 return
-            props = self._properties(record, int(time.time() * 1000), 0)
+            props = self._properties(records, int(time.time() * 1000), 0)
             (dt.merge(latest, on, source_alias="s", target_alias="t", commit_properties=props)
              .when_matched_delete(predicate=f"({newer}) AND {flag}")
              .when_matched_update(updates={c: f"s.{c}" for c in columns}, predicate=f"({newer}) AND NOT {flag}")
              .when_not_matched_insert(updates={c: f"s.{c}" for c in columns}, predicate=f"NOT {flag}")
              .execute())
         except DeltaError as e:
-            raise self._publish_failed(e, "merge", record["pos"]) from None
+            raise self._publish_failed(e, "merge", last) from None

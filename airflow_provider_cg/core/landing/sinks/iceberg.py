@@ -1,19 +1,26 @@
 """Apache Iceberg tables through a SQL catalog (SQLite or PostgreSQL) or a REST catalog, exactly once.
 
-Like the Delta sink (``delta.py``): the lake protocol decides, and each committed batch is
-published as one Iceberg commit (``pyiceberg``) that adds the batch's files and sets the table
-property ``airflow-provider-cg.position`` to the record's log position (the snapshot summary
+Like the Delta sink (``delta.py``): the lake protocol decides, and committed batches are
+published together, one Iceberg commit (``pyiceberg``) for every record ready then
+(``tables.py``'s group commit), adding their files and setting the table property
+``airflow-provider-cg.position`` to the last record's log position (the snapshot summary
 carries it too, with the gid). A table property is never expired, so the floor that says
 which batches the table holds survives snapshot expiry. The catalog's commit is optimistic;
 the sink sets ``commit.retry.num-retries=0`` on its table, because pyiceberg's automatic retry
 would rebase a commit past the position check: a commit that loses a race fails, and the sink
 re-reads the position and tries again.
 
+A commit's cost stays flat as the table ages: the table is loaded once per publish, data file
+entries are built from the footers the writer kept (no ``add_files`` scan of every manifest),
+manifests are merged once 100 accumulate, old metadata files are deleted at commit, and the
+writers expire snapshots beyond the newest 100 (``snapshots_to_expire``).
+
 The protocol's ``_cg_*`` objects live under the table's location (local or ``s3://``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -30,8 +37,11 @@ from airflow_provider_cg.core.landing.sinks.tables import (
     DataFile,
     TableConflict,
     TableSink,
+    TableState,
     new_columns,
 )
+
+log = logging.getLogger(__name__)
 
 POSITION_PROPERTY = f"{APP_ID}.position"
 #: the SQL catalog's default name (its rows are keyed by it): pyiceberg's default, what
@@ -39,6 +49,16 @@ POSITION_PROPERTY = f"{APP_ID}.position"
 #: the ``iceberg_catalog_name`` option names another
 CATALOG_NAME = "default"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
+#: what keeps a table landed every second as fast to commit to on its second day as on its
+#: first hour: each commit's manifests merged once 100 accumulate (pyiceberg merges only when
+#: asked), and the previous metadata files beyond 100 deleted at each commit
+FLAT_COMMITS = {"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "100",
+                "write.metadata.delete-after-commit.enabled": "true", "write.metadata.previous-versions-max": "100"}
+MIN_SNAPSHOTS, MAX_SNAPSHOT_AGE = "history.expire.min-snapshots-to-keep", "history.expire.max-snapshot-age-ms"
+#: snapshots a table keeps when it does not say (``history.expire.min-snapshots-to-keep``)
+SNAPSHOTS_KEPT = 100
+#: a writer expires snapshots every this many of its commits
+EXPIRE_EVERY = 50
 
 
 def iceberg_io_properties(settings: ObjectStoreSettings) -> dict[str, str]:
@@ -169,6 +189,8 @@ class IcebergSink(TableSink):
                          target_file_size=target_file_size)
         self.location = store.uri() if isinstance(store, ObjectStorage) else "file://" + store.location
         self.table_location = self.location
+        self._commits_since_expiry = 0
+        self.expired_snapshots = 0
 
     @staticmethod
     def _own_properties(target_file_size: int | None) -> dict[str, str]:
@@ -176,8 +198,8 @@ class IcebergSink(TableSink):
         docstring) and, with ``target_file_size``, the size pyiceberg writes a merge's files at
         (the sink's own files are written at it by ``parquet_files.py``)."""
         if not target_file_size:
-            return dict(NO_RETRIES)
-        return {**NO_RETRIES, "write.target-file-size-bytes": str(target_file_size)}
+            return {**NO_RETRIES, **FLAT_COMMITS}
+        return {**NO_RETRIES, **FLAT_COMMITS, "write.target-file-size-bytes": str(target_file_size)}
 
     def load_table(self):
         """The table as pyiceberg loads it now (None if not created yet)."""
@@ -200,13 +222,11 @@ class IcebergSink(TableSink):
                 raise ConnectionError(f"iceberg catalog unreachable ({type(e).__name__})") from None
         raise AssertionError("unreachable")
 
-    def published_through(self) -> int:
+    def load_state(self) -> TableState:
         tbl = self._load()
-        return int(tbl.properties.get(POSITION_PROPERTY, 0)) if tbl is not None else 0
-
-    def table_schema(self) -> pa.Schema | None:
-        tbl = self._load()
-        return None if tbl is None else tbl.schema().as_arrow()
+        if tbl is None:
+            return TableState(0, None)
+        return TableState(int(tbl.properties.get(POSITION_PROPERTY, 0)), tbl.schema().as_arrow(), tbl)
 
     def _create(self, schema: pa.Schema):
         """Create the namespace and the table unless there. Two members' first batches may race
@@ -247,37 +267,60 @@ class IcebergSink(TableSink):
         except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
             return False
 
-    def _publish(self, record: dict, schema: pa.Schema, what: str, write) -> None:
-        """One Iceberg transaction for a committed record, unless the table holds its position
-        already: ``schema``'s new columns added, the position set, and ``write(table, tx,
-        snapshot_properties)``'s changes, committed together (``TableConflict`` when another
-        writer committed first: the caller re-reads and retries). The table is created from
-        ``schema`` if missing."""
+    def _publish(self, records: list[dict], schema: pa.Schema, state: TableState, what: str, write) -> None:
+        """One Iceberg transaction for a run of committed records, on the table as ``state``
+        loaded it: ``schema``'s new columns added, the last record's position set, and
+        ``write(table, tx, snapshot_properties)``'s changes, committed together
+        (``TableConflict`` when another writer committed first: the caller re-reads and
+        retries). The table is created from ``schema`` if missing."""
         from pyiceberg.exceptions import CommitFailedException
 
-        tbl = self._load() or self._create(schema)
-        if int(tbl.properties.get(POSITION_PROPERTY, 0)) >= record["pos"]:
+        tbl = state.handle or self._load() or self._create(schema)
+        last = records[-1]
+        if int(tbl.properties.get(POSITION_PROPERTY, 0)) >= last["pos"]:
             return  # another publisher committed it since we looked
         added = new_columns(tbl.schema().as_arrow(), schema)
-        pos = str(record["pos"])
+        pos = str(last["pos"])
         try:
             with tbl.transaction() as tx:
                 if added:
                     with tx.update_schema() as update:
                         update.union_by_name(pa.schema(added))
                 tx.set_properties({POSITION_PROPERTY: pos})
-                write(tbl, tx, {POSITION_PROPERTY: pos, f"{APP_ID}.gid": record["gid"]})
+                write(tbl, tx, {POSITION_PROPERTY: pos, f"{APP_ID}.gid": last["gid"],
+                                f"{APP_ID}.records": str(len(records))})
         except CommitFailedException as e:
             raise TableConflict(f"iceberg {what} of position {pos} lost a race ({e})") from None
         except Exception as e:
             if _locked(e):
                 raise TableConflict(f"iceberg {what} of position {pos}: catalog busy") from None
             raise
+        self._expire_due(tbl)
 
-    def merge_rows(self, record: dict, latest: pa.Table) -> None:
-        """The table's rows of the batch's keys are read, the batch's records not newer than
-        them dropped, then the rows of tombstoned and replaced keys deleted (pyiceberg rewrites
-        the files they touch) and the newer records appended: an upsert without a second scan."""
+    def _expire_due(self, tbl) -> None:
+        """Every ``EXPIRE_EVERY`` commits of this writer: expire the snapshots beyond the newest
+        ``history.expire.min-snapshots-to-keep`` (and older than ``history.expire.max-snapshot-
+        age-ms`` when the table sets it), so the metadata each commit reads and writes stays
+        the same size however old the table is. A lost race is left to the next time."""
+        self._commits_since_expiry += 1
+        if self._commits_since_expiry < EXPIRE_EVERY:
+            return
+        self._commits_since_expiry = 0
+        try:
+            tbl = self._load()
+            if tbl is None:
+                return
+            old = snapshots_to_expire(tbl, time.time())
+            if old:
+                tbl.maintenance.expire_snapshots().by_ids(old).commit()
+                self.expired_snapshots += len(old)
+        except Exception as e:  # noqa: BLE001 - clean-up only: landing goes on, maintenance retries
+            log.info("cg iceberg: snapshot expiry skipped (%s)", str(e)[:200])
+
+    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> None:
+        """The table's rows of the records' keys are read, the records not newer than them
+        dropped, then the rows of tombstoned and replaced keys deleted (pyiceberg rewrites the
+        files they touch) and the newer records appended: an upsert without a second scan."""
         latest = self.storable(latest)
 
         def write(tbl, tx, summary) -> None:
@@ -290,16 +333,33 @@ class IcebergSink(TableSink):
             if rows.num_rows:
                 tx.append(rows.cast(_table_arrow_schema(tx, rows.schema)), snapshot_properties=summary)
 
-        self._publish(record, latest.drop_columns([DELETE_FLAG]).schema, "merge", write)
+        self._publish(records, latest.drop_columns([DELETE_FLAG]).schema, state, "merge", write)
 
-    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
+    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> None:
         def write(tbl, tx, summary) -> None:
-            if self.partitioning is None:
-                tx.add_files([self.store.uri(f.path) for f in files], snapshot_properties=summary)
-            else:
-                _append_partitioned(tx, [(self.store.uri(f.path), f) for f in files], summary)
+            _append_files(tx, [(self.store.uri(f.path), f) for f in files], summary)
 
-        self._publish(record, schema, "commit", write)
+        self._publish(records, schema, state, "commit", write)
+
+
+def snapshots_to_expire(tbl, now: float) -> list[int]:
+    """Snapshot ids beyond the newest ``history.expire.min-snapshots-to-keep`` (default
+    ``SNAPSHOTS_KEPT``) that are also older than ``history.expire.max-snapshot-age-ms`` if the
+    table sets it; never the current one."""
+    props = tbl.properties
+    keep = int(props.get(MIN_SNAPSHOTS, SNAPSHOTS_KEPT))
+    max_age = props.get(MAX_SNAPSHOT_AGE)
+    current = tbl.current_snapshot()
+    snapshots = sorted(tbl.snapshots(), key=lambda s: s.timestamp_ms, reverse=True)
+    out = []
+    for s in snapshots[keep:]:
+        if current is not None and s.snapshot_id == current.snapshot_id:
+            continue
+        if max_age is not None and s.timestamp_ms > (now * 1000 - int(max_age)):
+            continue
+        out.append(s.snapshot_id)
+    return out
+
 
 def _table_partitioning(tbl, asked: Partitioning | None, identifier: str) -> Partitioning | None:
     """The existing table's partition spec as a ``Partitioning`` (``asked`` must be the same)."""
@@ -316,11 +376,14 @@ def _table_partitioning(tbl, asked: Partitioning | None, identifier: str) -> Par
     return found
 
 
-def _append_partitioned(tx, files: list[tuple[str, DataFile]], summary: dict[str, str]) -> None:
-    """Add data files of a partitioned table, each with the partition of its rows. pyiceberg's
-    ``add_files`` infers a partition from column bounds, which a bucket transform has none of;
-    this builds the same data file entries with the partition given, through pyiceberg's
-    public statistics functions, and the same name mapping for files without field ids."""
+def _append_files(tx, files: list[tuple[str, DataFile]], summary: dict[str, str]) -> None:
+    """Add data files, each with the partition of its rows, in one merge append. Not
+    pyiceberg's ``add_files``: it opens every manifest of the table to refuse duplicates (a
+    commit's cost then grows with the table; the protocol log already guarantees a file is
+    added once), reads each file's footer again, and infers a partition from column bounds,
+    which a bucket transform has none of. This builds the same data file entries from the
+    footers the writer kept, through pyiceberg's public statistics functions, with the same
+    name mapping for files without field ids."""
     from pyiceberg.io.pyarrow import (
         compute_statistics_plan,
         data_file_statistics_from_parquet_metadata,
@@ -337,7 +400,7 @@ def _append_partitioned(tx, files: list[tuple[str, DataFile]], summary: dict[str
         md = tx.table_metadata
     schema, spec = md.schema(), md.spec()
     plan, mapping = compute_statistics_plan(schema, md.properties), parquet_path_to_id_mapping(schema)
-    with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
+    with tx.update_snapshot(snapshot_properties=summary).merge_append() as append:
         for uri, f in files:
             stats = data_file_statistics_from_parquet_metadata(f.metadata, plan, mapping)
             key = PartitionKey(field_values=[PartitionFieldValue(field=pf, value=v)

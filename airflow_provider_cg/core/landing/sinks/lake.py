@@ -165,6 +165,11 @@ class LakeSink(TwoPhaseSink):
         """Make a committed record's files visible to readers (idempotent; any instance may
         call it for any committed record, e.g. after its committer died)."""
 
+    def committed(self, record: dict) -> None:
+        """After a commit record of this writer: publish it (a table sink may publish it later,
+        with others, ``tables.py``)."""
+        self.publish(record)
+
     def check_schema(self, schema: pa.Schema) -> None:  # noqa: B027 - no table schema by default
         """Refuse (``SchemaMismatch``) a batch the table cannot take, before any ack."""
 
@@ -337,7 +342,7 @@ class LakeSink(TwoPhaseSink):
                 self._log.refresh()
                 record = self._log.commits.get(gid)
                 if record is not None:
-                    self.publish(record)
+                    self.committed(record)
                     return CommitResult(record["rows_written"], record["duplicates_skipped"])
                 if gid in self._log.aborts:
                     raise PreparedWriteLost(f"prepared write {gid} was aborted")
@@ -368,7 +373,7 @@ class LakeSink(TwoPhaseSink):
                     pos = self._log.claim(record)
                 except FileExistsError:
                     continue  # another writer took the position: re-read and re-check
-                self.publish(self._log.commits[gid])
+                self.committed(self._log.commits[gid])
                 self._checkpoint_due(pos)
                 return CommitResult(record["rows_written"], record["duplicates_skipped"])
 

@@ -273,6 +273,21 @@ class RoutedSink(TwoPhaseSink):
             if check is not None:
                 check()
 
+    def set_table_commit_interval(self, seconds: float) -> None:
+        for sink in self.sinks.values():
+            sink.set_table_commit_interval(seconds)
+
+    def flush(self) -> None:
+        for sink in self.sinks.values():
+            sink.flush()
+
+    def publish_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for sink in self.sinks.values():
+            for k, v in sink.publish_counts().items():
+                out[k] = out.get(k, 0) + v
+        return out
+
     def close(self) -> None:
         for sink in self.sinks.values():
             sink.close()

@@ -11,6 +11,9 @@ from __future__ import annotations
 import abc
 import io
 import json
+import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +24,10 @@ from airflow_provider_cg.core.landing.sinks.base import SchemaMismatch, SinkErro
 from airflow_provider_cg.core.landing.sinks.lake import DatasetCorrupt, LakeSink
 from airflow_provider_cg.core.landing.sinks.parquet_files import utc_schema
 
-__all__ = ["APP_ID", "DataFile", "SchemaMismatch", "TableConflict", "TableSink", "file_stats", "new_columns",
+__all__ = ["APP_ID", "DataFile", "PublishCounts", "TableState", "SchemaMismatch", "TableConflict", "TableSink", "file_stats", "new_columns",
            "stats_json", "utc_schema"]
+
+log = logging.getLogger(__name__)
 
 APP_ID = "airflow-provider-cg"
 """The Delta app-transaction id (and Iceberg property prefix) that records log positions."""
@@ -120,33 +125,102 @@ class DataFile:
     partition: list | None  # the partition values of its rows (``Partitioning.first_values``)
 
 
-class TableSink(LakeSink):
-    """A lake sink whose publish is one transaction of a table format per committed record,
-    in log order: a record is published once the table's recorded position reaches it.
+@dataclass(frozen=True)
+class TableState:
+    """What one load of the table says: the log position it holds, its schema (None: no table
+    yet), and the loaded handle a commit builds on (one load per publish)."""
 
-    Subclasses read that position (``published_through``), the table's schema, and commit
-    one record's files (``commit_files``) so that the position and the files land together
-    -- or raise ``TableConflict`` when another writer committed first (the caller re-reads)."""
+    position: int
+    schema: pa.Schema | None
+    handle: Any = None
+
+
+@dataclass
+class PublishCounts:
+    """What this process's publishing did: table commits, the records they published (its own
+    and other writers'), and commits that lost a race to another writer (each retried after
+    re-reading the table). Numbers only: they go into the summary and the progress line."""
+
+    commits: int = 0
+    records: int = 0
+    conflicts: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"table_commits": self.commits, "records_published": self.records, "table_conflicts": self.conflicts}
+
+
+#: claims of the table's commit slots (``TableSink.publish_due``), one empty object per slot won
+PUBLISH_DIR = "_cg_publish"
+#: the newest log position a publisher published, written after its table commit (a hint:
+#: never ahead of the table, so a writer that reads it past its records needs no table load)
+PUBLISHED_HINT = f"{PUBLISH_DIR}/_published.json"
+#: slot claims kept (older ones are removed by the winners)
+SLOTS_KEPT = 16
+
+
+class TableSink(LakeSink):
+    """A lake sink whose publish is one table transaction (Delta, Iceberg) for every record
+    the log holds ready, from every writer, in log order; the transaction records the highest
+    position it publishes, so the table's recorded position says exactly which records it holds.
+
+    Group commit. With a ``publish_interval`` (the job's ``table_commit_interval``) a commit
+    record is not published by its writer at once: wall-clock time is cut into slots of that
+    length and the first writer to claim a slot (``Storage.create`` of ``_cg_publish/<slot>``:
+    exactly one wins) publishes everything ready then, whoever committed it. A writer whose
+    records are still unpublished when the next slot starts tries that one, from a timer
+    thread (a follower with nothing new still sees its last records published), and ``flush``
+    at the end of a run waits until its records are in the table. So a table gets at most
+    about one commit per interval whatever the number of writers; conflicts happen only when
+    a slot's winner races a recovery's or a maintenance commit, and are counted.
+
+    Subclasses load the table once per publish (``load_state``) and commit a run of records'
+    files (``commit_files``) or merged rows (``merge_rows``) so that the position and the data
+    land together -- or raise ``TableConflict`` when another writer committed first."""
 
     ALL_STATISTICS = True
+    #: seconds between the table's commits (0: every commit publishes at once)
+    publish_interval: float = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.published = PublishCounts()
+        self._own = 0  # the highest log position this process committed
+        self._slot_tried = -1
+        self._written: dict[str, tuple[pq.FileMetaData, list | None]] = {}  # staged file -> footer, partition
+        self._timer: threading.Thread | None = None
+        self._wake = threading.Condition(threading.Lock())
+        self._closing = False
+        self.store.ensure_dir(PUBLISH_DIR)
 
     @abc.abstractmethod
-    def published_through(self) -> int:
-        """The highest log position the table holds (0 if none or no table yet)."""
+    def load_state(self) -> TableState:
+        """The table as it stands now (one load)."""
 
-    @abc.abstractmethod
-    def table_schema(self) -> pa.Schema | None:
-        """The table's current schema (None if there is no table yet)."""
-
-    def merge_rows(self, record: dict, latest: pa.Table) -> None:
-        """One table transaction that merges ``latest`` (``MergeSpec.latest``) by key and
-        records ``record['pos']`` (``TableConflict`` when another writer committed first)."""
+    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> None:
+        """One table transaction that merges ``latest`` (``MergeSpec.latest`` of ``records``'
+        rows) by key and records the last record's position (``TableConflict`` when another
+        writer committed first)."""
         raise SinkError(f"{type(self).__name__} has no merge")
 
     @abc.abstractmethod
-    def commit_files(self, record: dict, files: list[DataFile], schema: pa.Schema) -> None:
-        """One table transaction: add ``files``, record ``record['pos']``, add ``schema``'s new
-        columns; create the table from ``schema`` (and the partitioning) if there is none."""
+    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> None:
+        """One table transaction: add ``files`` (of ``records``, in log order), record the last
+        record's position, add ``schema``'s new columns; create the table from ``schema`` (and
+        the partitioning) if there is none."""
+
+    def published_through(self) -> int:
+        """The highest log position the table holds (0 if none or no table yet)."""
+        return self.load_state().position
+
+    def table_schema(self) -> pa.Schema | None:
+        """The table's current schema (None if there is no table yet)."""
+        return self.load_state().schema
+
+    def publish_counts(self) -> dict[str, int]:
+        return self.published.to_dict()
+
+    def set_table_commit_interval(self, seconds: float) -> None:
+        self.publish_interval = max(0.0, float(seconds))
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -163,53 +237,189 @@ class TableSink(LakeSink):
         if current is not None:
             new_columns(current, schema)
 
-    def partition_of(self, path: str) -> list | None:
-        """A published data file's partition values (from its first row; ``None``: unpartitioned)."""
-        if self.partitioning is None:
-            return None
-        f = pq.ParquetFile(self.store.filesystem().open_input_file(self.store.file_path(path)))
-        first = f.read_row_group(0, columns=self.partitioning.columns).slice(0, 1)
-        return self.partitioning.first_values(first)
+    # -- what the writer knows of its files -----------------------------------------------
 
-    # -- publish in log order -------------------------------------------------------------
+    def write_parts(self, table: pa.Table, staging: str, stem: str) -> list[tuple[str, int]]:
+        """As the lake's, keeping each file's footer and partition for its publish: a writer
+        that publishes its own files reads none of them again."""
+        out = super().write_parts(table, staging, stem)
+        for name, _ in out:
+            rel = f"{staging}/{name}"
+            if len(self._written) > 4096:
+                self._written.clear()  # a writer that never publishes (others always win): bounded
+            self._written[rel] = self._footer(rel)
+        return out
+
+    def _footer(self, staged: str) -> tuple[pq.FileMetaData, list | None]:
+        """A staged file's footer and partition values (one open; ``None``: unpartitioned)."""
+        f = pq.ParquetFile(self.store.filesystem().open_input_file(self.store.file_path(staged)))
+        values = None
+        if self.partitioning is not None:
+            first = f.read_row_group(0, columns=self.partitioning.columns).slice(0, 1)
+            values = self.partitioning.first_values(first)
+        return f.metadata, values
+
+    def _data_files(self, record: dict) -> list[DataFile]:
+        """A committed record's files as a table commit adds them (copied to their published
+        names first), from what this writer kept, else from their footers."""
+        self.copy_files(record)
+        out = []
+        for f in record["files"]:
+            known = self._written.pop(f["staged"], None)
+            md, values = known if known is not None else self._footer(f["path"])
+            _, stats = file_stats(metadata=md)
+            out.append(DataFile(f["path"], self.store.size(f["path"]), stats, md, values))
+        return out
+
+    # -- publish: group commit in log order -----------------------------------------------
+
+    def _ready(self, position: int) -> list[dict]:
+        """The committed records after ``position`` that have files, in log order."""
+        return sorted((r for r in self._log.commits.values() if r["pos"] > position and r["files"]),
+                      key=lambda r: r["pos"])
 
     def publish(self, record: dict) -> None:
-        target = record["pos"]
+        """Publish ``record`` and every record ready before it (and after: one transaction takes
+        all that are ready), now, whatever the interval (recovery, roll-forward)."""
         with self._lock:
-            for _ in range(1000):
-                done = self.published_through()
-                if done >= target:
-                    break
-                pending = sorted((r for r in self._log.commits.values() if done < r["pos"] <= target and r["files"]),
-                                 key=lambda r: r["pos"])
-                if not pending:
-                    break  # records without files have nothing to show
-                nxt = pending[0]
-                if self.merge is not None:
-                    try:
-                        self.merge_rows(nxt, self.merge.latest(self._staged_rows(nxt)))
-                    except TableConflict:
-                        continue
-                    self.store.delete_tree(self.staging(nxt["gid"]))
-                    continue
-                self.copy_files(nxt)
-                files, schema = [], None
-                for f in nxt["files"]:
-                    data_md = pq.read_metadata(self.store.filesystem().open_input_file(self.store.file_path(f["path"])))
-                    _, stats = file_stats(metadata=data_md)
-                    files.append(DataFile(f["path"], self.store.size(f["path"]), stats, data_md,
-                                          self.partition_of(f["path"])))
-                    s = data_md.schema.to_arrow_schema()
-                    schema = s if schema is None else pa.unify_schemas([schema, s])
-                try:
-                    self.commit_files(nxt, files, schema)
-                except TableConflict:
-                    continue  # another writer committed first: re-read where the table stands
-                self.store.delete_tree(self.staging(nxt["gid"]))
-            else:
-                raise SinkError(f"could not publish log position {target}: too many concurrent commits")
-            self.store.delete_tree(self.staging(record["gid"]))
+            self._publish_ready()
+            self.store.delete_tree(self.staging(record["gid"]))  # a record without files has nothing to show
 
+    def _publish_ready(self) -> bool:
+        """One table commit of every ready record; True if it committed. Retries after a lost
+        race (counted), re-reading the table; gives up after too many."""
+        for _ in range(1000):
+            self._log.refresh()
+            state = self.load_state()
+            pending = self._ready(state.position)
+            if not pending:
+                return False
+            try:
+                if self.merge is not None:
+                    rows = pa.concat_tables([self._staged_rows(r) for r in pending], promote_options="default")
+                    self.merge_rows(pending, self.merge.latest(rows), state)
+                else:
+                    files = [f for r in pending for f in self._data_files(r)]
+                    schema = pa.unify_schemas([f.metadata.schema.to_arrow_schema() for f in files])
+                    self.commit_files(pending, files, schema, state)
+            except TableConflict as e:
+                self.published.conflicts += 1
+                log.info("cg table commit lost a race, re-reading the table (%s)", str(e)[:200])
+                continue
+            self.published.commits += 1
+            self.published.records += len(pending)
+            for r in pending:
+                self.store.delete_tree(self.staging(r["gid"]))
+            self._hint(pending[-1]["pos"])
+            return True
+        raise SinkError(f"could not publish log position {self._log.pos}: too many concurrent commits")
+
+    def committed(self, record: dict) -> None:
+        """After this writer's commit record: publish now (no interval), or in the current
+        slot if this writer wins it, else later (the timer, ``flush``)."""
+        self._own = max(self._own, record["pos"])
+        if self.publish_interval <= 0:
+            self.publish(record)
+            return
+        self._publish_in_slot()
+        self._start_timer()
+
+    def publish_due(self) -> bool:
+        """Publish every ready record if this writer wins the current slot (``True``)."""
+        with self._lock:
+            return self._publish_in_slot()
+
+    def _publish_in_slot(self) -> bool:
+        slot = int(time.time() // self.publish_interval)
+        if slot <= self._slot_tried:
+            return False
+        self._slot_tried = slot
+        try:
+            self.store.create(f"{PUBLISH_DIR}/{slot:020d}", b"")
+        except FileExistsError:
+            return False  # another writer publishes this slot
+        if slot % SLOTS_KEPT == 0:
+            self._prune_slots(slot)
+        return self._publish_ready()
+
+    def _prune_slots(self, slot: int) -> None:
+        try:
+            for name in self.store.list(PUBLISH_DIR):
+                if name.isdigit() and int(name) < slot - SLOTS_KEPT:
+                    self.store.delete_tree(f"{PUBLISH_DIR}/{name}")
+        except OSError:
+            pass  # a claim left behind costs nothing; the next pruning removes it
+
+    def _hint(self, pos: int) -> None:
+        try:
+            self.store.write(PUBLISHED_HINT, json.dumps({"pos": pos}).encode())
+        except OSError:
+            pass  # a hint: readers fall back on the table
+
+    def _hinted(self) -> int:
+        try:
+            return int(json.loads(self.store.read(PUBLISHED_HINT))["pos"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0
+
+    def unpublished(self, *, exact: bool = False) -> bool:
+        """Whether a record this process committed is not in the table yet (``exact``: asked of
+        the table, not the hint)."""
+        with self._lock:
+            if not self._own:
+                return False
+            done = self._hinted() if not exact else 0
+            if done >= self._own:
+                return False
+            self._log.refresh()
+            done = max(done, self.load_state().position) if exact or done < self._own else done
+            return any(r["pos"] <= self._own for r in self._ready(done))
+
+    def flush(self) -> None:
+        """Wait until every record this process committed is in the table, publishing in a
+        slot it wins (at the end of a run: its batches are then readable)."""
+        if self.publish_interval <= 0:
+            with self._lock:
+                if self._own and self.unpublished(exact=True):
+                    self._publish_ready()
+            return
+        while self.unpublished(exact=True):
+            if self.publish_due():
+                continue
+            time.sleep(max(0.01, self.publish_interval - time.time() % self.publish_interval))
+
+    def _start_timer(self) -> None:
+        with self._wake:
+            if self._timer is not None or self._closing:
+                self._wake.notify()
+                return
+            self._timer = threading.Thread(target=self._timer_loop, name=f"cg-publish-{self.store.location}",
+                                           daemon=True)
+            self._timer.start()
+
+    def _timer_loop(self) -> None:
+        """Each slot while this process has unpublished records: try to publish them."""
+        while True:
+            with self._wake:
+                if self._closing:
+                    return
+                self._wake.wait(max(0.005, self.publish_interval - time.time() % self.publish_interval))
+                if self._closing:
+                    return
+            try:
+                if self.unpublished():
+                    self.publish_due()
+            except Exception as e:  # noqa: BLE001 - the next commit or flush publishes (and raises)
+                log.warning("cg table publish in the background failed (%s): the next commit retries",
+                            str(e)[:200])
+
+    def close(self) -> None:
+        with self._wake:
+            self._closing = True
+            self._wake.notify_all()
+        if self._timer is not None:
+            self._timer.join(timeout=5)
+        super().close()
 
     def roll_forward(self, commits: list[dict]) -> None:
         self.publish(commits[-1])  # publishes every record before it, in log order
