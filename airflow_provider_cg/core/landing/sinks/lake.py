@@ -354,7 +354,7 @@ class LakeSink(TwoPhaseSink):
                             checked_pos = self._log.acking_pos[gid]
                     current = self._drop_committed(current, staging, checked_pos)
                     checked_pos = self._log.pos
-                    record = self._commit_record(prepared.batch_id, current)
+                    record = self._commit_record(prepared.batch_id, current, self._log.pos + 1)
                 except (FileNotFoundError, PreparedWriteLost):
                     # its staging is gone: committed or aborted by another instance. A log read
                     # before a clean-up may miss that record: read it again, once
@@ -405,13 +405,15 @@ class LakeSink(TwoPhaseSink):
             "rows": current["rows"] - dropped,
         }
 
-    def data_file_name(self, batch_id: BatchId, tag: str, i: int) -> str:
-        """The ``i``-th file of a batch: names sort in the batch's order (its input's order), as
-        readers that list a commit's files by name see them. Recorded in the commit record, so
-        a retried commit uses the names its first attempt chose."""
-        return f"part-{batch_id.uid}-b{batch_id.batch_seq}-{tag}-{i:05d}.parquet"
+    def data_file_name(self, batch_id: BatchId, tag: str, i: int, pos: int) -> str:
+        """The ``i``-th file of a batch committed at log position ``pos``: names sort in log
+        order, and a batch's in its input's order, so a reader that lists a table commit's files
+        by name (a group commit holds several batches) or a table's files after its older
+        snapshots expired sees them in the order they were committed. Recorded in the commit
+        record, so a retried commit uses the names its first attempt chose."""
+        return f"part-{pos:012d}-{batch_id.uid}-b{batch_id.batch_seq}-{tag}-{i:05d}.parquet"
 
-    def _commit_record(self, batch_id: BatchId, current: dict) -> dict:
+    def _commit_record(self, batch_id: BatchId, current: dict, pos: int) -> dict:
         keys_dir = f"{KEYS_DIR}/{fs_name(batch_id.gid)}"
         self.store.ensure_dir(keys_dir)
         tag = secrets.token_hex(4)
@@ -424,7 +426,7 @@ class LakeSink(TwoPhaseSink):
             else:
                 self.store.write(key_path, npy_bytes(keys))
             streams[stream] = {"min": int(keys[0]), "max": int(keys[-1]), "count": len(keys), "keys": key_path}
-        files = [{"path": self.DATA_PREFIX + self.data_file_name(batch_id, tag, i), "staged": staged_file,
+        files = [{"path": self.DATA_PREFIX + self.data_file_name(batch_id, tag, i, pos), "staged": staged_file,
                   "rows": rows} for i, (staged_file, rows) in enumerate(current["files"])]
         return {
             "v": 1,
