@@ -165,13 +165,17 @@ class Lander:
 
     def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
                  spark: bool, zip_path: Path, follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (),
-                 job_logs: Path | None = None) -> None:
+                 job_logs: Path | None = None, sink: str = "parquet") -> None:
         self.job_logs = job_logs or workdir / "logs"  # a log file per job there
+        self.sink = sink
         self.url, self.workdir, self.stream, self.members = url, workdir, stream, members
         self.extra = extra  # more job arguments (a transformation)
         self.interval, self.spark, self.zip_path = interval, spark, zip_path
         self.follow = follow  # (seconds, commit interval) of each job, or None
-        self.lake = workdir / f"lake-{stream}"
+        self.lake = workdir / f"lake-{stream}"  # the Parquet lake, or the Delta table
+        self.catalog = f"sqlite:///{workdir}/catalog.db"
+        # where the table's protocol log is: the lake, the Delta table, the Iceberg table's location
+        self.root = workdir / "warehouse" / "lake.db" / stream.lower() if sink == "iceberg" else self.lake
         self.jobs = 0
         self.cpu_s = 0.0  # the jobs' own CPU, user + system
         self.stop = threading.Event()
@@ -212,12 +216,27 @@ class Lander:
         following = ["--follow", str(self.follow[0]), "--commit-interval", str(self.follow[1])] if self.follow else []
         log = self._log(member)
         try:
-            return subprocess.Popen([*launch, "--stream", self.stream, "--group", "g", "--member", member, "--sink",
-                                     "parquet", "--sink-path", str(self.lake), "--batch-size", "20000",
+            return subprocess.Popen([*launch, "--stream", self.stream, "--group", "g", "--member", member,
+                                     *self.sink_args(), "--batch-size", "20000",
                                      "--idle-timeout", "0.5", "--standby-timeout", "5", *following, *self.extra],
                                     env=env, cwd=self.workdir, stdout=log, stderr=log)
         finally:
             log.close()
+
+    def sink_args(self) -> list[str]:
+        if self.sink == "iceberg":
+            return ["--sink", "iceberg", "--iceberg-table", f"lake.{self.stream.lower()}", "--iceberg-catalog-uri",
+                    self.catalog, "--iceberg-warehouse", str(self.workdir / "warehouse")]
+        return ["--sink", self.sink, "--sink-path", str(self.lake)]
+
+    def summaries(self) -> list[dict]:
+        """Every job's summary (its log's ``CG_SUMMARY`` line)."""
+        out = []
+        for f in self.job_logs.glob(f"{self.stream}-*.log"):
+            for line in f.read_text(errors="replace").splitlines():
+                if line.startswith("CG_SUMMARY "):
+                    out.append(json.loads(line[len("CG_SUMMARY "):]))
+        return out
 
     def _log(self, member: str):
         """A file per job for its output (under spark-submit the driver's Python log is in its
@@ -272,22 +291,90 @@ async def all_ready(url: str, stream: str, members: list[str], logs: Path | None
         await nc.close()
 
 
-def freshness(lake: Path, stream: str) -> np.ndarray:
-    """Seconds from publish to commit, per landed message (from the lake's commit log)."""
-    root = lake
+def freshness(root: Path, visible_at=None) -> np.ndarray:
+    """Seconds from publish to the moment its row could be read, per landed message: its
+    batch's commit (the Parquet lake's commit log), or ``visible_at(position)`` of a table
+    (the first time a reader found the table at that log position or past it)."""
     log = CommitLog(LocalStorage(root, create=False))
     log.refresh()
     out = []
     for record in log.records:
         if record["op"] != "commit":
             continue
-        committed = dt.datetime.fromisoformat(record["committed_at"]).timestamp()
+        committed = dt.datetime.fromisoformat(record["committed_at"]).timestamp() if visible_at is None \
+            else visible_at(record["pos"])
         for f in record["files"]:
             path = root / f["path"] if (root / f["path"]).exists() else root / f["staged"]
             col = pq.read_table(path, columns=["timestamp"]).column("timestamp")
             ns = col.cast(pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_numpy()  # stored in microseconds
             out.append(committed - ns / 1e9)
     return np.concatenate(out) if out else np.zeros(0)
+
+
+class TableWatch:
+    """A reader of a Delta or Iceberg table polling it every ``every`` seconds for the log
+    position its last commit recorded, as delta-rs and pyiceberg read it: when each position
+    became readable, and how many table commits there were."""
+
+    def __init__(self, lander: Lander, every: float = 0.05) -> None:
+        self.lander, self.every = lander, every
+        self.seen: list[tuple[float, int]] = []  # (time, position), positions increasing
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _position(self) -> int:
+        if self.lander.sink == "delta":
+            from airflow_provider_cg.core.landing.sinks.tables import APP_ID
+
+            if self._dt is None:
+                from deltalake import DeltaTable
+
+                self._dt = DeltaTable(str(self.lander.lake))
+            else:
+                self._dt.update_incremental()
+            return self._dt.transaction_version(APP_ID) or 0
+        from airflow_provider_cg.core.landing.sinks.iceberg import POSITION_PROPERTY
+
+        if self._catalog is None:
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            self._catalog = SqlCatalog("default", uri=self.lander.catalog)
+        return int(self._catalog.load_table(f"lake.{self.lander.stream.lower()}").properties.get(POSITION_PROPERTY, 0))
+
+    def _run(self) -> None:
+        self._dt = self._catalog = None
+        while not self.stop.is_set():
+            try:
+                pos = self._position()
+            except Exception:  # noqa: BLE001 - no table yet
+                pos = 0
+            if pos and (not self.seen or pos > self.seen[-1][1]):
+                self.seen.append((time.time(), pos))
+            time.sleep(self.every)
+
+    def visible_at(self, pos: int) -> float:
+        for at, p in self.seen:
+            if p >= pos:
+                return at
+        return float("nan")
+
+    def commits(self) -> int:
+        """Table commits that recorded a log position (every commit of the sinks does)."""
+        if self.lander.sink == "delta":
+            from deltalake import DeltaTable
+
+            return sum(1 for h in DeltaTable(str(self.lander.lake)).history() if "cg.position" in h)
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        tbl = SqlCatalog("default", uri=self.lander.catalog).load_table(f"lake.{self.lander.stream.lower()}")
+        return int(tbl.metadata.last_sequence_number or 0)
+
+
+def _all_visible(root: Path, watch: TableWatch) -> bool:
+    log = CommitLog(LocalStorage(root, create=False))
+    log.refresh()
+    last = max((r["pos"] for r in log.records if r["op"] == "commit" and r["files"]), default=0)
+    return bool(watch.seen) and watch.seen[-1][1] >= last
 
 
 def handovers(lake: Path) -> list[float]:
@@ -331,7 +418,7 @@ def backlog_growth(samples: list[tuple[float, int]], seconds: float) -> float:
 def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float | None, rate: float,
              seconds: float, partitions: int, members: int, spark: bool, zip_path: Path,
              publishers: int = 4, layout: str = grouplayout.WORK_QUEUE,
-             follow: tuple[float, float] | None = None, extra: tuple[str, ...] = ()) -> dict:
+             follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (), sink: str = "parquet") -> dict:
     stream = name.upper()
     names = [f"m{i + 1}" for i in range(members)]
 
@@ -344,7 +431,8 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
 
     asyncio.run(setup())
     lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow, extra,
-                    workdir / "logs")
+                    workdir / "logs", sink)
+    watch = TableWatch(lander) if sink != "parquet" else None
     thread = threading.Thread(target=lander.run, daemon=True)
     publisher = Publisher(url, stream, rate, seconds, publishers)
 
@@ -356,6 +444,8 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
             return await landed_so_far(api, stream, partitions, layout)
 
         thread.start()
+        if watch is not None:
+            watch.thread.start()
         if follow:  # followers start warm: publishing begins once every member's job waits for it
             await all_ready(url, stream, names, workdir / "logs" if spark else None)
         nonlocal warm_cpu
@@ -369,6 +459,11 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
             await asyncio.sleep(0.2)
         drain_s = time.perf_counter() - stopped
         drained = await landed() >= publisher.published
+        if watch is not None:  # what landed is also readable: the table holds every commit record
+            readable = time.perf_counter() + 30
+            while time.perf_counter() < readable and not _all_visible(lander.root, watch):  # noqa: ASYNC110
+                await asyncio.sleep(0.1)  # the table, polled
+            drain_s = time.perf_counter() - stopped
         lander.stop.set()
         await nc.close()
         return drain_s if drained else None
@@ -378,8 +473,17 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
     drain_s = asyncio.run(go())
     elapsed = time.perf_counter() - t
     thread.join(180)
-    f = freshness(lander.lake, stream)
-    gaps = handovers(lander.lake) if follow else []
+    if watch is not None:
+        time.sleep(0.2)
+        watch.stop.set()
+        watch.thread.join(10)
+    f = freshness(lander.root, watch.visible_at if watch is not None else None)
+    f = f[np.isfinite(f)]
+    gaps = handovers(lander.root) if follow else []
+    summaries = lander.summaries()
+    table_commits = watch.commits() if watch is not None else None
+    late = [round(s_["duration_s"] - follow[0], 1) for s_ in summaries
+            if follow and s_.get("duration_s") and s_["duration_s"] > follow[0] + 2]
     achieved = publisher.published / publisher.elapsed
     # kept up: the backlog did not grow while publishing, what was left landed within one
     # scheduled interval (+10 s for a job's start), and p99 freshness is within the target
@@ -387,7 +491,11 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
     growth = backlog_growth(publisher.samples, publisher.elapsed)
     sustained = (drain_s is not None and drain_s <= (interval or 0) + 10 and p99 <= (interval or 0) + 30
                  and growth <= 0.05 * achieved)
-    return {"schedule": schedule, "members": members, "layout": layout, "publishers": publishers,
+    return {"sink": sink, "schedule": schedule, "members": members, "layout": layout, "publishers": publishers,
+            "table_commits": table_commits,
+            "table_commits_s": round(table_commits / elapsed, 2) if table_commits is not None else None,
+            "table_conflicts": sum(int(s_.get("table_conflicts") or 0) for s_ in summaries),
+            "followers_late_s": late,
             "rate_target": round(rate), "rate_achieved": round(achieved),
             "drain_s": None if drain_s is None else round(drain_s, 1), "published": publisher.published,
             "landed": int(len(f)), "landed_msg_s": round(len(f) / elapsed), "jobs": lander.jobs,
@@ -419,10 +527,10 @@ def plot(rows: list[dict], reference: float, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for key in dict.fromkeys((r["schedule"], r["members"]) for r in rows):
-        pts = [r for r in rows if (r["schedule"], r["members"]) == key]
+    for key in dict.fromkeys((r["schedule"], r["members"], r["sink"]) for r in rows):
+        pts = [r for r in rows if (r["schedule"], r["members"], r["sink"]) == key]
         x = [r["rate_achieved"] / 1000 for r in pts]
-        label = f"{key[0]}, {key[1]} member{'s' if key[1] > 1 else ''}"
+        label = f"{key[2]}, {key[0]}, {key[1]} member{'s' if key[1] > 1 else ''}"
         a.plot(x, [r["p99_s"] for r in pts], marker="o", label=f"{label} p99")
         b.plot(x, [r["landed_msg_s"] / 1000 for r in pts], marker="o", label=label)
     for ax in (a, b):
@@ -430,7 +538,7 @@ def plot(rows: list[dict], reference: float, path: Path) -> None:
         ax.set_xlabel("publish rate (thousand msg/s)")
         ax.legend(fontsize=7)
     a.set_ylabel("publish -> commit, p99 (s)")
-    a.set_title("freshness of the lake")
+    a.set_title("freshness: publish to readable")
     b.set_ylabel("landed (thousand msg/s)")
     b.set_title("landed rate")
     fig.tight_layout()
@@ -458,6 +566,8 @@ def main() -> None:
                    help="a follower's commit interval in seconds; several (1,2,4): each a follow schedule of its own")
     p.add_argument("--results", default="freshness", help="the name of the results' .json and .png")
     p.add_argument("--publishers", type=int, default=4, help="publisher processes")
+    p.add_argument("--sinks", default="parquet", help="parquet, delta and/or iceberg (comma-separated): the same cases "
+                                                     "into each, freshness being when a reader of the table sees a row")
     p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
     p.add_argument("--reference-messages", type=int, default=300_000)
     p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
@@ -490,43 +600,47 @@ def main() -> None:
         for k, members in enumerate(member_counts):
             for i, (schedule, interval, commit_interval) in enumerate(schedules):
                 for j, frac in enumerate(fractions):
-                    row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}", schedule, interval, reference * frac,
-                                   args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
-                                   args.layout, (follow_s, commit_interval) if commit_interval is not None else None,
-                                   ("--transform-sql", args.transform_sql) if args.transform_sql else ())
-                    row["fraction"], row["commit_interval_s"] = frac, commit_interval
-                    rows.append(row)
-                    print(f"  {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
-                          f"published): p50 {row['p50_s']} s, p99 {row['p99_s']} s, max {row['max_s']} s, landed "
-                          f"{row['landed_msg_s']:,} msg/s, {row['jobs']} jobs, {row['cpu_us_per_msg']} us CPU/msg "
-                          f"({row['cpu_us_per_msg_landing']} landing), hand-overs {row['handovers']} "
-                          f"(p50 {row['handover_p50_s']} s, max {row['handover_max_s']} s), "
-                          f"sustained {row['sustained']}", flush=True)
-    cols = ["members", "schedule", "fraction", "rate_target", "rate_achieved", "published", "landed",
+                    for n, sink in enumerate(args.sinks.split(",")):  # the same case into each table
+                        row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}x{n}", schedule, interval, reference * frac,
+                                       args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
+                                       args.layout, (follow_s, commit_interval) if commit_interval is not None else None,
+                                       ("--transform-sql", args.transform_sql) if args.transform_sql else (), sink)
+                        row["fraction"], row["commit_interval_s"] = frac, commit_interval
+                        rows.append(row)
+                        print(f"  {sink}: {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
+                              f"published): p50 {row['p50_s']} s, p99 {row['p99_s']} s, max {row['max_s']} s, landed "
+                              f"{row['landed_msg_s']:,} msg/s, {row['jobs']} jobs, {row['cpu_us_per_msg']} us CPU/msg "
+                              f"({row['cpu_us_per_msg_landing']} landing), hand-overs {row['handovers']} "
+                              f"(p50 {row['handover_p50_s']} s, max {row['handover_max_s']} s), "
+                              f"table commits {row['table_commits_s']}/s, conflicts {row['table_conflicts']}, followers "
+                              f"late {row['followers_late_s']}, sustained {row['sustained']}", flush=True)
+    cols = ["sink", "members", "schedule", "fraction", "rate_target", "rate_achieved", "published", "landed",
             "landed_msg_s", "p50_s", "p99_s", "max_s", "backlog_max", "backlog_growth_msg_s", "drain_s", "jobs",
-            "cpu_us_per_msg", "cpu_us_per_msg_landing", "handover_p50_s", "handover_max_s", "sustained"]
+            "cpu_us_per_msg", "cpu_us_per_msg_landing", "handover_p50_s", "handover_max_s",
+            "table_commits_s", "table_conflicts", "sustained"]
     print("\n" + " ".join(f"{c:>13}" for c in cols))
     for r in rows:
         print(" ".join(f"{r.get(c, '')!s:>13}" for c in cols))
     best = {}
-    for key in dict.fromkeys((r["members"], r["schedule"]) for r in rows):
-        rate = max([r["rate_achieved"] for r in rows if (r["members"], r["schedule"]) == key and r["sustained"]]
-                   or [0])
-        tried = max(r["rate_achieved"] for r in rows if (r["members"], r["schedule"]) == key)
-        best[f"{key[0]} members, {key[1]}"] = {"msg_s": rate, "x_sourcing": round(rate / reference, 2),
-                                               "highest_published": tried}
-        print(f"{key[0]} members, {key[1]}: highest sustained rate {rate:,} msg/s = {rate / reference:.2f}x the "
+    for key in dict.fromkeys((r["sink"], r["members"], r["schedule"]) for r in rows):
+        rate = max([r["rate_achieved"] for r in rows if (r["sink"], r["members"], r["schedule"]) == key
+                    and r["sustained"]] or [0])
+        tried = max(r["rate_achieved"] for r in rows if (r["sink"], r["members"], r["schedule"]) == key)
+        best[f"{key[0]}, {key[1]} members, {key[2]}"] = {"msg_s": rate, "x_sourcing": round(rate / reference, 2),
+                                                         "highest_published": tried}
+        print(f"{key[0]}, {key[1]} members, {key[2]}: highest sustained rate {rate:,} msg/s = {rate / reference:.2f}x the "
               f"server's sourcing (highest published {tried:,} msg/s)")
     cpu = {}  # the jobs' CPU per landed message against one member's, same schedule and rate
     cpu_landing = {}  # the same without the CPU spent before publishing began
     for r in rows:
         one = next((o for o in rows if o["members"] == 1 and o["schedule"] == r["schedule"]
-                    and o["fraction"] == r["fraction"]), None)
+                    and o["fraction"] == r["fraction"] and o["sink"] == r["sink"]), None)
         if one and one.get("cpu_us_per_msg") and r.get("cpu_us_per_msg"):
             r["cpu_x_one_member"] = round(r["cpu_us_per_msg"] / one["cpu_us_per_msg"], 2)
             r["cpu_landing_x_one_member"] = round(r["cpu_us_per_msg_landing"] / one["cpu_us_per_msg_landing"], 2)
-            cpu[f"{r['members']} members, {r['schedule']}, {r['fraction']}x"] = r["cpu_x_one_member"]
-            cpu_landing[f"{r['members']} members, {r['schedule']}, {r['fraction']}x"] = r["cpu_landing_x_one_member"]
+            cpu[f"{r['sink']}, {r['members']} members, {r['schedule']}, {r['fraction']}x"] = r["cpu_x_one_member"]
+            cpu_landing[f"{r['sink']}, {r['members']} members, {r['schedule']}, {r['fraction']}x"] = \
+                r["cpu_landing_x_one_member"]
     for key, ratio in cpu.items():
         print(f"jobs' CPU per landed message, {key}: {ratio}x one member's ({cpu_landing[key]}x without start-up)")
     out = {"sourcing_msg_s": round(reference), "interval_s": args.interval, "partitions": args.partitions,

@@ -228,3 +228,56 @@ async def test_the_progress_board_belongs_to_the_latest_pinned_run(nc):
     await new.close()
     entry = json.loads((await kv.get(key)).value)
     assert entry["owner"] == "m.1/new" and entry["state"] == "ended", entry
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+async def test_followers_into_a_table_share_one_table_commit_per_interval(nc, nats_server, member_job_zip, tmp_path,
+                                                                          fmt):
+    """Three followers into one Delta or Iceberg table, batches every 0.3 s, a table commit
+    interval of 1 s: the table gets about one commit a second for all of them (not one per
+    batch), the jobs' summaries count every table commit the table shows, each follower ends
+    on time with its last batches readable, and everything lands once, in per-key order."""
+    from tests.support.member_job import delta_landed, iceberg_landed
+
+    pytest.importorskip("deltalake" if fmt == "delta" else "pyiceberg")
+    members = ("m1", "m2", "m3")
+    await create_group(nc, STREAM, GROUP, partitions=6, members=members)
+    catalog = f"sqlite:///{tmp_path}/catalog.db"
+    table = ["--sink", "delta", "--sink-path", str(tmp_path / "orders")] if fmt == "delta" else \
+        ["--sink", "iceberg", "--iceberg-table", "lake.orders", "--iceberg-catalog-uri", catalog,
+         "--iceberg-warehouse", str(tmp_path / "warehouse")]
+    jobs = [start_member_job(member_job_zip, tmp_path, nats_servers=nats_server.url, stream=STREAM, group=GROUP,
+                             member=m, spark=False, args=["--batch-size", "2000", "--follow", "9", "--commit-interval",
+                                                          "0.3", "--table-commit-interval", "1",
+                                                          "--progress-interval", "0.5", *table]) for m in members]
+    for m in members:
+        await _pull_waiting(nc, m)
+    expected: dict = {}
+    started = time.time()
+    for _ in range(6):
+        expected |= await publish_orders(nc, STREAM, GROUP, 200, 60, wait_sourced=False)
+        await asyncio.sleep(0.8)
+    results = [await asyncio.to_thread(j.wait, 90) for j in jobs]
+    elapsed = time.time() - started
+    for r in results:
+        assert r.returncode == 0, r.describe()
+        assert r.summary["stop_reason"] == "follow ended" and r.summary["duration_s"] < 9 + 5, r.summary
+    summaries = [r.summary for r in results]
+    batches = sum(s["batches"] for s in summaries)
+    made = sum(s["table_commits"] for s in summaries)
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        commits = sum(1 for h in DeltaTable(str(tmp_path / "orders")).history() if "cg.position" in h)
+        landed = delta_landed(str(tmp_path / "orders"))
+    else:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        commits = SqlCatalog("default", uri=catalog).load_table("lake.orders").metadata.last_sequence_number
+        landed = iceberg_landed(catalog, "lake.orders")
+    assert made == commits, (made, commits, summaries)
+    assert commits <= elapsed / 1.0 + 3, (commits, elapsed)
+    assert batches >= 2 * commits, (batches, commits)  # several members' batches per table commit
+    assert any("table_commits=" in r.output for r in results), results[0].output[-2000:]
+    assert_exactly_once(landed, expected)
+    assert await wq_messages(nc, STREAM, GROUP) == 0

@@ -110,3 +110,46 @@ def test_a_writer_whose_pin_moved_rolls_back_before_any_ack(tmp_path):
     assert lander.sink.recover("ORDERS", "g", "m1") == []  # rolled back, nothing left prepared
     assert land(lander, range(6, 11), 3) is True  # a backfill's batch asks nothing (no ack step)
     assert len(asked) == 2
+
+
+def test_a_batch_whose_inputs_other_writers_keep_taking_lands_what_is_left(tmp_path):
+    """A transformed batch over inputs 1-40, and another writer (a backfill beside a live
+    member) committing 4 of them right before each of its acking marks, 8 times: more than
+    ``MAX_RECOMPUTES`` recomputes, each taking inputs out. The batch is computed again each
+    time and lands the 8 inputs no one took; nothing fails, every input lands once."""
+    from airflow_provider_cg.core.landing.protocol.two_phase import MAX_RECOMPUTES
+
+    lake = tmp_path / "lake"
+    other = ParquetLakeSink(lake)
+    chunks = [list(range(1 + 4 * i, 5 + 4 * i)) for i in range(8)]
+    assert len(chunks) > MAX_RECOMPUTES
+
+    def transformed(seqs):
+        return rows(seqs), {"ORDERS": np.asarray(seqs, np.int64)}
+
+    class Contended(ParquetLakeSink):
+        def mark_acking(self, prepared):
+            if chunks:  # the other writer's batch commits first
+                table, keys = transformed(chunks.pop(0))
+                p = other.prepare(BatchId("ORDERS", "g", "backfill", 100 + len(chunks)), table,
+                                  message_refs={}, input_keys=keys)
+                other.commit(other.mark_acking(p))
+            return super().mark_acking(prepared)
+
+    sink = Contended(lake)
+    s = Summary("ORDERS", "g", "m1")
+    lander = TwoPhaseLander(sink, s, "ORDERS", "g", "m1")
+    seq = iter(range(2, 100))
+
+    def recompute():
+        left = [q for q in range(1, 41) if not sink.committed_keys_exist("ORDERS", [q])[0]]
+        table, keys = transformed(left)
+        return BatchId("ORDERS", "g", "m1", next(seq)), ProcessedBatch(table, {}, input_keys=keys)
+
+    table, keys = transformed(list(range(1, 41)))
+    refs = {"ORDERS-g": np.arange(1, 41, dtype=np.int64)}
+    landed = asyncio.run(lander.land(BatchId("ORDERS", "g", "m1", 1), ProcessedBatch(table, {}, input_keys=keys),
+                                     table, refs, None, 40, 400, recompute=recompute))
+    assert landed is True and not chunks
+    assert s.recomputed == 8
+    assert committed_seqs(lake) == list(range(1, 41))  # each input's row once: 32 by the other, 8 here
