@@ -11,13 +11,18 @@ commit a second. Every ``--every`` commits it times the next ``--window`` commit
   plan     a reader's plan of the newest batch (``origin_seq`` at or past its first): the files
            to read, from Delta's log or Iceberg's manifests
 
-Cases: ``delta``, ``iceberg`` (this version), and ``iceberg-add-files``: the previous version's
+Cases: ``delta``, ``iceberg`` (this version), ``delta-maintained``: Delta with ``cg maintain``'s
+compaction, checkpoint and log clean-up every ``--maintain-every`` commits (outside the timed
+windows: a table followed at a commit a second, maintained every quarter hour), and
+``iceberg-add-files``: the previous version's
 Iceberg publish (pyiceberg ``add_files`` with its duplicate check, one fast-append manifest per
 commit, no snapshot expiry), for ``--legacy-commits`` commits, as the baseline. Prints a table
-(each window's figures as a ratio to its case's window at 100 commits), writes
+(each window's figures as a ratio to its case's window at 100 commits; ``delta``, unmaintained,
+for 3,000 commits: its commit grows with its files), writes
 ``benchmarks/results/table_age.json`` and ``table_age.png``.
 
     .venv/bin/python benchmarks/bench_table_age.py [--commits 10000] [--legacy-commits 2000]
+        [--cases delta-maintained,iceberg,iceberg-add-files,delta:3000]
 """
 
 from __future__ import annotations
@@ -64,10 +69,10 @@ class LegacyIcebergPublish:
 
 
 def open_case(case: str, root: Path):
-    if case == "delta":
+    if case.startswith("delta"):
         from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
 
-        return DeltaLakeSink(str(root / "delta"))
+        return DeltaLakeSink(str(root / case))
     from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
 
     sink = IcebergSink(f"sqlite:///{root}/catalog-{case}.db", f"lake.{case.replace('-', '_')}",
@@ -89,11 +94,11 @@ def land(sink, i: int, n: int) -> float:
 
 def reader(case: str, root: Path, sink):
     """(load seconds, plan seconds) of a reader of the newest batch."""
-    if case == "delta":
+    if case.startswith("delta"):
         from deltalake import DeltaTable
 
         t = time.perf_counter()
-        dt = DeltaTable(str(root / "delta"))
+        dt = DeltaTable(str(root / case))
         loaded = time.perf_counter() - t
         newest = dt.version()
         t = time.perf_counter()
@@ -110,7 +115,14 @@ def reader(case: str, root: Path, sink):
     return loaded, time.perf_counter() - t, len(tbl.snapshots())
 
 
-def run_case(case: str, commits: int, n: int, every: int, window: int, root: Path) -> list[dict]:
+def maintain(case: str, sink) -> None:
+    """``cg maintain``'s Delta maintenance: compaction, a checkpoint, vacuum and log clean-up."""
+    from airflow_provider_cg.core.landing.sinks.table_maintenance import maintain_delta
+
+    maintain_delta(sink, True, None, 0)
+
+
+def run_case(case: str, commits: int, n: int, every: int, window: int, root: Path, maintain_every: int) -> list[dict]:
     sink = open_case(case, root)
     out = []
     marks = sorted({m for m in [100, *range(every, commits + 1, every)] if m <= commits})
@@ -120,6 +132,8 @@ def run_case(case: str, commits: int, n: int, every: int, window: int, root: Pat
         while i < mark - window:
             land(sink, i, n)
             i += 1
+            if case == "delta-maintained" and i % maintain_every == 0:
+                maintain(case, sink)
         times, loads, plans = [], [], []
         history = 0
         while i < mark:
@@ -167,13 +181,16 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=20)
     ap.add_argument("--every", type=int, default=1000)
     ap.add_argument("--window", type=int, default=50)
-    ap.add_argument("--cases", default="delta,iceberg,iceberg-add-files")
+    ap.add_argument("--maintain-every", type=int, default=900)
+    ap.add_argument("--cases", default="delta-maintained,iceberg,iceberg-add-files,delta:3000",
+                    help="cases, each optionally with its own number of commits (delta:3000)")
     args = ap.parse_args()
     rows_: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="cg-table-age-") as tmp:
-        for case in args.cases.split(","):
-            commits = args.legacy_commits if case == "iceberg-add-files" else args.commits
-            rows_ += run_case(case, commits, args.rows, args.every, args.window, Path(tmp))
+        for spec in args.cases.split(","):  # a case, or case:commits
+            case, _, given = spec.partition(":")
+            commits = int(given) if given else args.legacy_commits if case == "iceberg-add-files" else args.commits
+            rows_ += run_case(case, commits, args.rows, args.every, args.window, Path(tmp), args.maintain_every)
     print(f"\n{'case':<20}{'commits':>8}{'commit ms':>11}{'x@100':>7}{'load ms':>9}{'x@100':>7}{'plan ms':>9}"
           f"{'x@100':>7}{'history':>9}")
     for r in rows_:

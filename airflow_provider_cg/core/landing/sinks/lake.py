@@ -323,8 +323,12 @@ class LakeSink(TwoPhaseSink):
             for data, rows in self._parquet_files(part.schema, self.target_file_size).files(part):
                 name = f"{stem}-{len(out):05d}.parquet"
                 self.store.write_new(f"{staging}/{name}", data)
+                self.wrote(f"{staging}/{name}", data, part)
                 out.append((name, rows))
         return out
+
+    def wrote(self, staged: str, data: bytes, rows: pa.Table) -> None:  # noqa: B027 - a table sink keeps footers
+        """A data file this writer staged: ``data`` its bytes, ``rows`` the partition it holds."""
 
     def _read_parquet(self, rel: str) -> pa.Table:
         return pq.read_table(io.BytesIO(self.store.read(rel)))

@@ -8,7 +8,9 @@ property), which compaction and expiry keep.
 - **Delta** (delta-rs): ``OPTIMIZE`` compaction toward ``target_file_size`` (a separate commit
   that replaces small files by large ones; concurrent appends rebase over it), a checkpoint,
   ``VACUUM`` of files unreferenced for ``retention_hours``, and the clean-up of log entries
-  older than the table's log retention.
+  and removed files' tombstones older than it (the table's ``delta.logRetentionDuration`` and
+  ``delta.deletedFileRetentionDuration`` are set to it: what a reader or a commit loads then
+  stops growing with the table's age).
 - **Iceberg** (pyiceberg): snapshots older than ``retention_hours`` expired (the current one
   always kept), then orphan data files (under ``data/``, in no snapshot, older than the
   retention) deleted. pyiceberg 0.12 has no data-file compaction (Iceberg's

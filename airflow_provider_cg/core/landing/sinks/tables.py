@@ -186,7 +186,8 @@ class TableSink(LakeSink):
         self.published = PublishCounts()
         self._own = 0  # the highest log position this process committed
         self._slot_tried = -1
-        self._written: dict[str, tuple[pq.FileMetaData, list | None]] = {}  # staged file -> footer, partition
+        #: staged file -> its footer, partition values and size, as this writer wrote it
+        self._written: dict[str, tuple[pq.FileMetaData, list | None, int]] = {}
         self._timer: threading.Thread | None = None
         self._wake = threading.Condition(threading.Lock())
         self._closing = False
@@ -239,16 +240,13 @@ class TableSink(LakeSink):
 
     # -- what the writer knows of its files -----------------------------------------------
 
-    def write_parts(self, table: pa.Table, staging: str, stem: str) -> list[tuple[str, int]]:
-        """As the lake's, keeping each file's footer and partition for its publish: a writer
-        that publishes its own files reads none of them again."""
-        out = super().write_parts(table, staging, stem)
-        for name, _ in out:
-            rel = f"{staging}/{name}"
-            if len(self._written) > 4096:
-                self._written.clear()  # a writer that never publishes (others always win): bounded
-            self._written[rel] = self._footer(rel)
-        return out
+    def wrote(self, staged: str, data: bytes, rows: pa.Table) -> None:
+        """Keep a staged file's footer (parsed from the bytes just written) and partition for
+        its publish: a writer that publishes its own files reads none of them again."""
+        if len(self._written) > 4096:
+            self._written.clear()  # a writer that never publishes (others always win): bounded
+        values = self.partitioning.first_values(rows) if self.partitioning is not None and rows.num_rows else None
+        self._written[staged] = (pq.read_metadata(pa.BufferReader(data)), values, len(data))
 
     def _footer(self, staged: str) -> tuple[pq.FileMetaData, list | None]:
         """A staged file's footer and partition values (one open; ``None``: unpartitioned)."""
@@ -266,9 +264,12 @@ class TableSink(LakeSink):
         out = []
         for f in record["files"]:
             known = self._written.pop(f["staged"], None)
-            md, values = known if known is not None else self._footer(f["path"])
+            if known is not None:
+                md, values, size = known
+            else:
+                (md, values), size = self._footer(f["path"]), self.store.size(f["path"])
             _, stats = file_stats(metadata=md)
-            out.append(DataFile(f["path"], self.store.size(f["path"]), stats, md, values))
+            out.append(DataFile(f["path"], size, stats, md, values))
         return out
 
     # -- publish: group commit in log order -----------------------------------------------
