@@ -39,9 +39,10 @@ first of commit/abort wins for good.
 
 Publishing. The ``commit`` record decides; ``publish`` (per sink) then makes the batch
 visible to readers -- the Parquet sink links files into ``data/``, Delta and Iceberg commit
-one table transaction per batch. Any instance rolls a committed record forward (after a crash
+one table transaction for every record ready, once per ``table_commit_interval`` for all
+writers (``tables.py``). Any instance rolls a committed record forward (after a crash
 between the record and the publish), so publishing is idempotent, and the table sinks
-publish records in log order, each transaction carrying its log position.
+publish records in log order, each transaction carrying the last log position it publishes.
 
 VACUUM, compaction, checkpoints and snapshot expiry of the table do not touch ``_cg_*``
 objects (``_``-prefixed names are not data to any of them), so the committed keys that

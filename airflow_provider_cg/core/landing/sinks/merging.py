@@ -8,7 +8,7 @@ deletes its key (again only over an older row). So a batch computed again, or la
 another writer after a newer one, never writes an older version over a newer one.
 
 Exactly once stays the protocol's: a batch's inputs are committed once (Delta and Iceberg:
-the table's recorded position, one merge commit per batch; PostgreSQL: ``cg_committed_inputs``
+the table's recorded position, one merge commit per group of batches; PostgreSQL: ``cg_committed_inputs``
 in the prepared transaction). Rows must keep ``origin_stream`` and ``origin_seq`` (a
 transformation must select them), and a key's records must come in per-key order, which the
 group's partitioning gives when the key is (or determines) the partition key.

@@ -191,6 +191,7 @@ class TableSink(LakeSink):
         self._timer: threading.Thread | None = None
         self._wake = threading.Condition(threading.Lock())
         self._closing = False
+        self._state: tuple[float, TableState] | None = None  # (monotonic time, the last load)
         self.store.ensure_dir(PUBLISH_DIR)
 
     @abc.abstractmethod
@@ -211,11 +212,18 @@ class TableSink(LakeSink):
 
     def published_through(self) -> int:
         """The highest log position the table holds (0 if none or no table yet)."""
-        return self.load_state().position
+        return self._loaded().position
 
     def table_schema(self) -> pa.Schema | None:
         """The table's current schema (None if there is no table yet)."""
-        return self.load_state().schema
+        return self._loaded().schema
+
+    def _loaded(self, max_age: float = 0.0) -> TableState:
+        """``load_state``, or the last load if younger than ``max_age`` seconds."""
+        now = time.monotonic()
+        if self._state is None or now - self._state[0] > max_age or self._state[1].schema is None:
+            self._state = (now, self.load_state())
+        return self._state[1]
 
     def publish_counts(self) -> dict[str, int]:
         return self.published.to_dict()
@@ -234,7 +242,9 @@ class TableSink(LakeSink):
             self.partitioning.check_schema(utc_schema(schema))
         if self.merge is not None:
             self.merge.check_schema(schema)
-        current = self.table_schema()
+        # the table as loaded within the last second (a follower prepares several batches a
+        # second, and an Iceberg load reads the catalog and the metadata file)
+        current = self._loaded(max_age=1.0).schema
         if current is not None:
             new_columns(current, schema)
 
@@ -291,7 +301,7 @@ class TableSink(LakeSink):
         race (counted), re-reading the table; gives up after too many."""
         for _ in range(1000):
             self._log.refresh()
-            state = self.load_state()
+            state = self._loaded()
             pending = self._ready(state.position)
             if not pending:
                 return False
@@ -304,9 +314,11 @@ class TableSink(LakeSink):
                     schema = pa.unify_schemas([f.metadata.schema.to_arrow_schema() for f in files])
                     self.commit_files(pending, files, schema, state)
             except TableConflict as e:
+                self._state = None
                 self.published.conflicts += 1
                 log.info("cg table commit lost a race, re-reading the table (%s)", str(e)[:200])
                 continue
+            self._state = None  # this commit changed the table (its position, maybe its schema)
             self.published.commits += 1
             self.published.records += len(pending)
             for r in pending:
@@ -373,7 +385,7 @@ class TableSink(LakeSink):
             if done >= self._own:
                 return False
             self._log.refresh()
-            done = max(done, self.load_state().position) if exact or done < self._own else done
+            done = max(done, self._loaded().position)
             return any(r["pos"] <= self._own for r in self._ready(done))
 
     def flush(self) -> None:
