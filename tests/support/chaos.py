@@ -271,9 +271,10 @@ class ChaosRun:
             kind = owed[0]
         running = [j for j in self.running() if j.pid not in self.suspended]
         if kind == "kill" and running:
-            job = self.rng.choice(running)
+            publisher = self.publisher(running) if self.rng.random() < 0.7 else None
+            job = publisher or self.rng.choice(running)
             job.kill()
-            self.log(f"SIGKILL job {job.pid}")
+            self.log(f"SIGKILL job {job.pid}{', the table commit slot holder' if publisher else ''}")
         elif kind == "stop" and running:
             job = self.rng.choice(running)
             job.suspend()
@@ -296,6 +297,20 @@ class ChaosRun:
             await self.restart_object_store()
         elif kind == "layout":
             await self.move_layout()
+
+    def publisher(self, running: list[MemberJob]) -> MemberJob | None:
+        """The job that claimed the newest table commit slot of a Delta or Iceberg table on local
+        disk (``_cg_publish/<slot>`` names its process), if it runs: likely committing for the
+        others right now."""
+        if self.config.sink not in ("delta", "iceberg") or self.object_store is not None:
+            return None
+        root = Path(self.table) if self.config.sink == "delta" else Path(self.warehouse) / "lake.db" / "orders"
+        try:
+            newest = max((n for n in os.listdir(root / "_cg_publish") if n.isdigit()), default=None)
+            pid = json.loads((root / "_cg_publish" / newest).read_bytes())["pid"] if newest else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return next((j for j in running if j.pid == pid), None)
 
     async def move_layout(self) -> None:
         """Move the group to its other layout under the running jobs (or take back a move not

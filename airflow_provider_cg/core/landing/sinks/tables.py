@@ -12,6 +12,8 @@ import abc
 import io
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -149,7 +151,8 @@ class PublishCounts:
         return {"table_commits": self.commits, "records_published": self.records, "table_conflicts": self.conflicts}
 
 
-#: claims of the table's commit slots (``TableSink.publish_due``), one empty object per slot won
+#: claims of the table's commit slots (``TableSink.publish_due``), one object per slot won,
+#: naming the host and process that publishes it
 PUBLISH_DIR = "_cg_publish"
 #: the newest log position a publisher published, written after its table commit (a hint:
 #: never ahead of the table, so a writer that reads it past its records needs no table load)
@@ -192,6 +195,7 @@ class TableSink(LakeSink):
         self._wake = threading.Condition(threading.Lock())
         self._closing = False
         self._state: tuple[float, TableState] | None = None  # (monotonic time, the last load)
+        self._claimant = json.dumps({"host": socket.gethostname(), "pid": os.getpid()}).encode()
         self.store.ensure_dir(PUBLISH_DIR)
 
     @abc.abstractmethod
@@ -347,8 +351,8 @@ class TableSink(LakeSink):
         if slot <= self._slot_tried:
             return False
         self._slot_tried = slot
-        try:
-            self.store.create(f"{PUBLISH_DIR}/{slot:020d}", b"")
+        try:  # who publishes this slot, for an operator (and a test) to see
+            self.store.create(f"{PUBLISH_DIR}/{slot:020d}", self._claimant)
         except FileExistsError:
             return False  # another writer publishes this slot
         if slot % SLOTS_KEPT == 0:
