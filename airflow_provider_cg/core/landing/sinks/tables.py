@@ -166,7 +166,7 @@ class TableSink(LakeSink):
     the log holds ready, from every writer, in log order; the transaction records the highest
     position it publishes, so the table's recorded position says exactly which records it holds.
 
-    Group commit. With a ``publish_interval`` (the job's ``table_commit_interval``) a commit
+    Group commit. With a ``table_commit_interval`` (the job option of that name) a commit
     record is not published by its writer at once: wall-clock time is cut into slots of that
     length and the first writer to claim a slot (``Storage.create`` of ``_cg_publish/<slot>``:
     exactly one wins) publishes everything ready then, whoever committed it. A writer whose
@@ -182,7 +182,7 @@ class TableSink(LakeSink):
 
     ALL_STATISTICS = True
     #: seconds between the table's commits (0: every commit publishes at once)
-    publish_interval: float = 0.0
+    table_commit_interval: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -233,7 +233,7 @@ class TableSink(LakeSink):
         return self.published.to_dict()
 
     def set_table_commit_interval(self, seconds: float) -> None:
-        self.publish_interval = max(0.0, float(seconds))
+        self.table_commit_interval = max(0.0, float(seconds))
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -335,7 +335,7 @@ class TableSink(LakeSink):
         """After this writer's commit record: publish now (no interval), or in the current
         slot if this writer wins it, else later (the timer, ``flush``)."""
         self._own = max(self._own, record["pos"])
-        if self.publish_interval <= 0:
+        if self.table_commit_interval <= 0:
             self.publish(record)
             return
         self._publish_in_slot()
@@ -347,7 +347,7 @@ class TableSink(LakeSink):
             return self._publish_in_slot()
 
     def _publish_in_slot(self) -> bool:
-        slot = int(time.time() // self.publish_interval)
+        slot = int(time.time() // self.table_commit_interval)
         if slot <= self._slot_tried:
             return False
         self._slot_tried = slot
@@ -395,7 +395,7 @@ class TableSink(LakeSink):
     def flush(self) -> None:
         """Wait until every record this process committed is in the table, publishing in a
         slot it wins (at the end of a run: its batches are then readable)."""
-        if self.publish_interval <= 0:
+        if self.table_commit_interval <= 0:
             with self._lock:
                 if self._own and self.unpublished(exact=True):
                     self._publish_ready()
@@ -403,7 +403,7 @@ class TableSink(LakeSink):
         while self.unpublished(exact=True):
             if self.publish_due():
                 continue
-            time.sleep(max(0.01, self.publish_interval - time.time() % self.publish_interval))
+            time.sleep(max(0.01, self.table_commit_interval - time.time() % self.table_commit_interval))
 
     def _start_timer(self) -> None:
         with self._wake:
@@ -420,7 +420,7 @@ class TableSink(LakeSink):
             with self._wake:
                 if self._closing:
                     return
-                self._wake.wait(max(0.005, self.publish_interval - time.time() % self.publish_interval))
+                self._wake.wait(max(0.005, self.table_commit_interval - time.time() % self.table_commit_interval))
                 if self._closing:
                     return
             try:
