@@ -379,28 +379,24 @@ class TableSink(LakeSink):
         except (OSError, ValueError, KeyError, TypeError):
             return 0
 
-    def unpublished(self, *, exact: bool = False) -> bool:
-        """Whether a record this process committed is not in the table yet (``exact``: asked of
-        the table, not the hint)."""
+    def unpublished(self) -> bool:
+        """Whether a record this process committed is not in the table yet (the hint first: it
+        is never ahead of the table; then the table)."""
         with self._lock:
-            if not self._own:
-                return False
-            done = self._hinted() if not exact else 0
-            if done >= self._own:
+            if not self._own or self._hinted() >= self._own:
                 return False
             self._log.refresh()
-            done = max(done, self._loaded().position)
-            return any(r["pos"] <= self._own for r in self._ready(done))
+            return any(r["pos"] <= self._own for r in self._ready(self._loaded().position))
 
     def flush(self) -> None:
         """Wait until every record this process committed is in the table, publishing in a
         slot it wins (at the end of a run: its batches are then readable)."""
         if self.table_commit_interval <= 0:
             with self._lock:
-                if self._own and self.unpublished(exact=True):
+                if self.unpublished():
                     self._publish_ready()
             return
-        while self.unpublished(exact=True):
+        while self.unpublished():
             if self.publish_due():
                 continue
             time.sleep(max(0.01, self.table_commit_interval - time.time() % self.table_commit_interval))
@@ -423,8 +419,8 @@ class TableSink(LakeSink):
                 self._wake.wait(max(0.005, self.table_commit_interval - time.time() % self.table_commit_interval))
                 if self._closing:
                     return
-            try:
-                if self.unpublished():
+            try:  # the hint alone (no table load): a writer that loses the slot reads nothing more
+                if self._own and self._hinted() < self._own:
                     self.publish_due()
             except Exception as e:  # noqa: BLE001 - the next commit or flush publishes (and raises)
                 log.warning("cg table publish in the background failed (%s): the next commit retries",
