@@ -537,7 +537,7 @@ def plot(rows: list[dict], reference: float, path: Path) -> None:
         ax.axvline(reference / 1000, color="#999", linestyle=":", label="server sourcing alone")
         ax.set_xlabel("publish rate (thousand msg/s)")
         ax.legend(fontsize=7)
-    a.set_ylabel("publish -> commit, p99 (s)")
+    a.set_ylabel("publish -> readable, p99 (s)")
     a.set_title("freshness: publish to readable")
     b.set_ylabel("landed (thousand msg/s)")
     b.set_title("landed rate")

@@ -182,10 +182,15 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1000)
     ap.add_argument("--window", type=int, default=50)
     ap.add_argument("--maintain-every", type=int, default=900)
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the rows of other cases already in results/table_age.json (a case run alone)")
     ap.add_argument("--cases", default="delta-maintained,iceberg,iceberg-add-files,delta:3000",
                     help="cases, each optionally with its own number of commits (delta:3000)")
     args = ap.parse_args()
     rows_: list[dict] = []
+    ran = {spec.partition(":")[0] for spec in args.cases.split(",")}
+    if args.keep and (RESULTS / "table_age.json").exists():
+        rows_ = [r for r in json.loads((RESULTS / "table_age.json").read_text())["rows"] if r["case"] not in ran]
     with tempfile.TemporaryDirectory(prefix="cg-table-age-") as tmp:
         for spec in args.cases.split(","):  # a case, or case:commits
             case, _, given = spec.partition(":")
@@ -199,7 +204,7 @@ def main() -> None:
               f"{r['load_ms']:>9.1f}{r['load_ms'] / base['load_ms']:>7.2f}{r['plan_ms']:>9.1f}"
               f"{r['plan_ms'] / base['plan_ms']:>7.2f}{r['history']:>9}")
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "table_age.json").write_text(json.dumps({"args": vars(args), "rows": rows_}, indent=1))
+    (RESULTS / "table_age.json").write_text(json.dumps({"args": vars(args), "rows": rows_}, indent=1) + "\n")
     plot(rows_, RESULTS / "table_age.png")
 
 
