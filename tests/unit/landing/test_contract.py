@@ -120,6 +120,7 @@ BAD = [
     ({"backfill_start": "2026-01-02T00:00:00Z", "backfill_end": "2026-01-01T00:00:00Z"}, "backfill_end"),
     ({"backfill_start": "2026-01-01T00:00:00Z", "backfill_end": "2026-01-01T00:00:00Z"}, "backfill_end"),
     ({"bad_records": "skip"}, "bad_records"),
+    ({"table_commit_interval": "0"}, "table_commit_interval"), ({"table_commit_interval": "soon"}, "table_commit_interval"),
     ({"route_by": "t"}, "route_by"),
     ({"sink_path": None, "routes": "{x"}, "routes"),
     ({"sink_path": None, "routes": json.dumps({"a": {"sink_path": "/a"}})}, "routes.a.subjects"),
