@@ -262,9 +262,9 @@ class TableSink(LakeSink):
         values = self.partitioning.first_values(rows) if self.partitioning is not None and rows.num_rows else None
         self._written[staged] = (pq.read_metadata(pa.BufferReader(data)), values, len(data))
 
-    def _footer(self, staged: str) -> tuple[pq.FileMetaData, list | None]:
-        """A staged file's footer and partition values (one open; ``None``: unpartitioned)."""
-        f = pq.ParquetFile(self.store.filesystem().open_input_file(self.store.file_path(staged)))
+    def _footer(self, path: str) -> tuple[pq.FileMetaData, list | None]:
+        """Another writer's file's footer and partition values (one open; ``None``: unpartitioned)."""
+        f = pq.ParquetFile(self.store.filesystem().open_input_file(self.store.file_path(path)))
         values = None
         if self.partitioning is not None:
             first = f.read_row_group(0, columns=self.partitioning.columns).slice(0, 1)
