@@ -9,11 +9,13 @@ rendered fields and refuses what the job would refuse, before spark-submit start
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import math
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -263,6 +265,15 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self._follow_seconds: float | None = None
         self._summary: dict[str, Any] | None = None  # the last run's, for lineage
         self._check(rendered=False)
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
+        """Airflow's ``partial``, with the member job's contract checked over the arguments known
+        when the DAG is parsed: a misspelt sink or a bad duration fails the parse, naming the
+        field, instead of the land task after the group and members tasks ran. The arguments
+        ``expand`` maps are checked there, where they are literal lists."""
+        check_mapping_arguments(kwargs)
+        return CheckedOperatorPartial(super().partial(**kwargs), kwargs)
 
     # --- arguments ---------------------------------------------------------------------
 
@@ -540,6 +551,72 @@ def _table_outlets(sink_options: dict[str, Any]) -> list:
         return table_assets(**{k: v for k, v in sink_options.items() if v is not None})
     except (ValueError, ConfigError):  # incomplete or invalid: the contract check that follows names the field
         return []
+
+
+def _literal(value: Any) -> bool:
+    """Whether a DAG file wrote ``value`` as it is: not a template, an XCom or a mapped value."""
+    if isinstance(value, str):
+        return not templated(value)
+    if value is None or isinstance(value, bool | int | float):
+        return True
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _literal(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_literal(v) for v in value)
+    return False
+
+
+def check_mapping_arguments(given: Mapping[str, Any]) -> None:
+    """The member job's contract over a mapped task's arguments as far as they are known at
+    parse time: the literal ones checked, every other job field (mapped, templated, an XCom)
+    standing as unknown, so no rule that involves one is applied (``ConfigError``)."""
+    values = {k: v for k, v in given.items() if k in JOB_FIELDS and _literal(v)}
+    follow = values.get("follow")
+    if follow == UNTIL_NEXT_RUN:
+        del values["follow"]  # seconds, known once the task runs
+    elif isinstance(follow, str):
+        parse_duration(follow, "follow", also=f', or "{UNTIL_NEXT_RUN}"')
+    unknown = {k for k in JOB_FIELDS if k not in values}
+    if "routes" not in given:  # no routes in the DAG file: the sink options are the table's own
+        unknown.discard("routes")
+    MemberJobSpec.check_known(values, unknown)
+
+
+#: beyond this many, ``expand``'s literal lists are checked one argument at a time
+MAX_CHECKED_COMBINATIONS = 1024
+
+
+class CheckedOperatorPartial:
+    """What ``ConsumerGroupSparkSubmitOperator.partial`` returns: Airflow's partial operator,
+    whose ``expand`` and ``expand_kwargs`` first check the literal values they map (each with
+    the partial's arguments, ``check_mapping_arguments``); everything else is Airflow's."""
+
+    def __init__(self, partial: Any, given: Mapping[str, Any]) -> None:
+        self._partial, self._given = partial, dict(given)
+
+    def expand(self, **mapped: Any) -> Any:
+        lists = {k: v for k, v in mapped.items() if isinstance(v, list | tuple)}
+        combinations = math.prod(len(v) for v in lists.values())
+        if lists and combinations <= MAX_CHECKED_COMBINATIONS:  # as Airflow maps them: every combination
+            for values in itertools.product(*lists.values()):
+                check_mapping_arguments({**self._given, **dict(zip(lists, values, strict=True))})
+        else:
+            for name, values in lists.items():
+                for value in values:
+                    check_mapping_arguments({**self._given, name: value})
+        return self._partial.expand(**mapped)
+
+    def expand_kwargs(self, kwargs: Any, *, strict: bool = True) -> Any:
+        for item in kwargs if isinstance(kwargs, list | tuple) else ():
+            if isinstance(item, Mapping):
+                check_mapping_arguments({**self._given, **item})
+        return self._partial.expand_kwargs(kwargs, strict=strict)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._partial, name)
+
+    def __repr__(self) -> str:
+        return repr(self._partial)
 
 
 def _sink_kinds(spec: MemberJobSpec | None, values: dict[str, Any]) -> frozenset[str]:

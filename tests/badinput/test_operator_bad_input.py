@@ -115,3 +115,47 @@ def test_what_the_job_refuses_the_operator_refuses_before_spark_submit(airflow_e
                 if e.field != field:
                     failures.append(f"{over}: rendered, names {e.field!r}, expected {field!r}")
     assert not failures, "\n".join(failures)
+
+
+def test_mapped_tasks_are_refused_when_the_dag_is_parsed(airflow_env):
+    """The same corpus given to ``.partial()`` (the member mapped by ``.expand()``), to a literal
+    ``.expand()`` and to a literal ``.expand_kwargs()``: refused when the DAG file is parsed,
+    naming the field, not when the land task runs after the group and members tasks; what
+    ``.partial()`` leaves to the mapping (here the member) is not judged before it is known."""
+    import inspect
+
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_provider_cg.operators.spark import JOB_FIELDS
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator as Op
+    from tests.unit.landing.test_contract import BAD, BASE
+
+    params = inspect.signature(Op.__init__).parameters
+    defaults = {f: params[f].default for f in JOB_FIELDS}  # every field given: only the member is mapped
+
+    def mapped(how: str, over: dict) -> None:
+        given = {k: v for k, v in {**defaults, **BASE, **over}.items() if k != "member"}
+        with DAG(f"d_{how}", schedule=None, start_date=pendulum.datetime(2024, 1, 1)):
+            if how == "partial":
+                Op.partial(task_id="t", **given, pg_conn_id="pg").expand(member=["m1", "m2"])
+            elif how == "expand":  # the bad values mapped, each a literal list
+                first = {k: v for k, v in given.items() if k not in over}
+                Op.partial(task_id="t", **first, pg_conn_id="pg").expand(
+                    member=["m1", "m2"], **{k: [v] for k, v in over.items()})
+            else:
+                first = {k: v for k, v in given.items() if k not in over}
+                Op.partial(task_id="t", **first, pg_conn_id="pg").expand_kwargs([{"member": "m1", **over}])
+
+    failures = []
+    for over, field in BAD:
+        if "member" in over or field == "member":
+            continue  # mapped here: its rules wait for its value
+        for how in ("partial", "expand", "expand_kwargs"):
+            failures += [f"{how} {over}: {f}" for f in _refused(lambda h=how, o=over: mapped(h, o), [({}, field)])]
+    assert not failures, "\n".join(failures)
+    # the right arguments parse, whatever is mapped or templated
+    with DAG("d_ok", schedule=None, start_date=pendulum.datetime(2024, 1, 1)):
+        Op.partial(task_id="a", stream="S", group="g", sink="delta").expand(sink_path=["/tmp/x"], member=["m1"])
+        Op.partial(task_id="b", stream="S", group="g", sink="{{ params.sink }}", follow="until-next-run") \
+            .expand_kwargs([{"member": "m1", "sink_path": "/tmp/y"}])
