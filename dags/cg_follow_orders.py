@@ -3,8 +3,8 @@
 Each member's task is a follower (``follow``): one spark-submit that keeps its member's pin and
 lands new orders as they arrive, a batch every ``commit_interval`` (1 s) or ``batch_size``
 messages, for ``CG_FOLLOW_SECONDS`` (10 minutes), then commits and releases the pin. The DAG is
-``@continuous`` with one run at a time: when a run ends, the next starts and its followers take
-over the pins at once. Spark starts once per task, not once per batch.
+``@continuous`` with one run at a time and a start date in the past: when a run ends, the next
+starts and its followers take over the pins at once. Spark starts once per task, not once per batch.
 
 It waits for the group (DAG 1 creates it) rather than failing in a loop, then lands as example
 DAG 1 does (same group, same transformation, same ``paid_orders`` table),
@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pendulum
 from airflow.sdk import DAG, task
 
 from airflow_provider_cg.examples import EXAMPLE_DEFAULT_ARGS, landing_asset, landing_report, orders_landing
@@ -46,6 +47,9 @@ with DAG(
     dag_id=DAG_ID,
     description="Continuous landing: one follower per member, each a spark-submit that lands what arrives",
     schedule="@continuous",
+    # a start date in the past: without one Airflow's first continuous run spans no time and the
+    # scheduler never starts a second (docs/how-to/follow.md); continuous runs do not catch up
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
     tags=["nats", "consumer-groups", "spark", "example"],

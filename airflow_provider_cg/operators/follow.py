@@ -41,6 +41,21 @@ def next_run_after(timetable: Any, now: dt.datetime, run_after: dt.datetime | No
                                 f"({type(timetable).__name__} has no next run): give seconds or a duration")
 
 
+def check_continuous_start(dag: Any, task_start_date: dt.datetime | None) -> None:
+    """A landing task in an ``@continuous`` DAG needs a start date (the DAG's, or its tasks'
+    through ``default_args``): without one Airflow gives the first run a zero-length data
+    interval, ``[now, now]``, and computes the second run's logical date as that same instant,
+    so the scheduler finds the run already there and never starts another (Airflow 3.3's
+    ``ContinuousTimetable``). ``ConfigError("start_date", ...)`` when the DAG is parsed."""
+    if dag is None or type(getattr(dag, "timetable", None)).__name__ != "ContinuousTimetable":
+        return
+    if task_start_date is None and getattr(dag, "start_date", None) is None \
+            and not any(getattr(t, "start_date", None) for t in getattr(dag, "tasks", ())):
+        raise ConfigError("start_date", f"the @continuous DAG {dag.dag_id!r} needs one, in the past (for instance "
+                                        "pendulum.datetime(2025, 1, 1)): without it Airflow schedules its first "
+                                        "run over a zero-length interval and never starts a second")
+
+
 def seconds_until_next_run(context: Any, commit_interval: float) -> float:
     """``follow`` for this task: until its DAG's next run, less the time its last batch needs."""
     now = dt.datetime.now(dt.UTC)

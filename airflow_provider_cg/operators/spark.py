@@ -34,7 +34,7 @@ from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kind
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.hooks.nats import NatsHook
-from airflow_provider_cg.operators.follow import UNTIL_NEXT_RUN, seconds_until_next_run
+from airflow_provider_cg.operators.follow import UNTIL_NEXT_RUN, check_continuous_start, seconds_until_next_run
 from airflow_provider_cg.operators.members import (
     SETTLE_TIMEOUT,
     UI_COLOR,
@@ -265,6 +265,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self._follow_seconds: float | None = None
         self._summary: dict[str, Any] | None = None  # the last run's, for lineage
         self._check(rendered=False)
+        check_continuous_start(self.dag if self.has_dag() else None, self.start_date)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
@@ -582,6 +583,11 @@ def check_mapping_arguments(given: Mapping[str, Any]) -> None:
     MemberJobSpec.check_known(values, unknown)
 
 
+def _checked_schedule(mapped: Any) -> Any:
+    check_continuous_start(getattr(mapped, "dag", None), getattr(mapped, "start_date", None))
+    return mapped
+
+
 #: beyond this many, ``expand``'s literal lists are checked one argument at a time
 MAX_CHECKED_COMBINATIONS = 1024
 
@@ -604,13 +610,13 @@ class CheckedOperatorPartial:
             for name, values in lists.items():
                 for value in values:
                     check_mapping_arguments({**self._given, name: value})
-        return self._partial.expand(**mapped)
+        return _checked_schedule(self._partial.expand(**mapped))
 
     def expand_kwargs(self, kwargs: Any, *, strict: bool = True) -> Any:
         for item in kwargs if isinstance(kwargs, list | tuple) else ():
             if isinstance(item, Mapping):
                 check_mapping_arguments({**self._given, **item})
-        return self._partial.expand_kwargs(kwargs, strict=strict)
+        return _checked_schedule(self._partial.expand_kwargs(kwargs, strict=strict))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._partial, name)

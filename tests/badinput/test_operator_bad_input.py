@@ -159,3 +159,28 @@ def test_mapped_tasks_are_refused_when_the_dag_is_parsed(airflow_env):
         Op.partial(task_id="a", stream="S", group="g", sink="delta").expand(sink_path=["/tmp/x"], member=["m1"])
         Op.partial(task_id="b", stream="S", group="g", sink="{{ params.sink }}", follow="until-next-run") \
             .expand_kwargs([{"member": "m1", "sink_path": "/tmp/y"}])
+
+
+def test_a_continuous_dag_without_a_start_date_is_refused_when_parsed(airflow_env):
+    """Airflow gives such a DAG's first run a zero-length interval and never starts a second:
+    a landing task in it, mapped or not, names ``start_date``; the DAG's own start date or one
+    from ``default_args`` is enough, and other schedules need none."""
+    import pendulum
+    from airflow.sdk import DAG
+
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator as Op
+
+    def build(schedule, mapped: bool, **dag_args) -> None:
+        with DAG("c", schedule=schedule, max_active_runs=1, **dag_args):
+            if mapped:
+                Op.partial(task_id="t", stream="S", group="g", sink_path="/tmp/l", follow="60s").expand(member=["m1"])
+            else:
+                Op(task_id="t", stream="S", group="g", member="m1", sink_path="/tmp/l", follow="60s")
+
+    past = pendulum.datetime(2025, 1, 1)
+    for mapped in (False, True):
+        with pytest.raises(ConfigError, match="^start_date: the @continuous DAG 'c' needs one"):
+            build("@continuous", mapped)
+        build("@continuous", mapped, start_date=past)
+        build("@continuous", mapped, default_args={"start_date": past})
+        build(None, mapped)

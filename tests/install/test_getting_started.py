@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "getting-started.md"
 DAG_ID = "cg_scheduled_consumption"
 REPORT_ID = "cg_paid_orders_report"
+PIDS = "~/cg-getting-started.pids"  # where the page keeps its background processes' ids
 EXAMPLE_DAGS = {DAG_ID, REPORT_ID, "cg_backfill", "cg_overflow_scaleout", "cg_overflow_scaleout_sensor",
                 "cg_table_maintenance", "cg_follow_orders"}
 
@@ -99,11 +100,14 @@ class Shell:
 def test_the_getting_started_page_as_written(tmp_path):
     commands = page_commands()
     assert any(c.startswith("pip install") for c in commands) and any(c.startswith("airflow api-server") for c in commands)
-    assert all(c.endswith("&") for c in commands if c.split()[:2] in (["airflow", "scheduler"], ["nats-server", "-js"]))
-    api_port, nats_port = _free_port(), _free_port()
+    background = [c for c in commands if c.split()[:2] in (
+        ["airflow", "api-server"], ["airflow", "scheduler"], ["airflow", "dag-processor"], ["airflow", "triggerer"],
+        ["nats-server", "-js"])]
+    assert len(background) == 5 and all(c.endswith(f"& echo $! >> {PIDS}") for c in background), background
+    api_port, nats_port, monitor_port = _free_port(), _free_port(), _free_port()
 
     def local(command: str) -> str:  # the page's ports, here free ones
-        return command.replace("8080", str(api_port)).replace("4222", str(nats_port))
+        return command.replace("8080", str(api_port)).replace("4222", str(nats_port)).replace("8222", str(monitor_port))
 
     checkout = tmp_path / "checkout"  # the repository's checkout, without what a build leaves
     shutil.copytree(ROOT, checkout, ignore=shutil.ignore_patterns(
@@ -116,10 +120,10 @@ def test_the_getting_started_page_as_written(tmp_path):
                 "PATH": os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if ".venv" not in p),
                 # the backfill every 30 s from now (hourly by default), so its windows hold orders
                 "CG_BACKFILL_INTERVAL_SECONDS": "30",
-                "CG_BACKFILL_START_DATE": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())})
+                "CG_BACKFILL_START_DATE": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+                "CG_FOLLOW_SECONDS": "20"})  # DAG 6's runs 20 s each here (10 minutes by default)
+    fresh_env = dict(env)  # what a new shell starts with
     shell = Shell(checkout, env, home / "airflow" / "scheduler.log")  # the page sends it there
-    from airflow_provider_cg.demo import _orders
-
     paid: set[int] = set()
     published_at = 0.0
     reads = 0
@@ -128,11 +132,7 @@ def test_the_getting_started_page_as_written(tmp_path):
             argv = shlex.split(command.rstrip("&"))
             out = shell.run(command)
             if argv[:3] == ["python", "-m", "airflow_provider_cg.demo"]:
-                n = int(argv[argv.index("--messages") + 1])
-                first = int(argv[argv.index("--first-order") + 1]) if "--first-order" in argv else 1
-                assert not paid & set(range(first, first + n))  # new ids, as the page says
-                paid |= {o["order_id"] for o in (json.loads(b) for _, b in _orders(n, 3000, first=first))
-                         if o["status"] == "paid"}
+                paid |= _published(argv, paid)
                 published_at = time.time()
             elif argv[:3] == ["airflow", "dags", "unpause"]:
                 listed = {d["dag_id"]: d for d in _json(shell.run("airflow dags list -o json"))}
@@ -141,6 +141,12 @@ def test_the_getting_started_page_as_written(tmp_path):
                 unpaused = EXAMPLE_DAGS - {"cg_follow_orders"}  # the page leaves the followers' DAG paused
                 assert all(str(listed[d].get("is_paused")).lower() == "false" for d in unpaused), listed
                 assert str(listed["cg_follow_orders"].get("is_paused")).lower() == "true", listed
+            elif argv[:3] == ["airflow", "dags", "list"]:  # the state after unpausing, as the page says
+                def paused(dag_id: str, listing: str = out) -> bool:
+                    (line,) = [ln for ln in listing.splitlines() if re.search(rf"\b{dag_id}\b", ln)]
+                    return bool(re.search(r"\bTrue\b", line))
+
+                assert not paused(DAG_ID) and paused("cg_follow_orders"), out
             elif argv[:3] == ["airflow", "dags", "list-runs"]:  # "again, until its state is success"
                 _wait(lambda: _runs_done(shell, DAG_ID), 900, f"{DAG_ID}'s runs", shell.log)
             elif argv[:2] == ["python", "-c"]:
@@ -164,8 +170,9 @@ def test_the_getting_started_page_as_written(tmp_path):
             runs = [r for r in _json(shell.run(f"airflow dags list-runs {dag_id} -o json"))
                     if r["state"] not in ("queued", "running")]
             assert runs and all(r["state"] == "success" for r in runs), (dag_id, runs)
-        assert sum(r["run_id"].startswith("manual__") for r in _json(shell.run(
-            f"airflow dags list-runs {DAG_ID} -o json"))) == 2  # the page's two triggers
+        dag1_runs = _json(shell.run(f"airflow dags list-runs {DAG_ID} -o json"))
+        assert sum(r["run_id"].startswith("manual__") for r in dag1_runs) == 1  # the page's one trigger
+        assert any(r["run_id"].startswith("scheduled__") for r in dag1_runs)  # the one unpausing started
         _wait(lambda: any(r["state"] == "success" for r in _json(shell.run(
             f"airflow dags list-runs {REPORT_ID} -o json"))), 300, f"{REPORT_ID}'s run", shell.log)
         reports = _json(shell.run(f"airflow dags list-runs {REPORT_ID} -o json"))
@@ -185,8 +192,67 @@ def test_the_getting_started_page_as_written(tmp_path):
         assert f"http://127.0.0.1:8080/dags/{DAG_ID}>" in text
         with urllib.request.urlopen(f"http://127.0.0.1:{api_port}/dags/{DAG_ID}", timeout=30) as r:
             assert r.status == 200 and b"<html" in r.read().lower()
+
+        # landing continuously instead: DAG 6's runs one after another, without a touch
+        for command in map(local, page_commands("follow")):
+            argv = shlex.split(command)
+            out = shell.run(command)
+            if argv[:3] == ["python", "-m", "airflow_provider_cg.demo"]:
+                paid |= _published(argv, paid)
+        gaps = _consecutive_follow_runs(shell, 3)
+        print("DAG 6: gaps between a run's end and the next run's start:", [f"{g:.1f} s" for g in gaps])
+        assert all(g < 90 for g in gaps), gaps  # the scheduler's next loop, not a stall
+        rows, distinct = map(int, re.findall(r"\d+", shell.run(read).strip().splitlines()[-1]))
+        assert (rows, distinct) == (len(paid), len(paid))  # the followers' orders too, each once
+
+        # stop, as the page says, from a new shell
+        (stop,) = page_commands("stop")
+        pids = [int(p) for p in (home / PIDS.removeprefix("~/")).read_text().split()]
+        Shell(checkout, fresh_env, shell.log).run(stop)
+        _wait(lambda: not any(_alive(p) for p in pids), 90, "the services stopped by the page's command", shell.log)
     finally:
         shell.stop()
+        pidfile = home / PIDS.removeprefix("~/")
+        left = [int(p) for p in pidfile.read_text().split()] if pidfile.exists() else []
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # started by the page's commands: stopped by their PIDs
+            for pid in (p for p in left if _alive(p)):
+                os.kill(pid, sig)
+            deadline = time.monotonic() + 30
+            while any(_alive(p) for p in left) and time.monotonic() < deadline:
+                time.sleep(0.5)
+
+
+def _published(argv: list[str], paid: set[int]) -> set[int]:
+    """The paid orders a ``demo --publish-to`` command of the page published (new ids, as it says)."""
+    from airflow_provider_cg.demo import _orders
+
+    n = int(argv[argv.index("--messages") + 1])
+    first = int(argv[argv.index("--first-order") + 1]) if "--first-order" in argv else 1
+    assert not paid & set(range(first, first + n))
+    return {o["order_id"] for o in (json.loads(b) for _, b in _orders(n, 3000, first=first)) if o["status"] == "paid"}
+
+
+def _consecutive_follow_runs(shell: Shell, n: int) -> list[float]:
+    """Waits for ``n`` successful runs of DAG 6 in a row (under the real scheduler: each started
+    by the end of the one before); returns the gaps between a run's end and the next one's start."""
+    def done() -> list[dict]:
+        runs = _json(shell.run("airflow dags list-runs cg_follow_orders -o json 2> /dev/null || true"))
+        finished = sorted((r for r in runs if r["state"] in ("success", "failed")), key=lambda r: _epoch(r["start_date"]))
+        assert all(r["state"] == "success" for r in finished), finished
+        return finished
+
+    _wait(lambda: len(done()) >= n, 1200, f"{n} runs of cg_follow_orders", shell.log)
+    runs = done()
+    assert all(r["run_id"].startswith("scheduled__") for r in runs), runs  # the scheduler's, none by hand
+    return [_epoch(b["start_date"]) - _epoch(a["end_date"]) for a, b in zip(runs, runs[1:], strict=False)]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _runs_done(shell: Shell, dag_id: str) -> bool:

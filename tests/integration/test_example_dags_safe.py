@@ -72,6 +72,11 @@ def test_no_dag_runs_once_per_past_interval_when_unpaused(shipped):
         first = coerce_to_core_timetable(dag.timetable).next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
         if first is None:  # asset-scheduled or manual only
             continue
+        if type(dag.timetable).__name__ == "ContinuousTimetable":  # one run at a time, however far back
+            # its start date: the first run must span time, or Airflow computes the second run's
+            # logical date as the first's and never starts it (docs/how-to/follow.md)
+            assert first.data_interval.end > first.data_interval.start, (dag_id, first.data_interval)
+            continue
         # Unpaused today, its first automatic run covers the latest interval, not one from the past.
         assert now - first.data_interval.start < dt.timedelta(days=1), (dag_id, first.data_interval)
 
