@@ -34,7 +34,11 @@ from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kind
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.hooks.nats import NatsHook
-from airflow_provider_cg.operators.follow import UNTIL_NEXT_RUN, check_continuous_start, seconds_until_next_run
+from airflow_provider_cg.operators.follow import (
+    UNTIL_NEXT_RUN,
+    check_continuous_start,
+    seconds_until_next_run,
+)
 from airflow_provider_cg.operators.members import (
     SETTLE_TIMEOUT,
     UI_COLOR,

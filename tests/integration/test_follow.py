@@ -7,6 +7,7 @@ lake read back by its commit log; every check is exactly once and per-key order.
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import time
 
@@ -154,8 +155,8 @@ async def test_a_standby_takes_over_a_killed_follower_within_the_ack_wait(nc, na
     active = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "30", name="active")
     await _rows_above(lake, 0, 30)
     standby = _job(member_job_zip, tmp_path, nats_server, "m1", "--follow", "14", "--standby-timeout", "14",
-                   name="standby")
-    await asyncio.sleep(1.5)
+                   "--progress-interval", "0.5", name="standby")
+    await asyncio.sleep(2.5)
     expected |= await publish_orders(nc, STREAM, GROUP, 300, 30, wait_sourced=False)
     active.signal(signal.SIGKILL)
     killed_at = time.monotonic()
@@ -167,6 +168,12 @@ async def test_a_standby_takes_over_a_killed_follower_within_the_ack_wait(nc, na
     assert took_over < 5 + 2.5, f"the standby landed {took_over:.1f} s after the kill"
     assert_exactly_once(parquet_landed(lake), expected)
     assert await wq_messages(nc, STREAM, GROUP) == 0
+    # the standby talked while it waited for the pin, and its rate is what it read since the line before
+    lines = [ln for ln in result.output.splitlines() if "cg progress" in ln]
+    waiting = [ln for ln in lines if ln.endswith("waiting=pin")]
+    assert len(waiting) >= 4, lines  # about every 0.5 s of the 2.5 s and more before the kill
+    rates = [int(re.search(r" rate=(\d+) msg/s", ln).group(1)) for ln in lines]
+    assert all(r == 0 for r in rates[:len(waiting)]) and any(r > 0 for r in rates[len(waiting):]), lines
 
 
 async def test_a_follower_gives_up_revoked_partitions_at_a_batch_boundary(nc, nats_server, member_job_zip, tmp_path):

@@ -108,11 +108,15 @@ class MemberRun:
     # --- the lifecycle ---------------------------------------------------------------------
 
     async def run(self) -> Summary:
+        talking = asyncio.create_task(self.progress.keep_talking())
         try:
             s = await self._assignments()
+            self.progress.waiting = "table"
             await self.lander.finish()  # what it committed is readable when the run ends
             return s
         finally:
+            talking.cancel()
+            self.progress.waiting = None
             self.summary.duration_s = round(time.monotonic() - self.started, 3)
             self.progress.tick(force=True)
             await self.board.close()  # a run that ends otherwise than by releasing its pin
@@ -225,7 +229,11 @@ class MemberRun:
             want = 1 if isinstance(reads, DirectReads) else min(self.batch_size, max(s.target, 1))
             # a follower waits for the pin (the first message, on an empty work queue) as long as it follows
             until = max(pin_wait_from + o.standby_timeout, stop.follow_until or 0.0)
-            first = await pin.acquire(until, want, lambda: stop.revoked is not None)
+            self.progress.waiting = "pin"
+            try:
+                first = await pin.acquire(until, want, lambda: stop.revoked is not None)
+            finally:
+                self.progress.waiting = None
             if first is None:
                 if stop.revoked is not None:  # a standby: the pinned instance hands the consumer over
                     s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_REVOKED), stop.revoked
@@ -248,10 +256,12 @@ class MemberRun:
             # fencing and recovery can take longer than the consumer's priority timeout or
             # inactivity threshold (orbit's: the ack wait, 5 s): keep the pin meanwhile
             keeper = asyncio.create_task(pin.keep_until_lost())
+            self.progress.waiting = "take-over"
             try:
                 landed = await self._take_over()
             finally:
                 keeper.cancel()
+                self.progress.waiting = None
             if isinstance(reads, DirectReads) and not await reads.positions.begin(first, pinned):
                 self.slow_path = getattr(reads.positions, "declined", None) or "the durable cannot be read directly"
                 log.warning("cg member=%s reads through the consumer this run, the slow path: %s", self.member,

@@ -5,6 +5,7 @@ through ``pin``, and lands through the lander."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -25,26 +26,39 @@ log = logging.getLogger("airflow_provider_cg.landing")
 
 class Progress:
     """The job's progress line, at most every ``interval`` seconds; ``also`` is called with it
-    (the run's progress board, ``board.py``)."""
+    (the run's progress board, ``board.py``). ``rate`` is the messages read since the line
+    before, per second (what the run does now), ``run_rate`` over the whole run; ``waiting``
+    names what the run waits on while it reads nothing (the pin, the take-over, the table)."""
 
     def __init__(self, summary: Summary, interval: float, also: Callable[[], None] | None = None) -> None:
         self.summary, self.interval, self.also = summary, interval, also
         self.start = self.last = time.monotonic()
+        self.read_at_last = 0
+        self.waiting: str | None = None
 
     def tick(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self.last < self.interval:
             return
-        self.last = now
         s = self.summary
-        rate = s.messages_read / max(now - self.start, 1e-9)
+        rate = (s.messages_read - self.read_at_last) / max(now - self.last, 1e-9)
+        run_rate = s.messages_read / max(now - self.start, 1e-9)
+        self.last, self.read_at_last = now, s.messages_read
         left = max(s.target - s.messages_read, 0)
         tables = (f" table_commits={s.table_commits} table_conflicts={s.table_conflicts}"
                   if s.table_commits or s.table_conflicts else "")
-        log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s backlog_left=%d%s",
-                 s.member, s.messages_read, s.rows_written, rate, left, tables)
+        waiting = f" waiting={self.waiting}" if self.waiting else ""
+        log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s run_rate=%.0f msg/s "
+                 "backlog_left=%d%s%s", s.member, s.messages_read, s.rows_written, rate, run_rate, left, tables, waiting)
         if self.also is not None and not force:
             self.also()
+
+    async def keep_talking(self) -> None:
+        """A line every ``interval`` from the run's start to its end, whatever it waits on
+        (the readers tick too, between their steps; the line is never more frequent)."""
+        while True:
+            await asyncio.sleep(max(0.2, self.interval / 4))
+            self.tick()
 
 
 class BatchIds:
