@@ -272,7 +272,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         check_continuous_start(self.dag if self.has_dag() else None, self.start_date)
 
     @classmethod
-    def partial(cls, **kwargs: Any) -> Any:  # type: ignore[override]
+    def partial(cls, **kwargs: Any) -> Any:
         """Airflow's ``partial``, with the member job's contract checked over the arguments known
         when the DAG is parsed: a misspelt sink or a bad duration fails the parse, naming the
         field, instead of the land task after the group and members tasks ran. The arguments
@@ -608,8 +608,8 @@ class CheckedOperatorPartial:
         lists = {k: v for k, v in mapped.items() if isinstance(v, list | tuple)}
         combinations = math.prod(len(v) for v in lists.values())
         if lists and combinations <= MAX_CHECKED_COMBINATIONS:  # as Airflow maps them: every combination
-            for values in itertools.product(*lists.values()):
-                check_mapping_arguments({**self._given, **dict(zip(lists, values, strict=True))})
+            for combination in itertools.product(*lists.values()):
+                check_mapping_arguments({**self._given, **dict(zip(lists, combination, strict=True))})
         else:
             for name, values in lists.items():
                 for value in values:

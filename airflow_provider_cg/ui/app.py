@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from airflow_provider_cg._provider_info import CONN_TYPE
 from airflow_provider_cg.assets import server_addresses
@@ -36,6 +36,13 @@ from airflow_provider_cg.ui.history import (
     sample_backlogs,
     sample_seconds,
     with_history,
+)
+from airflow_provider_cg.ui.metrics import (
+    airflow_stats,
+    connection_metric,
+    emit,
+    lag_metrics,
+    prometheus_text,
 )
 
 CONNECT_TIMEOUT = 5.0
@@ -99,9 +106,10 @@ async def lag_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None, Any]:
 ASKED: set[str] = set()
 
 
-async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
+async def groups_of(conn_id: str, record: bool = True) -> tuple[list[dict[str, Any]], str | None]:
     """``(groups, error)``: every group's lag through connection ``conn_id``, with what each
-    member landed last and the last hour (a backlog sample of this reading added)."""
+    member landed last and the last hour (``record``: a backlog sample of this reading added;
+    the sampler records its own)."""
     ASKED.add(conn_id)
     out, error, settings = await lag_of(conn_id)
     if error:
@@ -110,7 +118,8 @@ async def groups_of(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
     now = time.time()
 
     def history() -> tuple[dict, dict, dict]:  # the metadata DB: off the event loop
-        SAMPLES.record(conn_id, out, now)
+        if record:
+            SAMPLES.record(conn_id, out, now)
         return last_landed(servers), landed_last_hour(servers, now), SAMPLES.series(conn_id, now)
 
     landed, per_5min, backlog = await asyncio.to_thread(history)
@@ -180,8 +189,12 @@ async def sampling(app: FastAPI) -> AsyncIterator[None]:
     interval = sample_seconds()
     task = None
     if interval > 0:
+        stats = airflow_stats()
+
         async def read(conn_id: str) -> tuple[list[dict[str, Any]], str | None]:
-            groups, error, _ = await lag_of(conn_id)
+            groups, error = await groups_of(conn_id, record=False)
+            metrics, changes = lag_metrics(conn_id, groups)
+            emit(stats, [*metrics, connection_metric(conn_id, error is None)], changes)
             return groups, error
 
         task = asyncio.create_task(sample_backlogs(read, sampled_connections, interval))
@@ -213,6 +226,17 @@ def create_app() -> FastAPI:
             return JSONResponse({"connections": conns, "conn_id": None, "groups": [], "error": None})
         groups, error = await groups_of(chosen)
         return JSONResponse({"connections": conns, "conn_id": chosen, "groups": groups, "error": error})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics(conn_id: str | None = Query(None), user: Any = Depends(current_user)) -> PlainTextResponse:
+        """Prometheus text (``metrics.py``): every group of ``conn_id``, or of every ``nats``
+        connection the user may read."""
+        conns, chosen = readable(conn_id, user)
+        out = []
+        for c in [chosen] if conn_id and chosen else conns:
+            groups, error = await groups_of(c)
+            out += [*lag_metrics(c, groups, observe=sample_seconds() <= 0)[0], connection_metric(c, error is None)]
+        return PlainTextResponse(prometheus_text(out), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse)
     async def page(conn_id: str | None = Query(None), user: Any = Depends(current_user)) -> HTMLResponse:

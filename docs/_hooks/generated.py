@@ -71,8 +71,20 @@ def connection_fields() -> str:
     return "\n".join(rows) + "\n"
 
 
+def metrics() -> str:
+    """The consumer-lag metrics (``airflow_provider_cg/ui/metrics.py``), as a table."""
+    from airflow_provider_cg.ui.metrics import METRICS
+
+    rows = ["| Prometheus name | StatsD name's last part | type | unit | what it is |", "|---|---|---|---|---|"]
+    for name, spec in METRICS.items():
+        short = name.removeprefix("cg_").removeprefix("group_").removeprefix("member_").removesuffix("_total")
+        who = "member" if name.startswith("cg_member_") else "connection" if name == "cg_connection_up" else "group"
+        rows.append(f"| `{name}` | `{short}` ({who}) | {spec.kind} | {spec.unit} | {spec.help} |")
+    return "\n".join(rows) + "\n"
+
+
 GENERATORS = {"member-job": member_job, "cg": cg_commands, "exit-codes": exit_codes,
-              "connection-fields": connection_fields}
+              "connection-fields": connection_fields, "metrics": metrics}
 
 
 def on_files(files, config):  # noqa: ARG001 - MkDocs' hook signature

@@ -76,15 +76,55 @@ def world(tmp_path_factory):
         server.cleanup()
 
 
+class StatsdListener:
+    """A real UDP socket on 127.0.0.1 that keeps every StatsD line it receives."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.5)
+        self.port = self.sock.getsockname()[1]
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._receive, daemon=True)
+        self._thread.start()
+
+    def _receive(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65536)
+            except OSError:
+                continue
+            self.lines += data.decode(errors="replace").splitlines()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
 @pytest.fixture(scope="module")
-def ui(airflow_session_env, world):
-    """The API server; it also knows connection ``nats_env`` from its environment only."""
+def statsd():
+    listener = StatsdListener()
+    yield listener
+    listener.close()
+
+
+@pytest.fixture(scope="module")
+def ui(airflow_session_env, world, statsd):
+    """The API server, with Airflow's StatsD metrics sent to ``statsd``; it also knows
+    connection ``nats_env`` from its environment only."""
     from tests.support.airflow_ui import AirflowUI
 
     env_conn = json.dumps({"conn_type": "nats", "host": "127.0.0.1", "port": world[0].port})
     server = AirflowUI.start(airflow_session_env.home, extra_env={
         "AIRFLOW_CONN_NATS_ENV": env_conn,
-        "AIRFLOW__NATS_CONSUMER_GROUPS__BACKLOG_SAMPLE_SECONDS": str(SAMPLE_SECONDS)})
+        "AIRFLOW__NATS_CONSUMER_GROUPS__BACKLOG_SAMPLE_SECONDS": str(SAMPLE_SECONDS),
+        "AIRFLOW__METRICS__STATSD_ON": "True", "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port), "AIRFLOW__METRICS__STATSD_PREFIX": "airflow"})
     yield server
     server.stop()
 
@@ -337,3 +377,64 @@ def _wait_for_samples(conn_id: str, at_least: int, timeout: float = 60) -> list[
             return [(m, int(n)) for m, n in rows]
         time.sleep(SAMPLE_SECONDS)
     raise AssertionError(f"the sampler wrote {len(rows)} samples of {conn_id!r} in {timeout:.0f} s")
+
+
+def _prometheus(text: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text as ``{(name, labels): value}``, each metric's HELP and TYPE checked."""
+    import re
+
+    out, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+            continue
+        if line.startswith("#") or not line:
+            continue
+        m = re.fullmatch(r'(\w+)\{(.*)\} (\S+)', line)
+        assert m, line
+        labels = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+        assert m.group(1) in typed, line
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def test_lag_as_metrics_in_prometheus_text_and_through_airflows_statsd(ui, world, statsd):
+    """The group's lag as the server has it, scraped from ``/cg/metrics`` with a token (and
+    refused without one), and sent by the API server's sampler through Airflow's own StatsD
+    client to a real UDP listener: the same backlog, m1 pinned, the ages in seconds."""
+    import urllib.error
+    import urllib.request
+
+    server, status, pin = world
+    url = f"{ui.url}/cg/metrics?conn_id=nats_env"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=30)
+    assert refused.value.code in (401, 403)
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {ui.token()}"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        scraped = _prometheus(r.read().decode())
+    group = frozenset({("conn_id", "nats_env"), ("stream", STREAM), ("group", GROUP)})
+    assert scraped[("cg_connection_up", frozenset({("conn_id", "nats_env")}))] == 1
+    assert scraped[("cg_group_backlog_messages", group)] == status.backlog == N
+    assert scraped[("cg_group_members", group)] == 3
+    assert scraped[("cg_group_partition_streams_not_current", group)] == 0
+    assert scraped[("cg_group_oldest_pending_age_seconds", group)] > 0
+    m1, m2 = group | {("member", "m1")}, group | {("member", "m2")}
+    assert scraped[("cg_member_pinned", m1)] == 1 and scraped[("cg_member_pinned", m2)] == 0
+    assert scraped[("cg_member_ack_pending_messages", m1)] == 1
+    by_member = {m.member: m.backlog for m in status.members}
+    assert scraped[("cg_member_backlog_messages", m2)] == by_member["m2"]
+    assert sum(v for (name, _), v in scraped.items() if name == "cg_member_backlog_messages") == N
+
+    deadline = time.monotonic() + 60  # the sampler's next rounds (every SAMPLE_SECONDS)
+    prefix = f"airflow.cg.nats_env.{STREAM}.{GROUP}"
+    while time.monotonic() < deadline and not any(ln.startswith(f"{prefix}.m1.pinned:") for ln in statsd.lines):
+        time.sleep(0.5)
+    lines = list(statsd.lines)
+    gauges = {ln.split(":")[0]: float(ln.split(":")[1].split("|")[0]) for ln in lines if ln.endswith("|g")}
+    assert gauges.get(f"{prefix}.backlog_messages") == N, sorted(gauges)[:20]
+    assert gauges[f"{prefix}.m1.pinned"] == 1 and gauges[f"{prefix}.m2.pinned"] == 0
+    assert gauges[f"{prefix}.m2.backlog_messages"] == by_member["m2"]
+    assert gauges[f"{prefix}.oldest_pending_age_seconds"] > 0
+    assert gauges["airflow.cg.nats_env.connection_up"] == 1
