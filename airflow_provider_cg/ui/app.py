@@ -29,7 +29,7 @@ from airflow_provider_cg.assets import server_addresses
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
 from airflow_provider_cg.core.landing.run.board import landing_now
 from airflow_provider_cg.ui.auth import current_user, may_read_connection
-from airflow_provider_cg.ui.charts import fmt, last_hour_svg
+from airflow_provider_cg.ui.charts import last_hour_svg
 from airflow_provider_cg.ui.history import (
     SAMPLES,
     landed_last_hour,
@@ -174,11 +174,12 @@ def last_landed(servers: list[str]) -> dict[tuple[str, str, str], dict[str, Any]
 
 
 def readable_ranges(ranges: dict[str, str]) -> str:
-    """``{"0": "5008-7000"}`` as people read it: ``partition 0: messages 5,008–7,000``."""
+    """``{"0": "5008-7000"}`` as people read it: ``partition 0: sequences 5,008–7,000`` (the
+    origin stream's sequence numbers, first to last: a range, not a count)."""
     out = []
     for partition, span in sorted(ranges.items(), key=lambda kv: int(kv[0])):
         first, _, last = span.partition("-")
-        out.append(f"partition {partition}: messages {int(first):,}\u2013{int(last):,}")
+        out.append(f"partition {partition}: sequences {int(first):,}\u2013{int(last):,}")
     return "; ".join(out)
 
 
@@ -251,11 +252,60 @@ def landing_now_html(now: dict[str, Any]) -> str:
     """A pinned run's figures from the progress board (``core/landing/run/board.py``): a
     follower's progress while it runs, before its task's asset event."""
     until = now.get("follow_until")
-    what = f"following until {html.escape(str(until)[11:19])} UTC" if until else "landing"
+    what = f"following until {time_html(until)}" if until else "landing"
     return (f'<div class="landing-now" data-owner="{html.escape(str(now.get("owner")))}"><b>{what}</b>: '
             f'{now.get("messages_read", 0):,} messages, {now.get("rows_written", 0):,} rows in '
-            f'{now.get("batches", 0):,} batches since {html.escape(str(now.get("started_at", ""))[11:19])}, '
+            f'{now.get("batches", 0):,} batches since {time_html(now.get("started_at"))}, '
             f'{now.get("rate_msg_s", 0):,} msg/s <span class="muted">(reported {_age(now.get("age_s"))} ago)</span></div>')
+
+
+def _epoch_of(raw: Any) -> float | None:
+    """Epoch seconds of a time as the server or the board writes it: RFC 3339 (nanoseconds
+    too), or a number of nanoseconds, microseconds, milliseconds or seconds since the epoch."""
+    if raw is None or raw == "":
+        return None
+    text = str(raw).strip()
+    if text.isdigit():
+        n = int(text)
+        for scale in (1e9, 1e6, 1e3, 1.0):  # the first that lands after 2001
+            if n / scale > 1e9:
+                return n / scale
+        return float(n)
+    from airflow_provider_cg.core.groups.lag import message_time
+
+    try:
+        return message_time({"time": text if ("Z" in text or "+" in text[10:] or "-" in text[10:]) else text + "Z"})
+    except ValueError:
+        return None
+
+
+def time_html(raw: Any) -> str:
+    """A time as people read it: the browser writes it in the reader's local time (UTC without
+    script); the raw value is on hover and in ``datetime``."""
+    at = _epoch_of(raw)
+    if at is None:
+        return html.escape(str(raw)) if raw else "-"
+    utc = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
+    iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    return f'<time datetime="{iso}" title="{html.escape(str(raw))}">{utc} UTC</time>'
+
+
+def holder_html(member: dict[str, Any]) -> str:
+    """Who holds a member's pin: the run that reports on the progress board with that pin (its
+    Airflow task, host and process), else a client that does not report (orbit's, another
+    tool's); the pin id on hover."""
+    pin = member.get("pin_holder")
+    if not pin:
+        return "-"
+    now = member.get("landing_now") or {}
+    who = now.get("holder") or {}
+    if now.get("pin_id") == pin and who:
+        task = who.get("task")
+        name = (f"{html.escape(str(task))} on {html.escape(str(who.get('host')))}" if task
+                else f"a cg job on {html.escape(str(who.get('host')))}")
+        return f'<span class="pin" title="pin id {html.escape(pin)}">{name} (pid {html.escape(str(who.get("pid")))})</span>'
+    return (f'<span class="pin" title="pin id {html.escape(pin)}">a client that does not report '
+            f'(orbit, another tool) <span class="muted">…{html.escape(pin[-6:])}</span></span>')
 
 
 def _age(seconds: float | None) -> str:
@@ -290,8 +340,10 @@ svg{display:block;overflow:visible} svg .plot{fill:var(--plot)} svg .grid{stroke
 svg .landed,.legend .landed{fill:var(--bar);background:var(--bar)} svg .backlog{fill:none;stroke:var(--line);stroke-width:1.6}
 svg .backlog-now{fill:var(--line)} .legend .backlog{background:var(--line);height:2px}
 svg text{fill:var(--muted);font-size:10px;font-variant-numeric:tabular-nums} svg.group text{font-size:11px}
-svg text.y-landed{fill:var(--bar)} svg text.y-backlog{fill:var(--line)}
+svg text.y-landed{fill:var(--bar)} svg text.y-backlog{fill:var(--line)} svg text.empty{font-size:12px}
 .landing-now{color:var(--link)}
+td.landed{min-width:14em;max-width:30em} td.holder{max-width:16em} td{overflow-wrap:anywhere}
+.group-chart{max-width:100%;overflow:hidden} svg.group{max-width:100%;height:auto}
 """
 #: which theme: Airflow's own (its frame's <html> class, or its saved choice), else the system's
 THEME_SCRIPT = """(function(){function pick(){var d=null;try{var p=window.parent.document.documentElement;
@@ -303,6 +355,9 @@ pick();try{new MutationObserver(pick).observe(window.parent.document.documentEle
 PAGE_SCRIPT = """document.querySelectorAll('input.member-filter').forEach(function(f){f.addEventListener('input',function(){
 var q=f.value.toLowerCase();document.querySelectorAll('#'+f.dataset.table+' tr[data-member]').forEach(function(r){
 r.hidden=q&&r.dataset.member.toLowerCase().indexOf(q)<0})})});
+document.querySelectorAll('time[datetime]').forEach(function(t){var d=new Date(t.dateTime);
+if(!isNaN(d))t.textContent=d.toLocaleString([], {year:'numeric',month:'short',day:'numeric',hour:'2-digit',
+minute:'2-digit',second:'2-digit',timeZoneName:'short'})});
 setInterval(function(){if(![].some.call(document.querySelectorAll('input.member-filter'),function(f){return f.value}))
 location.reload()},30000);"""
 FILTER_FROM = 12  # members from which a group's table gets a filter box
@@ -336,8 +391,8 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
         parts.append(
             f'<section class="group" id="{anchor}"><h2>{e(title)}</h2>'
             f'<p class="muted summary">{e(g["kind"])}, {g["max_members"]} partitions, {len(members)} members, '
-            f'backlog {fmt(g["backlog"])}, oldest pending {_age(g["oldest_pending_age_s"])}'
-            + (f', source lag {g["source_lag"]}' if g.get("source_lag") is not None else "")
+            f'backlog {g["backlog"]:,} messages, oldest pending {_age(g["oldest_pending_age_s"])}'
+            + (f', source lag {g["source_lag"]:,} messages' if g.get("source_lag") is not None else "")
             + (f', unassigned partitions {e(str(g["unassigned_partitions"]))}' if g["unassigned_partitions"] else "")
             + "</p>"
             + "".join(f'<p class="err" data-partition="{e(p)}">partition {e(p)}: its stream is not current: '
@@ -349,21 +404,22 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
             + (f'<input type="search" class="member-filter" data-table="{table_id}" placeholder="Filter members" '
                f'aria-label="Filter members of {e(title)}">' if len(members) >= FILTER_FROM else "")
             + f'<table id="{table_id}"><thead><tr><th>member</th><th>partitions</th><th>pin holder</th>'
-              "<th>pinned since</th><th class=\"num\">backlog</th><th class=\"num\">ack pending</th>"
-              "<th class=\"num\">oldest pending</th><th>last hour</th><th>last landed</th></tr></thead><tbody>")
+              "<th>pinned since</th><th class=\"num\">backlog (messages)</th><th class=\"num\">ack pending "
+              "(messages)</th><th class=\"num\">oldest pending (age)</th><th>last hour</th><th>last landed</th>"
+              "</tr></thead><tbody>")
         for m in members:
             last = m.get("last_landed")
             landed = "-" if not last else (
-                f'{e(last["at"])}: {last["messages_landed"]} messages, {last["rows_written"]} rows '
+                f'{time_html(last["at"])}: {last["messages_landed"]:,} messages, {last["rows_written"]:,} rows '
                 f'({e(readable_ranges(last["ranges"]))}) into {e(str(last["table"]))}')
             if m.get("landing_now"):
                 landed = f"{landing_now_html(m['landing_now'])}<div>{landed}</div>"
             parts.append(
                 f'<tr data-member="{e(m["member"])}"><td>{e(m["member"])}</td><td>{e(str(m["partitions"]))}</td>'
-                f'<td>{e(m["pin_holder"] or "-")}</td><td>{e(m["pinned_since"] or "-")}</td>'
+                f'<td class="holder">{holder_html(m)}</td><td>{time_html(m["pinned_since"])}</td>'
                 f'<td class="num">{m["backlog"]}</td><td class="num">{m["num_ack_pending"]}</td>'
                 f'<td class="num">{_age(m["oldest_pending_age_s"])}</td>'
-                f'<td>{last_hour_svg(m.get("history") or {}, now)}</td><td>{landed}</td></tr>')
+                f'<td>{last_hour_svg(m.get("history") or {}, now)}</td><td class="landed">{landed}</td></tr>')
         parts.append("</tbody></table></section>")
     parts.append(f"<script>{PAGE_SCRIPT}</script></body></html>")
     return "".join(parts)

@@ -11,7 +11,7 @@ from airflow_provider_cg.ui.history import BUCKETS, WINDOW_S
 
 #: (width, height, left, right, bottom, top): a member's chart in its table row, a group's above its table
 SMALL = (240, 58, 4, 4, 12, 11)
-LARGE = (720, 150, 52, 52, 18, 8)
+LARGE = (720, 158, 52, 52, 18, 16)
 
 
 def fmt(n: float) -> str:
@@ -67,11 +67,19 @@ def last_hour_svg(history: dict, now: float, *, large: bool = False, css_class: 
         x, y = pts[-1]
         out.append(f'<circle class="backlog-now" cx="{x:.1f}" cy="{y:.1f}" r="{2.5 if large else 2}"/>')
     # the two scales' tops, written: the bars' on the left, the line's on the right
-    if large:
-        out.append(f'<text class="y-landed" x="{left - 4}" y="{top + 9}" text-anchor="end">{fmt(bars_top if any(landed) else 0)}</text>'
-                   f'<text class="y-landed" x="{left - 4}" y="{top + plot_h}" text-anchor="end">0</text>'
-                   f'<text class="y-backlog" x="{left + plot_w + 4}" y="{top + 9}">{fmt(line_top if backlog else 0)}</text>'
-                   f'<text class="y-backlog" x="{left + plot_w + 4}" y="{top + plot_h}">0</text>')
+    if large:  # a scale is written only when it has something to measure (no "0 to 0")
+        if any(landed):
+            out.append(f'<text class="y-landed" x="{left - 4}" y="{top + 9}" text-anchor="end">{fmt(bars_top)}</text>'
+                       f'<text class="y-landed" x="{left - 4}" y="{top + plot_h}" text-anchor="end">0</text>')
+        else:
+            out.append(f'<text class="empty" x="{left + plot_w / 2:.1f}" y="{top + plot_h / 2:.1f}" '
+                       'text-anchor="middle">nothing landed in the last hour</text>')
+        if backlog:
+            out.append(f'<text class="y-backlog" x="{left + plot_w + 4}" y="{top + 9}">{fmt(line_top)}</text>'
+                       f'<text class="y-backlog" x="{left + plot_w + 4}" y="{top + plot_h}">0</text>')
+        out.append(f'<text class="y-unit y-landed" x="{left}" y="{top - 3}">messages landed / 5 min</text>'
+                   f'<text class="y-unit y-backlog" x="{left + plot_w}" y="{top - 3}" text-anchor="end">'
+                   'backlog, messages</text>')
     else:
         out.append(f'<text class="y-landed" x="{left}" y="{top - 2}">{fmt(max(landed))}/5 min</text>'
                    f'<text class="y-backlog" x="{left + plot_w}" y="{top - 2}" text-anchor="end">'

@@ -87,5 +87,25 @@ def test_landed_ranges_read_as_people_write_them():
     from airflow_provider_cg.ui.app import readable_ranges
 
     assert readable_ranges({"10": "7-9", "0": "5008-7000"}) == (
-        "partition 0: messages 5,008\u20137,000; partition 10: messages 7\u20139")
+        "partition 0: sequences 5,008\u20137,000; partition 10: sequences 7\u20139")
     assert readable_ranges({}) == ""
+
+
+def test_times_read_locally_with_the_raw_value_on_hover_and_an_empty_chart_says_so():
+    from airflow_provider_cg.ui.app import holder_html, time_html
+    from airflow_provider_cg.ui.charts import last_hour_svg
+
+    for raw in ("2026-12-02T13:00:05.123456789Z", "1796216405123456789", "2026-12-02T13:00:05+00:00"):
+        out = time_html(raw)
+        assert out.startswith('<time datetime="2026-12-02T13:00:05Z"') and f'title="{raw}"' in out, out
+        assert ">2026-12-02 13:00:05 UTC</time>" in out
+    assert time_html(None) == "-"
+    pin = "Xx9aBcDeFgHiJkLmNoP"
+    mine = {"pin_holder": pin, "landing_now": {"pin_id": pin, "holder": {"host": "w1", "pid": 42,
+                                                                          "task": "cg_follow_orders.follow"}}}
+    assert ">cg_follow_orders.follow on w1 (pid 42)<" in holder_html(mine) and f"pin id {pin}" in holder_html(mine)
+    other = holder_html({"pin_holder": pin, "landing_now": None})
+    assert "a client that does not report" in other and f'title="pin id {pin}"' in other
+    empty = last_hour_svg({}, 1_800_000_000.0, large=True, css_class="group")
+    assert "nothing landed in the last hour" in empty and 'class="y-landed"' not in empty
+    assert "messages landed / 5 min" in empty and "backlog, messages" in empty

@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
+import socket
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +49,16 @@ def _iso(wall: float | None) -> str | None:
     return None if wall is None else datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds")
 
 
+def _holder() -> dict[str, Any]:
+    """What holds the pin, as the page names it: this host and process, and the Airflow task
+    that started the job when there is one (its ``AIRFLOW_CTX_*`` environment)."""
+    dag, task = os.environ.get("AIRFLOW_CTX_DAG_ID"), os.environ.get("AIRFLOW_CTX_TASK_ID")
+    return {"host": socket.gethostname(), "pid": os.getpid(), "task": f"{dag}.{task}" if dag and task else None}
+
+
+HOLDER = _holder()
+
+
 class ProgressBoard:
     """One run's entry on the board (see the module docstring)."""
 
@@ -69,7 +81,7 @@ class ProgressBoard:
                 "follow_until": _iso(self.follow_until), "messages_read": s.messages_read,
                 "rows_written": s.rows_written, "batches": s.batches,
                 "rate_msg_s": round(s.messages_read / max(now - self.started, 1e-9)),
-                "interval_s": self.interval, "stop_reason": s.stop_reason or None}
+                "interval_s": self.interval, "stop_reason": s.stop_reason or None, "holder": HOLDER}
 
     def post(self, state: str = LANDING) -> None:
         """Write the entry in the background (a progress line's): skipped while the last write
