@@ -34,6 +34,7 @@ from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kind
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.hooks.nats import NatsHook
+from airflow_provider_cg.metrics import count_landed
 from airflow_provider_cg.operators.follow import (
     UNTIL_NEXT_RUN,
     check_continuous_start,
@@ -357,6 +358,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         if summary.get("read_path_reason"):  # the job read through the consumer: slower, and why
             self.log.warning("%s read through the consumer, the slow path: %s", who, summary["read_path_reason"])
         self._summary = summary
+        count_landed(self.nats_conn_id, summary)
         if summary.get("result") in contract.SKIP_RESULTS:
             _push_summary(context, summary)
             raise AirflowSkipException(

@@ -28,6 +28,13 @@ from airflow_provider_cg._provider_info import CONN_TYPE
 from airflow_provider_cg.assets import server_addresses
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
 from airflow_provider_cg.core.landing.run.board import landing_now
+from airflow_provider_cg.metrics import (
+    airflow_stats,
+    connection_metric,
+    emit,
+    lag_metrics,
+    prometheus_text,
+)
 from airflow_provider_cg.ui.auth import current_user, may_read_connection
 from airflow_provider_cg.ui.charts import last_hour_svg
 from airflow_provider_cg.ui.history import (
@@ -36,13 +43,6 @@ from airflow_provider_cg.ui.history import (
     sample_backlogs,
     sample_seconds,
     with_history,
-)
-from airflow_provider_cg.ui.metrics import (
-    airflow_stats,
-    connection_metric,
-    emit,
-    lag_metrics,
-    prometheus_text,
 )
 
 CONNECT_TIMEOUT = 5.0

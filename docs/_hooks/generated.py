@@ -72,8 +72,8 @@ def connection_fields() -> str:
 
 
 def metrics() -> str:
-    """The consumer-lag metrics (``airflow_provider_cg/ui/metrics.py``), as a table."""
-    from airflow_provider_cg.ui.metrics import METRICS
+    """The consumer-lag metrics (``airflow_provider_cg/metrics.py``), as a table."""
+    from airflow_provider_cg.metrics import METRICS
 
     rows = ["| Prometheus name | StatsD name's last part | type | unit | what it is |", "|---|---|---|---|---|"]
     for name, spec in METRICS.items():

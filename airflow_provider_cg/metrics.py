@@ -1,5 +1,5 @@
 """Consumer lag as metrics, where operators already look: the API server's backlog sampler
-(``history.py``) turns each reading of a connection's groups into gauges and counters,
+(``ui/history.py``) turns each reading of a connection's groups into gauges and counters,
 emitted through Airflow's own metrics (StatsD or OpenTelemetry, as ``[metrics]`` configures
 them) and served as Prometheus text at ``/cg/metrics`` (the plugin's app, behind Airflow's
 auth). Kafka users watch consumer lag the same way (Burrow, kafka-lag-exporter).
@@ -7,7 +7,9 @@ auth). Kafka users watch consumer lag the same way (Burrow, kafka-lag-exporter).
 Every metric carries ``conn_id``, ``stream`` and ``group`` (member metrics ``member`` too):
 Prometheus and OpenTelemetry as labels or attributes, StatsD in the name
 (``cg.<conn_id>.<stream>.<group>[.<member>].<metric>``, tags too where the StatsD flavour
-takes them). ``METRICS`` lists each with its unit; docs/how-to/metrics.md is generated from it."""
+takes them). Each landing task adds what it landed to counters through the worker's Airflow
+metrics (``landed_counters``). ``METRICS`` lists each with its unit; the table in
+docs/how-to/lag.md is generated from it."""
 
 from __future__ import annotations
 
@@ -64,6 +66,11 @@ METRICS: dict[str, MetricSpec] = {
 
 METRICS["cg_connection_up"] = MetricSpec("gauge", "boolean", "1 when the connection's server answered the last "
                                                              "reading of its groups")
+
+for _name, _help in (("cg_member_landed_messages_total", "messages whose effect a landing task committed"),
+                     ("cg_member_landed_rows_total", "rows a landing task wrote"),
+                     ("cg_member_landed_batches_total", "batches a landing task committed")):
+    METRICS[_name] = MetricSpec("counter", _name.split("_")[3], f"{_help} (through Airflow's metrics only, sent by each task at its end; not in /cg/metrics)")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -215,3 +222,26 @@ def emit(stats: Any, metrics: list[Metric], changes: list[Metric]) -> None:
             stats.gauge(m.statsd_name(), m.value, tags=dict(m.labels))
     for m in changes:
         stats.incr(m.statsd_name(), 1, tags=dict(m.labels))
+
+
+def landed_counters(conn_id: str, summary: dict[str, Any]) -> list[Metric]:
+    """What one landing task landed (its summary), as increments of its member's counters."""
+    member = summary.get("member") or "backfill"
+    labels = (("conn_id", conn_id), ("stream", str(summary.get("stream"))), ("group", str(summary.get("group"))),
+              ("member", str(member)))
+    return [Metric(name, labels, float(summary.get(key) or 0)) for name, key in (
+        ("cg_member_landed_messages_total", "messages_landed"), ("cg_member_landed_rows_total", "rows_written"),
+        ("cg_member_landed_batches_total", "batches"))]
+
+
+def count_landed(conn_id: str, summary: dict[str, Any]) -> None:
+    """``landed_counters`` through the task's Airflow metrics (set up by Airflow's task runner
+    from ``[metrics]``); never fails the task."""
+    try:
+        from airflow.sdk.observability.stats import Stats
+
+        for m in landed_counters(conn_id, summary):
+            if m.value:
+                Stats.incr(m.statsd_name(), int(m.value), tags=dict(m.labels))
+    except Exception as e:  # noqa: BLE001 - a metric is never worth a failed landing
+        log.warning("landed counters not sent (%s)", e)
