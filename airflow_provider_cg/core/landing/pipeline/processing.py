@@ -286,6 +286,7 @@ class SparkPipeline:
         with self._one_at_a_time:
             try:
                 _ = self.spark  # before any column is built, as in process()
+                log.info("cg Spark session ready in %.1f s", time.monotonic() - started)
                 if self._batch_came:
                     log.info("cg Spark started in %.1f s (a batch came first: no warm-up job)",
                              time.monotonic() - started)
