@@ -217,11 +217,14 @@ def emit(stats: Any, metrics: list[Metric], changes: list[Metric]) -> None:
     increment of its counter."""
     if stats is None:
         return
-    for m in metrics:
-        if m.spec.kind == "gauge":
-            stats.gauge(m.statsd_name(), m.value, tags=dict(m.labels))
-    for m in changes:
-        stats.incr(m.statsd_name(), 1, tags=dict(m.labels))
+    try:
+        for m in metrics:
+            if m.spec.kind == "gauge":
+                stats.gauge(m.statsd_name(), m.value, tags=dict(m.labels))
+        for m in changes:
+            stats.incr(m.statsd_name(), 1, tags=dict(m.labels))
+    except Exception as e:  # noqa: BLE001 - a metric never costs the sampler its backlog history
+        log.warning("consumer-groups metrics not sent (%s)", e)
 
 
 def landed_counters(conn_id: str, summary: dict[str, Any]) -> list[Metric]:
