@@ -228,7 +228,13 @@ async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_pat
     try:
         standby = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server.url, "--standby-timeout", "3",
                                                *job_args).wait, 60)
-        assert standby.returncode == 0 and standby.summary["result"] == "not-pinned", standby.describe()
+        # Our job waits as a standby. Only when orbit's instance lets its pin lapse (no pull
+        # within the consumer's priority timeout: on a loaded machine, a batch of orbit's at
+        # 50 ms a message can outlast it) does the server hand the pin over, and our job lands
+        # what orbit had not; either way orbit's consumer stays as it is.
+        assert standby.returncode == 0 and standby.summary["result"] in ("not-pinned", "committed"), \
+            standby.describe()
+        took_over = standby.summary["result"] == "committed"
         assert await _created(api) == created, "our job replaced orbit's consumer"
         assert peer.proc.poll() is None, peer.text()[-1500:]
 
@@ -238,9 +244,10 @@ async def test_orbit_first_then_our_job(nc, nats_server, member_job_zip, tmp_pat
     finally:
         peer.stop()
     left = int((await api.stream_info("ORDERS-g"))["state"]["messages"])
-    assert left > 0, f"orbit processed the whole backlog before it was stopped: nothing left for our job ({left})"
+    assert left > 0 or took_over, f"orbit processed the whole backlog before it was stopped: nothing left ({left})"
     ours = await asyncio.to_thread(_job(member_job_zip, tmp_path, nats_server.url, *job_args).wait, 120)
-    assert ours.returncode == 0 and ours.summary["result"] == "committed", ours.describe()
+    assert ours.returncode == 0 and ours.summary["result"] in (("committed", "empty") if took_over and not left
+                                                               else ("committed",)), ours.describe()
     assert int((await api.stream_info("ORDERS-g"))["state"]["messages"]) == 0
     landed = parquet_landed(tmp_path / "lake")
     assert peer.acked_origin_seqs() and landed, (len(peer.acked_origin_seqs()), len(landed))
