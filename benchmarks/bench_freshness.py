@@ -11,7 +11,7 @@ In one run, on a fresh embedded nats-server:
              and schedule (``--schedules``: ``back-to-back``, each member's next job starts when
              its last one ends; ``every``, a job per member every ``--interval`` seconds, as a
              DAG would; ``follow``, each job a follower, ``--follow``: it keeps its pin and
-             lands what arrives for the case's publishing time + 4 s (+ 20 s with ``--spark``:
+             lands what arrives for the case's publishing time + 4 s (+ 40 s with ``--spark``:
              one start per member), or ``--follow-seconds`` (shorter: hand-overs within the
              case), cutting batches every ``--commit-interval`` (several, e.g. 1,2,4: one
              follow schedule each, in the same run); its successor starts 5 s (15 s
@@ -559,7 +559,7 @@ def main() -> None:
     p.add_argument("--schedules", default="back-to-back,follow",
                    help="back-to-back, every and/or follow (comma-separated)")
     p.add_argument("--follow-seconds", type=float, default=None,
-                   help="a follower's time (default: the case's publishing time + 4 s, + 20 s with --spark: one "
+                   help="a follower's time (default: the case's publishing time + 4 s, + 40 s with --spark: one "
                         "start per member; "
                         "shorter: hand-overs within the case)")
     p.add_argument("--commit-interval", default="1",
@@ -588,8 +588,9 @@ def main() -> None:
         schedules += [("follow" if len(commit_intervals) == 1 else f"follow, commit every {ci:g} s", None, ci)
                       for ci in commit_intervals]
     # a follower outlives the case's publishing, which begins once it waits, warm: a driver's
-    # start-up is about a second, spark-submit's (JVM, session, Spark's first job) up to 15 s here
-    follow_s = args.follow_seconds or args.seconds + (20 if args.spark else 4)
+    # start-up is about a second, spark-submit's (JVM, session, the warm-up's Spark jobs) up to
+    # 25 s here beside the server and the publishers
+    follow_s = args.follow_seconds or args.seconds + (40 if args.spark else 4)
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
     with (contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(prefix="cg-fresh-")) as d, \

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import secrets
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -274,14 +273,16 @@ class SparkPipeline:
         threading.Thread(target=self.warm_up, daemon=True, name="cg-warm-up").start()
 
     def warm_up(self) -> None:
-        """Start the session and run Spark's first job on one made-up row, so that a follower's
-        first batch does not pay for it: the JVM loading and compiling the classes of a batch's
-        plan, the tasks' first start (here 3.6 s of session and 3 s of first job when quiet,
-        about 10 s together beside a publisher and the server). The row is decoded as a batch
-        is; with a local master it is written as Parquet into a temporary directory (the
-        writer's classes too), else to Spark's ``noop`` sink. The user's transformation never
-        sees it. A batch that comes first (a backlog) does that job itself: the warm-up then
-        only starts the session."""
+        """Start the session and run, on made-up rows, the Spark job a batch runs, so that a
+        follower's first batch does not pay for its first time: the JVM loading and compiling
+        the classes of the batch's plan (decoding, the poison rows' observation, a SQL
+        transformation), and the Python workers that write a batch's files starting and
+        importing pyarrow's writer (here about 10 s of session and first job when quiet, 15-20 s
+        beside a publisher and the server; the Python workers alone cost the first batch 5 s).
+        The rows are decoded as a batch is; a SQL transformation (a query: it has no effect)
+        runs over them, a function never sees them; the output is written into the workers'
+        memory, nothing on disk. A batch that comes first (a backlog) does that job itself:
+        the warm-up then only starts the session."""
         started = time.monotonic()
         with self._one_at_a_time:
             try:
@@ -291,20 +292,35 @@ class SparkPipeline:
                     log.info("cg Spark started in %.1f s (a batch came first: no warm-up job)",
                              time.monotonic() - started)
                     return
-                sample = row_table(1, origin_stream=["cg-warm-up"], origin_seq=[0], subject=["0.warm-up"],
-                                   partition=[0], key=[None], payload=[b"{}"], timestamp=[0],
-                                   group="cg-warm-up", member="cg-warm-up")
-                frame = self.decoder.apply(self._frame(sample, np.zeros(1, np.int64)))
-                if self.spark.sparkContext.master.startswith("local"):
-                    with tempfile.TemporaryDirectory(prefix="cg-warm-up-") as d:
-                        frame.write.mode("overwrite").parquet(d)
-                else:  # the executors' disks are not the driver's
-                    frame.write.format("noop").mode("overwrite").save()
+                self._warm_up_job()
             except Exception as e:  # noqa: BLE001 - only a head start; the first batch reports real failures
                 log.info("cg Spark warm-up did not finish (%s); the first batch starts Spark", type(e).__name__)
                 log.debug("cg Spark warm-up", exc_info=True)
                 return
         log.info("cg Spark warmed up in %.1f s", time.monotonic() - started)
+
+    def _warm_up_job(self) -> None:
+        """A batch's Spark job on one made-up row per task slot (a Python worker each), then a
+        SQL transformation's over them. The observation is not waited for (a transformation
+        that does not read the batch never delivers it)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        from airflow_provider_cg.core.landing.sinks.parquet_files import warm_up_task
+
+        n = max(1, self.parallelism)
+        sample = row_table(n, origin_stream=["cg-warm-up"] * n, origin_seq=list(range(n)),
+                           subject=["0.warm-up"] * n, partition=[0] * n, key=[None] * n, payload=[b"{}"] * n,
+                           timestamp=[0] * n, group="cg-warm-up", member="cg-warm-up")
+        frame = self.decoder.apply(self._frame(sample, np.arange(n, dtype=np.int64)))
+        observation = Observation(f"cg_warm_up_{secrets.token_hex(4)}")
+        frame = frame.observe(observation, F.collect_list(
+            F.when(F.col(ERROR).isNotNull(), F.struct(F.col(ROW), F.col(ERROR)))).alias("bad"))
+        # every row, poison or not: each task slot's Python worker gets one
+        frame.drop(ROW).repartition(n).mapInArrow(warm_up_task, "file string, rows long").collect()
+        if self.sql is not None and _is_query(self.sql):
+            frame.where(F.col(ERROR).isNull()).drop(ERROR, ROW).createOrReplaceTempView(BATCH_VIEW)
+            self.spark.sql(self.sql).mapInArrow(warm_up_task, "file string, rows long").collect()
 
     def read_in_tasks(self, settings) -> None:
         """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
@@ -561,6 +577,13 @@ class SparkPipeline:
                                  "the DataFrame it is given)") from None
         finally:
             pool.shutdown(wait=False)
+
+
+def _is_query(sql: str) -> bool:
+    """Whether a SQL transformation is a query (runs nothing by itself when planned): the
+    warm-up runs only those over its made-up rows."""
+    words = sql.lstrip().split(None, 1)
+    return bool(words) and words[0].upper().lstrip("(") in ("SELECT", "WITH", "FROM", "VALUES", "TABLE")
 
 
 def _first_line(e: Exception) -> str:
