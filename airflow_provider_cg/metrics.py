@@ -18,8 +18,9 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
+
+from airflow_provider_cg.core.groups.lag import epoch_seconds
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +118,6 @@ class PinChanges:
 PIN_CHANGES = PinChanges()
 
 
-def _epoch(iso: str | None) -> float | None:
-    if not iso:
-        return None
-    try:
-        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def lag_metrics(conn_id: str, groups: list[dict[str, Any]], now: float | None = None,
                 pins: PinChanges = PIN_CHANGES, observe: bool = True) -> tuple[list[Metric], list[Metric]]:
     """``(metrics, pin changes seen now)`` of one reading of ``conn_id``'s groups (the page's
@@ -166,7 +158,7 @@ def lag_metrics(conn_id: str, groups: list[dict[str, Any]], now: float | None = 
             history = m.get("history") or {}
             if "landed_per_5min" in history:
                 add("cg_member_landed_messages_last_hour", sum(history["landed_per_5min"]), at)
-            last = _epoch(landing.get("updated_at")) or _epoch((m.get("last_landed") or {}).get("at"))
+            last = epoch_seconds(landing.get("updated_at")) or epoch_seconds((m.get("last_landed") or {}).get("at"))
             add("cg_member_last_landed_age_seconds", None if last is None else max(0.0, now - last), at)
     return out, changes
 

@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from airflow_provider_cg._provider_info import CONN_TYPE
 from airflow_provider_cg.assets import server_addresses
+from airflow_provider_cg.core.groups.lag import epoch_seconds
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
 from airflow_provider_cg.core.landing.run.board import landing_now
 from airflow_provider_cg.metrics import (
@@ -259,30 +260,10 @@ def landing_now_html(now: dict[str, Any]) -> str:
             f'{now.get("rate_msg_s", 0):,} msg/s <span class="muted">(reported {_age(now.get("age_s"))} ago)</span></div>')
 
 
-def _epoch_of(raw: Any) -> float | None:
-    """Epoch seconds of a time as the server or the board writes it: RFC 3339 (nanoseconds
-    too), or a number of nanoseconds, microseconds, milliseconds or seconds since the epoch."""
-    if raw is None or raw == "":
-        return None
-    text = str(raw).strip()
-    if text.isdigit():
-        n = int(text)
-        for scale in (1e9, 1e6, 1e3, 1.0):  # the first that lands after 2001
-            if n / scale > 1e9:
-                return n / scale
-        return float(n)
-    from airflow_provider_cg.core.groups.lag import message_time
-
-    try:
-        return message_time({"time": text if ("Z" in text or "+" in text[10:] or "-" in text[10:]) else text + "Z"})
-    except ValueError:
-        return None
-
-
 def time_html(raw: Any) -> str:
     """A time as people read it: the browser writes it in the reader's local time (UTC without
     script); the raw value is on hover and in ``datetime``."""
-    at = _epoch_of(raw)
+    at = epoch_seconds(raw)
     if at is None:
         return html.escape(str(raw)) if raw else "-"
     utc = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))

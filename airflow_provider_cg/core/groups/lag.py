@@ -64,10 +64,30 @@ def message_time(msg: dict) -> float:
     raw = msg["time"].replace("Z", "+00:00")
     head, _, rest = raw.partition(".")
     if rest:  # fromisoformat takes at most microseconds
-        digits = "".join(c for c in rest if c.isdigit())
-        zone = rest[len(digits):]
+        zone_at = next((i for i, c in enumerate(rest) if not c.isdigit()), len(rest))
+        digits, zone = rest[:zone_at], rest[zone_at:]
         raw = f"{head}.{digits[:6].ljust(6, '0')}{zone}"
     return dt.datetime.fromisoformat(raw).timestamp()
+
+
+def epoch_seconds(raw: Any) -> float | None:
+    """Epoch seconds of a time as the server, the board or a summary writes it: RFC 3339
+    (nanoseconds too; no zone: UTC), or a number of nanoseconds, microseconds, milliseconds or
+    seconds since the epoch. None for nothing, or what is no time."""
+    if raw is None or raw == "":
+        return None
+    text = str(raw).strip()
+    if text.isdigit():
+        n = int(text)
+        for scale in (1e9, 1e6, 1e3, 1.0):  # the first that lands after 2001
+            if n / scale > 1e9:
+                return n / scale
+        return float(n)
+    zoned = "Z" in text or "+" in text[10:] or "-" in text[10:]
+    try:
+        return message_time({"time": text if zoned else text + "Z"})
+    except ValueError:
+        return None
 
 
 def member_backlog(status: GroupStatus, member: MemberState) -> int:
