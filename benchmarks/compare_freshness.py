@@ -2,8 +2,8 @@
 ...), so that a change is measured against its baseline on the same host in the same hour.
 
 Each run's ``--results`` JSON is given in order as ``before:PATH`` or ``after:PATH``. Prints
-each case's CPU per landed message (start-up left out) and p99 freshness, run by run, with the
-6:1 ratio of each run, and writes ``benchmarks/results/<name>.json`` and ``.png``.
+each case's CPU per landed message (start-up left out) and p50 and p99 freshness, run by run,
+with the 6:1 ratio of each run, and writes ``benchmarks/results/<name>.json`` and ``.png``.
 
 How the runs are made (the tree before in a git worktree, the same command in both)::
 
@@ -32,7 +32,8 @@ def load(specs: list[str]) -> list[dict]:
         cases = {f"{c['members']}m {c['fraction']}x": c for c in data["cases"] if c["schedule"] == "follow"}
         runs.append({"tree": tree, "sourcing_msg_s": data["sourcing_msg_s"], "cases": {
             k: {"cpu_us_per_msg_landing": c["cpu_us_per_msg_landing"], "p99_s": c["p99_s"],
-                "sustained": c["sustained"], "rate_achieved": c["rate_achieved"]} for k, c in cases.items()}})
+                "p50_s": c["p50_s"], "sustained": c["sustained"], "rate_achieved": c["rate_achieved"]}
+            for k, c in cases.items()}})
     return runs
 
 
@@ -57,6 +58,10 @@ def main() -> None:
     for k in keys:
         print(f"{k:>10} " + " ".join(f"{r['cases'][k]['cpu_us_per_msg_landing']:8.1f}" if k in r["cases"] else
                                      f"{'-':>8}" for r in runs) + "   us CPU per landed message")
+    for figure in ("p50_s", "p99_s"):
+        for k in keys:
+            print(f"{k:>10} " + " ".join(f"{r['cases'][k][figure]:8.2f}" if k in r["cases"] else f"{'-':>8}"
+                                         for r in runs) + f"   {figure[:3]} freshness, s")
     for k in keys:
         if not k.startswith("1m"):
             print(f"{k + ' / 1m':>10} " + " ".join(f"{ratios(r).get(k, float('nan')):8.2f}" for r in runs))
@@ -68,16 +73,18 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(runs)
-    for i, r in enumerate(runs):
-        xs = [j + i * width for j in range(len(keys))]
-        ax.bar(xs, [r["cases"].get(k, {}).get("cpu_us_per_msg_landing", 0) for k in keys], width,
-               color="#9aa7b8" if r["tree"] == "before" else "#017cee", label=r["tree"] if i < 2 else None)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], keys)
-    ax.set_ylabel("jobs' CPU per landed message (µs)")
-    ax.set_title("followers, trees before and after, alternating runs")
-    ax.legend()
+    for ax, figure, label in zip(axes, ("cpu_us_per_msg_landing", "p99_s"),
+                                 ("jobs' CPU per landed message (µs)", "p99 freshness (s)"), strict=True):
+        for i, r in enumerate(runs):
+            xs = [j + i * width for j in range(len(keys))]
+            ax.bar(xs, [r["cases"].get(k, {}).get(figure, 0) for k in keys], width,
+                   color="#9aa7b8" if r["tree"] == "before" else "#017cee", label=r["tree"] if i < 2 else None)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(keys))], keys)
+        ax.set_ylabel(label)
+        ax.legend()
+    fig.suptitle("followers, trees before and after, alternating runs")
     fig.tight_layout()
     fig.savefig(RESULTS / f"{args.name}.png", dpi=110)
     print(f"wrote {RESULTS / args.name}.json and .png")
