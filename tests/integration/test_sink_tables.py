@@ -583,3 +583,47 @@ def test_a_writer_that_dies_before_its_slot_is_published_by_the_next_slots_winne
     other.flush()
     table.assert_exactly({("ORDERS", s) for s in range(1, 21)})
     assert other.publish_counts()["records_published"] == 2
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_writer_that_finds_its_records_published_meanwhile_commits_and_counts_nothing(fmt, tmp_path, monkeypatch):
+    """A writer reads the table and its ready records, and another writer publishes them before
+    its commit (two jobs' timers racing): its table transaction commits nothing (False, or a
+    lost race) and it counts no commit, so the summaries' table commits add up to the table's."""
+    from airflow_provider_cg.core.landing.sinks.tables import TableConflict
+
+    location = str(tmp_path / ("warehouse" if fmt == "iceberg" else "orders"))
+    table = Table(fmt, location, f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)
+    first = table.sink()
+    first.set_table_commit_interval(0.2)
+    _land(first, range(1, 11), 1, member="m0")
+    first.flush()  # the table exists
+    first.close()  # its timer publishes nothing more
+    slow = table.sink()
+    slow.set_table_commit_interval(3600)
+    slow._slot_tried = int(time.time() // 3600)  # it lost this slot: its record waits
+    _land(slow, range(11, 21), 1, member="m1")
+    slow._log.refresh()
+    state = slow._loaded()
+    pending = slow._ready(state.position)
+    files = [f for r in pending for f in slow._data_files(r)]
+    schema = pa.unify_schemas([f.metadata.schema.to_arrow_schema() for f in files])
+    fast = table.sink()
+    fast.set_table_commit_interval(0.2)
+    _land(fast, range(21, 31), 1, member="m2")
+    fast.flush()  # publishes the slow writer's record with its own
+    try:
+        assert slow.commit_files(pending, files, schema, state) is False
+    except TableConflict:
+        pass  # Iceberg: the commit on the table as read loses the race
+    made = sum(s.publish_counts()["table_commits"] for s in (first, slow, fast))
+    ever = len(_table_commits(table)) if fmt == "delta" else table.sink().load_table().metadata.last_sequence_number
+    assert made == ever == 2, (made, ever)
+    # and the writer's count: a transaction that found its records in the table is no commit of its own
+    _land(slow, range(31, 41), 2, member="m1")
+    monkeypatch.setattr(slow, "commit_files", lambda *_a, **_k: False)
+    assert slow._publish_ready()
+    assert slow.publish_counts()["table_commits"] == 0 and slow.publish_counts()["records_published"] == 0
+    table.assert_exactly({("ORDERS", s) for s in range(1, 31)})
+    for s in (slow, fast):
+        s.close()

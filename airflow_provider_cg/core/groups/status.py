@@ -152,8 +152,8 @@ class GroupObservation:
             return {"state": {}}
 
     async def status(self, stream: str, group: str, kind: str | None = None) -> GroupStatus:
-        """Per-partition backlog, per-member state and totals (one KV get, one stream info,
-        one consumer list)."""
+        """Per-partition backlog, per-member state and totals (one KV get, the member consumers,
+        and for an elastic group two stream infos: its layout first, its messages last)."""
         info = await self.store.get(stream, group, kind)
         cfg = info.config
         si = None
@@ -161,7 +161,7 @@ class GroupObservation:
         if info.kind == ELASTIC:
             wq = groupnames.work_queue_stream(stream, group)
             try:
-                si = await self.api.stream_info(wq, subjects_filter=">")
+                si = await self.api.stream_info(wq)  # its layout, which says where the member consumers are
             except JetStreamApiError as e:
                 if e.err_code != ERR_STREAM_NOT_FOUND:
                     raise
@@ -187,6 +187,9 @@ class GroupObservation:
             layout=layout.name,
         )
         if si is not None and isinstance(cfg, ElasticGroupConfig):
+            # the messages read after the consumers: while the origin is sourced, the partitions
+            # never show fewer than the members' pending counts do
+            si = await self.api.stream_info(wq, subjects_filter=">")
             partitions.update(await layout.backlog(self.api, wq, si["state"].get("subjects") or {},
                                                    range(cfg.max_members), st.partition_problems))
             # the work queue's messages, unless members read elsewhere (each counted once there)

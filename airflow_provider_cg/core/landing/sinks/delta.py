@@ -179,7 +179,7 @@ class DeltaLakeSink(TableSink):
                                                  **metadata},
                                 max_commit_retries=retries)
 
-    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> None:
+    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> bool:
         from deltalake.exceptions import DeltaError
         from deltalake.transaction import AddAction
 
@@ -187,7 +187,7 @@ class DeltaLakeSink(TableSink):
         try:
             dt = self._evolved_table(schema)
             if (dt.transaction_version(APP_ID) or 0) >= last:
-                return  # the table was re-read above (created, evolved): another publisher got here first
+                return False  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             part = self.partitioning
             actions = [AddAction(f.path, f.size, part.delta_values(f.partition or []) if part else {}, now, True,
@@ -198,8 +198,9 @@ class DeltaLakeSink(TableSink):
                                         partition_by=part.columns if part else None)
         except DeltaError as e:  # CommitFailedError is one
             raise self._publish_failed(e, "commit", last) from None
+        return True
 
-    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> None:
+    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> bool:
         """One delta-rs MERGE for the records, carrying the last one's app transaction: insert
         new keys, replace or delete (tombstones) only rows older than the merged record."""
         from deltalake.exceptions import DeltaError
@@ -213,7 +214,7 @@ class DeltaLakeSink(TableSink):
         try:
             dt = self._evolved_table(latest.drop_columns([DELETE_FLAG]).schema)
             if (dt.transaction_version(APP_ID) or 0) >= last:
-                return
+                return False
             props = self._properties(records, int(time.time() * 1000), 0)
             (dt.merge(latest, on, source_alias="s", target_alias="t", commit_properties=props)
              .when_matched_delete(predicate=f"({newer}) AND {flag}")
@@ -222,3 +223,4 @@ class DeltaLakeSink(TableSink):
              .execute())
         except DeltaError as e:
             raise self._publish_failed(e, "merge", last) from None
+        return True

@@ -266,19 +266,20 @@ class IcebergSink(TableSink):
         except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
             return False
 
-    def _publish(self, records: list[dict], schema: pa.Schema, state: TableState, what: str, write) -> None:
+    def _publish(self, records: list[dict], schema: pa.Schema, state: TableState, what: str, write) -> bool:
         """One Iceberg transaction for a run of committed records, on the table as ``state``
         loaded it: ``schema``'s new columns added, the last record's position set, and
         ``write(table, tx, snapshot_properties)``'s changes, committed together
         (``TableConflict`` when another writer committed first: the caller re-reads and
-        retries). The table is created from ``schema`` if missing."""
+        retries). The table is created from ``schema`` if missing. False: the table already
+        held the last record (another publisher committed it), nothing was committed."""
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.table.update.snapshot import ExpireSnapshots
 
         tbl = state.handle or self._load() or self._create(schema)
         last = records[-1]
         if int(tbl.properties.get(POSITION_PROPERTY, 0)) >= last["pos"]:
-            return  # another publisher committed it since we looked
+            return False  # another publisher committed it since we looked
         added = new_columns(tbl.schema().as_arrow(), schema)
         pos = str(last["pos"])
         try:
@@ -298,8 +299,9 @@ class IcebergSink(TableSink):
             if _locked(e):
                 raise TableConflict(f"iceberg {what} of position {pos}: catalog busy") from None
             raise
+        return True
 
-    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> None:
+    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> bool:
         """The table's rows of the records' keys are read, the records not newer than them
         dropped, then the rows of tombstoned and replaced keys deleted (pyiceberg rewrites the
         files they touch) and the newer records appended: an upsert without a second scan."""
@@ -315,13 +317,13 @@ class IcebergSink(TableSink):
             if rows.num_rows:
                 tx.append(rows.cast(_table_arrow_schema(tx, rows.schema)), snapshot_properties=summary)
 
-        self._publish(records, latest.drop_columns([DELETE_FLAG]).schema, state, "merge", write)
+        return self._publish(records, latest.drop_columns([DELETE_FLAG]).schema, state, "merge", write)
 
-    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> None:
+    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> bool:
         def write(tbl, tx, summary) -> None:
             _append_files(tx, [(self.store.uri(f.path), f) for f in files], summary)
 
-        self._publish(records, schema, state, "commit", write)
+        return self._publish(records, schema, state, "commit", write)
 
 
 def snapshots_to_expire(tbl, now: float, adding: int = 0) -> list[int]:

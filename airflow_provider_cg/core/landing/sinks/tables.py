@@ -202,17 +202,18 @@ class TableSink(LakeSink):
     def load_state(self) -> TableState:
         """The table as it stands now (one load)."""
 
-    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> None:
+    def merge_rows(self, records: list[dict], latest: pa.Table, state: TableState) -> bool:
         """One table transaction that merges ``latest`` (``MergeSpec.latest`` of ``records``'
         rows) by key and records the last record's position (``TableConflict`` when another
-        writer committed first)."""
+        writer committed first); False when the table, read again, holds the last record
+        already (another publisher's commit): nothing committed."""
         raise SinkError(f"{type(self).__name__} has no merge")
 
     @abc.abstractmethod
-    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> None:
+    def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> bool:
         """One table transaction: add ``files`` (of ``records``, in log order), record the last
         record's position, add ``schema``'s new columns; create the table from ``schema`` (and
-        the partitioning) if there is none."""
+        the partitioning) if there is none. False as ``merge_rows``."""
 
     def published_through(self) -> int:
         """The highest log position the table holds (0 if none or no table yet)."""
@@ -301,8 +302,9 @@ class TableSink(LakeSink):
             self.store.delete_tree(self.staging(record["gid"]))  # a record without files has nothing to show
 
     def _publish_ready(self) -> bool:
-        """One table commit of every ready record; True if it committed. Retries after a lost
-        race (counted), re-reading the table; gives up after too many."""
+        """One table commit of every ready record; True if the table now holds them (this
+        writer's commit, counted, or another publisher's found on reading the table again).
+        Retries after a lost race (counted), re-reading the table; gives up after too many."""
         for _ in range(1000):
             self._log.refresh()
             state = self._loaded()
@@ -312,19 +314,20 @@ class TableSink(LakeSink):
             try:
                 if self.merge is not None:
                     rows = pa.concat_tables([self._staged_rows(r) for r in pending], promote_options="default")
-                    self.merge_rows(pending, self.merge.latest(rows), state)
+                    committed = self.merge_rows(pending, self.merge.latest(rows), state)
                 else:
                     files = [f for r in pending for f in self._data_files(r)]
                     schema = pa.unify_schemas([f.metadata.schema.to_arrow_schema() for f in files])
-                    self.commit_files(pending, files, schema, state)
+                    committed = self.commit_files(pending, files, schema, state)
             except TableConflict as e:
                 self._state = None
                 self.published.conflicts += 1
                 log.info("cg table commit lost a race, re-reading the table (%s)", str(e)[:200])
                 continue
-            self._state = None  # this commit changed the table (its position, maybe its schema)
-            self.published.commits += 1
-            self.published.records += len(pending)
+            self._state = None  # the table changed (this commit, or another publisher's)
+            if committed:  # else another publisher's commit holds them: not this writer's
+                self.published.commits += 1
+                self.published.records += len(pending)
             for r in pending:
                 self.store.delete_tree(self.staging(r["gid"]))
             self._hint(pending[-1]["pos"])
