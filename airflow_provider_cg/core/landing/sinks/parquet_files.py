@@ -148,7 +148,7 @@ def utc_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(_utc(f.type)) for f in schema], metadata=schema.metadata)
 
 
-def warm_up_task(batches):
+def warm_up_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """``mapInArrow`` of a Spark job's warm-up (``SparkPipeline.warm_up``): the Python worker
     that runs it starts, and imports what writing a batch's files needs (pyarrow's Parquet
     writer, the storage), before the first batch rather than in it: about 3-5 s of a small
