@@ -623,7 +623,8 @@ def test_a_writer_that_finds_its_records_published_meanwhile_commits_and_counts_
     _land(slow, range(31, 41), 2, member="m1")
     monkeypatch.setattr(slow, "commit_files", lambda *_a, **_k: False)
     assert slow._publish_ready()
-    assert slow.publish_counts()["table_commits"] == 0 and slow.publish_counts()["records_published"] == 0
+    counts = slow.publish_counts()
+    assert counts["table_commits"] == 0 and counts["records_published"] == 0 and counts["table_conflicts"] == 1, counts
     table.assert_exactly({("ORDERS", s) for s in range(1, 31)})
     for s in (slow, fast):
         s.close()

@@ -325,9 +325,11 @@ class TableSink(LakeSink):
                 log.info("cg table commit lost a race, re-reading the table (%s)", str(e)[:200])
                 continue
             self._state = None  # the table changed (this commit, or another publisher's)
-            if committed:  # else another publisher's commit holds them: not this writer's
+            if committed:
                 self.published.commits += 1
                 self.published.records += len(pending)
+            else:  # another publisher's commit holds them: a race lost, not a commit of this writer's
+                self.published.conflicts += 1
             for r in pending:
                 self.store.delete_tree(self.staging(r["gid"]))
             self._hint(pending[-1]["pos"])
