@@ -177,7 +177,7 @@ class TaskFileWriter:
         self.location, self.folder, self.compression = location, folder, compression
         self.partitioning, self.target, self.all_statistics = partitioning, target, all_statistics
 
-    def __call__(self, batches):
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import secrets
 
         from pyspark import TaskContext
