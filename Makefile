@@ -16,10 +16,17 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m airflow_provider_cg.demo
 
+# PySpark's zip on every Spark driver's and Python worker's path has no bytecode, so each of the
+# tests' Spark jobs compiled PySpark in each of its Python processes: add it once (its docstring).
+PYSPARK_BYTECODE := $(VENV)/.pyspark-bytecode
+$(PYSPARK_BYTECODE): $(STAMP)
+	$(BIN)/python -m tests.support.pyspark_bytecode
+	touch $(PYSPARK_BYTECODE)
+
 # In parallel workers (pytest-xdist; tests/conftest.py picks how many), each taking the next
 # test file, the longest first (tests/support/ordering.py): about 1.4x sooner than one process
 # on 2 cores.
-test: $(STAMP)
+test: $(STAMP) $(PYSPARK_BYTECODE)
 	$(BIN)/python -m pytest -q -ra --durations=40 -n auto --dist loadfile --no-loadscope-reorder
 
 # The getting-started page's commands, as written, under real Airflow services from the wheel (several minutes).
