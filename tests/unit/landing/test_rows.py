@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from airflow_provider_cg.core.jetstream.direct import ALL, PartitionBatch, subject_filter
-from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, KeySelector, rows_from_batches
+from airflow_provider_cg.core.jetstream.protocol import PulledMsg
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, KeySelector, build_rows, rows_from_batches
 
 
 def _block(seq: int, subject: str, origin: str = "ORD", oseq: int = 0, own: dict | None = None) -> bytes:
@@ -49,3 +50,17 @@ def test_empty_read_and_filters():
     table, refs = rows_from_batches([], group="g", member="m", keys=KeySelector([]))
     assert table.num_rows == 0 and len(refs) == 0
     assert subject_filter(3) == "3.>" and subject_filter(ALL) == ">"
+
+
+def test_pulled_rows_read_v1_and_v2_ack_subjects_and_keep_their_metadata_whole():
+    """Pulled messages' rows take the stream, sequence, time and deliveries from the ack
+    subject in either form; a v2 subject's domain and account hash stay in the message's
+    metadata (parsed once, by ``jetstream/protocol.py``)."""
+    v1 = PulledMsg("1.ord.k1", "$JS.ACK.ORD.m1.2.41.7.1700000000000000001.3", b"a")
+    v2 = PulledMsg("2.ord.k2", "$JS.ACK.hub.ACCHASH.ORD.m1.1.42.8.1700000000000000002.2.tok", b"b")
+    rows = build_rows([v1, v2], group="g", member="m1", keys=KeySelector([("ord.*", (1,))]),
+                      sourced=False).to_pylist()
+    assert [(r["origin_stream"], r["origin_seq"], r["delivery_count"], r["timestamp"].value) for r in rows] == [
+        ("ORD", 41, 2, 1700000000000000001), ("ORD", 42, 1, 1700000000000000002)]
+    assert (v2.metadata.domain, v2.metadata.account_hash, v2.metadata.consumer_seq) == ("hub", "ACCHASH", 8)
+    assert (v1.metadata.domain, v1.metadata.account_hash) == (None, None)
