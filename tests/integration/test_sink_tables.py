@@ -628,3 +628,49 @@ def test_a_writer_that_finds_its_records_published_meanwhile_commits_and_counts_
     table.assert_exactly({("ORDERS", s) for s in range(1, 31)})
     for s in (slow, fast):
         s.close()
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_writer_that_read_no_table_publishes_nothing_another_writer_published_since(fmt, tmp_path):
+    """Two members' first records into a table that does not exist yet: each writer reads the
+    table (none) and its ready records; one creates the table and publishes its record; the
+    other's commit, planned on no table, would publish that record's files a second time (a
+    CI run's Delta log added 9,000 rows for 6,000 landed). It loses the race instead, reads
+    again and publishes only its own: every file is in the table once."""
+    from airflow_provider_cg.core.landing.sinks.tables import TableConflict
+
+    location = str(tmp_path / ("warehouse" if fmt == "iceberg" else "orders"))
+    table = Table(fmt, location, f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)
+
+    def planned(sink):
+        sink._log.refresh()
+        state = sink._loaded()
+        pending = sink._ready(state.position)
+        files = [f for r in pending for f in sink._data_files(r)]
+        return pending, files, pa.unify_schemas([f.metadata.schema.to_arrow_schema() for f in files]), state
+
+    first, second = table.sink(), table.sink()
+    for sink in (first, second):
+        sink.set_table_commit_interval(3600)
+        sink._slot_tried = int(time.time() // 3600)  # both lost this slot: their records wait
+    _land(first, range(1, 11), 1, member="m1")
+    first_plan = planned(first)  # [its record], on no table
+    _land(second, range(11, 21), 1, member="m2")
+    second_plan = planned(second)  # [the first's record, its own], on no table
+    assert first_plan[3].schema is None and second_plan[3].schema is None
+    assert [r["pos"] for r in second_plan[0]] == [first_plan[0][0]["pos"], second_plan[0][1]["pos"]]
+    assert first.commit_files(*first_plan) is True
+    with pytest.raises(TableConflict):
+        second.commit_files(*second_plan)
+    second._state = None
+    assert second._publish_ready()  # read again: only its own record is left to publish
+    table.assert_exactly({("ORDERS", s) for s in range(1, 21)})
+    assert [c["pos"] for c in _table_commits(table)] == [r["pos"] for r in second_plan[0]]
+    if fmt == "delta":  # the log adds each file once (a reader of the log replays what it adds)
+        import json
+
+        adds = [json.loads(line)["add"]["path"] for log in sorted((tmp_path / "orders" / "_delta_log").glob("*.json"))
+                for line in log.read_text().splitlines() if '"add"' in line]
+        assert len(adds) == len(set(adds)) == 2, adds
+    for sink in (first, second):
+        sink.close()

@@ -186,7 +186,7 @@ class DeltaLakeSink(TableSink):
         last = records[-1]["pos"]
         try:
             dt = self._evolved_table(schema)
-            if (dt.transaction_version(APP_ID) or 0) >= last:
+            if not self.as_loaded(dt.transaction_version(APP_ID) or 0, state, last):
                 return False  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             part = self.partitioning
@@ -213,7 +213,7 @@ class DeltaLakeSink(TableSink):
         flag = f"s.{quote(DELETE_FLAG)}"
         try:
             dt = self._evolved_table(latest.drop_columns([DELETE_FLAG]).schema)
-            if (dt.transaction_version(APP_ID) or 0) >= last:
+            if not self.as_loaded(dt.transaction_version(APP_ID) or 0, state, last):
                 return False
             props = self._properties(records, int(time.time() * 1000), 0)
             (dt.merge(latest, on, source_alias="s", target_alias="t", commit_properties=props)

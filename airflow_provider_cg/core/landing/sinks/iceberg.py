@@ -278,7 +278,7 @@ class IcebergSink(TableSink):
 
         tbl = state.handle or self._load() or self._create(schema)
         last = records[-1]
-        if int(tbl.properties.get(POSITION_PROPERTY, 0)) >= last["pos"]:
+        if not self.as_loaded(int(tbl.properties.get(POSITION_PROPERTY, 0)), state, last["pos"]):
             return False  # another publisher committed it since we looked
         added = new_columns(tbl.schema().as_arrow(), schema)
         pos = str(last["pos"])

@@ -215,6 +215,19 @@ class TableSink(LakeSink):
         record's position, add ``schema``'s new columns; create the table from ``schema`` (and
         the partitioning) if there is none. False as ``merge_rows``."""
 
+    @staticmethod
+    def as_loaded(position: int, state: TableState, last: int) -> bool:
+        """Whether a commit of the records through log position ``last``, planned on ``state``,
+        may go ahead on the table as read again just before it (holding ``position``): False
+        when another publisher committed them all meanwhile; ``TableConflict`` when it committed
+        some (a table that did not exist when ``state`` was loaded, created and published by
+        another writer since), which this commit would publish a second time."""
+        if position >= last:
+            return False
+        if position != state.position:
+            raise TableConflict(f"the table moved from log position {state.position} to {position} since it was read")
+        return True
+
     def published_through(self) -> int:
         """The highest log position the table holds (0 if none or no table yet)."""
         return self._loaded().position
