@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from airflow_provider_cg.core.landing.contract import COUNTS
+from airflow_provider_cg.core.landing.modes import PayloadFormat
 
 ORDERS_JSON_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"
 ORDERS_TRANSFORM = "cg_order_transforms:paid_orders"
@@ -84,7 +85,7 @@ def orders_landing(env_prefix: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         **{k: v for k, v in table.items() if v is not None},
         "payload_format": payload_format,
-        "json_schema": ORDERS_JSON_SCHEMA if payload_format == "json" else None,
+        "json_schema": ORDERS_JSON_SCHEMA if payload_format == PayloadFormat.JSON else None,
         "transform": None if transform == "none" else transform,
         "aws_conn_id": env("AWS_CONN_ID", None),
     }

@@ -68,14 +68,17 @@ def _build_pipeline(spec, session: JobSession | None):
     to compute and lands as read (the data path's speed). Schemas are checked by Spark before
     anything is read, and executor reads start their workers while the job waits for its pin:
     those start the session now; the others on their first batch."""
+    from airflow_provider_cg.core.landing.modes import PayloadFormat, ReadMode
     from airflow_provider_cg.core.landing.pipeline.decode import SparkDecoder, text_decoder
     from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, SparkPipeline
 
     if session is None:
-        return ArrowPipeline(text_decoder() if spec.payload_format == "text" else None, bad_records=spec.bad_records)
-    if spec.payload_format == "raw" and not spec.transforming and spec.read != "executors":
+        return ArrowPipeline(text_decoder() if spec.payload_format is PayloadFormat.TEXT else None,
+                             bad_records=spec.bad_records)
+    executors = spec.read is ReadMode.EXECUTORS
+    if spec.payload_format is PayloadFormat.RAW and not spec.transforming and not executors:
         return ArrowPipeline(bad_records=spec.bad_records)
-    now = spec.payload_format in ("json", "avro") or spec.read == "executors"
+    now = spec.payload_format.needs_spark or executors
     decoder = SparkDecoder(session() if now else None, spec.payload_format, spec.json_schema or spec.avro_schema)
     return SparkPipeline(session, decoder, function=spec.transform, sql=spec.transform_sql,
                          bad_records=spec.bad_records)
@@ -88,6 +91,7 @@ async def _run(spec, make_sink, pipeline):
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
     from airflow_provider_cg.core.groups.config import in_membership
     from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+    from airflow_provider_cg.core.landing.modes import ReadMode
 
     try:
         settings = NatsConnectionSettings.from_env()
@@ -99,7 +103,7 @@ async def _run(spec, make_sink, pipeline):
     settings.name = settings.name or f"cg-job-{spec.stream}-{spec.group}-{who}"
     nc = await settings.connect()
     try:
-        if spec.read == "executors" and not spec.backfill:
+        if spec.read is ReadMode.EXECUTORS and not spec.backfill:
             pipeline.read_in_tasks(settings)
         info = await ConsumerGroups(nc).get(spec.stream, spec.group)
         if not spec.backfill and not in_membership(info.config, spec.member):

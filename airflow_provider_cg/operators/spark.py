@@ -28,6 +28,7 @@ from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.landing import contract
 from airflow_provider_cg.core.landing.contract import MemberJobSpec
 from airflow_provider_cg.core.landing.fields import convert
+from airflow_provider_cg.core.landing.modes import PayloadFormat, StopReason
 from airflow_provider_cg.core.landing.pipeline.decode import SPARK_AVRO_PACKAGE
 from airflow_provider_cg.core.landing.sinks.options import SINK_FIELDS, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kinds
@@ -313,7 +314,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             for connection in kind.connections:
                 if connection.required and not getattr(self, connection.param):
                     raise ConfigError(connection.param, f"required for the {kind.name} sink")
-        if values["payload_format"] == "avro" and (rendered or not templated(self.avro_package)) \
+        if values["payload_format"] == PayloadFormat.AVRO and (rendered or not templated(self.avro_package)) \
                 and not _MAVEN_COORDINATE.fullmatch(str(self.avro_package or "")):
             raise ConfigError("avro_package", "must be Maven coordinates group:artifact:version")
         v = self.settle_timeout
@@ -441,7 +442,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         delete afterwards (``hooks/spark_submit.py``)."""
         options = {k: getattr(self, k) for k in SPARK_SUBMIT_OPTIONS if getattr(self, k) is not None}
         options.pop("deploy_mode", None)
-        if spec.payload_format == "avro":
+        if spec.payload_format is PayloadFormat.AVRO:
             packages = [p for p in (options.get("packages") or "").split(",") if p]
             if not any(p.split(":")[:2] == self.avro_package.split(":")[:2] for p in packages):
                 options["packages"] = ",".join([*packages, self.avro_package])
@@ -508,7 +509,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
                                                                 self.settle_timeout))
         if backlog == 0:
             summary = contract.Summary(spec.stream, spec.group, spec.member,
-                                       stop_reason="no backlog: Spark not started").to_dict()
+                                       stop_reason=StopReason.NO_BACKLOG).to_dict()
             _push_summary(context, summary)
             raise AirflowSkipException(
                 f"member {spec.member} (partitions {m.partitions}) has no backlog: Spark not started"

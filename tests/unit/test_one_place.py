@@ -1,7 +1,8 @@
 """One place per concept, kept so: the package's modules import no circle (a function-level or
 ``TYPE_CHECKING`` import counts too: it is still a dependency a reader follows), and no module
 compares a sink's or a layout's name but that sink's or layout's own (``sinks/kinds/``,
-``groups/layouts/``): everything else asks the registry or the layout object."""
+``groups/layouts/``): everything else asks the registry or the layout object; read modes,
+payload formats and stop reasons are ``core/landing/modes.py``'s members, never spelled."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ast
 from pathlib import Path
 
 from airflow_provider_cg.core.groups import layouts
+from airflow_provider_cg.core.landing.modes import PayloadFormat, ReadMode, StopReason
 from airflow_provider_cg.core.landing.sinks.registry import sink_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,3 +136,80 @@ def test_every_package_of_the_source_tree_is_in_the_wheel():
     on_disk = {".".join(d.relative_to(ROOT).parts) for d in (ROOT / PACKAGE).rglob("*")
                if d.is_dir() and (d / "__init__.py").exists()} | {PACKAGE}
     assert on_disk <= listed, f"packages not in setup.cfg's packages: {sorted(on_disk - listed)}"
+
+
+def mode_comparisons(source: str, label: str) -> list[str]:
+    """A read mode or payload format compared as text: ``spec.read == "executors"``,
+    ``payload_format in ("json", "avro")``, ``self.kind != "raw"`` (an SQL type ``"text"`` or a
+    substring test is not one)."""
+    names = {str(m) for m in (*ReadMode, *PayloadFormat)}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        if not any(any(w in ast.unparse(o) for w in ("read", "payload_format", "kind")) for o in operands
+                   if not isinstance(o, ast.Constant | ast.Tuple)):
+            continue
+        found += name_comparisons(ast.unparse(node), f"{label}:{node.lineno}", names)
+    return found
+
+
+def test_the_mode_comparison_finder_finds_them():
+    sample = ('a = spec.read == "executors"\nb = payload_format in ("json", "avro")\nc = self.kind != "raw"\n'
+              'd = typ == "text"\ne = "avro" in text.lower()\nf = spec.read is ReadMode.AUTO\n')
+    assert len(mode_comparisons(sample, "sample")) == 3
+
+
+def test_no_module_but_modes_compares_a_read_mode_or_a_payload_format_as_text():
+    found = [hit for p in SOURCES if not _own(p, "core/landing/modes.py")
+             for hit in mode_comparisons(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not found, "compare ReadMode / PayloadFormat members (core/landing/modes.py) instead:\n" + "\n".join(found)
+
+
+def stop_reasons_as_text(source: str, label: str) -> list[str]:
+    """A stop reason written as a string: ``x.stop_reason = "pin lost"`` (or in a tuple
+    assignment), ``stop_reason="..."``, ``revoke("...")``, ``return "..."`` in ``reason()``, and
+    a comparison with one."""
+    reasons = {str(r) for r in StopReason}
+    found = []
+
+    def text(node: ast.AST | None) -> bool:
+        return isinstance(node, ast.Constant) and isinstance(node.value, str)
+
+    for node in ast.walk(ast.parse(source)):
+        values: list[ast.AST | None] = []
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Attribute) and target.attr == "stop_reason":
+                    values.append(node.value)
+                elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    values += [v for t, v in zip(target.elts, node.value.elts, strict=False)
+                               if isinstance(t, ast.Attribute) and t.attr == "stop_reason"]
+        elif isinstance(node, ast.keyword) and node.arg == "stop_reason":
+            values.append(node.value)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "revoke":
+            values += node.args
+        elif isinstance(node, ast.FunctionDef) and node.name == "reason":
+            values += [n.value for n in ast.walk(node) if isinstance(n, ast.Return)]
+        elif isinstance(node, ast.Compare):
+            values += [v for v in [node.left, *node.comparators] if text(v) and v.value in reasons]  # type: ignore[attr-defined]
+        for v in values:
+            branches = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
+            found += [f"{label}:{node.lineno}: {b.value!r}" for b in branches if text(b)]  # type: ignore[union-attr]
+    return found
+
+
+def test_stop_reasons_are_written_as_stop_reasons():
+    found = [hit for p in SOURCES if not _own(p, "core/landing/modes.py")
+             for hit in stop_reasons_as_text(p.read_text(), str(p.relative_to(ROOT)))]
+    assert not found, "a StopReason (core/landing/modes.py), or a sentence with details (an f-string):\n" + \
+        "\n".join(found)
+
+
+def test_the_stop_reason_finder_finds_them():
+    sample = ('s.stop_reason = "pin lost"\ns.result, s.stop_reason = 1, "x"\nf(stop_reason="y")\n'
+              'stop.revoke("z")\nok = s.stop_reason = StopReason.PIN_LOST\n'
+              's.stop_reason = "a" if c else StopReason.PIN_LOST\nif r == "pin lost": pass\n'
+              'def reason(self):\n    return "max_bytes"\n')
+    assert len(stop_reasons_as_text(sample, "sample")) == 7

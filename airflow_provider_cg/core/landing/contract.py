@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime as dt
+import enum
 import json
 import os
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from typing import Any
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
 from airflow_provider_cg.core.landing.fields import Seconds, check_fields, converted, flag, option
+from airflow_provider_cg.core.landing.modes import PayloadFormat, ReadMode
 from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice
 from airflow_provider_cg.core.landing.sinks.options import (
     SINK_FIELDS,
@@ -52,8 +54,8 @@ RESULT_SUBMITTED = "submitted"  # the operator's, for a cluster-mode driver that
 #: results that end the Airflow task as skipped: nothing was there or it was not this task's to land
 SKIP_RESULTS = frozenset({RESULT_EMPTY, RESULT_NOT_PINNED, RESULT_REVOKED})
 
-PAYLOAD_FORMATS = ("raw", "text", "json", "avro")
-READ_MODES = ("auto", "consumer", "executors")
+PAYLOAD_FORMATS = tuple(PayloadFormat)
+READ_MODES = tuple(ReadMode)
 BAD_RECORDS = ("dead-letter", "fail")
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
 ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome before it commits anyway
@@ -93,7 +95,7 @@ class BatchOptions:
                             positive=True)
     idle_timeout: float = option(2.0, float, "a pull this long with nothing ends the run", positive=True)
     progress_interval: float = option(5.0, float, "seconds between progress lines", positive=True)
-    read: str = option("auto", str, "auto: the driver reads by batched direct gets (an elastic group's "
+    read: ReadMode = option(ReadMode.AUTO, ReadMode, "auto: the driver reads by batched direct gets (an elastic group's "
                      "partitions, acked by one purge each; a static member's subjects, acked by moving its "
                      "durable; 2.14+); executors: the same, read by the batch's Spark tasks (needs Spark); "
                      "consumer: pulls and a double ack per message",
@@ -120,7 +122,7 @@ class BatchOptions:
 class MemberJobSpec(SinkOptions, BatchOptions):
     """Everything one member job run is given (see the module docstring)."""
 
-    payload_format: str = option("raw", str, "how Spark decodes payloads (avro needs Spark's Avro package: "
+    payload_format: PayloadFormat = option(PayloadFormat.RAW, PayloadFormat, "how Spark decodes payloads (avro needs Spark's Avro package: "
                                "--packages)", PAYLOAD_FORMATS)
     json_schema: str | None = option(help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
     avro_schema: str | None = option(help="Avro record schema (JSON) of Avro payloads (binary-encoded datums)")
@@ -198,7 +200,8 @@ class MemberJobSpec(SinkOptions, BatchOptions):
         return out
 
     def values(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain values (a ``ReadMode`` as its text), as ``build`` takes them."""
+        return {k: str(v) if isinstance(v, enum.Enum) else v for k, v in dataclasses.asdict(self).items()}
 
     # --- checks of the machine the driver runs on -----------------------------------------
 
@@ -275,13 +278,12 @@ def _check_job(spec: MemberJobSpec) -> None:
     elif not spec.member:
         raise ConfigError("member", "required (unless backfill_start and backfill_end are given)")
     check_sink(spec)
-    if spec.payload_format == "json" and not spec.json_schema:
-        raise ConfigError("json_schema", "required when payload_format is json")
-    if spec.payload_format == "avro":
+    schema_field = spec.payload_format.schema_field
+    if schema_field is not None and not getattr(spec, schema_field):
+        raise ConfigError(schema_field, f"required when payload_format is {spec.payload_format}")
+    if spec.avro_schema is not None and spec.payload_format is PayloadFormat.AVRO:
         from airflow_provider_cg.core.landing.pipeline.decode import parse_avro_schema
 
-        if not spec.avro_schema:
-            raise ConfigError("avro_schema", "required when payload_format is avro")
         parse_avro_schema(spec.avro_schema)
     if spec.transform is not None:
         from airflow_provider_cg.core.landing.transform import parse_spec
@@ -292,11 +294,11 @@ def _check_job(spec: MemberJobSpec) -> None:
     elif spec.transform_sql is not None and not spec.transform_sql.strip():
         raise ConfigError("transform_sql", "must not be empty")
     if spec.no_spark:
-        if spec.read == "executors":
+        if spec.read is ReadMode.EXECUTORS:
             raise ConfigError("read", "executors are Spark's (drop no_spark)")
         if spec.transforming:
             raise ConfigError("transform", "a transformation runs in Spark (drop no_spark)")
-        if spec.payload_format in ("json", "avro"):
+        if spec.payload_format.needs_spark:
             raise ConfigError("payload_format", f"{spec.payload_format} needs Spark (drop no_spark)")
 
 
@@ -387,7 +389,7 @@ class Summary:
     bytes: int = 0
     partitions: dict[str, dict[str, int]] = field(default_factory=dict)
     batch_ids: list[str] = field(default_factory=list)  # the batches this run committed (sink gids)
-    stop_reason: str = ""
+    stop_reason: str = ""  # a ``StopReason``, or a sentence with the details of one (``modes.py``)
     pin_id: str | None = None
     origin_key: str | None = None  # the origin_stream of the rows landed: the stream, or <stream>#<n> for its n-th life
     read_path: str = ""
@@ -442,7 +444,10 @@ class Summary:
         return max(self.messages_read - self.duplicates_skipped - self.dead_lettered - self.skipped, 0)
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "messages_landed": self.messages_landed}
+        """Plain values (a ``StopReason`` as its text): what XCom, the summary file and the
+        progress board carry."""
+        return {**dataclasses.asdict(self), "stop_reason": str(self.stop_reason),
+                "messages_landed": self.messages_landed}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), separators=(",", ":"), sort_keys=True)

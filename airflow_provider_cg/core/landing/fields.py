@@ -5,11 +5,12 @@ text (``convert``) and checked alone (``check_fields``)."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import math
 from collections.abc import Mapping
 from dataclasses import field
-from typing import Any
+from typing import Any, cast
 
 from airflow_provider_cg.core.errors import ConfigError
 
@@ -17,9 +18,16 @@ from airflow_provider_cg.core.errors import ConfigError
 def option(default: Any = None, kind: type = str, help: str = "", choices: tuple[str, ...] | None = None,
          positive: bool = False) -> Any:
     """A field of the contract: ``kind`` is how argv text (and rendered templates) convert;
-    ``choices``: the values it takes; ``positive``: a finite number > 0. (Which sinks take a
-    sink option is theirs to say: ``registry.option_owners``.)"""
+    ``choices``: the values it takes (a ``StrEnum`` kind's members unless given); ``positive``:
+    a finite number > 0. (Which sinks take a sink option is theirs to say:
+    ``registry.option_owners``.)"""
+    if choices is None and _is_enum(kind):
+        choices = tuple(cast("type[enum.StrEnum]", kind))
     return field(default=default, metadata={"kind": kind, "help": help, "choices": choices, "positive": positive})
+
+
+def _is_enum(kind: type) -> bool:
+    return isinstance(kind, type) and issubclass(kind, enum.StrEnum)
 
 
 class Seconds(float):
@@ -72,7 +80,7 @@ def convert(name: str, value: Any, kind: type) -> Any:
         from airflow_provider_cg.core.durations import parse_duration
 
         return parse_duration(value, name)
-    if kind is str:
+    if kind is str or _is_enum(kind):  # (an enum's members are checked with the other choices)
         if not isinstance(value, str):
             raise ConfigError(name, f"must be text (got {type(value).__name__})")
         return value
@@ -107,6 +115,8 @@ def check_fields(spec: Any) -> None:
             validate_name(f.name, value, f.name)
         if meta["choices"] and value not in meta["choices"]:
             raise ConfigError(f.name, f"must be one of {', '.join(meta['choices'])} (got {value!r})")
+        if _is_enum(meta["kind"]) and not isinstance(value, meta["kind"]):  # the member, however it was given
+            object.__setattr__(spec, f.name, meta["kind"](value))
         if meta["positive"]:
             convert(f.name, value, meta["kind"])  # a number of the right kind
             if isinstance(value, bool) or not (value > 0 and math.isfinite(value)):

@@ -24,10 +24,10 @@ from typing import Any
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.landing.modes import PayloadFormat
 
 ERROR = "_cg_error"  # why a row is poison; null for a good row
 CORRUPT = "_cg_corrupt_record"
-FORMATS = ("raw", "text", "json", "avro")
 #: Spark's Avro package, added to spark-submit for ``avro`` payloads by the operator. 4.1.1 is
 #: the newest build on the Maven mirrors this project is tested against; it runs on Spark 4.1
 #: and 4.2 (tested with 4.2.0). Give the one of your cluster's Spark version where it differs.
@@ -89,16 +89,16 @@ class SparkDecoder:
     Built once per job: a bad schema, or ``avro`` without Spark's Avro package on the
     classpath, fails here (exit 1) rather than at the first batch."""
 
-    def __init__(self, spark, kind: str, schema: str | None = None) -> None:
+    def __init__(self, spark, kind: PayloadFormat | str, schema: str | None = None) -> None:
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
 
-        if kind not in FORMATS:
-            raise ConfigError("payload_format", f"must be one of {', '.join(FORMATS)}")
-        self.kind = kind
-        self.can_fail = kind != "raw"
+        if kind not in tuple(PayloadFormat):
+            raise ConfigError("payload_format", f"must be one of {', '.join(PayloadFormat)}")
+        self.kind = kind = PayloadFormat(kind)
+        self.can_fail = kind is not PayloadFormat.RAW
         self._required: list[str] = []
-        if kind == "json":
+        if kind is PayloadFormat.JSON:
             if not schema:
                 raise ConfigError("json_schema", "required when the payload format is json")
             try:
@@ -112,7 +112,7 @@ class SparkDecoder:
             self._required = [f.name for f in ddl.fields if not f.nullable]
             self._json_schema = StructType([StructField(f.name, f.dataType, True) for f in ddl.fields]
                                            + [StructField(CORRUPT, StringType(), True)])
-        elif kind == "avro":
+        elif kind is PayloadFormat.AVRO:
             if not schema:
                 raise ConfigError("avro_schema", "required when the payload format is avro")
             parsed = parse_avro_schema(schema)
@@ -146,13 +146,13 @@ class SparkDecoder:
     def apply(self, df):
         """``df`` (a batch, column ``payload`` binary) with the decoded column and ``_cg_error``."""
         F = self._F
-        if self.kind == "raw":
+        if self.kind is PayloadFormat.RAW:
             return df.withColumn(ERROR, F.lit(None).cast("string"))
-        if self.kind == "text":
+        if self.kind is PayloadFormat.TEXT:
             return (df.withColumn("payload_text", F.col("payload").cast("string"))
                       .withColumn(ERROR, F.when(~F.is_valid_utf8(F.col("payload")),
                                                 F.lit("payload: not valid UTF-8"))))
-        if self.kind == "json":
+        if self.kind is PayloadFormat.JSON:
             parsed = F.from_json(F.col("payload").cast("string"), self._json_schema,
                                  {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT})
             df = df.withColumn("_cg_parsed", parsed)

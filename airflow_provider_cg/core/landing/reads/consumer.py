@@ -26,6 +26,7 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.protocol import AckOutcome, ConsumerGone, PinLost, PullTransient
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
+from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch
 from airflow_provider_cg.core.landing.protocol.dead_letters import dead_letter_headers
 from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
@@ -37,7 +38,8 @@ log = logging.getLogger("airflow_provider_cg.landing")
 
 class ConsumerReads:
     """The consumer read path of one member run (``member.MemberRun``), given its
-    ``MemberReading``: the pin, the lander, the stop rule and the summary are the run's."""
+    ``MemberReading``: the pin, the lander, the stop rule and the summary are the run's. A
+    ``reads.registry.Reader``."""
 
     read_path = "consumer"  # what the summary reports
 
@@ -46,6 +48,20 @@ class ConsumerReads:
         self.batch_size = reading.batch_size  # lowered to fit an existing consumer's max_ack_pending
         self.landing_msgs: list = []  # the batch being landed (kept in progress while the next one waits)
         self.idle_checks = 0  # empty pulls answered by "still pending" (bounded)
+        self.fit_batch_to(reading.consumer_info)
+
+    def pin_pull(self, target: int) -> int:
+        return min(self.batch_size, max(target, 1))
+
+    async def begin(self, first: list, pinned: dict) -> str | None:
+        return None  # the consumer knows every delivery
+
+    async def land(self, first: list, landed: set[int]) -> bool:
+        held = await self.settle_predecessors(first, landed)
+        if held is None:
+            return False
+        await self.consume(held)
+        return True
 
     async def settle_predecessors(self, held: list, landed: set[int]) -> list | None:
         """Reading through the consumer: wait until every unacknowledged message of the
@@ -87,7 +103,7 @@ class ConsumerReads:
             try:
                 more = await client.pull(max(1, foreign), expires=min(1.0, r.pin.pull_expires_max))
             except PinLost:
-                s.stop_reason = "pin lost while waiting for an earlier instance's messages"
+                s.stop_reason = StopReason.PIN_LOST_WAITING
                 return None
             except PullTransient:
                 await asyncio.sleep(0.5)
@@ -102,7 +118,8 @@ class ConsumerReads:
         r, s = self.r, self.r.summary
         client = r.pin.client
         landing: asyncio.Task | None = None
-        msgs, end = first, None
+        end: StopReason | None
+        msgs, end = first, None  # end: why the pulls ended (the pin, the consumer, the backlog)
         transient_deadline = None
         try:
             while True:
@@ -111,21 +128,21 @@ class ConsumerReads:
                     if landing is not None:
                         await r.pin.await_landing(landing, functools.partial(self._in_progress, msgs))
                     if not client.is_pinned and end is None:
-                        end = "pin"  # lost while the last batch landed: leave these to the new holder
+                        end = StopReason.PIN_LOST  # lost while the last batch landed: leave these to the new holder
                     elif not r.lander.taken_over:  # else leave them unacked to the new pin holder
-                        landing = asyncio.create_task(self._land(msgs, consumer_gone=(end == "gone")))
+                        landing = asyncio.create_task(self._land(msgs, consumer_gone=end is StopReason.CONSUMER_DELETED))
                 r.progress.tick()  # also while a follower waits for messages
                 if end is not None and landing is not None:
                     await r.pin.await_landing(landing, self._in_progress)  # its outcome may say why we stop
                     landing = None
                 if r.lander.taken_over:
-                    s.stop_reason = "taken over by another instance"
+                    s.stop_reason = StopReason.TAKEN_OVER
                     break
                 if end is not None:
-                    s.stop_reason = {"pin": "pin lost", "gone": "consumer deleted", "idle": "backlog drained"}[end]
+                    s.stop_reason = end
                     break
                 reason = r.stop.reason()
-                if reason == "target reached" and landing is not None:
+                if reason is StopReason.TARGET_REACHED and landing is not None:
                     # The batch still landing may nak poison messages back (``taken`` drops):
                     # they are part of the target and must come back here, to be dead-lettered
                     # once out of deliveries, not be left behind in the stream.
@@ -145,11 +162,11 @@ class ConsumerReads:
                     if not msgs and r.stop.following:
                         self.idle_checks = 0  # a follower waits for what comes (its rule says until when)
                     elif not msgs and not await self._backlog_left():
-                        end = "idle"
+                        end = StopReason.BACKLOG_DRAINED
                 except PinLost as e:
-                    msgs, end = e.messages, "pin"
+                    msgs, end = e.messages, StopReason.PIN_LOST
                 except ConsumerGone as e:
-                    msgs, end = e.messages, "gone"
+                    msgs, end = e.messages, StopReason.CONSUMER_DELETED
                 except PullTransient as e:  # server restart, leadership change: keep trying a while
                     msgs = e.messages
                     transient_deadline = transient_deadline or time.monotonic() + max(r.ack_wait, 30.0)

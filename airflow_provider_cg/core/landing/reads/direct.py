@@ -37,6 +37,7 @@ from airflow_provider_cg.core.jetstream.direct import (
     subject_filter,
 )
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
+from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.protocol.dead_letters import dead_letter_headers
 from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import keep_matching, rows_from_batches
@@ -51,6 +52,7 @@ class PartitionPositions:
 
     origin = None  # rows name their origin from the sourcing header
     only = None  # every message read is the member's
+    declined: str | None = None  # (never: the stream holds what is unacknowledged)
 
     def __init__(self, reader: PartitionReader | PartitionStreamReaders, partitions, max_members: int,
                  filters: list[str]) -> None:
@@ -205,17 +207,37 @@ class ConsumerPosition:
                 await asyncio.sleep(0.5)
 
 
+#: where a direct-get reader reads the member's messages from, and how it acks a range
+Positions = PartitionPositions | PartitionStreamPositions | ConsumerPosition
+
+
 class DirectReads:
     """The direct-get read path of one member run (``member.MemberRun``), given its
-    ``MemberReading``."""
+    ``MemberReading``: a ``reads.registry.Reader``."""
 
     read_path = "direct"  # what the summary reports
 
-    def __init__(self, reading: MemberReading,
-                 positions: PartitionPositions | PartitionStreamPositions | ConsumerPosition) -> None:
+    def __init__(self, reading: MemberReading, positions: Positions) -> None:
         self.r = reading
         self.positions = positions
+        self.batch_size = reading.batch_size
         self._behind_since: float | None = None
+
+    def pin_pull(self, target: int) -> int:
+        return 1  # reading by direct gets, the pin is all this pull is for
+
+    async def begin(self, first: list, pinned: dict) -> str | None:
+        if await self.positions.begin(first, pinned):
+            return None
+        return self.positions.declined or "the durable cannot be read directly"
+
+    async def land(self, first: list, landed: set[int]) -> bool:
+        """The stream (elastic) or the durable's position (static), not the consumer's
+        deliveries, says what earlier holders left unacknowledged: nothing to settle first."""
+        if self.r.split:  # as the pin holder: a partition stream its server lost is made again first
+            await self.r.ensure_current()
+        await self.consume()
+        return True
 
     async def _streams_behind(self) -> bool:
         """Nothing read from the partition streams, but a partition's log holds what its stream
@@ -246,10 +268,10 @@ class DirectReads:
         try:
             while True:
                 if r.lander.taken_over:
-                    s.stop_reason = "taken over by another instance"
+                    s.stop_reason = StopReason.TAKEN_OVER
                     break
                 if keeper.done() or not await r.pin.client.keep_pin():  # also notices a step-down at once
-                    s.stop_reason = "pin lost"
+                    s.stop_reason = StopReason.PIN_LOST
                     break
                 reason = r.stop.reason()
                 if reason:
@@ -285,7 +307,7 @@ class DirectReads:
                     r.progress.tick()  # a follower's line (and board) while it waits
                     if await r.stop.waits_for_more():  # a follower: new messages, in a moment
                         continue
-                    s.stop_reason = "backlog drained" if await r.pin.holds() else "pin lost"
+                    s.stop_reason = StopReason.BACKLOG_DRAINED if await r.pin.holds() else StopReason.PIN_LOST
                     break
                 r.stop.took(sum(len(b) for b in batches))
                 previous, landing = landing, None

@@ -22,7 +22,7 @@ import asyncio
 import numpy as np
 
 from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
-from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, DirectReads
+from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, DirectReads, Positions
 from airflow_provider_cg.core.landing.reads.nats_source import batch_plan
 from airflow_provider_cg.core.landing.run.reading import MemberReading
 
@@ -33,9 +33,9 @@ class ExecutorReads(DirectReads):
 
     read_path = "executors"  # what the summary reports
 
-    def __init__(self, reading: MemberReading, positions, parallelism: int) -> None:
+    def __init__(self, reading: MemberReading, positions: Positions) -> None:
         super().__init__(reading, positions)
-        self.parallelism = max(1, parallelism)
+        self.parallelism = max(1, reading.pipeline.parallelism)
 
     async def _next(self, count: int) -> tuple[list[ReadRange], int | None]:
         return await self.positions.plan(count)

@@ -65,6 +65,7 @@ from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
+from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
 from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
@@ -223,13 +224,13 @@ class _Window:
         s, cut = self.s, len(msgs)
         for i, m in enumerate(msgs):
             if m.timestamp_ns >= self.end_ns:
-                cut, s.stop_reason = i, "window end"
+                cut, s.stop_reason = i, StopReason.WINDOW_END
                 break
             if m.stream_seq > self.last_seq:
-                cut, s.stop_reason = i, "last sequence at start"
+                cut, s.stop_reason = i, StopReason.LAST_SEQUENCE_AT_START
                 break
         if not s.stop_reason and msgs[-1].num_pending == 0:
-            s.stop_reason = "no more messages"
+            s.stop_reason = StopReason.NO_MORE_MESSAGES
         return [m for m in msgs[:cut] if m.timestamp_ns >= self.start_ns]
 
     def _next_id(self) -> BatchId:
@@ -313,7 +314,7 @@ async def run_backfill(
     start_ns, end_ns = _ns(start), _ns(end)
     if last_seq == 0:
         await lander.finish()
-        s.stop_reason = "origin stream empty"
+        s.stop_reason = StopReason.ORIGIN_EMPTY
         s.duration_s = round(time.monotonic() - started, 3)
         return s
     window = _Window(sink, pipeline, lander, rows, s, member, start_ns, end_ns, last_seq,
@@ -323,7 +324,7 @@ async def run_backfill(
         while not s.stop_reason:
             msgs = await client.pull(batch_size, expires=pull_timeout, no_wait=True)
             if not msgs:
-                s.stop_reason = "no more messages"
+                s.stop_reason = StopReason.NO_MORE_MESSAGES
                 break
             await window.land(window.cut(msgs))
     finally:

@@ -4,7 +4,7 @@
 each assignment of partitions, ``setup`` (the member consumer, the layout's reader), then the
 pin (``pin.py``: acquire, anchor, keep, hand over, release), ``_take_over`` (recover what
 earlier holders left), then one reader lands batches (``reads/direct.py``, ``reads/executors.py`` or
-``reads/consumer.py``, chosen in ``_reader``) until the stop rule says so (``stop_rule.py``: the
+``reads/consumer.py``, chosen by ``reads/registry.choose``) until the stop rule says so (``stop_rule.py``: the
 target is the backlog found, like Spark's ``Trigger.AvailableNow``), then ``finish``. A
 reader gets what it needs as one ``MemberReading`` and changes nothing of the run's. Each
 batch:
@@ -55,17 +55,18 @@ from airflow_provider_cg.core.landing.contract import (
     BatchOptions,
     Summary,
 )
+from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
 from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
 from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
-from airflow_provider_cg.core.landing.reads.consumer import ConsumerReads
 from airflow_provider_cg.core.landing.reads.direct import (
     ConsumerPosition,
-    DirectReads,
     PartitionPositions,
     PartitionStreamPositions,
+    Positions,
 )
+from airflow_provider_cg.core.landing.reads.registry import FALLBACK, Reader, ReadPath, choose, read_path
 from airflow_provider_cg.core.landing.rows import KeySelector
 from airflow_provider_cg.core.landing.run.board import ProgressBoard
 from airflow_provider_cg.core.landing.run.pin import Pin
@@ -181,12 +182,13 @@ class MemberRun:
         self.split = layout.reads_partition_streams
         # its partitions are streams of their own: read them, whatever ``read`` says
         self.reader = layout.partition_readers(self.nc, self.consumer_stream, self.partitions, self.api.prefix)
-        if self.reader is None and o.read in ("auto", "executors") and (self.sourced or self.api.can_reset_consumers()):
+        direct = read_path(o.read).direct
+        if self.reader is None and direct and (self.sourced or self.api.can_reset_consumers()):
             read = await self.api.stream_info(self.consumer_stream)
             if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
                 self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
         self.slow_path: str | None = None  # why this run reads through the consumer, and the remedy
-        if self.reader is None and o.read in ("auto", "executors"):
+        if self.reader is None and direct:
             if self.sourced or self.api.can_reset_consumers():
                 self.slow_path = (f"stream {self.consumer_stream} has no direct gets (allow_direct is off): turn "
                                   f"them on (nats stream edit {self.consumer_stream} --allow-direct) for batched "
@@ -212,7 +214,8 @@ class MemberRun:
         if self.origin_key is None:
             self.origin_key = self.summary.origin_key = await origin_life_key(self.api, self.sink, o)
         info = await pin.client.consumer_info()
-        reads = self._reader(info)
+        path = choose(o.read, direct_gets=self.reader is not None)
+        reads = self._reader(path, info)
         pin.adopt_timings(info.get("config") or {}, self.ack_wait)
         backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
         if self.split:  # the member consumer holds only pin anchors: the backlog is the partitions'
@@ -221,12 +224,11 @@ class MemberRun:
         stop.aim(backlog)
         if backlog == 0 and not pinned_id(info) and not stop.following:
             await self.lander.recover(self.partitions)
-            s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_EMPTY), "empty backlog"
+            s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_EMPTY), StopReason.EMPTY_BACKLOG
             return
         watcher = asyncio.create_task(self._watch_membership())
         try:
-            # reading by direct gets, the pin is all this pull is for
-            want = 1 if isinstance(reads, DirectReads) else min(self.batch_size, max(s.target, 1))
+            want = reads.pin_pull(s.target)
             # a follower waits for the pin (the first message, on an empty work queue) as long as it follows
             until = max(pin_wait_from + o.standby_timeout, stop.follow_until or 0.0)
             self.progress.waiting = "pin"
@@ -238,10 +240,10 @@ class MemberRun:
                 if stop.revoked is not None:  # a standby: the pinned instance hands the consumer over
                     s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_REVOKED), stop.revoked
                 elif pinned_id(await pin.client.consumer_info()):
-                    s.result, s.stop_reason = RESULT_NOT_PINNED, "another instance holds the pin"
+                    s.result, s.stop_reason = RESULT_NOT_PINNED, StopReason.ANOTHER_HOLDS_PIN
                 else:
                     await self.lander.recover(self.partitions)
-                    s.result, s.stop_reason = RESULT_EMPTY, "no message arrived"
+                    s.result, s.stop_reason = RESULT_EMPTY, StopReason.NO_MESSAGE_ARRIVED
                 return
             s.pin_id = pin.pin_id
             if self.split:  # the pin anchors: nothing to land
@@ -262,25 +264,18 @@ class MemberRun:
             finally:
                 keeper.cancel()
                 self.progress.waiting = None
-            if isinstance(reads, DirectReads) and not await reads.positions.begin(first, pinned):
-                self.slow_path = getattr(reads.positions, "declined", None) or "the durable cannot be read directly"
+            declined = await reads.begin(first, pinned)
+            if declined is not None:
+                self.slow_path = declined
                 log.warning("cg member=%s reads through the consumer this run, the slow path: %s", self.member,
                             self.slow_path)
-                reads = self._consumer_reads(info)
+                path = FALLBACK
+                reads = self._reader(path, info)
             s.read_path = reads.read_path
-            if s.read_path == "consumer" and o.read != "consumer":
+            if path is not read_path(o.read):
                 s.read_path_reason = self.slow_path
-            if isinstance(reads, DirectReads):
-                if self.split:  # as the pin holder: a partition stream its server lost is made again first
-                    await self.ensure_partition_streams_current()
-                # the stream (elastic) or the durable's position (static), not the consumer's
-                # deliveries, says what earlier holders left unacknowledged
-                await reads.consume()
-            else:
-                held = await reads.settle_predecessors(first, landed)
-                if held is None:
-                    return
-                await reads.consume(held)
+            if not await reads.land(first, landed):
+                return
         finally:
             watcher.cancel()
         s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
@@ -293,29 +288,17 @@ class MemberRun:
             raise ConsumerGroupError("no pin: the member's assignment is closed")
         return self.pin
 
-    # --- the reader: one per read path, chosen here -----------------------------------------
+    # --- the reader (the path chosen by ``reads/registry.choose``) --------------------------------
 
-    def _reader(self, consumer_info: dict) -> DirectReads | ConsumerReads:
-        """Direct gets by the driver, or (``--read executors``) by the batch's Spark tasks, when
-        the consumer's stream allows them; else pulls through the consumer (``consumer_info``:
-        the member consumer's, whose limits a consumer reader keeps to)."""
-        if self.reader is None:
-            return self._consumer_reads(consumer_info)
-        positions = self._positions(consumer_info["name"])
-        if self.options.read == "executors":
-            # imported here: its PySpark data source costs a plain driver's start-up a tenth of a second
-            from airflow_provider_cg.core.landing.reads.executors import ExecutorReads
-
-            return ExecutorReads(self._reading(), positions, self.pipeline.parallelism)
-        return DirectReads(self._reading(), positions)
-
-    def _consumer_reads(self, consumer_info: dict) -> ConsumerReads:
-        reads = ConsumerReads(self._reading())
-        reads.fit_batch_to(consumer_info)
-        self.batch_size = reads.batch_size  # the consumer's limit holds for the rest of the run
+    def _reader(self, path: ReadPath, consumer_info: dict) -> Reader:
+        """``path``'s reader of this assignment (``consumer_info``: the member consumer's, whose
+        limits a consumer reader keeps to)."""
+        positions = self._positions(consumer_info["name"]) if path.direct else None
+        reads = path.make(self._reading(consumer_info), positions)
+        self.batch_size = reads.batch_size  # a consumer's limit holds for the rest of the run
         return reads
 
-    def _reading(self) -> MemberReading:
+    def _reading(self, consumer_info: dict) -> MemberReading:
         """What this assignment's reader is given (``reading.py``)."""
         return MemberReading(
             options=self.options, member=self.member, summary=self.summary, progress=self.progress,
@@ -323,10 +306,10 @@ class MemberRun:
             dlq=self.dlq, api=self.api, consumer_stream=self.consumer_stream, partitions=self.partitions,
             keys=self.keys, key_rules=self.key_rules, sourced=self.sourced, split=self.split,
             origin_key=self.origin_key, ack_wait=self.ack_wait, batch_size=self.batch_size,
-            batch_ids=self.batch_ids, ensure_current=self.ensure_partition_streams_current,
+            batch_ids=self.batch_ids, consumer_info=consumer_info, ensure_current=self.ensure_partition_streams_current,
             rebuild_partition=self.rebuild_partition_stream)
 
-    def _positions(self, consumer: str) -> PartitionPositions | PartitionStreamPositions | ConsumerPosition:
+    def _positions(self, consumer: str) -> Positions:
         """Where a direct-get reader of this member reads from, and how it acks a range."""
         if isinstance(self.reader, PartitionStreamReaders):
             return PartitionStreamPositions(self.reader, self.partitions)
@@ -352,7 +335,7 @@ class MemberRun:
             try:  # in its own kind's bucket only: a missing other bucket is not looked up twice a second
                 cfg = (await self.groups.get(o.stream, o.group, kind_of(self.config))).config
             except GroupNotFound:
-                self.stop.revoke("group deleted")
+                self.stop.revoke(StopReason.GROUP_DELETED)
                 return
             except Exception as e:  # a server restart, a timeout: look again later
                 log.debug("cg member=%s: membership check failed (%s)", self.member, e)

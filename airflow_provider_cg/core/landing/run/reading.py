@@ -99,6 +99,8 @@ class MemberReading:
     ack_wait: float
     batch_size: int
     batch_ids: BatchIds
+    #: the member consumer's info as the run found it (a consumer reader keeps to its limits)
+    consumer_info: dict
     #: the member's partition streams answer, or the run ends with exit 2 naming one
     ensure_current: Callable[[], Awaitable[None]]
     #: a partition stream that lost messages made again from its log (``layouts/partition_streams.py``)

@@ -18,6 +18,7 @@ import sys
 import time
 
 from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
+from airflow_provider_cg.core.landing.modes import StopReason
 
 #: a follower waits at most this long between looks for new messages, and at least this
 #: often re-checks its pin and its deadline
@@ -30,7 +31,7 @@ class StopRule:
     def __init__(self, options: BatchOptions, summary: Summary, started: float) -> None:
         self.options, self.summary, self.started = options, summary, started
         self.taken = 0
-        self.revoked: str | None = None  # why a membership change ends the current assignment
+        self.revoked: StopReason | str | None = None  # why a membership change ends the current assignment
         #: a follower's end (monotonic), counted from the run's start
         self.follow_until = started + options.follow if options.follow else None
         self._last_read = 0.0  # when a follower's last read began
@@ -67,25 +68,25 @@ class StopRule:
         """How many messages the next batch may take."""
         return min(batch_size, self._target() - self.taken)
 
-    def revoke(self, why: str) -> None:
+    def revoke(self, why: StopReason | str) -> None:
         self.revoked = why
 
     def follow_left(self) -> float:
         """Seconds a follower has left (0 for a bounded run)."""
         return max(0.0, self.follow_until - time.monotonic()) if self.follow_until is not None else 0.0
 
-    def reason(self) -> str | None:
+    def reason(self) -> StopReason | str | None:
         """Why the run stops before its next batch (None: it goes on)."""
         o, s = self.options, self.summary
         now = time.monotonic()
         if o.max_seconds and now - self.started >= o.max_seconds:
-            return "max_seconds"
+            return StopReason.MAX_SECONDS
         if o.max_bytes and s.bytes >= o.max_bytes:
-            return "max_bytes"
+            return StopReason.MAX_BYTES
         if self.taken >= self._target():
-            return "max_messages" if self.following else "target reached"
+            return StopReason.MAX_MESSAGES if self.following else StopReason.TARGET_REACHED
         if self.follow_until is not None and now >= self.follow_until:
-            return "follow ended"
+            return StopReason.FOLLOW_ENDED
         return self.revoked
 
     async def waits_for_more(self) -> bool:
