@@ -21,7 +21,10 @@ import asyncio
 import logging
 import os
 import sys
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # numpy (under pyarrow) starts one busy OpenBLAS thread per core at import; the job does no
 # linear algebra, and on a small machine running many members those threads cost each run
@@ -47,15 +50,17 @@ class JobSession:
     the context's start-up (about 2.5 s of the 4 s a spark-submit takes here)."""
 
     def __init__(self, spec) -> None:
-        self.spec, self.session = spec, None
+        self.spec = spec
+        self.session: SparkSession | None = None
 
-    def __call__(self):
+    def __call__(self) -> SparkSession:
         if self.session is None:
             from pyspark.sql import SparkSession
 
             who = self.spec.member or "backfill"
-            self.session = SparkSession.builder.appName(f"cg-{self.spec.stream}-{self.spec.group}-{who}").getOrCreate()
-            self.session.sparkContext.setLogLevel("WARN")
+            session = SparkSession.builder.appName(f"cg-{self.spec.stream}-{self.spec.group}-{who}").getOrCreate()
+            session.sparkContext.setLogLevel("WARN")
+            self.session = session
         return self.session
 
     def stop(self) -> None:

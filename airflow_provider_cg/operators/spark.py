@@ -520,8 +520,10 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         """A backfill window without messages is skipped before Spark starts."""
         from airflow_provider_cg.core.landing.run.backfill import window_has_messages  # pyarrow: not at parse
 
+        start, end = spec.window()  # (checked by the spec: both given)
+
         async def go(nc):
-            return await window_has_messages(nc, spec.stream, spec.group, spec.backfill_start, spec.backfill_end)
+            return await window_has_messages(nc, spec.stream, spec.group, start, end)
 
         try:
             if self.hook.run(go):

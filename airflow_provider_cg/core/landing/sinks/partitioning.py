@@ -84,6 +84,8 @@ class PartitionField:
                   "day": DayTransform, "hour": HourTransform}
         if self.transform in simple:
             return simple[self.transform]()
+        if self.width is None:  # (parse gives bucket and truncate their width)
+            raise ConfigError("partition_by", f"{self.transform} needs a width: {self.transform}(<n>, <column>)")
         return (BucketTransform if self.transform == "bucket" else TruncateTransform)(self.width)
 
 

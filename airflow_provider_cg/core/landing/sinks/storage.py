@@ -430,7 +430,7 @@ class ObjectStorage(Storage):
         import pyarrow.fs as pafs
 
         s = self.settings
-        kwargs = {"region": s.region or "us-east-1"}
+        kwargs: dict[str, str | None] = {"region": s.region or "us-east-1"}
         if s.endpoint:
             parts = urlsplit(s.endpoint)
             kwargs["endpoint_override"] = parts.netloc
