@@ -25,6 +25,8 @@ from airflow_provider_cg.core.landing.contract import COUNTS
 from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
 
+__all__ = ["LANDED_TABLES", "landed_rows", "read_table", "table_asset"]
+
 #: the asset event extra's layout version
 EXTRA_VERSION = 1
 #: the ``AssetAlias`` a landing task whose table is templated names its table through

@@ -12,6 +12,22 @@ from typing import Any
 from airflow_provider_cg.core.landing.contract import COUNTS
 from airflow_provider_cg.core.landing.modes import PayloadFormat
 
+__all__ = [
+    "EXAMPLE_DEFAULT_ARGS",
+    "ICEBERG_NAMESPACE",
+    "ORDERS_JSON_SCHEMA",
+    "ORDERS_TABLE",
+    "ORDERS_TRANSFORM",
+    "iceberg_defaults",
+    "lake_dir",
+    "landing_asset",
+    "landing_report",
+    "orders_landing",
+    "orders_table",
+    "paid_orders_asset",
+    "table_formats",
+]
+
 ORDERS_JSON_SCHEMA = "order_id BIGINT, customer STRING, amount DOUBLE, status STRING"
 ORDERS_TRANSFORM = "cg_order_transforms:paid_orders"
 ORDERS_TABLE = "paid_orders"

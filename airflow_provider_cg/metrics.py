@@ -22,6 +22,8 @@ from typing import Any
 
 from airflow_provider_cg.core.groups.lag import epoch_seconds
 
+__all__ = ["METRICS", "MetricSpec"]
+
 log = logging.getLogger(__name__)
 
 PREFIX = "cg"
@@ -29,6 +31,8 @@ PREFIX = "cg"
 
 @dataclass(frozen=True)
 class MetricSpec:
+    """One consumer-lag metric of ``METRICS``: its Prometheus type, unit and help text."""
+
     kind: str  # "gauge" or "counter", as Prometheus types them
     unit: str
     help: str

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+__all__ = [
+    "ConsumerGroupError",
+    "ConfigError",
+    "GroupNotFound",
+    "JetStreamApiError",
+    "ServerUnavailable",
+    "NatsConnectError",
+    "StoredConfigInvalid",
+]
+
 
 class ConsumerGroupError(Exception):
     """Base class of every error raised by the core."""
@@ -17,6 +27,8 @@ class ConfigError(ConsumerGroupError, ValueError):
 
 
 class GroupNotFound(ConsumerGroupError, LookupError):
+    """The consumer group does not exist on the stream (in neither kind's KV bucket)."""
+
     def __init__(self, stream: str, group: str) -> None:
         self.stream, self.group = stream, group
         super().__init__(f"consumer group {group!r} on stream {stream!r} does not exist")

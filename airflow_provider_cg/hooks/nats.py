@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from airflow_provider_cg._provider_info import CONN_FIELDS, CONN_TYPE, UI_FIELD_BEHAVIOUR
 from airflow_provider_cg.core.jetstream.connection import SECRET_FIELDS, NatsConnectionSettings
 
+__all__ = ["NatsHook"]
+
 try:
     from airflow.sdk import BaseHook
 except ImportError:  # Airflow 3.0

@@ -43,6 +43,20 @@ from airflow_provider_cg.operators.group_arguments import (
     templated,
 )
 
+__all__ = [
+    "CreateConsumerGroupOperator",
+    "DeleteConsumerGroupOperator",
+    "AddMembersOperator",
+    "DropMembersOperator",
+    "SetMemberMappingsOperator",
+    "DeleteMemberMappingsOperator",
+    "StepDownMemberOperator",
+    "ResetConsumerGroupOperator",
+    "ResizeConsumerGroupOperator",
+    "MoveConsumerGroupLayoutOperator",
+    "ConsumerGroupStatusOperator",
+]
+
 T = TypeVar("T")
 UI_COLOR = "#cfe2f3"
 

@@ -21,6 +21,8 @@ from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.lineage import MovesNoData
 from airflow_provider_cg.operators.members import UI_COLOR
 
+__all__ = ["ConsumerGroupTableMaintenanceOperator"]
+
 
 class ConsumerGroupTableMaintenanceOperator(MovesNoData, BaseOperator):
     """Maintain the Delta or Iceberg table member jobs land into, while they land

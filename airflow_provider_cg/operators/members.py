@@ -26,6 +26,8 @@ from airflow_provider_cg.core.groups.lag import member_backlog
 from airflow_provider_cg.hooks.nats import NatsHook
 from airflow_provider_cg.lineage import MovesNoData
 
+__all__ = ["ConsumerGroupMembersOperator", "member_states"]
+
 UI_COLOR = "#fce5cd"
 #: how long to wait, at most, for an elastic group's work queue to catch up with its origin
 #: (sourcing is asynchronous) before the backlogs are read; settled queues end the wait at once

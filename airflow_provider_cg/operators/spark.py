@@ -50,6 +50,8 @@ from airflow_provider_cg.operators.members import (
     templated,
 )
 
+__all__ = ["ConsumerGroupSparkSubmitOperator"]
+
 _MAVEN_COORDINATE = re.compile(r"[A-Za-z0-9_.-]+:[A-Za-z0-9_.-]+:[A-Za-z0-9_.+-]+")
 CACHE_ENV = "CG_SPARK_CACHE_DIR"
 #: the member job's options the operator takes (the job's own bookkeeping options are the operator's to set)

@@ -37,6 +37,8 @@ from airflow_provider_cg._provider_info import QUEUE_SCHEME
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.triggers.overflow import GroupOverflowTrigger
 
+__all__ = ["NatsCgMessageQueueProvider"]
+
 _INT_PARAMS = ("min_pending", "min_ack_pending")
 _FLOAT_PARAMS = ("poke_interval", "max_oldest_age")
 

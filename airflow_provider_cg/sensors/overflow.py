@@ -22,6 +22,8 @@ from airflow_provider_cg.triggers.overflow import (
     read_figures,
 )
 
+__all__ = ["GroupOverflowSensor"]
+
 
 class GroupOverflowSensor(BaseSensorOperator):
     """Succeed once ``min_pending``, ``min_ack_pending`` or ``max_oldest_age`` is reached (any one; OR).

@@ -43,6 +43,8 @@ from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.hooks.nats import NatsHook
 
+__all__ = ["GroupOverflowTrigger"]
+
 ONCE, CROSSING = "once", "crossing"
 MODES = (ONCE, CROSSING)
 MAX_BACKOFF = 30.0  # seconds between attempts after repeated errors

@@ -83,7 +83,17 @@ def metrics() -> str:
     return "\n".join(rows) + "\n"
 
 
-GENERATORS = {"member-job": member_job, "cg": cg_commands, "exit-codes": exit_codes,
+def public_api() -> str:
+    """Each public module and the names its ``__all__`` states (``airflow_provider_cg.PUBLIC_MODULES``)."""
+    import importlib
+
+    from airflow_provider_cg import PUBLIC_MODULES
+
+    return "\n".join(f"| `{m}` | {', '.join(f'`{n}`' for n in importlib.import_module(m).__all__)} |"
+                     for m in PUBLIC_MODULES) + "\n"
+
+
+GENERATORS = {"public-api": public_api, "member-job": member_job, "cg": cg_commands, "exit-codes": exit_codes,
               "connection-fields": connection_fields, "metrics": metrics}
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+__all__ = ["PayloadFormat", "ReadMode", "StopReason"]
+
 
 class ReadMode(enum.StrEnum):
     """``--read``: which reader lands the member's messages (``reads/registry.py``)."""

@@ -19,6 +19,8 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 
+__all__ = ["BATCH_VIEW", "BatchContext", "TransformError"]
+
 BATCH_VIEW = "batch"
 _SPEC = re.compile(r"(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)")
 
