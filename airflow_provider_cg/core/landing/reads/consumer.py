@@ -199,10 +199,10 @@ class ConsumerReads:
         double ack per message (partition by partition)."""
         r = self.r
         self.landing_msgs = msgs
-        table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.sourced)
+        table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.elastic)
         if not _in_stream_order(msgs):  # right after a takeover or a redelivery
             msgs = sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
-            table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.sourced)
+            table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.elastic)
         table = r.rows_of(table)
         lo, hi = pc.min_max(table.column("partition")).values()
         one_partition = lo == hi
@@ -226,7 +226,7 @@ class ConsumerReads:
                 outcomes += await r.pin.client.ack_sync_many(part, timeout=min(ACK_TIMEOUT, 10.0))
                 acked += part
                 failpoint("mid_ack")
-            return await _resolve_acks(r.pin.client, r.api, r.consumer_stream, r.sourced, acked, outcomes,
+            return await _resolve_acks(r.pin.client, r.api, r.consumer_stream, r.elastic, acked, outcomes,
                                        time.monotonic() + ACK_TIMEOUT)
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))

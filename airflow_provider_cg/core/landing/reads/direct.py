@@ -234,7 +234,7 @@ class DirectReads:
     async def land(self, first: list, landed: set[int]) -> bool:
         """The stream (elastic) or the durable's position (static), not the consumer's
         deliveries, says what earlier holders left unacknowledged: nothing to settle first."""
-        if self.r.split:  # as the pin holder: a partition stream its server lost is made again first
+        if self.r.partition_streams:  # as the pin holder: a partition stream its server lost is made again first
             await self.r.ensure_current()
         await self.consume()
         return True
@@ -300,7 +300,7 @@ class DirectReads:
                     if landing is not None:
                         await r.pin.await_landing(landing)
                         landing = None
-                    if r.split:  # nothing read: an empty partition stream, or one that cannot serve
+                    if r.partition_streams:  # nothing read: an empty partition stream, or one that cannot serve
                         await r.ensure_current()
                         if await self._streams_behind():
                             continue

@@ -1,7 +1,8 @@
 """Bounded, exclusively pinned consumption of one member into a two-phase sink.
 
 ``run_member_batch`` is what the Spark member job runs. ``MemberRun`` is its lifecycle: for
-each assignment of partitions, ``setup`` (the member consumer, the layout's reader), then the
+each assignment of partitions, ``setup`` (the ``Assignment``, one frozen value: the member
+consumer, its partitions, layout and keys) and ``_open`` (its reader of direct gets, its pin), then the
 pin (``pin.py``: acquire, anchor, keep, hand over, release), ``_take_over`` (recover what
 earlier holders left), then one reader lands batches (``reads/direct.py``, ``reads/executors.py`` or
 ``reads/consumer.py``, chosen by ``reads/registry.choose``) until the stop rule says so (``stop_rule.py``: the
@@ -41,6 +42,7 @@ from airflow_provider_cg.core.groups.consumers import (
     priority_group_of,
     static_max_ack_pending,
 )
+from airflow_provider_cg.core.groups.layouts import Layout
 from airflow_provider_cg.core.groups.names import subjects_regex
 from airflow_provider_cg.core.groups.store import kind_of
 from airflow_provider_cg.core.jetstream.api import JsApi
@@ -70,7 +72,7 @@ from airflow_provider_cg.core.landing.reads.registry import FALLBACK, Reader, Re
 from airflow_provider_cg.core.landing.rows import KeySelector
 from airflow_provider_cg.core.landing.run.board import ProgressBoard
 from airflow_provider_cg.core.landing.run.pin import Pin
-from airflow_provider_cg.core.landing.run.reading import BatchIds, MemberReading, Progress
+from airflow_provider_cg.core.landing.run.reading import Assignment, BatchIds, MemberReading, Progress
 from airflow_provider_cg.core.landing.run.stop_rule import StopRule
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
 
@@ -102,8 +104,13 @@ class MemberRun:
         self.lander = TwoPhaseLander(sink, self.summary, options.stream, options.group, self.member)
         self.lander.holds_pin = self.still_pinned
         self.batch_size = options.batch_size  # lowered to fit an existing consumer's max_ack_pending
-        self.pin: Pin | None = None  # the current assignment's
+        self._assignment: Assignment | None = None  # the current one (``setup``)
+        # the current assignment's layout (a move back to the work queue may change it), reader
+        # of direct gets, why it reads through the consumer instead, and pin (``_open``)
+        self.layout: Layout  # (set by ``_open``)
         self.reader: PartitionReader | PartitionStreamReaders | None = None
+        self.slow_path: str | None = None
+        self.pin: Pin | None = None
         self.origin_key: str | None = None  # the rows' origin_stream: the key of the origin's life in the sink
 
     # --- the lifecycle ---------------------------------------------------------------------
@@ -152,56 +159,62 @@ class MemberRun:
                 return s
             if not await self._hand_over():
                 return s
-            log.info("cg member=%s: continuing with partitions %s", self.member, self.partitions)
+            log.info("cg member=%s: continuing with partitions %s", self.member, self.assignment.partitions)
 
-    async def setup(self) -> None:
-        """The assignment's member consumer (as orbit creates it), layout, partitions and reader."""
+    async def setup(self) -> Assignment:
+        """The assignment: the member consumer (as orbit creates it; an orbit instance of the
+        member then shares it through the pin, and an existing one is used as it is), its
+        partitions and layout, as the group's config says now."""
         o = self.options
         group = await self.groups.get(o.stream, o.group)
-        self.config = group.config
-        if not in_membership(self.config, self.member):
+        config = group.config
+        if not in_membership(config, self.member):
             raise ConfigError("member", f"{self.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
-        elastic = isinstance(self.config, ElasticGroupConfig)
-        self.ack_wait = o.consumer_ack_wait(elastic)
+        elastic = isinstance(config, ElasticGroupConfig)
+        ack_wait = o.consumer_ack_wait(elastic)
         layout = await self.groups.layout(group)
-        # As orbit creates it (an orbit instance of the member then shares it through the pin);
-        # an existing one is used as it is.
-        self.consumer_stream, consumer = await self.groups.ensure_member_consumer(
-            o.stream, o.group, self.member, ack_wait=self.ack_wait, layout=layout,
+        consumer_stream, consumer = await self.groups.ensure_member_consumer(
+            o.stream, o.group, self.member, ack_wait=ack_wait, layout=layout,
             max_ack_pending=o.max_ack_pending or (None if elastic else static_max_ack_pending(self.batch_size)),
         )
-        existing = await self.api.consumer_info(self.consumer_stream, consumer)
+        existing = await self.api.consumer_info(consumer_stream, consumer)
         if existing is None:
             raise ConsumerGone(404, "member consumer deleted right after it was ensured")
-        self.priority_group = priority_group_of(existing.get("config") or {}) or PRIORITY_GROUP
-        self.sourced = elastic
-        self.partitions = tuple(partitioning.member_partitions(self.config, self.member))
-        self.lander.partition_count = self.config.max_members
-        self.filters = partitioning.member_filter_subjects(self.config, self.member)
-        self.layout = layout
-        self.split = layout.reads_partition_streams
+        key_rules = partitioning.key_rules(config)
+        return Assignment(
+            config=config, layout=layout, consumer_stream=consumer_stream, consumer=consumer,
+            priority_group=priority_group_of(existing.get("config") or {}) or PRIORITY_GROUP, ack_wait=ack_wait,
+            elastic=elastic, partition_streams=layout.reads_partition_streams,
+            partitions=tuple(partitioning.member_partitions(config, self.member)),
+            filters=tuple(partitioning.member_filter_subjects(config, self.member)),
+            key_rules=key_rules, keys=KeySelector(key_rules))
+
+    async def _open(self, a: Assignment) -> None:
+        """The assignment's reader of direct gets, where its stream serves them (else why not,
+        with the remedy: ``slow_path``), and its pin."""
+        o = self.options
+        self.lander.partition_count = a.config.max_members
+        self.layout = a.layout
         # its partitions are streams of their own: read them, whatever ``read`` says
-        self.reader = layout.partition_readers(self.nc, self.consumer_stream, self.partitions, self.api.prefix)
+        self.reader = a.layout.partition_readers(self.nc, a.consumer_stream, a.partitions, self.api.prefix)
         direct = read_path(o.read).direct
-        if self.reader is None and direct and (self.sourced or self.api.can_reset_consumers()):
-            read = await self.api.stream_info(self.consumer_stream)
+        if self.reader is None and direct and (a.elastic or self.api.can_reset_consumers()):
+            read = await self.api.stream_info(a.consumer_stream)
             if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
-                self.reader = PartitionReader(self.nc, self.consumer_stream, js_prefix=self.api.prefix)
-        self.slow_path: str | None = None  # why this run reads through the consumer, and the remedy
+                self.reader = PartitionReader(self.nc, a.consumer_stream, js_prefix=self.api.prefix)
+        self.slow_path = None
         if self.reader is None and direct:
-            if self.sourced or self.api.can_reset_consumers():
-                self.slow_path = (f"stream {self.consumer_stream} has no direct gets (allow_direct is off): turn "
-                                  f"them on (nats stream edit {self.consumer_stream} --allow-direct) for batched "
+            if a.elastic or self.api.can_reset_consumers():
+                self.slow_path = (f"stream {a.consumer_stream} has no direct gets (allow_direct is off): turn "
+                                  f"them on (nats stream edit {a.consumer_stream} --allow-direct) for batched "
                                   "reads several times faster")
             else:
                 self.slow_path = ("the server cannot move a static member's durable (nats-server 2.14+ can): "
                                   "upgrade it for batched reads several times faster")
             log.warning("cg member=%s reads through the consumer, the slow path: %s", self.member, self.slow_path)
-        self.key_rules = partitioning.key_rules(self.config)
-        self.keys = KeySelector(self.key_rules)
-        client = PriorityClient(self.nc, self.consumer_stream, consumer, self.priority_group)
-        self.pin = Pin(self.nc, client, member=self.member, owner=self.owner, anchored=self.split,
-                       ack_wait=self.ack_wait)
+        client = PriorityClient(self.nc, a.consumer_stream, a.consumer, a.priority_group)
+        self.pin = Pin(self.nc, client, member=self.member, owner=self.owner, anchored=a.partition_streams,
+                       ack_wait=a.ack_wait)
 
     async def _run_assignment(self) -> None:
         """One assignment of partitions: take the pin, take over, land until the stop rule says
@@ -209,21 +222,22 @@ class MemberRun:
         o, s, stop = self.options, self.summary, self.stop
         stop.revoked = None
         pin_wait_from = time.monotonic()
-        await self.setup()
+        a = self._assignment = await self.setup()
+        await self._open(a)
         pin = self._pin()
         if self.origin_key is None:
             self.origin_key = self.summary.origin_key = await origin_life_key(self.api, self.sink, o)
         info = await pin.client.consumer_info()
         path = choose(o.read, direct_gets=self.reader is not None)
         reads = self._reader(path, info)
-        pin.adopt_timings(info.get("config") or {}, self.ack_wait)
+        pin.adopt_timings(info.get("config") or {}, a.ack_wait)
         backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
-        if self.split:  # the member consumer holds only pin anchors: the backlog is the partitions'
+        if a.partition_streams:  # the member consumer holds only pin anchors: the backlog is the partitions'
             await self.ensure_partition_streams_current(pinned=False)
-            backlog = sum((await self.layout.backlog(self.api, self.consumer_stream, {}, self.partitions)).values())
+            backlog = sum((await self.layout.backlog(self.api, a.consumer_stream, {}, a.partitions)).values())
         stop.aim(backlog)
         if backlog == 0 and not pinned_id(info) and not stop.following:
-            await self.lander.recover(self.partitions)
+            await self.lander.recover(a.partitions)
             s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_EMPTY), StopReason.EMPTY_BACKLOG
             return
         watcher = asyncio.create_task(self._watch_membership())
@@ -242,16 +256,16 @@ class MemberRun:
                 elif pinned_id(await pin.client.consumer_info()):
                     s.result, s.stop_reason = RESULT_NOT_PINNED, StopReason.ANOTHER_HOLDS_PIN
                 else:
-                    await self.lander.recover(self.partitions)
+                    await self.lander.recover(a.partitions)
                     s.result, s.stop_reason = RESULT_EMPTY, StopReason.NO_MESSAGE_ARRIVED
                 return
             s.pin_id = pin.pin_id
-            if self.split:  # the pin anchors: nothing to land
+            if a.partition_streams:  # the pin anchors: nothing to land
                 for m in first:
                     await pin.client.ack(m)
             pinned = await pin.pinned()  # the consumer as this run was pinned on it
             log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", self.member, s.pin_id,
-                     self.owner, s.target, list(self.partitions))
+                     self.owner, s.target, list(a.partitions))
             if stop.follow_until is not None:
                 self.board.follow_until = time.time() + stop.follow_left()
             self.board.post()
@@ -283,6 +297,12 @@ class MemberRun:
             await self.board.close()  # before the pin goes: the successor's entry comes after
             await self._release_pin()
 
+    @property
+    def assignment(self) -> Assignment:
+        if self._assignment is None:
+            raise ConsumerGroupError("no assignment: the member run has not set one up")
+        return self._assignment
+
     def _pin(self) -> Pin:
         if self.pin is None:
             raise ConsumerGroupError("no pin: the member's assignment is closed")
@@ -303,25 +323,25 @@ class MemberRun:
         return MemberReading(
             options=self.options, member=self.member, summary=self.summary, progress=self.progress,
             pin=self._pin(), stop=self.stop, lander=self.lander, sink=self.sink, pipeline=self.pipeline,
-            dlq=self.dlq, api=self.api, consumer_stream=self.consumer_stream, partitions=self.partitions,
-            keys=self.keys, key_rules=self.key_rules, sourced=self.sourced, split=self.split,
-            origin_key=self.origin_key, ack_wait=self.ack_wait, batch_size=self.batch_size,
+            dlq=self.dlq, api=self.api, assignment=self.assignment, origin_key=self.origin_key,
+            batch_size=self.batch_size,
             batch_ids=self.batch_ids, consumer_info=consumer_info, ensure_current=self.ensure_partition_streams_current,
             rebuild_partition=self.rebuild_partition_stream)
 
     def _positions(self, consumer: str) -> Positions:
         """Where a direct-get reader of this member reads from, and how it acks a range."""
+        a = self.assignment
         if isinstance(self.reader, PartitionStreamReaders):
-            return PartitionStreamPositions(self.reader, self.partitions)
+            return PartitionStreamPositions(self.reader, a.partitions)
         if self.reader is None:
             raise ConsumerGroupError("no reader: the member's assignment is closed")
-        if self.sourced:
-            return PartitionPositions(self.reader, self.partitions, self.config.max_members, self.filters)
-        only, subjects = None, list(self.filters)
-        if set(self.partitions) == set(range(self.config.max_members)):  # one unfiltered scan, not one each
-            only, subjects = subjects_regex(self.filters), [">"]
-        return ConsumerPosition(self.reader, self.api, self.consumer_stream, consumer, subjects, only,
-                                list(self.filters))
+        if a.elastic:
+            return PartitionPositions(self.reader, a.partitions, a.config.max_members, list(a.filters))
+        only, subjects = None, list(a.filters)
+        if set(a.partitions) == set(range(a.config.max_members)):  # one unfiltered scan, not one each
+            only, subjects = subjects_regex(a.filters), [">"]
+        return ConsumerPosition(self.reader, self.api, a.consumer_stream, consumer, subjects, only,
+                                list(a.filters))
 
     # --- membership ------------------------------------------------------------------------
 
@@ -329,11 +349,12 @@ class MemberRun:
         """Poll the group's config (whoever changes it: our operators or ``cg``, orbit's ``cg``)
         and revoke the assignment (``StopRule.revoke``) when this member's filters change; the
         readers then stop after the batch in flight has landed."""
+        a = self.assignment
         o = self.options
         while True:
             await asyncio.sleep(MEMBERSHIP_POLL)
             try:  # in its own kind's bucket only: a missing other bucket is not looked up twice a second
-                cfg = (await self.groups.get(o.stream, o.group, kind_of(self.config))).config
+                cfg = (await self.groups.get(o.stream, o.group, kind_of(a.config))).config
             except GroupNotFound:
                 self.stop.revoke(StopReason.GROUP_DELETED)
                 return
@@ -341,8 +362,8 @@ class MemberRun:
                 log.debug("cg member=%s: membership check failed (%s)", self.member, e)
                 continue
             now = partitioning.member_filter_subjects(cfg, self.member) if in_membership(cfg, self.member) else []
-            if sorted(now) != sorted(self.filters):
-                self.stop.revoke(f"membership changed (partitions {list(self.partitions)} -> "
+            if sorted(now) != sorted(a.filters):
+                self.stop.revoke(f"membership changed (partitions {list(a.partitions)} -> "
                                  f"{partitioning.member_partitions(cfg, self.member) if now else []})")
                 log.info("cg member=%s: %s; finishing the batch in flight", self.member, self.stop.revoked)
                 return
@@ -372,7 +393,7 @@ class MemberRun:
         if not holds:
             return False  # another instance of the member is in charge of the change
         try:
-            await self.api.delete_consumer(self.consumer_stream, consumer)
+            await self.api.delete_consumer(self.assignment.consumer_stream, consumer)
         except JetStreamApiError as e:
             if e.code != 404:
                 raise
@@ -412,8 +433,9 @@ class MemberRun:
         """As the new pin holder, before landing anything: fence the member's partitions in the
         sink and finish what earlier holders left prepared there. Returns the sequences (in the
         consumed stream) of the messages whose rows that recovery committed."""
-        writes = await self.lander.take_over(self.owner, self.partitions)
-        return {int(q) for w in writes for q in w.refs.get(self.consumer_stream, ())}
+        a = self.assignment
+        writes = await self.lander.take_over(self.owner, a.partitions)
+        return {int(q) for w in writes for q in w.refs.get(a.consumer_stream, ())}
 
     async def ensure_partition_streams_current(self, pinned: bool = True) -> None:
         """The member's partition streams answer, have a leader and a working mirror, or the run
@@ -422,11 +444,12 @@ class MemberRun:
         seconds: the run waits up to its ``standby_timeout`` first, as it would for its pin. A
         stream that is missing or lost messages (its server's store lost) is rebuilt from the
         log by the pin holder (``pinned``), before anything of its partition lands."""
+        a = self.assignment
         deadline = time.monotonic() + self.options.standby_timeout
         while True:
-            problems = await self.layout.problems(self.api, self.consumer_stream, self.partitions)
+            problems = await self.layout.problems(self.api, a.consumer_stream, a.partitions)
             if problems and self.layout.mirrored:  # a move back to the work queue may have stopped the mirrors
-                self.layout = layouts.of(await layouts.wq_config(self.api, self.consumer_stream))
+                self.layout = layouts.of(await layouts.wq_config(self.api, a.consumer_stream))
                 if not self.layout.mirrored:
                     continue
             for p, why in list(problems.items()):
@@ -439,22 +462,23 @@ class MemberRun:
             if time.monotonic() >= deadline:
                 p, why = min(problems.items())
                 raise ConsumerGroupError(
-                    f"partition {p}'s stream {self.layout.partition_store(self.consumer_stream, p)} is not current: "
+                    f"partition {p}'s stream {self.layout.partition_store(a.consumer_stream, p)} is not current: "
                     f"{why}; nothing of it can be landed until the cluster serves it again (cg status shows it; if "
                     f"its server is gone for good: cg layout {self.options.stream} {self.options.group} "
                     "partition-streams makes it again from the log)")
             log.warning("cg member=%s: partition streams not current (%s); waiting", self.member,
-                        "; ".join(f"{self.layout.partition_store(self.consumer_stream, p)}: {why}"
+                        "; ".join(f"{self.layout.partition_store(a.consumer_stream, p)}: {why}"
                                   for p, why in sorted(problems.items())))
             await asyncio.sleep(1.0)
 
     async def rebuild_partition_stream(self, partition: int) -> None:
         """As the pin holder: make partition ``partition``'s stream again from the log (it lost
         messages the log holds: ``PartitionStreamLost``); nothing newer of it has landed."""
+        a = self.assignment
         log.warning("cg member=%s: partition %d's stream %s lost messages its log holds; rebuilding it from the "
                     "log before anything newer of it lands", self.member, partition,
-                    self.layout.partition_store(self.consumer_stream, partition))
-        await self.layout.rebuild(self.api, self.consumer_stream, partition)
+                    self.layout.partition_store(a.consumer_stream, partition))
+        await self.layout.rebuild(self.api, a.consumer_stream, partition)
         self.summary.rebuilt_partitions.append(partition)
 
 

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_provider_cg.core.groups.config import GroupConfig
+from airflow_provider_cg.core.groups.layouts import Layout
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
 from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
@@ -74,6 +76,25 @@ class BatchIds:
         return BatchId(self.stream, self.group, self.member, self.seq)
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """The member's partitions as one ``MemberRun.setup`` found them (a membership change makes
+    the next one): its member consumer, and how its messages are keyed and acknowledged."""
+
+    config: GroupConfig
+    layout: Layout  # as found (the run's current one may change: ``ensure_partition_streams_current``)
+    consumer_stream: str  # the member consumer's stream: the group's work queue (elastic), or the origin
+    consumer: str
+    priority_group: str
+    ack_wait: float
+    elastic: bool  # the consumer's stream is the group's work queue (sourced from the origin), not the origin
+    partition_streams: bool  # the partitions are streams of their own (``layouts/partition_streams.py``)
+    partitions: tuple[int, ...]
+    filters: tuple[str, ...]  # the member consumer's filter subjects
+    key_rules: list
+    keys: KeySelector
+
+
 @dataclass
 class MemberReading:
     """One assignment of a member run, as its reader sees it (see the module docstring)."""
@@ -89,14 +110,8 @@ class MemberReading:
     pipeline: Any
     dlq: DeadLetters
     api: JsApi
-    consumer_stream: str
-    partitions: tuple[int, ...]
-    keys: KeySelector
-    key_rules: list
-    sourced: bool  # the consumer's stream is the work queue (sourced from the origin), not the origin
-    split: bool  # the partitions are streams of their own (``layouts/partition_streams.py``)
+    assignment: Assignment
     origin_key: str | None
-    ack_wait: float
     batch_size: int
     batch_ids: BatchIds
     #: the member consumer's info as the run found it (a consumer reader keeps to its limits)
@@ -105,6 +120,34 @@ class MemberReading:
     ensure_current: Callable[[], Awaitable[None]]
     #: a partition stream that lost messages made again from its log (``layouts/partition_streams.py``)
     rebuild_partition: Callable[[int], Awaitable[None]]
+
+    @property
+    def consumer_stream(self) -> str:
+        return self.assignment.consumer_stream
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        return self.assignment.partitions
+
+    @property
+    def keys(self) -> KeySelector:
+        return self.assignment.keys
+
+    @property
+    def key_rules(self) -> list:
+        return self.assignment.key_rules
+
+    @property
+    def elastic(self) -> bool:
+        return self.assignment.elastic
+
+    @property
+    def partition_streams(self) -> bool:
+        return self.assignment.partition_streams
+
+    @property
+    def ack_wait(self) -> float:
+        return self.assignment.ack_wait
 
     def next_batch_id(self) -> BatchId:
         return self.batch_ids.next()
