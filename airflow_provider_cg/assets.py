@@ -38,14 +38,16 @@ def table_uri(options: Any) -> str:
     declares it (``SinkKind.asset_uri``): ``file:///abs/path`` or ``s3://bucket/prefix``
     (Delta, Parquet), ``iceberg://<catalog host or sqlite>/<namespace>/<table>``,
     ``postgres:///<table>``."""
-    return sink_kind(options.sink).asset_uri(options)
+    kind = sink_kind(options.sink)
+    return kind.asset_uri(kind.typed(options))
 
 
 def table_asset_name(options: Any) -> str:
     """The name a landing table's Asset has unless told otherwise, for people: the table's name,
     its format and where it is (``paid_orders (delta, /lake/paid_orders)``, ``lake.orders (iceberg,
     sqlite)``; one name per URI: ``SinkKind.asset_name``)."""
-    return sink_kind(options.sink).asset_name(options)
+    kind = sink_kind(options.sink)
+    return kind.asset_name(kind.typed(options))
 
 
 def table_asset(name: str | None = None, **location: Any):
@@ -99,7 +101,8 @@ def landed_extra(spec: Any, summary: dict[str, Any], servers: Any = ()) -> dict[
         **{k: int(summary.get(k) or 0) for k in COUNTS},
         "batch_ids": list(summary.get("batch_ids") or []),
     }
-    extra.update(sink_kind(spec.sink).asset_extra(spec))  # where a reader finds the table again
+    kind = sink_kind(spec.sink)
+    extra.update(kind.asset_extra(kind.typed(spec)))  # where a reader finds the table again
     if spec.backfill:
         extra["window"] = [summary.get("window_start"), summary.get("window_end")]
     return extra

@@ -88,7 +88,7 @@ def how_to_read(fmt: str) -> list[str]:
     from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
     options = SinkOptions.build(orders_table(fmt))
-    return options.kind.how_to_read(options)
+    return options.kind.how_to_read(options.kind.typed(options))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 
     options = SinkOptions.build(orders_table(args.format))
-    where = options.kind.describe(options)
+    where = options.kind.describe(options.kind.typed(options))
     print(f"[demo] {args.format} table: {where}  (DAG log: {demo / 'dags-test.log'})")
     for i, line in enumerate(how_to_read(args.format)):
         print(f"[demo] {'read it' if i == 0 else '     or'}: {line}")

@@ -42,7 +42,8 @@ def table_dataset_name(spec: Any, table_location: tuple[str, str] | None = None)
     """``(namespace, name)`` of the table a ``MemberJobSpec`` lands into, as its sink names it
     (``SinkKind.dataset``); ``table_location``: host and database of the connection that
     locates the table (PostgreSQL's)."""
-    return sink_kind(spec.sink).dataset(spec, table_location)
+    kind = sink_kind(spec.sink)
+    return kind.dataset(kind.typed(spec), table_location)
 
 
 def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | None,
@@ -71,12 +72,13 @@ def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | No
     for route, options in spec.tables():  # one table, or each route's
         counts = summary if route is None or not summary else (summary.get("routes") or {}).get(route) or {}
         kind = sink_kind(options.sink)
-        out_namespace, out_name = kind.dataset(options, table_location, counts.get("table_location"))
+        typed = kind.typed(options)
+        out_namespace, out_name = kind.dataset(typed, table_location, counts.get("table_location"))
         output_facets: dict[str, Any] = {}
         if counts and counts.get("rows_written") is not None:
             output_facets["outputStatistics"] = OutputStatisticsOutputDatasetFacet(rowCount=int(counts["rows_written"]))
         facets: dict[str, Any] = {}
-        if (catalog := kind.catalog_table(options, table_location)) is not None:  # the table as its catalog names it
+        if (catalog := kind.catalog_table(typed, table_location)) is not None:  # the table as its catalog names it
             facets["symlinks"] = SymlinksDatasetFacet(identifiers=[Identifier(*catalog, type="TABLE")])
         if counts.get("columns"):  # the rows' columns as the job wrote them (their Arrow types)
             facets["schema"] = SchemaDatasetFacet(fields=[SchemaDatasetFacetFields(name=name, type=kind)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
@@ -53,9 +53,15 @@ def location_dataset(location: str) -> tuple[str, str]:
     return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
 
 
-class SinkKind:
-    """One sink's declaration (see the module docstring); subclasses set the class variables
-    and override what differs."""
+#: a sink's typed options class (``SinkKind.options_class``)
+OptionsT = TypeVar("OptionsT")
+
+
+class SinkKind(Generic[OptionsT]):
+    """One sink's declaration (see the module docstring), generic over its typed options class:
+    every method that takes options takes that class (``typed`` makes it from ``SinkOptions``,
+    or anything carrying its fields); subclasses set the class variables and override what
+    differs."""
 
     name: ClassVar[str]
     #: the typed options class: a frozen dataclass of the ``SinkOptions`` fields this sink takes
@@ -80,13 +86,13 @@ class SinkKind:
     def option_fields(cls) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(cls.options_class))
 
-    def typed(self, options: Any) -> Any:
+    def typed(self, options: Any) -> OptionsT:
         """This sink's typed options, from ``SinkOptions`` (or anything carrying its fields)."""
         return self.options_class(**{f: getattr(options, f) for f in self.option_fields()})
 
     # --- rules and opening ------------------------------------------------------------------
 
-    def check(self, options: Any) -> None:
+    def check(self, options: OptionsT) -> None:
         """The rules of this sink's own options, where its table is (``ConfigError`` naming the
         field); the rules all sinks share (partitioning, merge, file size) are
         ``options.check_sink``'s."""
@@ -98,18 +104,19 @@ class SinkKind:
                 raise ConfigError("sink", f"the {self.name} sink needs {module} on the driver: "
                                           f"pip install 'airflow-provider-cg[{self.name}]'")
 
-    def open(self, options: Any, *, transformed: bool = False) -> TwoPhaseSink:
+    def open(self, options: OptionsT, *, transformed: bool = False) -> TwoPhaseSink:
         """The two-phase sink of one table (``ConfigError`` naming the field when it cannot be
         opened as asked)."""
         raise NotImplementedError
 
-    def partitioning(self, options: Any) -> Partitioning | None:
+    def partitioning(self, options: OptionsT) -> Partitioning | None:
         """The table's partitioning as ``partition_by`` asks (None without it)."""
-        if getattr(options, "partition_by", None) is None:
+        partition_by = getattr(options, "partition_by", None)  # (not every sink's options have it)
+        if partition_by is None:
             return None
         from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
 
-        return Partitioning.parse(options.partition_by, self.name, transforms=self.partition_transforms)
+        return Partitioning.parse(partition_by, self.name, transforms=self.partition_transforms)
 
     @staticmethod
     def merge(options: Any) -> MergeSpec | None:
@@ -122,15 +129,15 @@ class SinkKind:
 
     # --- what other layers ask --------------------------------------------------------------
 
-    def table_key(self, options: Any) -> tuple:
+    def table_key(self, options: OptionsT) -> tuple:
         """Which table the options name (two routes into one table are refused)."""
         return (self.name, *(getattr(options, f) for f in self.location))
 
-    def asset_uri(self, options: Any) -> str:
+    def asset_uri(self, options: OptionsT) -> str:
         """The Asset URI of its table (``assets.table_uri``); ``ValueError`` when incomplete."""
         raise ValueError(f"no asset for sink {self.name!r}")
 
-    def asset_name(self, options: Any) -> str:
+    def asset_name(self, options: OptionsT) -> str:
         """The Asset's name, for people: the table's own name first, then its format and where it
         is (``paid_orders (delta, /lake/paid_orders)``). The name is a function of the URI, one to
         one: Airflow keeps a name to one URI among active assets and fails a task whose outlet
@@ -142,18 +149,18 @@ class SinkKind:
         leaf = unquote(parts.path.rstrip("/").rsplit("/", 1)[-1])
         return f"{leaf or uri} ({self.name}, {where})"
 
-    def asset_extra(self, options: Any) -> dict[str, Any]:
+    def asset_extra(self, options: OptionsT) -> dict[str, Any]:
         """What an asset event's extra carries to find the table again (``assets.landed_rows``)."""
         return {}
 
-    def dataset(self, options: Any, table_location: tuple[str, str] | None = None,
+    def dataset(self, options: OptionsT, table_location: tuple[str, str] | None = None,
                 files_at: str | None = None) -> tuple[str, str]:
         """``(namespace, name)`` of the table in OpenLineage's naming; ``table_location``: host
         and database of a connection that ``locates_table``; ``files_at``: where the run found
         the table's files, when its catalog decides it (the summary's ``table_location``)."""
         return location_dataset(self.asset_uri(options))
 
-    def catalog_table(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str] | None:
+    def catalog_table(self, options: OptionsT, table_location: tuple[str, str] | None = None) -> tuple[str, str] | None:
         """``(namespace, name)`` of the table in the catalog that names it, for lineage's symlink
         of type TABLE beside ``dataset``; None for a table a path names."""
         return None
@@ -164,11 +171,11 @@ class SinkKind:
         fields of ``asset_extra``."""
         raise ValueError(f"cannot read a {self.name!r} table")
 
-    def describe(self, options: Any) -> str:
+    def describe(self, options: OptionsT) -> str:
         """Where its table is, in a line (no secret: locations carry none)."""
         return ", ".join(str(getattr(options, f)) for f in self.location)
 
-    def how_to_read(self, options: Any) -> list[str]:
+    def how_to_read(self, options: OptionsT) -> list[str]:
         """Commands that read its table with other tools (the demo prints them)."""
         return []
 

@@ -92,7 +92,7 @@ class SinkOptions:
         return [(r.name, r.options) for r in Routes.parse(self).routes]
 
     @property
-    def kind(self) -> SinkKind:
+    def kind(self) -> SinkKind[Any]:
         """The sink's declaration (``sinks/registry.py``): everything a layer asks of it."""
         return sink_kind(self.sink)
 
@@ -146,14 +146,15 @@ def check_sink(spec: Any) -> None:
         if owners and spec.sink not in owners and value is not None and value != f.default:
             raise ConfigError(f.name, f"is an option of the {' and '.join(owners)} sink"
                                       f"{'s' if len(owners) > 1 else ''}, not of {spec.sink}")
-    kind.partitioning(spec)
+    typed = kind.typed(spec)
+    kind.partitioning(typed)
     if spec.target_file_size is not None and spec.target_file_size < MIN_TARGET_FILE_SIZE:
         raise ConfigError("target_file_size", f"must be at least {MIN_TARGET_FILE_SIZE} bytes (1 MiB): smaller "
                                               "files cost readers more than they gain")
     if spec.delete_when is not None and spec.merge_keys is None:
         raise ConfigError("delete_when", "needs merge_keys (a tombstone deletes a key's row)")
     kind.merge(spec)
-    kind.check(kind.typed(spec))  # the sink's own rules (where its table is)
+    kind.check(typed)  # the sink's own rules (where its table is)
 
 
 # --- routes: one landing into several tables (``routing.py`` lands them) ----------------------
@@ -319,4 +320,5 @@ def _subjects(field: str, value: Any) -> tuple[str, ...]:
 
 def _table_key(options: Any) -> tuple:
     """Which table sink options name (two routes into one table are refused)."""
-    return sink_kind(options.sink).table_key(options)
+    kind = sink_kind(options.sink)
+    return kind.table_key(kind.typed(options))

@@ -5,23 +5,25 @@ registering one is its line in ``BUILT_IN``. Nothing here imports a table librar
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.kind import SinkKind
 from airflow_provider_cg.core.landing.sinks.kinds import delta, iceberg, parquet, postgres
 
 #: the sinks, in the order choices and messages list them
-BUILT_IN: tuple[SinkKind, ...] = (parquet.KIND, delta.KIND, iceberg.KIND, postgres.KIND)
-_KINDS: dict[str, SinkKind] = {k.name: k for k in BUILT_IN}
+BUILT_IN: tuple[SinkKind[Any], ...] = (parquet.KIND, delta.KIND, iceberg.KIND, postgres.KIND)
+_KINDS: dict[str, SinkKind[Any]] = {k.name: k for k in BUILT_IN}
 
 
-def sink_kind(name: str) -> SinkKind:
+def sink_kind(name: str) -> SinkKind[Any]:
     """The registered sink ``name`` (``ConfigError`` on the ``sink`` field for another)."""
     if name not in _KINDS:
         raise ConfigError("sink", f"must be one of {', '.join(_KINDS)} (got {name!r})")
     return _KINDS[name]
 
 
-def sink_kinds() -> tuple[SinkKind, ...]:
+def sink_kinds() -> tuple[SinkKind[Any], ...]:
     """Every registered sink, in registration order."""
     return tuple(_KINDS.values())
 

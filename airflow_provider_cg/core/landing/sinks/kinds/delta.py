@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.kinds.parquet import Parquet
+from airflow_provider_cg.core.landing.sinks.kinds.parquet import PathSink
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class DeltaOptions:
     delete_when: str | None = None
 
 
-class Delta(Parquet):
+class Delta(PathSink[DeltaOptions]):
     """Located like the Parquet sink (a path), but also on object storage, partitioned by
     columns, merging, and maintained (``OPTIMIZE``, ``VACUUM``)."""
 
@@ -29,7 +29,7 @@ class Delta(Parquet):
     driver_modules = ("deltalake", "obstore")
     maintained = compacts = True
 
-    def open(self, options: Any, *, transformed: bool = False):
+    def open(self, options: DeltaOptions, *, transformed: bool = False):
         from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
 
         if not options.sink_path:
@@ -69,7 +69,7 @@ class Delta(Parquet):
                                  filesystem=store.pyarrow_filesystem(), filters=row_filter)
         return pq.read_table(uris, schema=schema, filters=row_filter)
 
-    def how_to_read(self, options: Any) -> list[str]:
+    def how_to_read(self, options: DeltaOptions) -> list[str]:
         path = options.sink_path
         return [f"python -c \"import pyarrow.parquet as pq; from deltalake import DeltaTable; "
                 f"print(pq.read_table(DeltaTable('{path}').file_uris()))\"",

@@ -28,7 +28,7 @@ class IcebergOptions:
     delete_when: str | None = None
 
 
-class Iceberg(SinkKind):
+class Iceberg(SinkKind[IcebergOptions]):
     name = "iceberg"
     options_class = IcebergOptions
     location = ("iceberg_catalog_uri", "iceberg_catalog_name", "iceberg_table")
@@ -41,7 +41,7 @@ class Iceberg(SinkKind):
     no_compaction = ("pyiceberg has no data-file compaction (Iceberg's rewrite_data_files runs in Spark or Flink); "
                      "expire and orphan clean-up run without it")
 
-    def check(self, options: Any) -> None:
+    def check(self, options: IcebergOptions) -> None:
         if not options.iceberg_table:
             raise ConfigError("iceberg_table", "required for the iceberg sink (namespace.table)")
         parse_identifier(options.iceberg_table)
@@ -63,7 +63,7 @@ class Iceberg(SinkKind):
             raise ConfigError("iceberg_catalog_name", "must be letters, digits, '_' or '-' "
                                                       f"(got {options.iceberg_catalog_name!r})")
 
-    def open(self, options: Any, *, transformed: bool = False):
+    def open(self, options: IcebergOptions, *, transformed: bool = False):
         from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
 
         partitioning = self.partitioning(options)
@@ -80,7 +80,7 @@ class Iceberg(SinkKind):
                            catalog_name=options.iceberg_catalog_name, partitioning=partitioning,
                            merge=self.merge(options), target_file_size=options.target_file_size)
 
-    def asset_uri(self, options: Any) -> str:
+    def asset_uri(self, options: IcebergOptions) -> str:
         """``iceberg://<catalog host or sqlite>/<namespace>/<table>``."""
         iceberg_table, catalog_uri = options.iceberg_table, options.iceberg_catalog_uri
         if not iceberg_table or "." not in iceberg_table:
@@ -91,29 +91,31 @@ class Iceberg(SinkKind):
             where = catalog_uri.split("://", 1)[-1].rsplit("@", 1)[-1].split("/", 1)[0] or "catalog"
         return f"iceberg://{where}/{namespace.replace('.', '/')}/{table}"
 
-    def asset_name(self, options: Any) -> str:
+    def asset_name(self, options: IcebergOptions) -> str:
         return f"{options.iceberg_table} ({self.name}, {urlsplit(self.asset_uri(options)).netloc})"
 
-    def asset_extra(self, options: Any) -> dict[str, Any]:
+    def asset_extra(self, options: IcebergOptions) -> dict[str, Any]:
         extra = {"iceberg_table": options.iceberg_table}
         if options.iceberg_catalog_uri:  # never a password: the contract refuses one in it
             extra["iceberg_catalog_uri"] = options.iceberg_catalog_uri
         return extra
 
-    def dataset(self, options: Any, table_location: tuple[str, str] | None = None,
+    def dataset(self, options: IcebergOptions, table_location: tuple[str, str] | None = None,
                 files_at: str | None = None) -> tuple[str, str]:
         """By the table's location, as OpenLineage's Spark integration names an Iceberg table
         (its catalog's name goes in the symlink, ``catalog_table``); by the catalog's name when
         the run found no location (it wrote nothing)."""
         return location_dataset(files_at) if files_at else self.catalog_table(options, table_location)
 
-    def catalog_table(self, options: Any, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
+    def catalog_table(self, options: IcebergOptions, table_location: tuple[str, str] | None = None) -> tuple[str, str]:
         """The catalog's URI (no credentials) and the table's identifier in it. A REST catalog
         is its endpoint: ``namespace.table``, as OpenLineage's Spark integration names it. A SQL
         catalog's database holds the tables of several catalogs, keyed by name, so the name is
         ``<iceberg_catalog_name>.namespace.table``: two catalogs' tables of one name never meet.
         ``table_location``: where the catalog connection points (a PostgreSQL catalog's host and
         database, or a REST connection's URL), when ``iceberg_catalog_uri`` is not given."""
+        if options.iceberg_table is None:  # (``check`` requires it)
+            raise ConfigError("iceberg_table", "required for the iceberg sink")
         uri = options.iceberg_catalog_uri
         if not uri and table_location:
             where, database = table_location
@@ -137,10 +139,10 @@ class Iceberg(SinkKind):
         scan = SqlCatalog("default", uri=uri).load_table(location["iceberg_table"])
         return (scan.scan(selected_fields=tuple(columns)) if columns else scan.scan()).to_arrow()
 
-    def describe(self, options: Any) -> str:
+    def describe(self, options: IcebergOptions) -> str:
         return str(options.iceberg_table)
 
-    def how_to_read(self, options: Any) -> list[str]:
+    def how_to_read(self, options: IcebergOptions) -> list[str]:
         return [f"python -c \"from pyiceberg.catalog.sql import SqlCatalog; print(SqlCatalog('default', "
                 f"uri='{options.iceberg_catalog_uri}').load_table('{options.iceberg_table}').scan().to_pandas())\""]
 

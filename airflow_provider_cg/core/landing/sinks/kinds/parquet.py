@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, TypeVar
 from urllib.parse import quote
 
 from airflow_provider_cg.core.errors import ConfigError
@@ -39,18 +39,46 @@ def path_key(sink_path: str | None) -> tuple:
     return ("path", path.rstrip("/") if "://" in path else os.path.abspath(path))
 
 
-class Parquet(SinkKind):
-    name = "parquet"
-    options_class: ClassVar[type] = ParquetOptions
+class PathOptions(Protocol):
+    """What a sink whose table is at a path takes, at least."""
+
+    @property
+    def sink_path(self) -> str | None: ...
+
+    @property
+    def target_file_size(self) -> int | None: ...
+
+
+PathOptionsT = TypeVar("PathOptionsT", bound=PathOptions)
+
+
+class PathSink(SinkKind[PathOptionsT]):
+    """A sink whose table is at a path (``sink_path``): the Parquet lake, Delta."""
+
     location = ("sink_path",)
     object_store = False
 
-    def check(self, options: Any) -> None:
+    def check(self, options: PathOptionsT) -> None:
         if not options.sink_path:
             raise ConfigError("sink_path", f"required for the {self.name} sink")
         check_location("sink_path", options.sink_path, object_store=self.object_store, sink=self.name)
 
-    def open(self, options: Any, *, transformed: bool = False):
+    def table_key(self, options: PathOptionsT) -> tuple:
+        return path_key(options.sink_path)
+
+    def asset_uri(self, options: PathOptionsT) -> str:
+        return path_uri(options.sink_path, "delta or parquet")
+
+    def asset_extra(self, options: PathOptionsT) -> dict[str, Any]:
+        return {"sink_path": options.sink_path}
+
+
+
+class Parquet(PathSink[ParquetOptions]):
+    name = "parquet"
+    options_class: ClassVar[type] = ParquetOptions
+
+    def open(self, options: ParquetOptions, *, transformed: bool = False):
         from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
 
         if not options.sink_path:
@@ -61,22 +89,13 @@ class Parquet(SinkKind):
             raise ConfigError("sink_path", f"cannot create the lake in {options.sink_path!r} ({e.strerror})") \
                 from None
 
-    def table_key(self, options: Any) -> tuple:
-        return path_key(options.sink_path)
-
-    def asset_uri(self, options: Any) -> str:
-        return path_uri(options.sink_path, "delta or parquet")
-
-    def asset_extra(self, options: Any) -> dict[str, Any]:
-        return {"sink_path": options.sink_path}
-
     def read_table(self, *, columns: list[str] | None = None, storage_options: dict[str, str] | None = None,
                    row_filter: Any = None, **location: Any) -> Any:
         from airflow_provider_cg.core.landing.sinks.parquet import read_committed
 
         return read_committed(location["sink_path"], columns=columns)
 
-    def how_to_read(self, options: Any) -> list[str]:
+    def how_to_read(self, options: ParquetOptions) -> list[str]:
         path = options.sink_path
         return [f"python -c \"import pyarrow.parquet as pq; print(pq.read_table('{path}/data').num_rows)\"",
                 f"spark.read.option('mergeSchema', 'true').parquet('{path}/data')"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.kind import Connection, SinkKind
@@ -34,29 +33,29 @@ def dsn_from_env() -> str:
     return dsn
 
 
-class Postgres(SinkKind):
+class Postgres(SinkKind[PostgresOptions]):
     name = "postgres"
     options_class = PostgresOptions
     location = ("pg_table",)
     connections = (Connection("pg_conn_id", "dsn", env=DSN_ENV, required=True, locates_table=True),)
     has_asset = False
 
-    def check(self, options: Any) -> None:
+    def check(self, options: PostgresOptions) -> None:
         validate_identifier("pg_table", options.pg_table)
         if options.pg_table in OWN_TABLES:
             raise ConfigError("pg_table", f"{options.pg_table!r} is one of the sink's own tables "
                                           f"({', '.join(OWN_TABLES)})")
 
-    def open(self, options: Any, *, transformed: bool = False):
+    def open(self, options: PostgresOptions, *, transformed: bool = False):
         from airflow_provider_cg.core.landing.sinks.postgres import PostgresSink
 
         return PostgresSink(dsn_from_env(), table=options.pg_table, transformed=transformed,
                             merge=self.merge(options))
 
-    def asset_uri(self, options: Any) -> str:
+    def asset_uri(self, options: PostgresOptions) -> str:
         return f"postgres:///{options.pg_table or PostgresOptions.pg_table}"
 
-    def dataset(self, options: Any, table_location: tuple[str, str] | None = None,
+    def dataset(self, options: PostgresOptions, table_location: tuple[str, str] | None = None,
                 files_at: str | None = None) -> tuple[str, str]:
         where, db = table_location or ("localhost:5432", "postgres")
         table = options.pg_table if "." in (options.pg_table or "") else f"public.{options.pg_table}"
