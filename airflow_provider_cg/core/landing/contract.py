@@ -28,7 +28,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
@@ -232,7 +232,7 @@ class UsageError(ConfigError):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # noqa: D102 - argparse's hook: exit 1 with one line, not exit 2
+    def error(self, message: str) -> NoReturn:  # noqa: D102 - argparse's hook: exit 1 with one line, not exit 2
         raise UsageError(message)
 
 

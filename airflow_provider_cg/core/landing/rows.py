@@ -21,8 +21,9 @@ import gc
 import json
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +32,7 @@ import pyarrow.compute as pc
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.partitioning import subject_matches
 from airflow_provider_cg.core.jetstream.direct import DirectReadError
+from airflow_provider_cg.core.jetstream.protocol import PulledMsg
 
 ROW_SCHEMA = pa.schema(
     [
@@ -190,7 +192,7 @@ class KeySelector:
         return ".".join(tokens[i] for i in positions if i < len(tokens))
 
 
-def build_rows(msgs, *, group: str, member: str, keys: KeySelector, sourced: bool) -> pa.Table:
+def build_rows(msgs: Sequence[PulledMsg], *, group: str, member: str, keys: KeySelector, sourced: bool) -> pa.Table:
     """Rows (``ROW_SCHEMA``) of pulled messages, in delivery order.
 
     ``sourced``: the messages come from an elastic group's work-queue stream, whose
@@ -207,7 +209,7 @@ def build_rows(msgs, *, group: str, member: str, keys: KeySelector, sourced: boo
             gc.enable()
 
 
-def _build_rows(msgs, group: str, member: str, keys: KeySelector, sourced: bool) -> pa.Table:
+def _build_rows(msgs: Sequence[PulledMsg], group: str, member: str, keys: KeySelector, sourced: bool) -> pa.Table:
     n = len(msgs)
     streams: list[str] = [""] * n
     seqs = [0] * n
@@ -265,8 +267,13 @@ def with_origin_key(table: pa.Table, key: str | None) -> pa.Table:
     return table.set_column(i, table.schema.field(i), pa.array([key] * table.num_rows, pa.string()))
 
 
-def row_table(n: int, *, origin_stream, origin_seq, subject, partition, key, payload, headers=None, timestamp,
-              delivery_count=None, group: str, member) -> pa.Table:
+#: a column of ``row_table``: an Arrow array, or a list of its values
+Column: TypeAlias = "pa.Array | pa.ChunkedArray | list[Any]"
+
+
+def row_table(n: int, *, origin_stream: Column, origin_seq: Column, subject: Column, partition: Column, key: Column,
+              payload: Column, headers: Column | None = None, timestamp: Column, delivery_count: Column | None = None,
+              group: str, member: str | Column) -> pa.Table:
     """The one place a ``ROW_SCHEMA`` table is assembled, by column name: each column an Arrow
     array or a list; ``headers`` and ``delivery_count`` null when not given; ``group`` (and
     ``member`` when a string) the same on every row."""

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -88,6 +88,15 @@ class RangesRead:
     poison: pa.Table  # the raw messages of the poison rows (``_POISON_SCHEMA``), for the dead-letter stream
     messages: int  # read, inputs committed already excepted (``ProcessedBatch.skipped`` counts those)
     bytes: int
+
+
+class Pipeline(Protocol):
+    """What a run asks of a batch's processing between read and prepare: ``ArrowPipeline``
+    (the rows as read) or ``SparkPipeline`` (decoded and transformed in Spark)."""
+
+    def start_warm_up(self) -> None: ...
+
+    def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch: ...
 
 
 class ArrowPipeline:

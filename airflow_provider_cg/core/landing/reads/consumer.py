@@ -233,7 +233,7 @@ class ConsumerReads:
         await r.lander.land(batch_id, processed, inputs, {r.consumer_stream: refs}, ack, len(msgs),
                             sum(len(m.data) for m in msgs), abort=consumer_gone, recompute=r.recompute_step(inputs))
 
-    async def _handle_poison(self, table, msgs: list, bad: dict[int, str]) -> tuple[list, list[int]]:
+    async def _handle_poison(self, table: pa.Table, msgs: list, bad: dict[int, str]) -> tuple[list, list[int]]:
         """Nak poison messages that have deliveries left; dead-letter the others (then ack them
         with the batch). ``table``: the batch's rows as read. Returns the messages to ack and
         their rows' indexes."""

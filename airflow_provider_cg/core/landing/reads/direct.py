@@ -22,9 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.direct import (
     ALL,
     DirectReadError,
@@ -38,6 +43,7 @@ from airflow_provider_cg.core.jetstream.direct import (
 )
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
 from airflow_provider_cg.core.landing.modes import StopReason
+from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch
 from airflow_provider_cg.core.landing.protocol.dead_letters import dead_letter_headers
 from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import keep_matching, rows_from_batches
@@ -54,7 +60,7 @@ class PartitionPositions:
     only = None  # every message read is the member's
     declined: str | None = None  # (never: the stream holds what is unacknowledged)
 
-    def __init__(self, reader: PartitionReader | PartitionStreamReaders, partitions, max_members: int,
+    def __init__(self, reader: PartitionReader | PartitionStreamReaders, partitions: Sequence[int], max_members: int,
                  filters: list[str]) -> None:
         self.reader = reader
         owns_all = set(partitions) == set(range(max_members))
@@ -108,7 +114,7 @@ class PartitionStreamPositions(PartitionPositions):
 
     reader: PartitionStreamReaders
 
-    def __init__(self, readers: PartitionStreamReaders, partitions) -> None:
+    def __init__(self, readers: PartitionStreamReaders, partitions: Sequence[int]) -> None:
         self.reader = readers
         self.starts = {p: 0 for p in partitions}
         self.subjects = {p: subject_filter(ALL) for p in partitions}
@@ -132,7 +138,7 @@ class ConsumerPosition:
     unfiltered one (it matches the filter against every subject it knows, per message), and
     reading each partition's ``<p>.<filter>`` scans the stream once per partition."""
 
-    def __init__(self, reader: PartitionReader, api, stream: str, consumer: str, subjects: list[str],
+    def __init__(self, reader: PartitionReader, api: JsApi, stream: str, consumer: str, subjects: list[str],
                  only: str | None, filters: list[str] | None = None) -> None:
         self.reader, self.api, self.stream, self.consumer = reader, api, stream, consumer
         self.subjects, self.only = subjects, only
@@ -186,8 +192,11 @@ class ConsumerPosition:
                                 sum(r.messages for r in ranges))]
         return ranges, cut
 
-    async def ack(self, batches: list[PartitionBatch] | list[ReadRange], cut: int) -> int:
-        """Move the durable past ``cut``; returns how many messages' acks are unknown."""
+    async def ack(self, batches: list[PartitionBatch] | list[ReadRange], cut: int | None) -> int:
+        """Move the durable past ``cut`` (what ``read`` and ``plan`` returned: never None here);
+        returns how many messages' acks are unknown."""
+        if cut is None:
+            raise ConsumerGroupError("a durable's read has a cut")
         deadline = asyncio.get_running_loop().time() + ACK_TIMEOUT
         while True:
             try:
@@ -326,14 +335,14 @@ class DirectReads:
         path the ranges planned (``ReadRange``); and the cut it ends at."""
         return await self.positions.read(count)
 
-    async def _land(self, batches: list[Any], cut, after: asyncio.Task | None = None) -> None:
+    async def _land(self, batches: list[Any], cut: int | None, after: asyncio.Task | None = None) -> None:
         """One batch read by direct gets: its rows and processing, then (once the batch
         ``after`` has landed) the two-phase steps with the ack of the range read. Nothing of
         it is prepared if ``after`` failed or was taken over."""
         r, positions = self.r, self.positions
         batch_id = r.next_batch_id()  # in read order: the landing tasks start in the order they were made
 
-        def rows_and_output():  # one hand-off to a worker thread per batch, not one per step
+        def rows_and_output() -> tuple[pa.Table, np.ndarray, ProcessedBatch]:  # one hand-off to a worker thread per batch, not one per step
             table, refs = rows_from_batches(batches, group=r.options.group, member=r.member, keys=r.keys,
                                             origin=positions.origin)
             table = r.rows_of(table)
@@ -351,7 +360,7 @@ class DirectReads:
         await r.lander.land(batch_id, processed, table, {r.consumer_stream: refs}, ack, len(refs),
                             sum(len(d) for b in batches for d in b.data), recompute=r.recompute_step(table))
 
-    async def _previous_landed(self, after: asyncio.Task | None, processed) -> bool:
+    async def _previous_landed(self, after: asyncio.Task | None, processed: ProcessedBatch) -> bool:
         """Wait for the batch before this one (``after``) to land. If it failed or a successor
         took over, this one's processed output is discarded and it goes no further (False)."""
         if after is None:
@@ -362,7 +371,7 @@ class DirectReads:
             return False
         return True
 
-    async def _dead_letter(self, table, bad: dict[int, str]) -> None:
+    async def _dead_letter(self, table: pa.Table, bad: dict[int, str]) -> None:
         """Direct reads: a decode failure goes to the dead-letter stream at once (a direct get
         is no delivery; decoding again would fail again), with the message's own headers, and
         is acknowledged with its range."""

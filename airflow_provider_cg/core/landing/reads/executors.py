@@ -21,9 +21,12 @@ import asyncio
 
 import numpy as np
 
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
+from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch, SparkPipeline
 from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, DirectReads, Positions
 from airflow_provider_cg.core.landing.reads.nats_source import batch_plan
+from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.run.reading import MemberReading
 
 
@@ -35,7 +38,10 @@ class ExecutorReads(DirectReads):
 
     def __init__(self, reading: MemberReading, positions: Positions) -> None:
         super().__init__(reading, positions)
-        self.parallelism = max(1, reading.pipeline.parallelism)
+        if not isinstance(reading.pipeline, SparkPipeline):  # (the contract refuses executors without Spark)
+            raise ConfigError("read", "executors are Spark's (drop no_spark)")
+        self.pipeline = reading.pipeline
+        self.parallelism = max(1, self.pipeline.parallelism)
 
     async def _next(self, count: int) -> tuple[list[ReadRange], int | None]:
         return await self.positions.plan(count)
@@ -47,13 +53,18 @@ class ExecutorReads(DirectReads):
                           only=self.positions.only, parallelism=self.parallelism, skip=skip,
                           origin_key=r.origin_key)
 
-    async def _land(self, ranges: list[ReadRange], cut: int, after: asyncio.Task | None = None) -> None:
+    async def _land(self, ranges: list[ReadRange], cut: int | None, after: asyncio.Task | None = None) -> None:
         r, positions = self.r, self.positions
+        if cut is None:  # (a plan always has one)
+            raise ConsumerGroupError("a planned batch has a cut")
+        origin = r.origin_key
+        if origin is None:  # (the run sets it before any reader is made)
+            raise ConsumerGroupError("no origin key: the run has not checked its origin stream's life")
         batch_id = r.next_batch_id()
         partitions = r.partitions if any(rg.partition == ALL for rg in ranges) or \
             isinstance(positions, ConsumerPosition) else tuple(sorted({rg.partition for rg in ranges}))
-        processed, read = await asyncio.to_thread(r.pipeline.process_ranges, r.sink,
-                                                  lambda skip: self._plan(ranges, skip), r.origin_key, batch_id,
+        processed, read = await asyncio.to_thread(self.pipeline.process_ranges, r.sink,
+                                                  lambda skip: self._plan(ranges, skip), origin, batch_id,
                                                   partitions)
         if not await self._previous_landed(after, processed):
             return
@@ -67,10 +78,10 @@ class ExecutorReads(DirectReads):
         # other partitions' or subjects' sequences, which its consumer is never delivered
         first = min(rg.first_seq for rg in ranges)
         refs = np.arange(first, cut + 1, dtype=np.int64)
-        def recompute():
+        def recompute() -> tuple[BatchId, ProcessedBatch]:
             new_id = r.next_batch_id()
-            return new_id, r.pipeline.process_ranges(r.sink, lambda skip: self._plan(ranges, skip),
-                                                       r.origin_key, new_id, partitions)[0]
+            return new_id, self.pipeline.process_ranges(r.sink, lambda skip: self._plan(ranges, skip),
+                                                       origin, new_id, partitions)[0]
 
         await r.lander.land(batch_id, processed, read.inputs, {r.consumer_stream: refs}, ack,
                               read.messages + processed.skipped, read.bytes, recompute=recompute)

@@ -28,12 +28,18 @@ import atexit
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from airflow_provider_cg.core.jetstream.direct import DirectReadError, PartitionReader, ReadRange
+from airflow_provider_cg.core.jetstream.direct import (
+    DirectReadError,
+    PartitionBatch,
+    PartitionReader,
+    ReadRange,
+)
 from airflow_provider_cg.core.landing.rows import (
     ROW_SCHEMA,
     KeySelector,
@@ -48,6 +54,12 @@ try:  # PySpark 4.0+; a driver without it never plans executor reads
 except ImportError:  # pragma: no cover - the member job refuses --read executors first
     DataSource = DataSourceReader = object  # type: ignore[assignment,misc]
     InputPartition = None  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
 SOURCE_NAME = "cg_nats_ranges"
 #: in the message of a task that could not read (the driver reports it as a server error)
@@ -85,7 +97,7 @@ def warm_up_plan(parallelism: int) -> str:
                        "only": None, "splits": [[0, "", 1, 0, 0]] * max(1, parallelism), "skip": None})
 
 
-def register(spark, settings) -> None:
+def register(spark: SparkSession, settings: NatsConnectionSettings) -> None:
     """Register the source for this job's session, carrying ``settings`` (see the module doc)."""
     carried = settings.portable().to_dict()
     spark.dataSource.register(type("NatsRangesOfThisJob", (NatsRangeSource,), {
@@ -104,7 +116,7 @@ class NatsRangeSource(DataSource):
     def schema(self) -> str:
         return SPARK_ROWS
 
-    def reader(self, schema) -> NatsRangeReader:
+    def reader(self, schema: Any) -> NatsRangeReader:
         return NatsRangeReader(json.loads(self.options["plan"]), type(self).settings or {})
 
 
@@ -115,7 +127,7 @@ class NatsRangeReader(DataSourceReader):
     def partitions(self) -> list:
         return [InputPartition(split) for split in self.plan["splits"]]
 
-    def read(self, partition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_split(self.plan, self.settings, partition.value)
 
 
@@ -129,7 +141,7 @@ class WorkerConnection:
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.nc = None
+        self.nc: NATS | None = None
         self.key: str | None = None
         self.used = 0.0  # when a task last finished with it (monotonic)
         self.connects = 0  # connections opened by this worker
@@ -147,7 +159,7 @@ class WorkerConnection:
             loop.run_until_complete(self.drop())
             loop.close()
 
-    async def get(self, settings: dict, name: str):
+    async def get(self, settings: dict, name: str) -> NATS:
         """The worker's connection for ``settings``: kept, or new."""
         from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
@@ -159,10 +171,10 @@ class WorkerConnection:
                 and time.monotonic() - self.used < self.IDLE_LIMIT):
             return self.nc
         await self.drop()
-        self.nc = await NatsConnectionSettings.from_mapping({**settings, "name": name}).connect()
+        nc = self.nc = await NatsConnectionSettings.from_mapping({**settings, "name": name}).connect()
         self.key = key
         self.connects += 1
-        return self.nc
+        return nc
 
     def done(self) -> None:
         """A task finished with the connection (it stays for the next)."""
@@ -211,7 +223,7 @@ def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBat
         WORKER.done()
 
 
-async def _read(plan: dict, settings: dict, rng: ReadRange):
+async def _read(plan: dict, settings: dict, rng: ReadRange) -> AsyncGenerator[PartitionBatch, None]:
     """The range's answers, on the worker's connection; a read interrupted by a restart or a
     leader change goes on from where it stopped, on a new connection, for up to
     ``READ_RETRY_SECONDS``."""

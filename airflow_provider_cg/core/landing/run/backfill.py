@@ -53,6 +53,7 @@ import datetime as dt
 import logging
 import secrets
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -66,7 +67,7 @@ from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
 from airflow_provider_cg.core.landing.modes import StopReason
-from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, Pipeline, ProcessedBatch
 from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
 from airflow_provider_cg.core.landing.rows import (
@@ -77,6 +78,9 @@ from airflow_provider_cg.core.landing.rows import (
     with_origin_key,
 )
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 log = logging.getLogger("airflow_provider_cg.backfill")
 
@@ -160,7 +164,7 @@ def _leave_pending(table: pa.Table, kept: list, lagging: dict[int, int]) -> tupl
     return table.filter(pa.array(keep)), [m for m, k in zip(kept, keep, strict=True) if k], int((~keep).sum())
 
 
-async def _window_reader(nc, api: JsApi, stream: str, rows: OriginRows, start: dt.datetime,
+async def _window_reader(nc: NATS, api: JsApi, stream: str, rows: OriginRows, start: dt.datetime,
                          js_prefix: str) -> tuple[str, PriorityClient]:
     """An ephemeral consumer on the origin stream from ``start`` over the group's subjects
     (no acks, in memory, gone after 10 idle minutes), and a client pulling from it."""
@@ -185,7 +189,7 @@ async def _window_reader(nc, api: JsApi, stream: str, rows: OriginRows, start: d
     return name, PriorityClient(nc, stream, name, _GROUP, js_prefix=js_prefix)
 
 
-async def window_has_messages(nc, stream: str, group: str, start: dt.datetime | str, end: dt.datetime | str,
+async def window_has_messages(nc: NATS, stream: str, group: str, start: dt.datetime | str, end: dt.datetime | str,
                               *, js_prefix: str = DEFAULT_PREFIX) -> bool:
     """Whether the origin stream holds a message of ``[start, end)`` on the group's subjects:
     the first one at or after ``start`` is read and its timestamp compared with ``end``, so an
@@ -211,7 +215,7 @@ class _Window:
     """One backfill run's batches: each cut at the window's ends, without what live members
     still hold pending, processed and landed as one batch of the window's own member."""
 
-    def __init__(self, sink: TwoPhaseSink, pipeline, lander: TwoPhaseLander, rows: OriginRows, summary: Summary,
+    def __init__(self, sink: TwoPhaseSink, pipeline: Pipeline, lander: TwoPhaseLander, rows: OriginRows, summary: Summary,
                  member: str, start_ns: int, end_ns: int, last_seq: int, positions: dict[int, int]) -> None:
         self.sink, self.pipeline, self.lander, self.rows, self.s = sink, pipeline, lander, rows, summary
         self.member, self.start_ns, self.end_ns, self.last_seq = member, start_ns, end_ns, last_seq
@@ -266,7 +270,7 @@ class _Window:
                 return
         refs = {stream: np.fromiter((m.stream_seq for m in kept), np.int64, len(kept))}
 
-        def recompute(table=table):
+        def recompute(table: pa.Table = table) -> tuple[BatchId, ProcessedBatch]:
             new_id = self._next_id()
             return new_id, self.pipeline.process(self.sink, table, new_id)
 
@@ -276,7 +280,7 @@ class _Window:
 
 
 async def run_backfill(
-    nc,
+    nc: NATS,
     sink: TwoPhaseSink,
     stream: str,
     group: str,
@@ -284,7 +288,7 @@ async def run_backfill(
     end: dt.datetime | str,
     *,
     batch_size: int = 100_000,
-    pipeline=None,
+    pipeline: Pipeline | None = None,
     pull_timeout: float = 5.0,
     js_prefix: str = DEFAULT_PREFIX,
     stream_life: str | None = None,

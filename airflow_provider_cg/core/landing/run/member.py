@@ -31,6 +31,7 @@ import asyncio
 import logging
 import secrets
 import time
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
 from airflow_provider_cg.core.groups import layouts, partitioning
@@ -58,7 +59,7 @@ from airflow_provider_cg.core.landing.contract import (
     Summary,
 )
 from airflow_provider_cg.core.landing.modes import StopReason
-from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, Pipeline
 from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
 from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
@@ -76,6 +77,9 @@ from airflow_provider_cg.core.landing.run.reading import Assignment, BatchIds, M
 from airflow_provider_cg.core.landing.run.stop_rule import StopRule
 from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
 
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
 log = logging.getLogger("airflow_provider_cg.landing")
 
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
@@ -86,7 +90,7 @@ class MemberRun:
     """One member job run (one sink, one summary), as a lifecycle over its parts: the pin, the
     stop rule, the lander and one reader per assignment (see the module docstring)."""
 
-    def __init__(self, nc, sink: TwoPhaseSink, options: BatchOptions, pipeline, js_prefix: str) -> None:
+    def __init__(self, nc: NATS, sink: TwoPhaseSink, options: BatchOptions, pipeline: Pipeline, js_prefix: str) -> None:
         if options.member is None:  # the contract requires it unless backfilling (``backfill.py``)
             raise ConfigError("member", "required")
         self.member: str = options.member
@@ -217,8 +221,9 @@ class MemberRun:
                        ack_wait=a.ack_wait)
 
     async def _run_assignment(self) -> None:
-        """One assignment of partitions: take the pin, take over, land until the stop rule says
-        so (a limit, the end of the backlog, the loss of the pin, a membership change), finish."""
+        """One assignment of partitions: set it up, take the pin, take over, land until the stop
+        rule says so (a limit, the end of the backlog, the loss of the pin, a membership
+        change), finish. Each step is a method below."""
         o, s, stop = self.options, self.summary, self.stop
         stop.revoked = None
         pin_wait_from = time.monotonic()
@@ -231,10 +236,7 @@ class MemberRun:
         path = choose(o.read, direct_gets=self.reader is not None)
         reads = self._reader(path, info)
         pin.adopt_timings(info.get("config") or {}, a.ack_wait)
-        backlog = int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
-        if a.partition_streams:  # the member consumer holds only pin anchors: the backlog is the partitions'
-            await self.ensure_partition_streams_current(pinned=False)
-            backlog = sum((await self.layout.backlog(self.api, a.consumer_stream, {}, a.partitions)).values())
+        backlog = await self._backlog(a, info)
         stop.aim(backlog)
         if backlog == 0 and not pinned_id(info) and not stop.following:
             await self.lander.recover(a.partitions)
@@ -242,42 +244,11 @@ class MemberRun:
             return
         watcher = asyncio.create_task(self._watch_membership())
         try:
-            want = reads.pin_pull(s.target)
-            # a follower waits for the pin (the first message, on an empty work queue) as long as it follows
-            until = max(pin_wait_from + o.standby_timeout, stop.follow_until or 0.0)
-            self.progress.waiting = "pin"
-            try:
-                first = await pin.acquire(until, want, lambda: stop.revoked is not None)
-            finally:
-                self.progress.waiting = None
+            first = await self._wait_for_pin(pin, reads, pin_wait_from)
             if first is None:
-                if stop.revoked is not None:  # a standby: the pinned instance hands the consumer over
-                    s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_REVOKED), stop.revoked
-                elif pinned_id(await pin.client.consumer_info()):
-                    s.result, s.stop_reason = RESULT_NOT_PINNED, StopReason.ANOTHER_HOLDS_PIN
-                else:
-                    await self.lander.recover(a.partitions)
-                    s.result, s.stop_reason = RESULT_EMPTY, StopReason.NO_MESSAGE_ARRIVED
+                await self._not_pinned(a, pin)
                 return
-            s.pin_id = pin.pin_id
-            if a.partition_streams:  # the pin anchors: nothing to land
-                for m in first:
-                    await pin.client.ack(m)
-            pinned = await pin.pinned()  # the consumer as this run was pinned on it
-            log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", self.member, s.pin_id,
-                     self.owner, s.target, list(a.partitions))
-            if stop.follow_until is not None:
-                self.board.follow_until = time.time() + stop.follow_left()
-            self.board.post()
-            # fencing and recovery can take longer than the consumer's priority timeout or
-            # inactivity threshold (orbit's: the ack wait, 5 s): keep the pin meanwhile
-            keeper = asyncio.create_task(pin.keep_until_lost())
-            self.progress.waiting = "take-over"
-            try:
-                landed = await self._take_over()
-            finally:
-                keeper.cancel()
-                self.progress.waiting = None
+            pinned, landed = await self._pinned(a, pin, first)
             declined = await reads.begin(first, pinned)
             if declined is not None:
                 self.slow_path = declined
@@ -296,6 +267,62 @@ class MemberRun:
         if stop.revoked is None:
             await self.board.close()  # before the pin goes: the successor's entry comes after
             await self._release_pin()
+
+    async def _backlog(self, a: Assignment, info: dict) -> int:
+        """What the member has to land now: its consumer's pending and unacknowledged messages,
+        or, when the member consumer holds only pin anchors, its partition streams'."""
+        if not a.partition_streams:
+            return int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
+        await self.ensure_partition_streams_current(pinned=False)
+        return sum((await self.layout.backlog(self.api, a.consumer_stream, {}, a.partitions)).values())
+
+    async def _wait_for_pin(self, pin: Pin, reads: Reader, pin_wait_from: float) -> list | None:
+        """The pin's first pull (None: no pin within the standby time, or revoked meanwhile); a
+        follower waits for it (the first message, on an empty work queue) as long as it follows."""
+        o, stop = self.options, self.stop
+        until = max(pin_wait_from + o.standby_timeout, stop.follow_until or 0.0)
+        self.progress.waiting = "pin"
+        try:
+            return await pin.acquire(until, reads.pin_pull(self.summary.target), lambda: stop.revoked is not None)
+        finally:
+            self.progress.waiting = None
+
+    async def _not_pinned(self, a: Assignment, pin: Pin) -> None:
+        """The run's result when it got no pin: a standby the pinned instance handed the consumer
+        over from, another instance holding it, or nothing to land."""
+        s, stop = self.summary, self.stop
+        if stop.revoked is not None:  # a standby: the pinned instance hands the consumer over
+            s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_REVOKED), stop.revoked
+        elif pinned_id(await pin.client.consumer_info()):
+            s.result, s.stop_reason = RESULT_NOT_PINNED, StopReason.ANOTHER_HOLDS_PIN
+        else:
+            await self.lander.recover(a.partitions)
+            s.result, s.stop_reason = RESULT_EMPTY, StopReason.NO_MESSAGE_ARRIVED
+
+    async def _pinned(self, a: Assignment, pin: Pin, first: list) -> tuple[dict, set[int]]:
+        """Just pinned: say so, then take over (keeping the pin meanwhile: fencing and recovery
+        can take longer than the consumer's priority timeout or inactivity threshold, orbit's
+        the ack wait, 5 s). Returns the consumer as this run was pinned on it and the sequences
+        the take-over's recovery committed."""
+        s, stop = self.summary, self.stop
+        s.pin_id = pin.pin_id
+        if a.partition_streams:  # the pin anchors: nothing to land
+            for m in first:
+                await pin.client.ack(m)
+        pinned = await pin.pinned()
+        log.info("cg pinned member=%s pin_id=%s owner=%s target=%d partitions=%s", self.member, s.pin_id,
+                 self.owner, s.target, list(a.partitions))
+        if stop.follow_until is not None:
+            self.board.follow_until = time.time() + stop.follow_left()
+        self.board.post()
+        keeper = asyncio.create_task(pin.keep_until_lost())
+        self.progress.waiting = "take-over"
+        try:
+            landed = await self._take_over()
+        finally:
+            keeper.cancel()
+            self.progress.waiting = None
+        return pinned, landed
 
     @property
     def assignment(self) -> Assignment:
@@ -489,7 +516,7 @@ async def origin_life_key(api: JsApi, sink: TwoPhaseSink, options: BatchOptions)
     return await asyncio.to_thread(sink.stream_life, options.stream, created, LifeChoice.parse(options.stream_life))
 
 
-async def run_member_batch(nc, sink: TwoPhaseSink, options: BatchOptions, pipeline=None,
+async def run_member_batch(nc: NATS, sink: TwoPhaseSink, options: BatchOptions, pipeline: Pipeline | None = None,
                            *, js_prefix: str = "$JS.API") -> Summary:
     """Consume the member's backlog as its pinned instance, land it in ``sink``; return the summary.
 

@@ -15,12 +15,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups.consumers import pinned_id
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.protocol import PinLost, PullTransient
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
@@ -31,7 +35,7 @@ class Pin:
     publishes one small anchor there for the server to deliver; ``owner`` names this run in
     the anchor's header."""
 
-    def __init__(self, nc, client: PriorityClient, *, member: str, owner: str, anchored: bool,
+    def __init__(self, nc: NATS, client: PriorityClient, *, member: str, owner: str, anchored: bool,
                  ack_wait: float) -> None:
         self.nc, self.client, self.member, self.owner, self.anchored = nc, client, member, owner, anchored
         self.created: str | None = None  # the consumer's creation time as this run was pinned on it

@@ -10,14 +10,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+
+import pyarrow as pa
 
 from airflow_provider_cg.core.groups.config import GroupConfig
 from airflow_provider_cg.core.groups.layouts import Layout
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
+from airflow_provider_cg.core.landing.pipeline.processing import Pipeline, ProcessedBatch
 from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
-from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
+from airflow_provider_cg.core.landing.protocol.two_phase import RecomputeStep, TwoPhaseLander
 from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, with_origin_key
 from airflow_provider_cg.core.landing.run.pin import Pin
 from airflow_provider_cg.core.landing.run.stop_rule import StopRule
@@ -107,7 +109,7 @@ class MemberReading:
     stop: StopRule
     lander: TwoPhaseLander
     sink: TwoPhaseSink
-    pipeline: Any
+    pipeline: Pipeline
     dlq: DeadLetters
     api: JsApi
     assignment: Assignment
@@ -152,14 +154,14 @@ class MemberReading:
     def next_batch_id(self) -> BatchId:
         return self.batch_ids.next()
 
-    def rows_of(self, table):
+    def rows_of(self, table: pa.Table) -> pa.Table:
         """Rows as read, under the key of the origin's life (``stream_life.py``)."""
         return with_origin_key(table, self.origin_key)
 
-    def recompute_step(self, table):
+    def recompute_step(self, table: pa.Table) -> RecomputeStep:
         """The lander's ``recompute`` of a batch read as ``table``: processed again under a new
         batch id (the pipeline drops the inputs another writer committed meanwhile)."""
-        def recompute():
+        def recompute() -> tuple[BatchId, ProcessedBatch]:
             batch_id = self.next_batch_id()
             return batch_id, self.pipeline.process(self.sink, table, batch_id)
         return recompute
