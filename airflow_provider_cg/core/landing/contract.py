@@ -54,8 +54,6 @@ RESULT_SUBMITTED = "submitted"  # the operator's, for a cluster-mode driver that
 #: results that end the Airflow task as skipped: nothing was there or it was not this task's to land
 SKIP_RESULTS = frozenset({RESULT_EMPTY, RESULT_NOT_PINNED, RESULT_REVOKED})
 
-PAYLOAD_FORMATS = tuple(PayloadFormat)
-READ_MODES = tuple(ReadMode)
 BAD_RECORDS = ("dead-letter", "fail")
 ELASTIC_ACK_WAIT = 5.0  # orbit's default: its instances then find the consumer equal to theirs
 ACK_TIMEOUT = 30.0  # how long the job keeps resolving acks of unknown outcome before it commits anyway
@@ -98,8 +96,7 @@ class BatchOptions:
     read: ReadMode = option(ReadMode.AUTO, ReadMode, "auto: the driver reads by batched direct gets (an elastic group's "
                      "partitions, acked by one purge each; a static member's subjects, acked by moving its "
                      "durable; 2.14+); executors: the same, read by the batch's Spark tasks (needs Spark); "
-                     "consumer: pulls and a double ack per message",
-                     READ_MODES)
+                     "consumer: pulls and a double ack per message")
     stream_life: str | None = option(help="land an origin stream the table has not seen under this name before "
                                    "(deleted and created again): new:<created> lands it as a new stream beside the "
                                    "old one, continue:<created> as the same messages (a restored backup); "
@@ -123,7 +120,7 @@ class MemberJobSpec(SinkOptions, BatchOptions):
     """Everything one member job run is given (see the module docstring)."""
 
     payload_format: PayloadFormat = option(PayloadFormat.RAW, PayloadFormat, "how Spark decodes payloads (avro needs Spark's Avro package: "
-                               "--packages)", PAYLOAD_FORMATS)
+                               "--packages)")
     json_schema: str | None = option(help="Spark DDL schema of JSON payloads, e.g. 'id BIGINT, amount DOUBLE'")
     avro_schema: str | None = option(help="Avro record schema (JSON) of Avro payloads (binary-encoded datums)")
     transform: str | None = option(help="your transformation, package.module:function: called with each batch as "

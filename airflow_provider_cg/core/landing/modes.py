@@ -18,11 +18,6 @@ class ReadMode(enum.StrEnum):
     CONSUMER = "consumer"  # pulls through the member consumer, a double ack per message
     EXECUTORS = "executors"  # direct gets by the batch's Spark tasks
 
-    @property
-    def reads_directly(self) -> bool:
-        """Whether this mode reads by direct gets where the stream allows them."""
-        return self is not ReadMode.CONSUMER
-
 
 class PayloadFormat(enum.StrEnum):
     """``--payload-format``: how a batch's payloads are decoded before the sink."""

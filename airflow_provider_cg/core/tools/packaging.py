@@ -52,7 +52,7 @@ def build_core_zip(dest: str | os.PathLike) -> Path:
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, p in names.items():
             source = p.read_bytes()
-            zf.write(p, name)
+            zf.writestr(zipfile.ZipInfo.from_file(p, name), source, zipfile.ZIP_DEFLATED)
             zf.writestr(name + "c", hash_checked_bytecode(source, name))
     os.replace(tmp, dest)
     return dest
