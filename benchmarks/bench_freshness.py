@@ -67,8 +67,8 @@ from airflow_provider_cg.core.groups.layouts import partition_streams as groupla
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.publish import publish_many
-from airflow_provider_cg.core.landing.protocol.protocol_log import CommitLog
-from airflow_provider_cg.core.landing.sinks.storage import LocalStorage
+from airflow_provider_cg.core.landing.sinks.lake.protocol_log import CommitLog
+from airflow_provider_cg.core.landing.sinks.lake.storage import LocalStorage
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 
@@ -324,7 +324,7 @@ class TableWatch:
 
     def _position(self) -> int:
         if self.lander.sink == "delta":
-            from airflow_provider_cg.core.landing.sinks.tables import APP_ID
+            from airflow_provider_cg.core.landing.sinks.lake.tables import APP_ID
 
             if self._dt is None:
                 from deltalake import DeltaTable
@@ -333,7 +333,7 @@ class TableWatch:
             else:
                 self._dt.update_incremental()
             return self._dt.transaction_version(APP_ID) or 0
-        from airflow_provider_cg.core.landing.sinks.iceberg import POSITION_PROPERTY
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import POSITION_PROPERTY
 
         if self._catalog is None:
             from pyiceberg.catalog.sql import SqlCatalog

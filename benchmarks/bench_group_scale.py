@@ -59,11 +59,11 @@ from airflow_provider_cg.core.groups.config import ElasticGroupConfig, MemberMap
 from airflow_provider_cg.core.groups.layouts import partition_streams as grouplayout  # noqa: E402
 from airflow_provider_cg.core.jetstream.api import JsApi  # noqa: E402
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings  # noqa: E402
-from airflow_provider_cg.core.jetstream.direct import PartitionReader  # noqa: E402
+from airflow_provider_cg.core.jetstream.direct_gets import PartitionReader  # noqa: E402
 from airflow_provider_cg.core.jetstream.publish import publish_many  # noqa: E402
 from airflow_provider_cg.core.landing.contract import SUMMARY_PREFIX  # noqa: E402
 from airflow_provider_cg.core.landing.reads.direct import PartitionPositions, PartitionStreamPositions  # noqa: E402
-from airflow_provider_cg.core.landing.sinks.parquet import committed_files  # noqa: E402
+from airflow_provider_cg.core.landing.sinks.lake.reader import committed_files  # noqa: E402
 from airflow_provider_cg.core.tools.packaging import member_job_path  # noqa: E402
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer  # noqa: E402
 

@@ -47,7 +47,7 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.contract import SUMMARY_PREFIX  # noqa: E402
-from airflow_provider_cg.core.landing.sinks.parquet import committed_files
+from airflow_provider_cg.core.landing.sinks.lake.reader import committed_files
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 

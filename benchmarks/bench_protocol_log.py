@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from airflow_provider_cg.core.landing.protocol.protocol_log import (  # noqa: E402
+from airflow_provider_cg.core.landing.rows import BatchId  # noqa: E402
+from airflow_provider_cg.core.landing.sinks import ParquetLakeSink  # noqa: E402
+from airflow_provider_cg.core.landing.sinks.lake.protocol_log import (  # noqa: E402
     KEYS_DIR,
     LOG_DIR,
     POINTER,
@@ -41,8 +43,6 @@ from airflow_provider_cg.core.landing.protocol.protocol_log import (  # noqa: E4
     npy_bytes,
     pos_name,
 )
-from airflow_provider_cg.core.landing.rows import BatchId  # noqa: E402
-from airflow_provider_cg.core.landing.sinks import ParquetLakeSink  # noqa: E402
 from tests.support.sink_rows import refs_for, rows  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from airflow_provider_cg.core.landing.rows import BatchId  # noqa: E402
-from airflow_provider_cg.core.landing.sinks.base import PreparedWrite  # noqa: E402
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import PreparedWrite  # noqa: E402
 from tests.support.sink_rows import refs_for, rows  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -50,7 +50,7 @@ class LegacyIcebergPublish:
     commit, nothing expired or merged."""
 
     def __init__(self, sink) -> None:
-        from airflow_provider_cg.core.landing.sinks import iceberg
+        from airflow_provider_cg.core.landing.sinks.iceberg import writer as iceberg
 
         self.sink, self.iceberg = sink, iceberg
 
@@ -70,10 +70,10 @@ class LegacyIcebergPublish:
 
 def open_case(case: str, root: Path):
     if case.startswith("delta"):
-        from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+        from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
         return DeltaLakeSink(str(root / case))
-    from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+    from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
     sink = IcebergSink(f"sqlite:///{root}/catalog-{case}.db", f"lake.{case.replace('-', '_')}",
                        warehouse=str(root / f"warehouse-{case}"))
@@ -117,7 +117,7 @@ def reader(case: str, root: Path, sink):
 
 def maintain(case: str, sink) -> None:
     """``cg maintain``'s Delta maintenance: compaction, a checkpoint, vacuum and log clean-up."""
-    from airflow_provider_cg.core.landing.sinks.table_maintenance import maintain_delta
+    from airflow_provider_cg.core.landing.sinks.delta.maintenance import maintain_delta
 
     maintain_delta(sink, True, None, 0)
 

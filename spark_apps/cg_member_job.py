@@ -36,7 +36,7 @@ def _build_sink(spec):
     from airflow_provider_cg.core.landing.sinks.opening import open_sink
 
     sink = open_sink(spec.sink_options, transformed=spec.transforming)
-    # a table's commits for all its writers at most once per interval (``sinks/tables.py``)
+    # a table's commits for all its writers at most once per interval (``sinks/lake/tables.py``)
     sink.set_table_commit_interval(spec.table_commit_interval or spec.commit_interval)
     check = getattr(sink, "check", None)
     if check is not None:

@@ -131,7 +131,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         name, ``"new:<created>"`` lands it as a new stream beside the old one (its rows'
         ``origin_stream`` is ``<stream>#2``), ``"continue:<created>"`` as the same messages (a
         restored backup); ``<created>`` is the creation time the job's refusal names (templated).
-        Without it such a job fails with exit 1, nothing acked (``core/landing/protocol/stream_life.py``).
+        Without it such a job fails with exit 1, nothing acked (``core/landing/stream_life.py``).
     :param bad_records: what happens to a record its table cannot take (with ``merge_keys``: a
         merge key null, or absent from the message): ``"dead-letter"`` (the default) moves its
         message to the dead-letter stream ``<stream>-<group>-dlq`` with the reason and lands the

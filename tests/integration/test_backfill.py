@@ -21,8 +21,9 @@ from airflow_provider_cg.core.landing.pipeline.held_inputs import committed_inpu
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, ProcessedBatch
 from airflow_provider_cg.core.landing.run.backfill import _ns, run_backfill, window_has_messages
 from airflow_provider_cg.core.landing.run.member import run_member_batch
-from airflow_provider_cg.core.landing.sinks.base import keys_by_stream
-from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink, read_committed
+from airflow_provider_cg.core.landing.sinks.lake.reader import read_committed
+from airflow_provider_cg.core.landing.sinks.lake.writer import ParquetLakeSink
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import keys_by_stream
 from airflow_provider_cg.core.tools.packaging import member_job_path
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from airflow_provider_cg.core.landing.pipeline.bad_records import BadRecords
 from airflow_provider_cg.core.landing.pipeline.decode import SparkDecoder
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, SparkPipeline
 from airflow_provider_cg.core.landing.rows import BatchId
-from airflow_provider_cg.core.landing.sinks.lake import STAGING_DIR
+from airflow_provider_cg.core.landing.sinks.lake.lake_sink import STAGING_DIR
 from airflow_provider_cg.core.landing.sinks.opening import open_sink
 from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from airflow_provider_cg.core.landing.transform import TransformError

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.jetstream.direct import (
+from airflow_provider_cg.core.jetstream.direct_gets import (
     ALL,
     PartitionReader,
     ReadRange,
@@ -24,7 +24,7 @@ from airflow_provider_cg.core.jetstream.direct import (
     subject_filter,
 )
 from airflow_provider_cg.core.jetstream.publish import publish_many
-from airflow_provider_cg.core.landing.sinks.parquet import read_committed
+from airflow_provider_cg.core.landing.sinks.lake.reader import read_committed
 from tests.support.member_job import (
     assert_each_order_counted_once,
     create_group,
@@ -174,7 +174,7 @@ async def test_a_batch_whose_ack_did_not_take_effect_is_computed_again_without_i
 def test_a_workers_tasks_keep_one_connection_across_batches_and_replace_a_broken_one(nats_server, nats_settings):
     """Spark reuses its Python workers: a follower's tasks, batch after batch, read on the
     worker's one connection; after a server restart the next task connects again and reads all."""
-    from airflow_provider_cg.core.landing.reads.nats_source import WORKER, batch_plan, read_split
+    from airflow_provider_cg.core.landing.pipeline.nats_source import WORKER, batch_plan, read_split
 
     async def publish():
         nc = await nats_settings.connect()

@@ -73,8 +73,8 @@ async def test_a_transformation_lands_into_delta_on_object_storage(nc, nats_serv
                                                                    minio_server, s3_bucket):
     """Spark tasks write the transformed batch's files into the bucket; one Delta commit per
     batch publishes them; the credentials reach the job as environment only."""
-    from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
-    from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+    from airflow_provider_cg.core.landing.sinks.delta.writer import delta_storage_options
+    from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
 
     await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
     expected = await publish_orders(nc, STREAM, GROUP, 6_000, 100)

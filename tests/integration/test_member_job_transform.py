@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cg.core.landing.sinks.parquet import read_committed
+from airflow_provider_cg.core.landing.sinks.lake.reader import read_committed
 from tests.support.member_job import (
     assert_each_order_counted_once,
     create_group,

@@ -231,8 +231,8 @@ def test_delta_on_object_storage_with_keys_from_an_aws_connection(airflow_env, n
         airflow_env.remove_connection("lake_s3")
     assert result.state_of("consume") == "success"
     assert result.xcom("consume")["rows_written"] == 300
-    from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
-    from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+    from airflow_provider_cg.core.landing.sinks.delta.writer import delta_storage_options
+    from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
 
     opts = delta_storage_options(ObjectStoreSettings.from_env(minio_server.env()))
     seqs = sorted(read_delta(table, ["origin_seq"], opts).column("origin_seq").to_pylist())

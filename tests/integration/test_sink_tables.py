@@ -18,8 +18,8 @@ import pytest
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks import CommitResult, Fence, FencedOut, WriteState
-from airflow_provider_cg.core.landing.sinks.base import SinkError
-from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
+from airflow_provider_cg.core.landing.sinks.lake.tables import SchemaMismatch
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError
 from tests.support import two_phase
 from tests.support.sink_rows import refs_for, rows
 
@@ -35,10 +35,10 @@ class Table:
 
     def sink(self, **kw):
         if self.fmt == "delta":
-            from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+            from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
             return DeltaLakeSink(self.location, **kw)
-        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
         return IcebergSink(self.catalog, self.identifier, warehouse=self.location, **kw)
 
@@ -47,8 +47,8 @@ class Table:
         if self.fmt == "delta":
             from deltalake.exceptions import TableNotFoundError
 
-            from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
-            from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+            from airflow_provider_cg.core.landing.sinks.delta.writer import delta_storage_options
+            from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
             from tests.support.member_job import read_delta
 
             opts = delta_storage_options(ObjectStoreSettings.from_env()) if "://" in self.location else None
@@ -58,8 +58,8 @@ class Table:
                 return pa.table({c: pa.array([], pa.int64() if c == "origin_seq" else pa.string()) for c in columns})
         from pyiceberg.exceptions import NoSuchTableError
 
-        from airflow_provider_cg.core.landing.sinks.iceberg import open_catalog
-        from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import open_catalog
+        from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
 
         cat = open_catalog(self.catalog, self.location, ObjectStoreSettings.from_env())
         try:
@@ -266,7 +266,7 @@ def test_an_object_store_copy_of_a_missing_object_is_a_missing_file(minio_server
     """Publishing copies staged files and treats a missing one as published already (or the
     table as corrupt), and a commit links staged keys that another instance may have published
     meanwhile: on S3 both rely on the same ``FileNotFoundError`` a local disk raises."""
-    from airflow_provider_cg.core.landing.sinks.storage import ObjectStorage
+    from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStorage
 
     store = ObjectStorage(f"s3://{s3_bucket}/copies")
     store.write("a", b"x")
@@ -278,7 +278,7 @@ def test_an_object_store_copy_of_a_missing_object_is_a_missing_file(minio_server
 
 
 def test_object_store_bad_input_names_the_setting(minio_server, s3_bucket, monkeypatch, tmp_path):
-    from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+    from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
     with pytest.raises(ConfigError, match="sink_path: bucket 'no-such-bucket' does not exist"):
         DeltaLakeSink("s3://no-such-bucket/t")
@@ -290,7 +290,7 @@ def test_object_store_bad_input_names_the_setting(minio_server, s3_bucket, monke
     with pytest.raises(ConnectionError, match="unreachable"):
         DeltaLakeSink(f"s3://{s3_bucket}/t")
     with pytest.raises(ConfigError, match="iceberg_catalog_uri"):
-        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
         IcebergSink("mysql://x/y", "lake.orders", warehouse=str(tmp_path))
     with pytest.raises(ConfigError, match="iceberg_table"):
@@ -300,7 +300,7 @@ def test_object_store_bad_input_names_the_setting(minio_server, s3_bucket, monke
 def test_nothing_is_written_for_a_table_of_another_schema(tmp_path):
     from deltalake import write_deltalake
 
-    from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+    from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
     loc = str(tmp_path / "theirs")
     write_deltalake(loc, pa.table({"origin_stream": ["x"], "origin_seq": pa.array(["not a number"])}))
@@ -329,7 +329,7 @@ def test_spark_zoned_timestamps_land_as_utc_instants(fmt, tmp_path):
 
 
 def test_a_column_delta_cannot_hold_is_refused_before_anything_is_acked(tmp_path):
-    from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+    from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
     sink = DeltaLakeSink(str(tmp_path / "orders"))
     batch = rows([1, 2]).append_column("at", pa.array([1, 2], pa.int64()).cast(pa.time64("us")))
@@ -357,7 +357,7 @@ def _regions(seqs):
 
 
 def _partitioned(table: Table, text: str | None = None):
-    from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
+    from airflow_provider_cg.core.landing.sinks.shared.table_partitioning import Partitioning
 
     return table.sink(partitioning=Partitioning.parse(text or PARTITIONING[table.fmt], table.fmt,
                                                                   transforms=table.fmt == "iceberg"))
@@ -429,8 +429,8 @@ def test_a_spark_task_whose_staging_was_removed_reports_it_without_failing(tmp_p
     """The code Spark's tasks run (``TaskFileWriter``), called as a task would call it, after a
     recovering instance removed the write's staging folder: it tells the driver (rows -1, which
     stage() turns into PreparedWriteLost) instead of failing the task with a stack trace."""
-    from airflow_provider_cg.core.landing.sinks.parquet_files import TaskFileWriter
-    from airflow_provider_cg.core.landing.sinks.partitioning import Partitioning
+    from airflow_provider_cg.core.landing.sinks.lake.parquet_files import TaskFileWriter
+    from airflow_provider_cg.core.landing.sinks.shared.table_partitioning import Partitioning
 
     (tmp_path / "t").mkdir()
     for partitioning in (None, Partitioning.parse("key", "delta", transforms=False)):
@@ -447,7 +447,7 @@ def test_a_folded_and_cleaned_protocol_log_keeps_exactly_once(table):
     """Checkpoints fold the log (publishing what they fold first) and clean-up deletes what
     they folded: a sink opened afterwards still drops every landed input, and the table holds
     each once."""
-    from airflow_provider_cg.core.landing.protocol.protocol_log import clean_protocol_log
+    from airflow_provider_cg.core.landing.sinks.lake.protocol_log import clean_protocol_log
 
     writers = [table.sink(checkpoint_interval=5), table.sink(checkpoint_interval=5)]
     for w in writers:
@@ -497,7 +497,7 @@ def test_target_file_size_splits_a_large_batch_in_row_order(table):
 def _table_commits(table: Table) -> list[dict]:
     """Each table commit that published protocol records, oldest first: its time (s) and the
     last log position it recorded, as delta-rs's history or pyiceberg's snapshots say."""
-    from airflow_provider_cg.core.landing.sinks.iceberg import POSITION_PROPERTY
+    from airflow_provider_cg.core.landing.sinks.iceberg.writer import POSITION_PROPERTY
 
     if table.fmt == "delta":
         from deltalake import DeltaTable
@@ -559,7 +559,7 @@ def test_group_commit_publishes_every_writers_batches_in_one_table_commit_per_in
     assert len(slots) - len(set(slots)) <= 1, commits  # one commit per slot (a flush's may share one)
     assert [c["pos"] for c in commits] == sorted({c["pos"] for c in commits})  # in log order
     if fmt == "iceberg":  # each commit expires the snapshots beyond the newest 10
-        from airflow_provider_cg.core.landing.sinks.iceberg import SNAPSHOTS_KEPT
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import SNAPSHOTS_KEPT
 
         assert len(table.sink().load_table().snapshots()) == min(SNAPSHOTS_KEPT, made), made
 
@@ -590,7 +590,7 @@ def test_a_writer_that_finds_its_records_published_meanwhile_commits_and_counts_
     """A writer reads the table and its ready records, and another writer publishes them before
     its commit (two jobs' timers racing): its table transaction commits nothing (False, or a
     lost race) and it counts no commit, so the summaries' table commits add up to the table's."""
-    from airflow_provider_cg.core.landing.sinks.tables import TableConflict
+    from airflow_provider_cg.core.landing.sinks.lake.tables import TableConflict
 
     location = str(tmp_path / ("warehouse" if fmt == "iceberg" else "orders"))
     table = Table(fmt, location, f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)
@@ -637,7 +637,7 @@ def test_a_writer_that_read_no_table_publishes_nothing_another_writer_published_
     other's commit, planned on no table, would publish that record's files a second time (a
     CI run's Delta log added 9,000 rows for 6,000 landed). It loses the race instead, reads
     again and publishes only its own: every file is in the table once."""
-    from airflow_provider_cg.core.landing.sinks.tables import TableConflict
+    from airflow_provider_cg.core.landing.sinks.lake.tables import TableConflict
 
     location = str(tmp_path / ("warehouse" if fmt == "iceberg" else "orders"))
     table = Table(fmt, location, f"sqlite:///{tmp_path}/catalog.db" if fmt == "iceberg" else None)

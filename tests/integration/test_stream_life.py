@@ -15,14 +15,14 @@ from airflow_provider_cg.core.groups.names import work_queue_stream
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.publish import publish_many
 from airflow_provider_cg.core.landing.contract import BatchOptions
-from airflow_provider_cg.core.landing.protocol.stream_life import (
+from airflow_provider_cg.core.landing.run.backfill import run_backfill
+from airflow_provider_cg.core.landing.run.member import run_member_batch
+from airflow_provider_cg.core.landing.stream_life import (
     FIELD,
     Life,
     StreamLifeChanged,
     origin_created,
 )
-from airflow_provider_cg.core.landing.run.backfill import run_backfill
-from airflow_provider_cg.core.landing.run.member import run_member_batch
 
 pytestmark = pytest.mark.integration
 
@@ -75,11 +75,11 @@ def open_sink(kind: str, tmp_path, pg):
 
         return ParquetLakeSink(tmp_path / "lake", fsync=False)
     if kind == "delta":
-        from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+        from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
         return DeltaLakeSink(str(tmp_path / "delta"))
     if kind == "iceberg":
-        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
         return IcebergSink(f"sqlite:///{tmp_path}/catalog.db", "lake.orders", warehouse=str(tmp_path / "wh"))
     from airflow_provider_cg.core.landing.sinks import PostgresSink

@@ -1,4 +1,4 @@
-"""Upserts (``merge_keys``, ``delete_when``: core/landing/sinks/merging.py) into Delta, Iceberg and
+"""Upserts (``merge_keys``, ``delete_when``: core/landing/sinks/shared/merging.py) into Delta, Iceberg and
 PostgreSQL: a change stream of inserts, updates and deletes becomes a table of the last state
 per key, read back by delta-rs, pyiceberg and psycopg2 and compared with the last state computed
 here; replays change nothing, and an older record landed after a newer one (a hole a backfill
@@ -13,9 +13,9 @@ import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.rows import BatchId
+from airflow_provider_cg.core.landing.sinks.lake.tables import SchemaMismatch
 from airflow_provider_cg.core.landing.sinks.opening import open_sink
 from airflow_provider_cg.core.landing.sinks.options import SinkOptions
-from airflow_provider_cg.core.landing.sinks.tables import SchemaMismatch
 from tests.support.chaos import chaos_seed
 from tests.support.sink_rows import refs_for, rows
 

@@ -533,8 +533,8 @@ class ChaosRun:
     def storage_options(self) -> dict | None:
         if self.object_store is None:
             return None
-        from airflow_provider_cg.core.landing.sinks.delta import delta_storage_options
-        from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+        from airflow_provider_cg.core.landing.sinks.delta.writer import delta_storage_options
+        from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
 
         return delta_storage_options(ObjectStoreSettings.from_env(self.sink_env))
 
@@ -542,14 +542,14 @@ class ChaosRun:
         """The job's own sink class on the run's table (for what is left prepared)."""
         sink = self.config.sink
         if sink == "parquet":
-            from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
+            from airflow_provider_cg.core.landing.sinks.lake.writer import ParquetLakeSink
 
             return ParquetLakeSink(self.lake)
         if sink == "delta":
-            from airflow_provider_cg.core.landing.sinks.delta import DeltaLakeSink
+            from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
             return DeltaLakeSink(self.table)
-        from airflow_provider_cg.core.landing.sinks.iceberg import IcebergSink
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
         return IcebergSink(self.catalog_uri, "lake.orders")
 
@@ -620,7 +620,7 @@ class ChaosRun:
         if self.config.sink != "postgres":
             sinks = [self.open_sink()]
             if self.config.routed_keys:
-                from airflow_provider_cg.core.landing.sinks.parquet import ParquetLakeSink
+                from airflow_provider_cg.core.landing.sinks.lake.writer import ParquetLakeSink
 
                 sinks.append(ParquetLakeSink(self.workdir / "few"))
             parts = range(self.config.partitions)

@@ -218,7 +218,7 @@ def parquet_landed(path: str | os.PathLike) -> list[Landed]:
     """The committed rows of a Parquet lake, file by file in commit-log order."""
     import pyarrow.parquet as pq
 
-    from airflow_provider_cg.core.landing.sinks.parquet import committed_files
+    from airflow_provider_cg.core.landing.sinks.lake.reader import committed_files
 
     out: list[Landed] = []
     for f in committed_files(path):
@@ -413,8 +413,8 @@ def iceberg_landed(catalog_uri: str, identifier: str, catalog_name: str = "defau
     pyiceberg's catalog and scan planning."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from airflow_provider_cg.core.landing.sinks.iceberg import iceberg_io_properties
-    from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+    from airflow_provider_cg.core.landing.sinks.iceberg.writer import iceberg_io_properties
+    from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
 
     # the object store's endpoint and keys (from AWS_*), for tables whose files are on S3
     props = iceberg_io_properties(ObjectStoreSettings.from_env())

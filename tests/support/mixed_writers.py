@@ -33,7 +33,7 @@ from airflow_provider_cg.core.groups import sourcing
 from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.groups.reset_plan import ResetTarget
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.landing.protocol.stream_life import origin_created
+from airflow_provider_cg.core.landing.stream_life import origin_created
 from tests.support.chaos import ChaosConfig, ChaosRun, last_error
 from tests.support.member_job import assert_exactly_once, publish_orders, start_member_job
 
@@ -231,7 +231,7 @@ class MixedWritersRun(ChaosRun):
             conn.close()
             return rows
         if sink == "parquet":
-            from airflow_provider_cg.core.landing.sinks.parquet import read_committed
+            from airflow_provider_cg.core.landing.sinks.lake.reader import read_committed
 
             t = read_committed(self.lake, columns=cols)
         elif sink == "delta":
@@ -241,8 +241,8 @@ class MixedWritersRun(ChaosRun):
         else:
             from pyiceberg.catalog.sql import SqlCatalog
 
-            from airflow_provider_cg.core.landing.sinks.iceberg import iceberg_io_properties
-            from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+            from airflow_provider_cg.core.landing.sinks.iceberg.writer import iceberg_io_properties
+            from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
 
             props = iceberg_io_properties(ObjectStoreSettings.from_env(self.sink_env))
             t = SqlCatalog("default", uri=self.catalog_uri, **props).load_table("lake.orders").scan(
@@ -363,8 +363,8 @@ class RoutedMixedRun(MixedWritersRun):
         else:
             from pyiceberg.catalog.sql import SqlCatalog
 
-            from airflow_provider_cg.core.landing.sinks.iceberg import iceberg_io_properties
-            from airflow_provider_cg.core.landing.sinks.storage import ObjectStoreSettings
+            from airflow_provider_cg.core.landing.sinks.iceberg.writer import iceberg_io_properties
+            from airflow_provider_cg.core.landing.sinks.lake.storage import ObjectStoreSettings
 
             props = iceberg_io_properties(ObjectStoreSettings.from_env(self.sink_env))
             t = SqlCatalog("default", uri=self.catalog_uri, **props).load_table("lake.latest").scan(

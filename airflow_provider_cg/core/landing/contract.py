@@ -34,13 +34,13 @@ from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.consumers import STATIC_ACK_WAIT
 from airflow_provider_cg.core.landing.fields import Seconds, check_fields, converted, flag, option
 from airflow_provider_cg.core.landing.modes import PayloadFormat, ReadMode
-from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice
 from airflow_provider_cg.core.landing.sinks.options import (
     SINK_FIELDS,
     SinkOptions,
     check_sink,
 )
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
+from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
 EXIT_OK, EXIT_INVALID, EXIT_SERVER = 0, 1, 2
 SUMMARY_PREFIX = "CG_SUMMARY "
@@ -409,7 +409,7 @@ class Summary:
     #: lineage names the table by it), None otherwise
     table_location: str | None = None
     rebuilt_partitions: list[int] = field(default_factory=list)
-    #: a Delta or Iceberg table's group commit (``sinks/tables.py``): the table commits this run
+    #: a Delta or Iceberg table's group commit (``sinks/lake/tables.py``): the table commits this run
     #: made, the records they published (its own and other writers'), and commits that lost a
     #: race to another writer's (each retried after re-reading the table)
     table_commits: int = 0

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.partitioning import subject_matches
-from airflow_provider_cg.core.jetstream.direct import DirectReadError
+from airflow_provider_cg.core.jetstream.direct_gets import DirectReadError
 from airflow_provider_cg.core.jetstream.protocol import PulledMsg
 
 ROW_SCHEMA = pa.schema(
@@ -299,7 +299,7 @@ def row_table(n: int, *, origin_stream: Column, origin_seq: Column, subject: Col
     return pa.Table.from_arrays(arrays, schema=ROW_SCHEMA)
 
 
-# --- rows of direct gets (``jetstream/direct.py``), parsed column-wise -------------------------
+# --- rows of direct gets (``jetstream/direct_gets.py``), parsed column-wise -------------------------
 
 _TAIL = (r"Nats-Subject: (?P<subject>[^\r]*)\r\nNats-Sequence: (?P<seq>\d+)\r\n"
          r"Nats-Time-Stamp: (?P<ts>[^\r]*)\r\n")

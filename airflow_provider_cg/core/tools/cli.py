@@ -319,7 +319,7 @@ def _check_lag(args):
 async def _lag(c: Call) -> None:
     from airflow_provider_cg.core.groups.lag import group_lag
     from airflow_provider_cg.core.jetstream.api import JsApi
-    from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
+    from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
 
     args, sink_options = c.args, c.checked
     LifeChoice.parse(args.stream_life)  # a bad value is refused before anything is read
@@ -425,8 +425,8 @@ def _last_commits(o, stream: str, group: str) -> dict:
 
 def _origin_life(o, stream: str, created: str, choice: str | None) -> dict:
     """The origin's current life in the table the jobs land into; ``choice`` records it."""
-    from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice
     from airflow_provider_cg.core.landing.sinks.opening import open_sink
+    from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
     with open_sink(o) as sink:
         if choice:

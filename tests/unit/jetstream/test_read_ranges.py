@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
-from airflow_provider_cg.core.landing.reads.nats_source import batch_plan
-from airflow_provider_cg.core.landing.sinks.base import decode_seqs
+from airflow_provider_cg.core.jetstream.direct_gets import ALL, ReadRange
+from airflow_provider_cg.core.landing.pipeline.nats_source import batch_plan
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import decode_seqs
 
 
 @pytest.mark.parametrize(("first", "last", "messages", "parts"),

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[3]
 CHILD = textwrap.dedent("""
     import os, sys, threading, time
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
+    from airflow_provider_cg.core.landing.failpoints import failpoint
     marker = sys.argv[1]
     def work():
         failpoint("probe")

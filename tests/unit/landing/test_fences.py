@@ -1,7 +1,7 @@
 """Which prepared writes a new pin holder must finish (``recovered_by``), and fences as stored."""
 
 from airflow_provider_cg.core.landing.rows import BatchId
-from airflow_provider_cg.core.landing.sinks.base import Fence, recovered_by
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import Fence, recovered_by
 
 
 def _batch(member: str) -> BatchId:

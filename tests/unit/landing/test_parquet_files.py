@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_provider_cg.core.landing.sinks.parquet_files import SizedParquetFiles, data_file_options
+from airflow_provider_cg.core.landing.sinks.lake.parquet_files import SizedParquetFiles, data_file_options
 
 MIB = 1 << 20
 

@@ -10,7 +10,7 @@ import logging
 import re
 
 from airflow_provider_cg.core.landing.contract import Summary
-from airflow_provider_cg.core.landing.run.reading import Progress
+from airflow_provider_cg.core.landing.reads.reading import Progress
 
 
 def _lines(caplog) -> list[str]:

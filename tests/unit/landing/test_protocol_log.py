@@ -12,16 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from airflow_provider_cg.core.landing.protocol.protocol_log import (
-    FOLDED_DIR,
-    KEYS_DIR,
-    LOG_DIR,
-    POINTER,
-    clean_protocol_log,
-    in_runs,
-    merge_runs,
-    to_runs,
-)
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks import (
     CommitResult,
@@ -31,6 +21,16 @@ from airflow_provider_cg.core.landing.sinks import (
     PreparedWriteLost,
     WriteState,
     read_committed,
+)
+from airflow_provider_cg.core.landing.sinks.lake.protocol_log import (
+    FOLDED_DIR,
+    KEYS_DIR,
+    LOG_DIR,
+    POINTER,
+    clean_protocol_log,
+    in_runs,
+    merge_runs,
+    to_runs,
 )
 from tests.support.sink_rows import refs_for, rows
 
@@ -204,7 +204,7 @@ def test_keys_files_are_read_without_the_ast_module(arr, monkeypatch):
     parser (``ast.literal_eval``) is not thread-safe on Python 3.11, so ``npy_load`` must not use it."""
     import ast
 
-    from airflow_provider_cg.core.landing.protocol.protocol_log import npy_bytes, npy_load
+    from airflow_provider_cg.core.landing.sinks.lake.protocol_log import npy_bytes, npy_load
 
     data = npy_bytes(arr)
 

@@ -16,8 +16,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from airflow_provider_cg.core.landing.protocol.protocol_log import clean_protocol_log
 from airflow_provider_cg.core.landing.sinks import ParquetLakeSink, read_committed
+from airflow_provider_cg.core.landing.sinks.lake.protocol_log import clean_protocol_log
 from tests.support.chaos import chaos_seed
 
 ROOT = Path(__file__).resolve().parents[3]

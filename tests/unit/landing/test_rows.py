@@ -1,4 +1,4 @@
-"""Rows from direct-get answers, parsed column-wise (core/jetstream/direct.py), against the per-message
+"""Rows from direct-get answers, parsed column-wise (core/jetstream/direct_gets.py), against the per-message
 row builder's rules: origin from Nats-Stream-Source, partition token stripped, the key, and only
 the message's own headers kept."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from airflow_provider_cg.core.jetstream.direct import ALL, PartitionBatch, subject_filter
+from airflow_provider_cg.core.jetstream.direct_gets import ALL, PartitionBatch, subject_filter
 from airflow_provider_cg.core.jetstream.protocol import PulledMsg
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, KeySelector, build_rows, rows_from_batches
 

@@ -16,7 +16,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.protocol.protocol_log import npy_load
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.sinks import (
     CommitResult,
@@ -28,7 +27,8 @@ from airflow_provider_cg.core.landing.sinks import (
     WriteState,
     read_committed,
 )
-from airflow_provider_cg.core.landing.sinks.parquet import STAGING_DIR
+from airflow_provider_cg.core.landing.sinks.lake.lake_sink import STAGING_DIR
+from airflow_provider_cg.core.landing.sinks.lake.protocol_log import npy_load
 from tests.support import two_phase
 from tests.support.sink_rows import refs_for, rows
 
@@ -716,8 +716,8 @@ def test_mark_acking_ends_with_an_error_when_another_writes_keys_stay_gone(lake,
     follower was found spinning so for 49 minutes. It now ends with a SinkError (exit 2)."""
     from urllib.parse import unquote
 
-    from airflow_provider_cg.core.landing.sinks import lake as lake_module
-    from airflow_provider_cg.core.landing.sinks.base import SinkError
+    from airflow_provider_cg.core.landing.sinks.lake import lake_sink as lake_module
+    from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError
 
     monkeypatch.setattr(lake_module, "VANISHED_RETRIES", 5)
     first, second = ParquetLakeSink(lake), ParquetLakeSink(lake)

@@ -6,7 +6,7 @@ import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.contract import MemberJobSpec
-from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice, StreamLifeChanged, decide
+from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, StreamLifeChanged, decide
 
 T1, T2, T3 = "2026-11-01T00:00:00.1Z", "2026-11-02T00:00:00.2Z", "2026-11-03T00:00:00.3Z"
 

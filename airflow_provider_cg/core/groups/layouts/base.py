@@ -22,7 +22,7 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 
 if TYPE_CHECKING:
     from airflow_provider_cg.core.groups.config import GroupConfig
-    from airflow_provider_cg.core.jetstream.direct import PartitionStreamReaders
+    from airflow_provider_cg.core.jetstream.direct_gets import PartitionStreamReaders
 
 WORK_QUEUE = "work-queue"
 PARTITION_STREAMS = "partition-streams"

@@ -84,7 +84,7 @@ from airflow_provider_cg.core.jetstream.api import (
     JsApi,
     server_version,
 )
-from airflow_provider_cg.core.jetstream.direct import PartitionStreamReaders, lost_from
+from airflow_provider_cg.core.jetstream.direct_gets import PartitionStreamReaders, lost_from
 
 PARTITION_OF_KEY = "cg.partition_of"  # on a partition stream: its work queue and partition
 LOG_OF_KEY = "cg.log_of"  # on a partition log: its work queue

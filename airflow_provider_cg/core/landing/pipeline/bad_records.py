@@ -13,8 +13,8 @@ import pyarrow as pa
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.pipeline.decode import ERROR
 from airflow_provider_cg.core.landing.rows import BatchId
-from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
 from airflow_provider_cg.core.landing.sinks.routing import RoutedSink
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
 from airflow_provider_cg.core.landing.transform import TransformError
 
 #: batches computed again because the sink refused some of their rows, before giving up

@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink, keys_by_stream
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink, keys_by_stream
 
 
 def committed_inputs(sink: TwoPhaseSink, table: pa.Table) -> np.ndarray:
@@ -34,7 +34,7 @@ def excluding(frame, keys: dict[str, np.ndarray]):
     consecutive sequences (a few, as a table's committed inputs are), else by a join."""
     from pyspark.sql import functions as F
 
-    from airflow_provider_cg.core.landing.sinks.base import seq_ranges
+    from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import seq_ranges
 
     for stream, seqs in keys.items():
         seqs = np.unique(np.asarray(seqs, dtype=np.int64))

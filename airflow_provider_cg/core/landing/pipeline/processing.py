@@ -49,8 +49,12 @@ from airflow_provider_cg.core.landing.pipeline.bad_records import (
 from airflow_provider_cg.core.landing.pipeline.decode import ERROR, SparkDecoder
 from airflow_provider_cg.core.landing.pipeline.held_inputs import TableInputs, excluding, nothing_staged
 from airflow_provider_cg.core.landing.rows import BatchId, row_table
-from airflow_provider_cg.core.landing.sinks.base import SinkError, TwoPhaseSink, keys_by_stream
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
+    SinkError,
+    TwoPhaseSink,
+    keys_by_stream,
+)
 from airflow_provider_cg.core.landing.transform import BATCH_VIEW, BatchContext, TransformError, load_function
 
 log = logging.getLogger("airflow_provider_cg.pipeline")
@@ -117,7 +121,7 @@ class ArrowPipeline:
         Most of it is pyarrow importing pandas on its first conversion (about 0.25 s of CPU
         here), which the first batch of each follower otherwise waits for. Nothing is landed;
         the user's code never sees the row; a failure only loses the head start."""
-        from airflow_provider_cg.core.jetstream.direct import PartitionBatch
+        from airflow_provider_cg.core.jetstream.direct_gets import PartitionBatch
         from airflow_provider_cg.core.landing.rows import KeySelector, rows_from_batches
 
         started = time.monotonic()
@@ -315,7 +319,7 @@ class SparkPipeline:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        from airflow_provider_cg.core.landing.sinks.parquet_files import warm_up_task
+        from airflow_provider_cg.core.landing.sinks.lake.parquet_files import warm_up_task
 
         n = max(1, self.parallelism)
         sample = row_table(n, origin_stream=["cg-warm-up"] * n, origin_seq=list(range(n)),
@@ -333,7 +337,7 @@ class SparkPipeline:
 
     def read_in_tasks(self, settings) -> None:
         """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
-        from airflow_provider_cg.core.landing.reads.nats_source import register, warm_up_plan
+        from airflow_provider_cg.core.landing.pipeline.nats_source import register, warm_up_plan
 
         register(self.spark, settings)
         # the first job through the source starts Python workers on the executors (about 5 s on
@@ -342,7 +346,7 @@ class SparkPipeline:
                          name="cg-warm-up").start()
 
     def _warm_up(self, plan: str) -> None:
-        from airflow_provider_cg.core.landing.reads.nats_source import SOURCE_NAME
+        from airflow_provider_cg.core.landing.pipeline.nats_source import SOURCE_NAME
 
         with self._one_at_a_time:
             try:
@@ -415,7 +419,7 @@ class SparkPipeline:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
-        from airflow_provider_cg.core.landing.reads.nats_source import SOURCE_NAME
+        from airflow_provider_cg.core.landing.pipeline.nats_source import SOURCE_NAME
 
         frame = self.spark.read.format(SOURCE_NAME).option("plan", plan).load()
         decoded = marked_poison(self.decoder.apply(frame), F.col("origin_seq"), refused)
@@ -545,7 +549,7 @@ class SparkPipeline:
     def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out) -> Any:
         """Run one Spark job of the batch (``sink.stage``): its result, or the failure as the job
         reports it (the sink's storage, NATS, the user's transformation)."""
-        from airflow_provider_cg.core.landing.reads.nats_source import READ_FAILED
+        from airflow_provider_cg.core.landing.pipeline.nats_source import READ_FAILED
 
         try:
             return sink.stage(batch_id, out)

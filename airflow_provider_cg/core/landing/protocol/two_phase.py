@@ -28,10 +28,12 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_cg.core.landing.contract import Summary
+from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch, partition_ranges
-from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
 from airflow_provider_cg.core.landing.rows import BatchId
-from airflow_provider_cg.core.landing.sinks.base import (
+from airflow_provider_cg.core.landing.sinks.lake.spark_staging import StagedFiles
+from airflow_provider_cg.core.landing.sinks.routing import RoutedRows
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     Fence,
     FencedOut,
     InputsTaken,
@@ -41,8 +43,6 @@ from airflow_provider_cg.core.landing.sinks.base import (
     TwoPhaseSink,
     WriteState,
 )
-from airflow_provider_cg.core.landing.sinks.routing import RoutedRows
-from airflow_provider_cg.core.landing.sinks.spark_staging import StagedFiles
 
 log = logging.getLogger("airflow_provider_cg.landing")
 

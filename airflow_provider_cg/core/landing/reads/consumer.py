@@ -26,12 +26,12 @@ from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.protocol import AckOutcome, ConsumerGone, PinLost, PullTransient
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
+from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch
 from airflow_provider_cg.core.landing.protocol.dead_letters import dead_letter_headers
-from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
+from airflow_provider_cg.core.landing.reads.reading import MemberReading
 from airflow_provider_cg.core.landing.rows import build_rows
-from airflow_provider_cg.core.landing.run.reading import MemberReading
 
 log = logging.getLogger("airflow_provider_cg.landing")
 

@@ -1,7 +1,7 @@
 """Reading a member by direct gets, acknowledging each landed batch as one range.
 
 The member consumer is kept only as the exclusivity token (its pin is held by pulls that take
-no message, ``jetstream/direct.py`` says why). Batch k+1 is read while batch k lands, and its
+no message, ``jetstream/direct_gets.py`` says why). Batch k+1 is read while batch k lands, and its
 processing (Spark) may start while batch k finishes its two-phase steps; its own steps start
 only after batch k committed. A poison message goes to the dead-letter stream at once (a
 direct get is no delivery) and is acked with its range. Where the member is and how a range
@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.jetstream.api import JsApi
-from airflow_provider_cg.core.jetstream.direct import (
+from airflow_provider_cg.core.jetstream.direct_gets import (
     ALL,
     DirectReadError,
     PartitionBatch,
@@ -42,12 +42,12 @@ from airflow_provider_cg.core.jetstream.direct import (
     subject_filter,
 )
 from airflow_provider_cg.core.landing.contract import ACK_TIMEOUT
+from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch
 from airflow_provider_cg.core.landing.protocol.dead_letters import dead_letter_headers
-from airflow_provider_cg.core.landing.protocol.failpoints import failpoint
+from airflow_provider_cg.core.landing.reads.reading import MemberReading
 from airflow_provider_cg.core.landing.rows import keep_matching, rows_from_batches
-from airflow_provider_cg.core.landing.run.reading import MemberReading
 
 log = logging.getLogger("airflow_provider_cg.landing")
 

@@ -22,12 +22,12 @@ import asyncio
 import numpy as np
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
-from airflow_provider_cg.core.jetstream.direct import ALL, ReadRange
+from airflow_provider_cg.core.jetstream.direct_gets import ALL, ReadRange
+from airflow_provider_cg.core.landing.pipeline.nats_source import batch_plan
 from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch, SparkPipeline
 from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, DirectReads, Positions
-from airflow_provider_cg.core.landing.reads.nats_source import batch_plan
+from airflow_provider_cg.core.landing.reads.reading import MemberReading
 from airflow_provider_cg.core.landing.rows import BatchId
-from airflow_provider_cg.core.landing.run.reading import MemberReading
 
 
 class ExecutorReads(DirectReads):

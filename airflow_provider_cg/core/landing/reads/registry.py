@@ -12,12 +12,12 @@ from typing import Protocol
 from airflow_provider_cg.core.landing.modes import ReadMode
 from airflow_provider_cg.core.landing.reads.consumer import ConsumerReads
 from airflow_provider_cg.core.landing.reads.direct import DirectReads, Positions
-from airflow_provider_cg.core.landing.run.reading import MemberReading
+from airflow_provider_cg.core.landing.reads.reading import MemberReading
 
 
 class Reader(Protocol):
     """One assignment's reader, given its ``MemberReading`` (and, reading by direct gets, the
-    member's ``Positions``). It changes none of the run's state (``run/reading.py``)."""
+    member's ``Positions``). It changes none of the run's state (``reads/reading.py``)."""
 
     #: what the summary's ``read_path`` reports
     read_path: str

@@ -68,7 +68,6 @@ from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
 from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, Pipeline, ProcessedBatch
-from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
 from airflow_provider_cg.core.landing.rows import (
     BatchId,
@@ -77,7 +76,8 @@ from airflow_provider_cg.core.landing.rows import (
     user_headers,
     with_origin_key,
 )
-from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
+from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

@@ -48,7 +48,7 @@ from airflow_provider_cg.core.groups.names import subjects_regex
 from airflow_provider_cg.core.groups.store import kind_of
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
-from airflow_provider_cg.core.jetstream.direct import PartitionReader, PartitionStreamReaders
+from airflow_provider_cg.core.jetstream.direct_gets import PartitionReader, PartitionStreamReaders
 from airflow_provider_cg.core.jetstream.protocol import ConsumerGone
 from airflow_provider_cg.core.landing.contract import (
     RESULT_COMMITTED,
@@ -61,7 +61,6 @@ from airflow_provider_cg.core.landing.contract import (
 from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, Pipeline
 from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
-from airflow_provider_cg.core.landing.protocol.stream_life import LifeChoice, origin_created
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
 from airflow_provider_cg.core.landing.reads.direct import (
     ConsumerPosition,
@@ -69,13 +68,14 @@ from airflow_provider_cg.core.landing.reads.direct import (
     PartitionStreamPositions,
     Positions,
 )
+from airflow_provider_cg.core.landing.reads.pin import Pin
+from airflow_provider_cg.core.landing.reads.reading import Assignment, BatchIds, MemberReading, Progress
 from airflow_provider_cg.core.landing.reads.registry import FALLBACK, Reader, ReadPath, choose, read_path
+from airflow_provider_cg.core.landing.reads.stop_rule import StopRule
 from airflow_provider_cg.core.landing.rows import KeySelector
 from airflow_provider_cg.core.landing.run.board import ProgressBoard
-from airflow_provider_cg.core.landing.run.pin import Pin
-from airflow_provider_cg.core.landing.run.reading import Assignment, BatchIds, MemberReading, Progress
-from airflow_provider_cg.core.landing.run.stop_rule import StopRule
-from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
+from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

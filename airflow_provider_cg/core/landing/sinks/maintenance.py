@@ -1,6 +1,6 @@
 """Table maintenance that is safe beside landing: compaction, old versions and files removed.
 
-Member jobs keep landing while this runs; the protocol (``lake.py``) reads none of what
+Member jobs keep landing while this runs; the protocol (``lake_sink.py``) reads none of what
 maintenance changes: its own log, keys and staging live under ``_cg_*`` beside the table,
 and a batch's position is recorded in the table (Delta's app transaction, an Iceberg table
 property), which compaction and expiry keep.
@@ -30,11 +30,11 @@ import time
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.protocol.protocol_log import clean_protocol_log
-from airflow_provider_cg.core.landing.sinks.base import SinkError
+from airflow_provider_cg.core.landing.sinks.lake.protocol_log import clean_protocol_log
 from airflow_provider_cg.core.landing.sinks.opening import open_sink
 from airflow_provider_cg.core.landing.sinks.registry import maintained_names, sink_kind
-from airflow_provider_cg.core.landing.sinks.table_maintenance import MaintenanceReport
+from airflow_provider_cg.core.landing.sinks.shared.maintenance_report import MaintenanceReport
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError
 
 MIN_RETENTION_HOURS = 1.0
 DEFAULT_RETENTION_HOURS = 168.0  # Delta's own default (7 days)

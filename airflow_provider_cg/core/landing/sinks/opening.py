@@ -9,9 +9,9 @@ from arguments.
 from __future__ import annotations
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.base import TwoPhaseSink
 from airflow_provider_cg.core.landing.sinks.options import Routes, SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
 
 
 def open_sink(options: SinkOptions, *, transformed: bool = False) -> TwoPhaseSink:

@@ -16,10 +16,10 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.fields import check_fields, converted, flag, option
-from airflow_provider_cg.core.landing.sinks.kind import SinkKind
 from airflow_provider_cg.core.landing.sinks.registry import option_owners, sink_kind, sink_names
+from airflow_provider_cg.core.landing.sinks.shared.declaration import SinkKind
 
-#: the registered sinks (``sinks/registry.py``; each declared in ``sinks/kinds/``)
+#: the registered sinks (``sinks/registry.py``; each declared in its family's ``declaration.py``)
 SINKS = sink_names()
 MIN_TARGET_FILE_SIZE = 1 << 20
 

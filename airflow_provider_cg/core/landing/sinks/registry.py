@@ -1,5 +1,5 @@
 """The registered sinks: every layer asks here (``sink_kind(name)``) instead of comparing sink
-names. Each sink declares itself in its own module under ``sinks/kinds/`` (``kind.SinkKind``);
+names. Each sink declares itself in its family's ``declaration.py`` (``shared.declaration.SinkKind``);
 registering one is its line in ``BUILT_IN``. Nothing here imports a table library.
 """
 
@@ -8,8 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.sinks.kind import SinkKind
-from airflow_provider_cg.core.landing.sinks.kinds import delta, iceberg, parquet, postgres
+from airflow_provider_cg.core.landing.sinks.delta import declaration as delta
+from airflow_provider_cg.core.landing.sinks.iceberg import declaration as iceberg
+from airflow_provider_cg.core.landing.sinks.lake import declaration as parquet
+from airflow_provider_cg.core.landing.sinks.postgres import declaration as postgres
+from airflow_provider_cg.core.landing.sinks.shared.declaration import SinkKind
 
 #: the sinks, in the order choices and messages list them
 BUILT_IN: tuple[SinkKind[Any], ...] = (parquet.KIND, delta.KIND, iceberg.KIND, postgres.KIND)

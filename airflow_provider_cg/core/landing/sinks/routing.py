@@ -38,9 +38,9 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.landing.protocol.stream_life import Life, LifeChoice
 from airflow_provider_cg.core.landing.rows import BatchId
-from airflow_provider_cg.core.landing.sinks.base import (
+from airflow_provider_cg.core.landing.sinks.options import Routes
+from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     CommitResult,
     Fence,
     LastCommit,
@@ -50,7 +50,7 @@ from airflow_provider_cg.core.landing.sinks.base import (
     WriteState,
     keys_by_stream,
 )
-from airflow_provider_cg.core.landing.sinks.options import Routes
+from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
 
 
 @dataclass

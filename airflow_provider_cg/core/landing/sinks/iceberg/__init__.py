@@ -1,0 +1,1 @@
+"""The Iceberg sink: its declaration, its writer (pyiceberg, SQL or REST catalog) and its maintenance."""
