@@ -37,6 +37,8 @@ cannot be carried from one member to another, so their membership is fixed at cr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from airflow_provider_cg.core.groups.config import current_members
 from airflow_provider_cg.core.groups.consumers import (
     DEFAULT_ACK_WAIT,
@@ -72,6 +74,9 @@ from airflow_provider_cg.core.groups.store import (
 )
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
 
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
 __all__ = [
     "ASSIGNMENTS", "DEFAULT_ACK_WAIT", "ELASTIC", "KINDS", "MAX_CONFIG_BYTES", "PRIORITY_GROUP", "STATIC",
     "STATIC_ACK_WAIT", "ConsumerGroups", "GroupBroken", "GroupInfo", "GroupStatus", "LayoutMove", "MemberState",
@@ -87,7 +92,7 @@ class ConsumerGroups:
 
     def __init__(
         self,
-        nc,
+        nc: NATS,
         *,
         js_prefix: str = DEFAULT_PREFIX,
         timeout: float = 5.0,

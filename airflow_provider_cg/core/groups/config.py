@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups.names import (
@@ -312,6 +312,8 @@ class ElasticGroupConfig(_GroupConfigBase):
 
 
 GroupConfig = StaticGroupConfig | ElasticGroupConfig
+#: either kind, the same one in and out
+AnyConfig = TypeVar("AnyConfig", bound=GroupConfig)
 
 
 def _validate_partitioning_filter(where: str, pf: PartitioningFilter) -> None:
@@ -351,8 +353,8 @@ def with_members(cfg: GroupConfig, members: Iterable[str]) -> GroupConfig:
 
 
 def with_mappings(
-    cfg: GroupConfig, mappings: Iterable[MemberMapping] | Mapping[str, Iterable[int]]
-) -> GroupConfig:
+    cfg: AnyConfig, mappings: Iterable[MemberMapping] | Mapping[str, Iterable[int]]
+) -> AnyConfig:
     """A validated copy with ``member_mappings`` set and the members cleared (as orbit does).
 
     ``mappings`` is a list of :class:`MemberMapping` or a ``{member: partitions}`` dict.
@@ -361,7 +363,9 @@ def with_mappings(
         items = tuple(MemberMapping(m, tuple(ps)) for m, ps in mappings.items())
     else:
         items = tuple(mappings)
-    return dataclasses.replace(cfg, members=(), member_mappings=items).validate()
+    new = dataclasses.replace(cfg, members=(), member_mappings=items)
+    new.validate()  # returns ``new`` itself
+    return new
 
 
 def current_members(cfg: GroupConfig) -> list[str]:

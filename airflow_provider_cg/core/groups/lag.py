@@ -12,13 +12,16 @@ from __future__ import annotations
 import datetime as dt
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.groups import layouts
 from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 
 @dataclass
@@ -99,7 +102,7 @@ def member_backlog(status: GroupStatus, member: MemberState) -> int:
     return int(member.backlog)
 
 
-async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PREFIX,
+async def group_lag(nc: NATS, stream: str, group: str, *, js_prefix: str = DEFAULT_PREFIX,
                     now: float | None = None, status: GroupStatus | None = None) -> GroupLag:
     """The group's lag; ``status``: one the caller read already."""
     if status is None:
@@ -142,7 +145,7 @@ async def group_lag(nc, stream: str, group: str, *, js_prefix: str = DEFAULT_PRE
                     partition_problems={str(p): why for p, why in sorted(status.partition_problems.items())})
 
 
-async def all_groups_lag(nc, *, js_prefix: str = DEFAULT_PREFIX) -> list[GroupLag | dict]:
+async def all_groups_lag(nc: NATS, *, js_prefix: str = DEFAULT_PREFIX) -> list[GroupLag | dict]:
     """``group_lag`` of every group (a group that cannot be read: ``{"stream", "group", "error"}``)."""
     out: list[GroupLag | dict] = []
     for kind, stream, group in await ConsumerGroups(nc, js_prefix=js_prefix).list():

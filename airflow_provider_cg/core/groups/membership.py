@@ -182,7 +182,7 @@ class Membership:
             grouprules.check_change(info.config, new)
             if dump_config(new) == dump_config(info.config):
                 return info  # nothing to change
-            kv = await self.store.kv(info.kind)
+            kv = await self.store.existing_kv(info.kind)
             async with nats_errors():
                 try:
                     revision = await kv.update(groupnames.config_key(stream, group), dump_config(new), last=info.revision)
@@ -199,7 +199,7 @@ class Membership:
         """Store a config whose ``max_members`` changed (only ``resize`` may: it has stopped and
         drained the work queue first), compare-and-set on revision ``last``; the new revision."""
         new.validate(stream, group)
-        kv = await self.store.kv(ELASTIC)
+        kv = await self.store.existing_kv(ELASTIC)
         async with nats_errors():
             try:
                 return await kv.update(groupnames.config_key(stream, group), dump_config(new), last=last)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
@@ -51,11 +52,21 @@ from airflow_provider_cg.core.groups.reset_plan import (
 from airflow_provider_cg.core.groups.store import ELASTIC, consumer_name_of, consumer_stream_of
 from airflow_provider_cg.core.jetstream.api import JsApi, server_version
 
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from nats.aio.client import Client as NATS
+
+    from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
+
+    #: how many messages are stored from a sequence on
+    PendingFrom = Callable[[int], Awaitable[int]]
+
 
 class GroupReset:
     """Plans and executes resets on one connection (``js_prefix`` as the rest of ``core``)."""
 
-    def __init__(self, nc, js_prefix: str = "$JS.API", batch_size: int = 100_000) -> None:
+    def __init__(self, nc: NATS, js_prefix: str = "$JS.API", batch_size: int = 100_000) -> None:
         """``batch_size``: the member jobs' (it sizes a static durable this creates, as they would)."""
         self.nc, self.batch_size = nc, batch_size
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
@@ -80,7 +91,7 @@ class GroupReset:
             if pin:
                 plan.pinned[m] = pin
         absolute = await self._absolute(stream, target, first, last)
-        if info.kind == ELASTIC:
+        if isinstance(cfg, cgconfig.ElasticGroupConfig):  # the kind's config (``info.kind == ELASTIC``)
             await self._plan_elastic(plan, cfg, members, target, absolute)
         else:
             await self._plan_static(plan, cfg, members, target, absolute)
@@ -107,14 +118,14 @@ class GroupReset:
             return int(msg["message"]["seq"])
         return None
 
-    async def _count(self, pending_from, lo: int, hi: int) -> int:
+    async def _count(self, pending_from: PendingFrom, lo: int, hi: int) -> int:
         """Messages with sequence in ``[lo, hi)``, from ``pending_from(seq)``: how many are stored
         from ``seq`` on (the server counts)."""
         if hi <= lo:
             return 0
         return await pending_from(lo) - await pending_from(hi)
 
-    def _origin_pending(self, stream: str, filters: list[str]):
+    def _origin_pending(self, stream: str, filters: list[str]) -> PendingFrom:
         """``pending_from`` over the origin: an ephemeral consumer's pending (it sees every filter
         at once; never on a work queue, which refuses a consumer overlapping its members')."""
         async def pending_from(seq: int) -> int:
@@ -128,7 +139,7 @@ class GroupReset:
                 await self.api.delete_consumer(stream, reply["name"])
         return pending_from
 
-    def _wq_pending(self, wq: str, partition: int):
+    def _wq_pending(self, wq: str, partition: int) -> PendingFrom:
         """``pending_from`` over one partition of a work queue: a batched direct get of one
         message answers with ``Nats-Num-Pending`` (those after it)."""
         async def pending_from(seq: int) -> int:
@@ -169,7 +180,7 @@ class GroupReset:
             return last + 1  # caught up
         return max(int(c["ack_floor"]["stream_seq"]) + 1, first)
 
-    async def _plan_static(self, plan: ResetPlan, cfg, members: list[str], target: ResetTarget,
+    async def _plan_static(self, plan: ResetPlan, cfg: StaticGroupConfig, members: list[str], target: ResetTarget,
                            absolute: int | None) -> None:
         cstream = plan.stream
         for m in members:
@@ -182,7 +193,7 @@ class GroupReset:
                 m, sorted(partitioning.member_partitions(cfg, m)), current, new,
                 replay=await self._count(pending, new, current), skip=await self._count(pending, current, new)))
 
-    async def _shift(self, pending_from, current: int, by: int, last: int) -> int:
+    async def _shift(self, pending_from: PendingFrom, current: int, by: int, last: int) -> int:
         """The sequence ``by`` messages from ``current``: the lowest from which exactly that many
         fewer (more, backward) messages are pending (``pending_from`` does not grow with seq)."""
         want = await pending_from(current) - by
@@ -195,7 +206,7 @@ class GroupReset:
                 hi = mid
         return lo
 
-    async def _plan_elastic(self, plan: ResetPlan, cfg, members: list[str], target: ResetTarget,
+    async def _plan_elastic(self, plan: ResetPlan, cfg: ElasticGroupConfig, members: list[str], target: ResetTarget,
                             absolute: int | None) -> None:
         wq = groupnames.work_queue_stream(plan.stream, plan.group)
         sourced = await self._sourced_through(wq, plan.origin_last_seq)
@@ -265,7 +276,7 @@ class GroupReset:
                 lo = found[0] + 1
         return lo
 
-    async def _origin_partitions(self, stream: str, cfg, lo: int, hi: int) -> dict[int, int]:
+    async def _origin_partitions(self, stream: str, cfg: GroupConfig, lo: int, hi: int) -> dict[int, int]:
         """``{origin seq: partition}`` of the group's messages with sequence in ``[lo, hi)``:
         subjects only (headers-only reads), partitioned as the server does."""
         if hi <= lo:
@@ -398,7 +409,7 @@ class GroupReset:
         await self.api.request(f"STREAM.PURGE.{wq}", {"filter": f"{partition}.>", "seq": keep_from})
 
 
-def _partition(subject: str, cfg, rules) -> int:
+def _partition(subject: str, cfg: GroupConfig, rules: list[tuple[str, tuple[int, ...]]]) -> int:
     for filt, wildcards in rules:
         try:
             return partitioning.partition_of(subject, cfg.max_members, wildcards, filt)

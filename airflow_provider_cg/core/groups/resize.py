@@ -21,15 +21,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.groups import config as cgconfig
 from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups import partitioning, sourcing
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
-from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.core.jetstream.api import JsApi
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from airflow_provider_cg.core.groups.store import GroupInfo
 
 DRAIN_TIMEOUT = 300.0
 
@@ -61,19 +65,20 @@ class ResizePlan:
 class GroupResize:
     """Plans and executes resizes on one connection (see the module doc)."""
 
-    def __init__(self, nc, js_prefix: str = "$JS.API") -> None:
+    def __init__(self, nc: NATS, js_prefix: str = "$JS.API") -> None:
         self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
         self.api = JsApi(nc, prefix=js_prefix)
 
-    async def _target(self, stream: str, group: str, max_members: int, mappings: Any):
+    async def _target(self, stream: str, group: str, max_members: int, mappings: Any
+                      ) -> tuple[GroupInfo, cgconfig.ElasticGroupConfig, sourcing.Stopped | None]:
         info = await self.groups.get(stream, group)
-        if info.kind != ELASTIC:
+        if not isinstance(info.config, cgconfig.ElasticGroupConfig):  # the elastic kind's config
             raise ConfigError("group", f"{group!r} is a static group: its partitions are in the origin's subjects, "
                               "fixed by the stream's subject transform")
         if isinstance(max_members, bool) or not isinstance(max_members, int) or max_members < 1:
             raise ConfigError("max_members", f"must be an integer >= 1 (got {max_members!r})")
         (await self.groups.layout(info)).check_repartition("resize", stream, group)
-        cfg = info.config
+        cfg: cgconfig.ElasticGroupConfig = info.config
         stopped = await sourcing.current_stop(self.api, groupnames.work_queue_stream(stream, group))
         intent = stopped.intent if stopped is not None else {}
         resized = intent.get("op") == "resize"
@@ -102,7 +107,7 @@ class GroupResize:
         cur = info.config
         switched = cur.max_members == max_members  # an interrupted resize got past its switch
         return ResizePlan(
-            stream, group, int(stopped.intent["from"]) if switched else cur.max_members, max_members,
+            stream, group, int(stopped.intent["from"]) if switched and stopped else cur.max_members, max_members,
             {} if switched else partitioning.assign_partitions(cur), partitioning.assign_partitions(new), backlog,
             in_progress=stopped is not None, cut=stopped.cut if stopped else None)
 

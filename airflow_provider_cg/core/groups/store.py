@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import nats.errors
 import nats.js.errors
@@ -33,6 +33,11 @@ from airflow_provider_cg.core.groups import rules as grouprules
 from airflow_provider_cg.core.groups.codec import dump_config
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.jetstream.api import ERR_STREAM_NAME_IN_USE, ERR_STREAM_NOT_FOUND, JsApi
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from nats.js.kv import KeyValue
 
 STATIC, ELASTIC = "static", "elastic"
 KINDS = (STATIC, ELASTIC)
@@ -101,10 +106,11 @@ def stored_subjects(stream_config: dict) -> list[str]:
 class nats_errors:
     """Turn nats-py errors into the core's errors (async context manager)."""
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> nats_errors:
         return self
 
-    async def __aexit__(self, et, e, tb):
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+                        ) -> Literal[False]:
         if e is None or isinstance(e, ConsumerGroupError):
             return False
         if isinstance(e, (nats.js.errors.KeyWrongLastSequenceError, nats.js.errors.KeyNotFoundError,
@@ -128,7 +134,7 @@ class GroupStore:
         self.js = nc.jetstream(prefix=js_prefix, timeout=timeout)
         self._kvs: dict[str, Any] = {}
 
-    async def kv(self, kind: str, *, create_replicas: int | None = None):
+    async def kv(self, kind: str, *, create_replicas: int | None = None) -> KeyValue | None:
         """The kind's KV bucket; created (file storage) when ``create_replicas`` is given."""
         if kind in self._kvs:
             return self._kvs[kind]
@@ -148,6 +154,13 @@ class GroupStore:
         self._kvs[kind] = kv
         return kv
 
+    async def existing_kv(self, kind: str, *, create_replicas: int | None = None) -> KeyValue:
+        """``kv`` where the bucket exists (a group was just read from it, or it was just made)."""
+        kv = await self.kv(kind, create_replicas=create_replicas)
+        if kv is None:  # deleted meanwhile, by hand
+            raise ConsumerGroupError(f"the KV bucket {groupnames.KV_BUCKETS[kind]} is gone")
+        return kv
+
     async def _read(self, kind: str, stream: str, group: str) -> GroupInfo | None:
         kv = await self.kv(kind)
         if kv is None:
@@ -162,12 +175,12 @@ class GroupStore:
         try:
             if len(entry.value or b"") > MAX_CONFIG_BYTES:
                 raise ConfigError("config", f"larger than {MAX_CONFIG_BYTES} bytes")
-            cfg = groupcodec.load_config(kind, entry.value).validate()
+            cfg = groupcodec.load_config(kind, entry.value or b"").validate()
         except ConfigError as e:
             raise StoredConfigInvalid(stream, group, kind, e) from None
         except RecursionError:
             raise StoredConfigInvalid(stream, group, kind, ConfigError("config", "nested too deeply")) from None
-        return GroupInfo(kind, cfg, entry.revision, stream, group)
+        return GroupInfo(kind, cfg, entry.revision or 0, stream, group)
 
     # --- create / get / list / delete ------------------------------------------------------
 
@@ -195,7 +208,7 @@ class GroupStore:
         if subjects:  # a sourcing/mirror stream has none to check against
             grouprules.validate_against_stream(config, subjects)
         replicas = int(origin["config"].get("num_replicas") or 1)
-        kv = await self.kv(kind, create_replicas=replicas)
+        kv = await self.existing_kv(kind, create_replicas=replicas)
         key = groupnames.config_key(stream, group)
         created = False
         async with nats_errors():
@@ -256,7 +269,7 @@ class GroupStore:
                     f"group {g2!r} on stream {stream!r}; choose another member or group name",
                 )
 
-    async def _rollback(self, kv, key: str, revision: int) -> None:
+    async def _rollback(self, kv: KeyValue, key: str, revision: int) -> None:
         try:
             async with nats_errors():
                 await kv.delete(key, last=revision)
@@ -375,7 +388,7 @@ class GroupStore:
                 return []
             raise
         keys = sorted(s[len(prefix) :] for s in si["state"].get("subjects") or {})
-        kv = await self.kv(kind)
+        kv = await self.existing_kv(kind)
         live = []
         for key in keys:  # a deleted or purged key keeps its subject (the marker): skip it
             if "." not in key:
@@ -400,14 +413,14 @@ class GroupStore:
         except StoredConfigInvalid as e:
             if not force:
                 raise
-            kv = await self.kv(e.kind)
+            kv = await self.existing_kv(e.kind)
             async with nats_errors():
                 await kv.delete(groupnames.config_key(stream, group))
             if e.kind == ELASTIC:
                 with contextlib.suppress(JetStreamApiError):
                     await self._delete_wq_streams(groupnames.work_queue_stream(stream, group))
             return GroupInfo(e.kind, None, 0, stream, group)  # type: ignore[arg-type]
-        kv = await self.kv(info.kind)
+        kv = await self.existing_kv(info.kind)
         async with nats_errors():
             await kv.delete(groupnames.config_key(stream, group))
         if info.kind == ELASTIC:

@@ -9,12 +9,15 @@ requests to ``$JS.API.*``. Every reply is JSON; an ``error`` member becomes
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from airflow_provider_cg.core.errors import ConfigError, JetStreamApiError, ServerUnavailable
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 DEFAULT_PREFIX = "$JS.API"
 
@@ -29,7 +32,7 @@ ERR_STREAM_NAME_IN_USE = 10058
 CONSUMER_RESET_VERSION = (2, 14, 0)  # $JS.API.CONSUMER.RESET (nats-server PR 7489)
 
 
-def server_version(nc) -> tuple[int, int, int]:
+def server_version(nc: NATS) -> tuple[int, int, int]:
     """The connected server's version as numbers (``(0, 0, 0)`` when it did not say)."""
     v = nc.connected_server_version
     return v.major, v.minor, v.patch
@@ -50,7 +53,7 @@ def validate_prefix(field: str, prefix: Any) -> str:
 class JsApi:
     """Thin request/reply client of the JetStream API on a nats-py connection."""
 
-    def __init__(self, nc, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> None:
+    def __init__(self, nc: NATS, prefix: str = DEFAULT_PREFIX, timeout: float = 5.0) -> None:
         self.nc = nc
         self.prefix = validate_prefix("js_prefix", prefix)
         self.timeout = timeout

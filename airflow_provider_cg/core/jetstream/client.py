@@ -54,7 +54,7 @@ import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.errors import NoRespondersError
 
@@ -75,6 +75,9 @@ from airflow_provider_cg.core.jetstream.protocol import (
     parse_status,
     status_text,
 )
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +155,7 @@ class PriorityClient:
 
     def __init__(
         self,
-        nc,
+        nc: NATS,
         stream: str,
         consumer: str,
         group: str = "PCG",
@@ -215,7 +218,7 @@ class PriorityClient:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
     async def start(self) -> None:
@@ -266,7 +269,7 @@ class PriorityClient:
 
     # --- pin tracking ---------------------------------------------------------------------
 
-    def _call(self, cb: Callable | None, *args) -> None:
+    def _call(self, cb: Callable | None, *args: str) -> None:
         if cb is None:
             return
         try:
@@ -666,7 +669,7 @@ class PriorityClient:
         await self.nc.publish(msg.reply, b"+WPI")
 
     async def flush(self, timeout: float = 5.0) -> None:
-        await self.nc.flush(timeout)
+        await self.nc.flush(timeout)  # type: ignore[arg-type]  # nats-py says int; asyncio.wait_for takes a float
 
     # --- admin ------------------------------------------------------------------------------
 

@@ -19,10 +19,15 @@ import ssl
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from airflow_provider_cg.core.errors import NatsConnectError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from nats.aio.client import Client as NATS
 
 ENV_PREFIX = "CG_NATS_"
 ENV_CONFIG_FILE = "CG_NATS_CONFIG_FILE"
@@ -89,7 +94,7 @@ def _readable(field: str, path: str) -> str:
 
 
 @contextlib.contextmanager
-def _tls_errors(field: str, what: str):
+def _tls_errors(field: str, what: str) -> Iterator[None]:
     try:
         yield
     except ValueError:
@@ -347,7 +352,7 @@ class NatsConnectionSettings:
             opts["tls"] = tls
         return opts
 
-    async def connect(self, **overrides: Any):
+    async def connect(self, **overrides: Any) -> NATS:
         """Open a nats-py connection, or raise :class:`NatsConnectError` saying why not
         (authentication, TLS, unreachable, timeout) within a bounded time. Errors never carry
         secrets."""
@@ -399,7 +404,7 @@ class NatsConnectionSettings:
         return nc
 
 
-async def _close_quietly(nc) -> None:
+async def _close_quietly(nc: NATS) -> None:
     with contextlib.suppress(Exception):
         await asyncio.wait_for(nc.close(), 2)
 

@@ -30,10 +30,16 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, ERR_STREAM_NOT_FOUND, JsApi
 from airflow_provider_cg.core.jetstream.fastpath import RawSubscription, subscribe_raw
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+    from nats.aio.client import Client as NATS
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +122,7 @@ def _header_int(hdr: bytes, name: bytes) -> int:
 class PartitionReader:
     """Batched direct gets and filtered purges on one work-queue stream."""
 
-    def __init__(self, nc, stream: str, *, js_prefix: str = DEFAULT_PREFIX, fast_path: bool | None = None) -> None:
+    def __init__(self, nc: NATS, stream: str, *, js_prefix: str = DEFAULT_PREFIX, fast_path: bool | None = None) -> None:
         self.nc, self.stream = nc, stream
         self.api = JsApi(nc, prefix=js_prefix)
         self._get_subject = f"{js_prefix}.DIRECT.GET.{stream}"
@@ -234,7 +240,7 @@ class PartitionReader:
         return out
 
     async def range_chunks(self, subject: str, first_seq: int, last_seq: int, expected: int,
-                           timeout: float = READ_TIMEOUT):
+                           timeout: float = READ_TIMEOUT) -> AsyncIterator[PartitionBatch]:
         """``read_range`` one request's answer at a time (so a consumer works on one while the
         next is read). ``expected``: about how many messages the range holds (each request asks
         for what is left of it, so a filtered read rarely fetches past ``last_seq``; what it
@@ -311,7 +317,8 @@ class PartitionReader:
                                         partition, last_seq, deadline)
 
 
-async def repurge_until_gone(first_left, purge, partition: int, last_seq: int, deadline: float) -> bool:
+async def repurge_until_gone(first_left: Callable[[], Awaitable[int | None]],
+                             purge: Callable[[float], Awaitable[object]], partition: int, last_seq: int, deadline: float) -> bool:
     """Re-purge (idempotent: ``purge(timeout)``) until ``first_left()``, the partition's first
     message left (None: none), is past ``last_seq``, or ``deadline`` (loop time). False:
     unknown."""
@@ -328,7 +335,7 @@ async def repurge_until_gone(first_left, purge, partition: int, last_seq: int, d
     return False
 
 
-async def read_shares(reader_of, starts: dict[int, int], count: int, timeout: float,
+async def read_shares(reader_of: Callable[[int], PartitionReader], starts: dict[int, int], count: int, timeout: float,
                       subjects: dict[int, str]) -> list[PartitionBatch]:
     """``PartitionReader.read_partitions``, each partition read by ``reader_of(partition)``."""
     if not starts:
@@ -370,7 +377,7 @@ class PartitionStreamReaders:
     (``PartitionStreamLost`` otherwise). ``mirrors``: each partition's mirror consumer on the
     log (an empty stream lost what its mirror says it delivered)."""
 
-    def __init__(self, nc, streams: dict[int, str], *, log: str, mirrors: dict[int, str],
+    def __init__(self, nc: NATS, streams: dict[int, str], *, log: str, mirrors: dict[int, str],
                  js_prefix: str = DEFAULT_PREFIX, fast_path: bool | None = None) -> None:
         self.streams = dict(streams)
         self.readers = {p: PartitionReader(nc, s, js_prefix=js_prefix, fast_path=fast_path) for p, s in streams.items()}

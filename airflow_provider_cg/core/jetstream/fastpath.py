@@ -21,11 +21,19 @@ import inspect
 import logging
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
 
 log = logging.getLogger(__name__)
 
 RawHandler = Callable[[bytes, bytes, bytes, "bytes | None"], None]
 """``handler(subject, reply, data, header_block_or_None)``; called on nats-py's read loop."""
+
+#: a nats-py ``Client`` (or its ``Parser``, a ``Subscription``) as this module reaches into it: its
+#: private attributes are checked at run time (``fast_path_supported``), not by the type checker
+Internals = Any
 
 TESTED_NATS_PY = ((2, 10), (3, 0))  # [low, high): the versions whose internals were read
 _LIMITS = {"pending_msgs_limit": 1 << 24, "pending_bytes_limit": -1}
@@ -39,7 +47,7 @@ def _nats_py_version() -> tuple[int, int]:
         return (0, 0)
 
 
-def fast_path_supported(nc) -> bool:
+def fast_path_supported(nc: Internals) -> bool:
     """Whether this connection's nats-py is a version and shape the fast path was built for."""
     low, high = TESTED_NATS_PY
     if not low <= _nats_py_version() < high:
@@ -56,7 +64,7 @@ def fast_path_supported(nc) -> bool:
     return names == ["sid", "subject", "reply", "data", "headers"]
 
 
-def _raw_publish_supported(nc) -> bool:
+def _raw_publish_supported(nc: Internals) -> bool:
     fn = getattr(nc, "_send_command", None)
     if fn is None or not inspect.iscoroutinefunction(fn):
         return False
@@ -73,7 +81,7 @@ class _Dispatch:
 
     ATTR = "_cg_raw_dispatch"
 
-    def __init__(self, nc) -> None:
+    def __init__(self, nc: Internals) -> None:
         self.nc = nc
         self.handlers: dict[int, RawHandler] = {}
         self.orig = nc._process_msg
@@ -81,14 +89,14 @@ class _Dispatch:
         self.frames = RawFrames.install(nc, self.handlers)
 
     @classmethod
-    def of(cls, nc) -> _Dispatch | None:
+    def of(cls, nc: Internals) -> _Dispatch | None:
         d = getattr(nc, "__dict__", {}).get(cls.ATTR)
         if d is None and fast_path_supported(nc):
             d = cls(nc)
             setattr(nc, cls.ATTR, d)
         return d
 
-    async def process_msg(self, sid, subject, reply, data, headers) -> None:
+    async def process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
         handler = self.handlers.get(sid)
         if handler is None:
             return await self.orig(sid, subject, reply, data, headers)
@@ -115,7 +123,7 @@ class RawFrames:
     message, ``PING``, ``INFO``, ``-ERR``, a frame it cannot read) goes to nats-py's parser as
     it is. A raw frame not yet whole waits for the next chunk, as nats-py's own parse would."""
 
-    def __init__(self, nc, parser, handlers: dict[int, RawHandler], control_line: int) -> None:
+    def __init__(self, nc: Internals, parser: Internals, handlers: dict[int, RawHandler], control_line: int) -> None:
         self.nc, self.parser, self.handlers = nc, parser, handlers
         self.control_line = control_line  # nats-py's state between frames
         self.orig = parser.parse
@@ -124,7 +132,7 @@ class RawFrames:
         self.waiting: tuple[bytearray, int] | None = None
 
     @classmethod
-    def install(cls, nc, handlers: dict[int, RawHandler]) -> RawFrames | None:
+    def install(cls, nc: Internals, handlers: dict[int, RawHandler]) -> RawFrames | None:
         parser = getattr(nc, "_ps", None)
         if parser is None or (control_line := _raw_frames_supported(parser)) is None:
             return None
@@ -207,7 +215,7 @@ class RawFrames:
 _MESSAGE_OPS = (b"HMSG ", b"MSG ")
 
 
-def _raw_frames_supported(parser) -> int | None:
+def _raw_frames_supported(parser: Internals) -> int | None:
     """nats-py's ``Parser`` as read for ``RawFrames`` (a bytearray ``buf``, a ``state``, a
     coroutine ``parse(data)``): its control-line state's value, or None when it differs."""
     try:
@@ -246,7 +254,7 @@ def _header_block(headers: dict | None) -> bytes | None:
 class RawSubscription:
     """A subscription whose messages reach a ``RawHandler``; ``fast`` says which path."""
 
-    def __init__(self, sub, dispatch: _Dispatch | None) -> None:
+    def __init__(self, sub: Internals, dispatch: _Dispatch | None) -> None:
         self.sub, self.dispatch = sub, dispatch
 
     @property
@@ -262,14 +270,14 @@ class RawSubscription:
             pass
 
 
-async def subscribe_raw(nc, subject: str, handler: RawHandler, *, fast: bool | None = None) -> RawSubscription:
+async def subscribe_raw(nc: Internals, subject: str, handler: RawHandler, *, fast: bool | None = None) -> RawSubscription:
     """Subscribe ``handler`` to ``subject``. ``fast``: None = the fast path when supported,
     False = the public API, True = the fast path or RuntimeError."""
     dispatch = _Dispatch.of(nc) if fast is not False else None
     if fast and dispatch is None:
         raise RuntimeError("fast_path: this nats-py has no compatible Client._process_msg")
 
-    async def public_cb(msg) -> None:
+    async def public_cb(msg: Msg) -> None:
         handler(msg.subject.encode(), (msg.reply or "").encode(), msg.data, _header_block(msg.headers))
 
     sub = await nc.subscribe(subject, cb=public_cb, **_LIMITS)
@@ -278,7 +286,7 @@ async def subscribe_raw(nc, subject: str, handler: RawHandler, *, fast: bool | N
     return RawSubscription(sub, dispatch)
 
 
-async def publish_raw(nc, commands: bytes, count: int, payload_bytes: int) -> bool:
+async def publish_raw(nc: Internals, commands: bytes, count: int, payload_bytes: int) -> bool:
     """Queue ``commands`` (complete ``PUB`` lines with payloads, ``count`` messages) into
     nats-py's outbound buffer, as ``publish`` would. Returns False (nothing sent) when this
     nats-py does not allow it or the connection is not up: the caller publishes normally."""

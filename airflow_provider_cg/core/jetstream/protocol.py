@@ -215,7 +215,8 @@ class PullError(ConsumerGroupError):
 class PinLost(PullError):
     """423: this client is not (or no longer) the pinned one. ``pin_id`` is the id it held."""
 
-    def __init__(self, code: int, description: str, messages=None, pin_id: str | None = None) -> None:
+    def __init__(self, code: int, description: str, messages: list[PulledMsg] | None = None,
+                 pin_id: str | None = None) -> None:
         super().__init__(code, description, messages)
         self.pin_id = pin_id
 

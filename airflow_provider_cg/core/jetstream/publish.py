@@ -13,8 +13,13 @@ import asyncio
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConsumerGroupError
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from nats.aio.msg import Msg
 
 
 @dataclass
@@ -26,7 +31,7 @@ class PublishResult:
 
 
 async def publish_many(
-    nc,
+    nc: NATS,
     messages: Iterable[tuple[str, bytes] | tuple[str, bytes, dict[str, str]]],
     *,
     window: int = 20_000,
@@ -39,7 +44,7 @@ async def publish_many(
     acks: dict[int, dict | None] = {}
     progress = asyncio.Event()
 
-    async def on_ack(msg) -> None:
+    async def on_ack(msg: Msg) -> None:
         i = int(msg.subject[len(prefix):])
         try:
             acks[i] = json.loads(msg.data) if msg.data else {"error": {"description": "empty ack"}}
@@ -63,7 +68,8 @@ async def publish_many(
     return result
 
 
-async def _send_window(nc, batch, prefix, acks, progress, ack_timeout, max_attempts, result) -> None:
+async def _send_window(nc: NATS, batch: list[tuple], prefix: str, acks: dict[int, dict | None], progress: asyncio.Event,
+                       ack_timeout: float, max_attempts: int, result: PublishResult) -> None:
     base = result.published  # reply tokens of this window: base .. base + len(batch) - 1
     todo = list(range(len(batch)))
     for attempt in range(1, max_attempts + 1):

@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.errors import (
     ConfigError,
@@ -85,6 +85,13 @@ from airflow_provider_cg.core.jetstream.api import (
     server_version,
 )
 from airflow_provider_cg.core.jetstream.direct_gets import PartitionStreamReaders, lost_from
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from nats.aio.client import Client as NATS
+
+    from airflow_provider_cg.core.groups.config import GroupConfig
 
 PARTITION_OF_KEY = "cg.partition_of"  # on a partition stream: its work queue and partition
 LOG_OF_KEY = "cg.log_of"  # on a partition log: its work queue
@@ -290,7 +297,7 @@ async def rebuild_partition_stream(api: JsApi, wq_cfg: dict, p: int) -> None:
     await ensure_partition_streams(api, wq_cfg, [p])
 
 
-async def _until_gone(gone, timeout: float = 30.0) -> None:
+async def _until_gone(gone: Callable[[], Awaitable[bool]], timeout: float = 30.0) -> None:
     """Delete and look again until ``gone()``. A stream or consumer whose only server is gone
     for good (a replacement node under another name) answers nothing, its deletion neither;
     the meta leader removes it all the same (checked on 2.15.1: a stream made again at once,
@@ -417,7 +424,7 @@ async def remove_partition_streams(api: JsApi, wq: str) -> None:
     await delete_partition_log(api, wq)
 
 
-async def partition_backlog(api: JsApi, wq: str, partitions, problems: dict[int, str] | None = None,
+async def partition_backlog(api: JsApi, wq: str, partitions: Iterable[int], problems: dict[int, str] | None = None,
                             mirrored: bool = True) -> dict[int, int]:
     """Per partition, what the log holds of it: every message not yet landed, whether its
     stream holds it yet or not (a partition stream is only a read path). With ``problems``,
@@ -494,7 +501,7 @@ async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dic
     return None
 
 
-async def partition_stream_problems(api: JsApi, wq: str, partitions, mirrored: bool = True) -> dict[int, str]:
+async def partition_stream_problems(api: JsApi, wq: str, partitions: Iterable[int], mirrored: bool = True) -> dict[int, str]:
     """``partition_stream_problem`` of each partition (only those that have one)."""
     out: dict[int, str] = {}
     for p in partitions:
@@ -530,7 +537,7 @@ async def rebuild_lost(api: JsApi, wq: str, partitions: Iterable[int], unavailab
     return out
 
 
-def check_server(nc) -> None:
+def check_server(nc: NATS) -> None:
     if server_version(nc) < DURABLE_SOURCING_VERSION:
         v = ".".join(map(str, server_version(nc)))
         raise ConfigError("layout", f"{PARTITION_STREAMS} needs nats-server 2.14 or later (durable mirroring); "
@@ -589,7 +596,7 @@ async def hand_source_to_work_queue(api: JsApi, wq_cfg: dict, *, undo: bool = Fa
     await sourcing.resume(api, wq, sourcing.Stopped(wq_cfg, _plain_source(stopped.source), stopped.cut, {}), start)
 
 
-async def _wait_empty(count, deadline: float) -> dict[int, int]:
+async def _wait_empty(count: Callable[[], Awaitable[dict[int, int]]], deadline: float) -> dict[int, int]:
     """Poll ``count()`` (per partition) until nothing is left or ``deadline`` (monotonic)."""
     while True:
         left = {p: n for p, n in (await count()).items() if n}
@@ -608,7 +615,7 @@ class PartitionStreams(Layout):
     mirrored = True
     elastic_only = True
 
-    def member_filters(self, config, member: str, wq: str | None = None) -> list[str]:
+    def member_filters(self, config: GroupConfig, member: str, wq: str | None = None) -> list[str]:
         if not super().member_filters(config, member):
             return []
         if wq is None:
@@ -627,7 +634,7 @@ class PartitionStreams(Layout):
         cfg["metadata"] = md
         return cfg
 
-    def check_server(self, nc) -> None:
+    def check_server(self, nc: NATS) -> None:
         check_server(nc)
 
     def creation_source(self, wq_cfg: dict) -> tuple[dict, dict | None]:
@@ -649,7 +656,8 @@ class PartitionStreams(Layout):
                                     f"layout: cg layout {stream} {group} {WORK_QUEUE} first (it waits until the "
                                     f"partition streams are landed), then {what}, then move it back")
 
-    def partition_readers(self, nc, wq: str, partitions: tuple[int, ...], js_prefix: str):
+    def partition_readers(self, nc: NATS, wq: str, partitions: tuple[int, ...], js_prefix: str
+                          ) -> PartitionStreamReaders | None:
         return PartitionStreamReaders(nc, {p: partition_stream(wq, p) for p in partitions}, log=partition_log(wq),
                                       mirrors={p: mirror_consumer(p) for p in partitions}, js_prefix=js_prefix)
 
@@ -683,7 +691,7 @@ class PartitionStreams(Layout):
             return None
 
     async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
-                    deadline: float, replicas: int | None):
+                    deadline: float, replicas: int | None) -> LayoutMove:
         """From ``work-queue``: record ``filling``, hand the source to the log at a cut, make the
         partition streams, then wait (until ``deadline``) for the members to land the work
         queue; once it is landed, record this layout and drop the members' partition consumers
@@ -753,10 +761,10 @@ class Filling(PartitionStreams):
     chosen = False
     reads_partition_streams = False
 
-    def member_filters(self, config, member: str, wq: str | None = None) -> list[str]:
+    def member_filters(self, config: GroupConfig, member: str, wq: str | None = None) -> list[str]:
         return Layout.member_filters(self, config, member, wq)
 
-    def partition_readers(self, nc, wq: str, partitions: tuple[int, ...], js_prefix: str):
+    def partition_readers(self, nc: NATS, wq: str, partitions: tuple[int, ...], js_prefix: str) -> None:
         return None
 
     async def backlog(self, api: JsApi, wq: str, wq_subjects: dict[str, int], partitions: Iterable[int],

@@ -20,7 +20,7 @@ class WorkQueue(Layout):
     name = WORK_QUEUE
 
     async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
-                    deadline: float, replicas: int | None):
+                    deadline: float, replicas: int | None) -> LayoutMove:
         """Back from partition streams: the log's source goes back to the work queue and the
         members land what the log holds first (``PartitionStreams.drain``); a call that runs
         out of time leaves the group draining and says how much is left. Then the layout is
@@ -51,7 +51,7 @@ class Origin(WorkQueue):
     chosen = False
 
     async def enter(self, moves: Mover, stream: str, group: str, have: Layout, wq_cfg: dict, partitions: int,
-                    deadline: float, replicas: int | None):
+                    deadline: float, replicas: int | None) -> LayoutMove:
         raise ConfigError("layout", "only an elastic group has a layout (a static group's members read the origin)")
 
 
