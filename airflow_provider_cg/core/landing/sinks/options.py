@@ -12,12 +12,17 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.fields import check_fields, converted, flag, option
 from airflow_provider_cg.core.landing.sinks.registry import option_owners, sink_kind, sink_names
 from airflow_provider_cg.core.landing.sinks.shared.declaration import SinkKind
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql import Column
 
 #: the registered sinks (``sinks/registry.py``; each declared in its family's ``declaration.py``)
 SINKS = sink_names()
@@ -258,7 +263,7 @@ class Routes:
 
     # --- rows (the driver's path) ----------------------------------------------------------
 
-    def split(self, table):
+    def split(self, table: pa.Table) -> dict[str, np.ndarray]:
         """Per route, the mask of the rows it takes (numpy booleans)."""
         import pyarrow.compute as pc
 
@@ -278,7 +283,7 @@ class Routes:
 
     # --- Spark --------------------------------------------------------------------------------
 
-    def unrouted_column(self, columns: list[str]):
+    def unrouted_column(self, columns: list[str]) -> Column | None:
         """Why a row (``route_by``) or message (subjects) has no route, as a Spark column (None:
         the column to route by is not there; the route's schema check names it)."""
         from pyspark.sql import functions as F
@@ -297,7 +302,7 @@ class Routes:
         return F.when(~F.coalesce(F.col("subject").rlike(anywhere), F.lit(False)),
                       F.lit(self.unrouted_reason()))
 
-    def takes(self, name: str):
+    def takes(self, name: str) -> Column:
         """The Spark condition of a route's rows (``route_by``) or messages (subjects)."""
         from pyspark.sql import functions as F
 

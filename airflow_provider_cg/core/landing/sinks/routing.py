@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +51,9 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     keys_by_stream,
 )
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 
 @dataclass
@@ -122,13 +125,13 @@ class RoutedSink(TwoPhaseSink):
             out.setdefault(at, self.routes.unrouted_reason(values[at].as_py() if values is not None else None))
         return out
 
-    def refusal_column(self, columns: list[str]):
+    def refusal_column(self, columns: list[str]) -> Column | None:
         """Routed by subject, a message no route takes is refused before the transformation
         (``input_refusal_column``); routed by a column, a row whose value names no route here.
         Each route's own refusals apply to its rows (``split_frames``)."""
         return self.routes.unrouted_column(columns) if self.routes.route_by is not None else None
 
-    def input_refusal_column(self, columns: list[str]):
+    def input_refusal_column(self, columns: list[str]) -> Column | None:
         return self.routes.unrouted_column(columns) if self.routes.route_by is None else None
 
     # --- the batch, split ------------------------------------------------------------------
@@ -151,7 +154,7 @@ class RoutedSink(TwoPhaseSink):
         return BatchId(batch_id.stream, batch_id.group, batch_id.member, batch_id.batch_seq,
                        uid=_route_uid(batch_id.uid, name))
 
-    def discard(self, staged) -> None:
+    def discard(self, staged: object) -> None:
         if isinstance(staged, RoutedRows):
             for name, part in staged.parts.items():
                 self.sinks[name].discard(part.rows)

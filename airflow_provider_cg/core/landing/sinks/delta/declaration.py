@@ -4,10 +4,14 @@ delta-rs on the driver and Parquet files from Spark's tasks (``sinks/delta/write
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.lake.declaration import PathSink
+
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
+    from airflow_provider_cg.core.landing.sinks.shared.maintenance_report import MaintenanceReport
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class Delta(PathSink[DeltaOptions]):
     driver_modules = ("deltalake", "obstore")
     maintained = compacts = True
 
-    def open(self, options: DeltaOptions, *, transformed: bool = False):
+    def open(self, options: DeltaOptions, *, transformed: bool = False) -> DeltaLakeSink:
         from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
         if not options.sink_path:
@@ -76,7 +80,8 @@ class Delta(PathSink[DeltaOptions]):
                 "spark-submit --packages io.delta:delta-spark_2.13:4.4.0 ... "
                 f"spark.read.format('delta').load('{path}')"]
 
-    def maintain(self, sink: Any, *, compact: bool, target_file_size: int | None, retention_hours: float):
+    def maintain(self, sink: Any, *, compact: bool, target_file_size: int | None, retention_hours: float
+                 ) -> MaintenanceReport:
         from airflow_provider_cg.core.landing.sinks.delta.maintenance import maintain_delta
 
         return maintain_delta(sink, compact, target_file_size, retention_hours)

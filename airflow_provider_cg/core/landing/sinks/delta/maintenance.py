@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from airflow_provider_cg.core.landing.sinks.shared.maintenance_report import (
     MaintenanceReport,
     retrying_conflicts,
 )
 
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
-def maintain_delta(sink, compact: bool, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
+
+def maintain_delta(sink: DeltaLakeSink, compact: bool, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
     """A Delta table's maintenance (``registry``'s ``Delta.maintain``): compaction, the log held to the retention, a checkpoint, VACUUM."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -43,6 +43,9 @@ from airflow_provider_cg.core.landing.sinks.lake.tables import (
 from airflow_provider_cg.core.landing.sinks.shared.merging import DELETE_FLAG, MergeSpec, quote
 from airflow_provider_cg.core.landing.sinks.shared.table_partitioning import Partitioning
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError
+
+if TYPE_CHECKING:
+    from deltalake import CommitProperties, DeltaTable
 
 #: the table property delta-rs writes a MERGE's files by
 TARGET_FILE_SIZE = "delta.targetFileSize"
@@ -87,7 +90,7 @@ class DeltaLakeSink(TableSink):
                                               f"({', '.join(columns) or 'nothing'}), not ({asked})")
         return Partitioning.parse(", ".join(columns), "delta", transforms=False) if columns else None
 
-    def _table(self, *, fresh: bool = True):
+    def _table(self, *, fresh: bool = True) -> DeltaTable | None:
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -123,7 +126,7 @@ class DeltaLakeSink(TableSink):
                 raise SchemaMismatch(f.name, f"has type {f.type}, which a Delta table cannot hold") from None
         super().check_schema(schema)
 
-    def _evolved_table(self, schema: pa.Schema):
+    def _evolved_table(self, schema: pa.Schema) -> DeltaTable:
         """The table, created from ``schema`` (and the partitioning) if missing -- by this
         publisher or another one meanwhile -- with ``schema``'s new columns added: a metadata
         commit before the data (harmless alone)."""
@@ -140,9 +143,11 @@ class DeltaLakeSink(TableSink):
             except DeltaError:
                 pass  # another publisher created it meanwhile
             dt = self._table()
-        elif self.merge is not None and self._file_size_property() and \
+            if dt is None:
+                raise SinkError(f"delta table {self.uri} is not there after it was created")
+        elif self.merge is not None and (wanted := self._file_size_property()) and \
                 dt.metadata().configuration.get(TARGET_FILE_SIZE) != str(self.target_file_size):
-            dt.alter.set_table_properties(self._file_size_property())
+            dt.alter.set_table_properties(wanted)
             dt.update_incremental()
         added = new_columns(pa.schema(dt.schema().to_arrow()), schema)
         if added:
@@ -171,7 +176,7 @@ class DeltaLakeSink(TableSink):
         return SinkError(f"delta {what} of position {pos} to {self.uri} failed ({type(e).__name__}: {first})")
 
     @staticmethod
-    def _properties(records: list[dict], now: int, retries: int, **metadata: str):
+    def _properties(records: list[dict], now: int, retries: int, **metadata: str) -> CommitProperties:
         """The commit's app transaction (the last record's log position) and metadata: the
         positions and gids it publishes."""
         from deltalake import CommitProperties, Transaction
@@ -185,7 +190,7 @@ class DeltaLakeSink(TableSink):
 
     def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> bool:
         from deltalake.exceptions import DeltaError
-        from deltalake.transaction import AddAction
+        from deltalake.transaction import AddAction, RemoveAction
 
         last = records[-1]["pos"]
         try:
@@ -194,7 +199,7 @@ class DeltaLakeSink(TableSink):
                 return False  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             part = self.partitioning
-            actions = [AddAction(f.path, f.size, part.delta_values(f.partition or []) if part else {}, now, True,
+            actions: list[AddAction | RemoveAction] = [AddAction(f.path, f.size, part.delta_values(f.partition or []) if part else {}, now, True,
                                  stats_json(f.stats)) for f in files]
             rows = sum(int(r["rows_written"]) for r in records)
             props = self._properties(records, now, 10, **{"cg.rows": str(rows)})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
@@ -17,6 +17,10 @@ from airflow_provider_cg.core.landing.sinks.shared.declaration import (
     location_dataset,
 )
 from airflow_provider_cg.core.landing.sinks.shared.identifiers import parse_identifier
+
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
+    from airflow_provider_cg.core.landing.sinks.shared.maintenance_report import MaintenanceReport
 
 CATALOG_URI_ENV = "CG_ICEBERG_CATALOG_URI"
 
@@ -68,7 +72,7 @@ class Iceberg(SinkKind[IcebergOptions]):
             raise ConfigError("iceberg_catalog_name", "must be letters, digits, '_' or '-' "
                                                       f"(got {options.iceberg_catalog_name!r})")
 
-    def open(self, options: IcebergOptions, *, transformed: bool = False):
+    def open(self, options: IcebergOptions, *, transformed: bool = False) -> IcebergSink:
         from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
         partitioning = self.partitioning(options)
@@ -151,7 +155,8 @@ class Iceberg(SinkKind[IcebergOptions]):
         return [f"python -c \"from pyiceberg.catalog.sql import SqlCatalog; print(SqlCatalog('default', "
                 f"uri='{options.iceberg_catalog_uri}').load_table('{options.iceberg_table}').scan().to_pandas())\""]
 
-    def maintain(self, sink: Any, *, compact: bool, target_file_size: int | None, retention_hours: float):
+    def maintain(self, sink: Any, *, compact: bool, target_file_size: int | None, retention_hours: float
+                 ) -> MaintenanceReport:
         from airflow_provider_cg.core.landing.sinks.iceberg.maintenance import maintain_iceberg
 
         return maintain_iceberg(sink, target_file_size, retention_hours)

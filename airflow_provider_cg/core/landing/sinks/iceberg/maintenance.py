@@ -4,14 +4,18 @@ than the retention expired, data files no snapshot references (and older than it
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.landing.sinks.shared.maintenance_report import (
     MaintenanceReport,
     retrying_conflicts,
 )
 
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
-def maintain_iceberg(sink, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
+
+def maintain_iceberg(sink: IcebergSink, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
     """An Iceberg table's maintenance (``Iceberg.maintain``): old snapshots expired, orphan files removed."""
     from pyarrow import fs as pafs
 
@@ -28,11 +32,14 @@ def maintain_iceberg(sink, target_file_size: int | None, retention_hours: float)
         state = {"tbl": tbl}
 
         def reload() -> None:
-            state["tbl"] = sink.load_table()
+            state["tbl"] = sink.load_table() or state["tbl"]
 
         retrying_conflicts(lambda: state["tbl"].maintenance.expire_snapshots().by_ids(old).commit(), reload)
         report.expired_snapshots = len(old)
-        tbl = sink.load_table()
+        reloaded = sink.load_table()
+        if reloaded is None:
+            return report  # dropped meanwhile
+        tbl = reloaded
     referenced = set(tbl.inspect.all_files().column("file_path").to_pylist()) if tbl.snapshots() else set()
     store, data = sink.store, sink.DATA_PREFIX.rstrip("/")
     try:

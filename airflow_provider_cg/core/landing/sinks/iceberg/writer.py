@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -45,6 +45,14 @@ from airflow_provider_cg.core.landing.sinks.lake.tables import (
 from airflow_provider_cg.core.landing.sinks.shared.identifiers import parse_identifier
 from airflow_provider_cg.core.landing.sinks.shared.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.sinks.shared.table_partitioning import PartitionField, Partitioning
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    import numpy as np
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.table import Table, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +98,7 @@ def is_rest(uri: str) -> bool:
 
 
 def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings, name: str = CATALOG_NAME,
-                 env: dict[str, str] | None = None):
+                 env: Mapping[str, str] | None = None) -> Catalog:
     """pyiceberg's SQL catalog (``sqlite:///``, ``postgresql://``) or REST catalog (``http(s)://``,
     its bearer token from ``CG_ICEBERG_CATALOG_TOKEN`` or OAuth2 client credentials
     ``client_id:client_secret`` from ``CG_ICEBERG_CATALOG_CREDENTIAL``); errors name the
@@ -129,7 +137,7 @@ def open_catalog(uri: str, warehouse: str | None, settings: ObjectStoreSettings,
     raise AssertionError("unreachable")
 
 
-def _rest_catalog(uri: str, settings: ObjectStoreSettings, name: str, env):
+def _rest_catalog(uri: str, settings: ObjectStoreSettings, name: str, env: Mapping[str, str]) -> Catalog:
     from pyiceberg.catalog.rest import RestCatalog
 
     props = {"uri": uri, **iceberg_io_properties(settings)}
@@ -204,11 +212,11 @@ class IcebergSink(TableSink):
             return {**NO_RETRIES, **FLAT_COMMITS}
         return {**NO_RETRIES, **FLAT_COMMITS, "write.target-file-size-bytes": str(target_file_size)}
 
-    def load_table(self):
+    def load_table(self) -> Table | None:
         """The table as pyiceberg loads it now (None if not created yet)."""
         return self._load()
 
-    def _load(self):
+    def _load(self) -> Table | None:
         from pyiceberg.exceptions import NoSuchTableError
 
         for attempt in range(20):
@@ -231,12 +239,12 @@ class IcebergSink(TableSink):
             return TableState(0, None)
         return TableState(int(tbl.properties.get(POSITION_PROPERTY, 0)), tbl.schema().as_arrow(), tbl)
 
-    def _create(self, schema: pa.Schema):
+    def _create(self, schema: pa.Schema) -> Table:
         """Create the namespace and the table unless there. Two members' first batches may race
         here: pyiceberg checks, then inserts, and the loser's insert fails on the catalog's key
         (an IntegrityError on PostgreSQL, not its AlreadyExists error); whoever created it, it is
         there now."""
-        from pyiceberg.exceptions import NamespaceAlreadyExistsError, TableAlreadyExistsError
+        from pyiceberg.exceptions import NamespaceAlreadyExistsError
 
         try:
             self.catalog.create_namespace_if_not_exists(self.namespace)
@@ -256,9 +264,7 @@ class IcebergSink(TableSink):
                 for f in self.partitioning.fields:
                     spec.add_field(f.column, f.iceberg_transform(), f.name)
             return tx.commit_transaction()
-        except TableAlreadyExistsError:
-            return self._load()
-        except Exception:
+        except Exception:  # TableAlreadyExistsError, or a catalog's own error for the same race
             table = self._load()  # created by the other member meanwhile
             if table is None:
                 raise
@@ -270,7 +276,8 @@ class IcebergSink(TableSink):
         except Exception:  # noqa: BLE001 - cannot tell: let the original error stand
             return False
 
-    def _publish(self, records: list[dict], schema: pa.Schema, state: TableState, what: str, write) -> bool:
+    def _publish(self, records: list[dict], schema: pa.Schema, state: TableState, what: str,
+                 write: Callable[[Table, Transaction, dict[str, str]], None]) -> bool:
         """One Iceberg transaction for a run of committed records, on the table as ``state``
         loaded it: ``schema``'s new columns added, the last record's position set, and
         ``write(table, tx, snapshot_properties)``'s changes, committed together
@@ -311,7 +318,7 @@ class IcebergSink(TableSink):
         files they touch) and the newer records appended: an upsert without a second scan."""
         latest = self.storable(latest)
 
-        def write(tbl, tx, summary) -> None:
+        def write(tbl: Table, tx: Transaction, summary: dict[str, str]) -> None:
             keep, held = _newer_than_table(tbl, latest, self.merge.keys)
             replaced = latest.filter(pa.array(keep & held))  # tombstoned, or replaced by a newer record
             if replaced.num_rows:
@@ -324,13 +331,13 @@ class IcebergSink(TableSink):
         return self._publish(records, latest.drop_columns([DELETE_FLAG]).schema, state, "merge", write)
 
     def commit_files(self, records: list[dict], files: list[DataFile], schema: pa.Schema, state: TableState) -> bool:
-        def write(tbl, tx, summary) -> None:
+        def write(tbl: Table, tx: Transaction, summary: dict[str, str]) -> None:
             _append_files(tx, [(self.store.uri(f.path), f) for f in files], summary)
 
         return self._publish(records, schema, state, "commit", write)
 
 
-def snapshots_to_expire(tbl, now: float, adding: int = 0) -> list[int]:
+def snapshots_to_expire(tbl: Table, now: float, adding: int = 0) -> list[int]:
     """Snapshot ids beyond the newest ``history.expire.min-snapshots-to-keep`` (default
     ``SNAPSHOTS_KEPT``; ``adding``: snapshots the commit at hand adds) that are also older
     than ``history.expire.max-snapshot-age-ms`` if the table sets it; never the current one
@@ -350,13 +357,16 @@ def snapshots_to_expire(tbl, now: float, adding: int = 0) -> list[int]:
     return out
 
 
-def _table_partitioning(tbl, asked: Partitioning | None, identifier: str) -> Partitioning | None:
+def _table_partitioning(tbl: Table, asked: Partitioning | None, identifier: str) -> Partitioning | None:
     """The existing table's partition spec as a ``Partitioning`` (``asked`` must be the same)."""
     schema = tbl.schema()
     fields = []
     for pf in tbl.spec().fields:
         kind, _, width = str(pf.transform).partition("[")
-        fields.append(PartitionField(schema.find_column_name(pf.source_id), kind,
+        column = schema.find_column_name(pf.source_id)
+        if column is None:
+            raise ConfigError("iceberg_table", f"{identifier} has a partition field ({pf.name}) without a source column")
+        fields.append(PartitionField(column, kind,
                                      int(width.rstrip("]")) if width else None))
     found = Partitioning(tuple(fields), "iceberg", transforms=True) if fields else None
     if asked is not None and (found is None or found.fields != asked.fields):
@@ -365,7 +375,7 @@ def _table_partitioning(tbl, asked: Partitioning | None, identifier: str) -> Par
     return found
 
 
-def _append_files(tx, files: list[tuple[str, DataFile]], summary: dict[str, str]) -> None:
+def _append_files(tx: Transaction, files: list[tuple[str, DataFile]], summary: dict[str, str]) -> None:
     """Add data files, each with the partition of its rows, in one merge append. Not
     pyiceberg's ``add_files``: it opens every manifest of the table to refuse duplicates (a
     commit's cost then grows with the table; the protocol log already guarantees a file is
@@ -385,7 +395,7 @@ def _append_files(tx, files: list[tuple[str, DataFile]], summary: dict[str, str]
 
     md = tx.table_metadata
     if md.name_mapping() is None:
-        tx.set_properties(**{TableProperties.DEFAULT_NAME_MAPPING: md.schema().name_mapping.model_dump_json()})
+        tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: md.schema().name_mapping.model_dump_json()})
         md = tx.table_metadata
     schema, spec = md.schema(), md.spec()
     plan, mapping = compute_statistics_plan(schema, md.properties), parquet_path_to_id_mapping(schema)
@@ -401,7 +411,7 @@ def _append_files(tx, files: list[tuple[str, DataFile]], summary: dict[str, str]
                 spec_id=md.default_spec_id, equality_ids=None, key_metadata=None, **stats.to_serialized_dict()))
 
 
-def _keys_filter(rows: pa.Table, keys: tuple[str, ...]):
+def _keys_filter(rows: pa.Table, keys: tuple[str, ...]) -> BooleanExpression:
     """A pyiceberg row filter matching the keys of ``rows``."""
     from functools import reduce
 
@@ -414,7 +424,7 @@ def _keys_filter(rows: pa.Table, keys: tuple[str, ...]):
     return reduce(ex.Or, each)
 
 
-def _newer_than_table(tbl, latest: pa.Table, keys: tuple[str, ...]):
+def _newer_than_table(tbl: Table, latest: pa.Table, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Per record of ``latest``: whether the table has no row of its key or an older one, and
     whether it has a row of its key."""
     import numpy as np
@@ -433,7 +443,7 @@ def _newer_than_table(tbl, latest: pa.Table, keys: tuple[str, ...]):
     return out, held_mask
 
 
-def _table_arrow_schema(tx, schema: pa.Schema) -> pa.Schema:
+def _table_arrow_schema(tx: Transaction, schema: pa.Schema) -> pa.Schema:
     """``schema`` with each column typed as the table holds it (pyiceberg's upsert compares them)."""
     table = tx.table_metadata.schema().as_arrow()
     return pa.schema([table.field(f.name) if table.get_field_index(f.name) >= 0 else f for f in schema])

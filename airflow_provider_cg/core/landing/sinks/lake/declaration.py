@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 from urllib.parse import quote
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.shared.declaration import SinkKind, check_location
+
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.lake.writer import ParquetLakeSink
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Parquet(PathSink[ParquetOptions]):
     name = "parquet"
     options_class: ClassVar[type] = ParquetOptions
 
-    def open(self, options: ParquetOptions, *, transformed: bool = False):
+    def open(self, options: ParquetOptions, *, transformed: bool = False) -> ParquetLakeSink:
         from airflow_provider_cg.core.landing.sinks.lake.writer import ParquetLakeSink
 
         if not options.sink_path:

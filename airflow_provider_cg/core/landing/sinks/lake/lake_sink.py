@@ -111,6 +111,8 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from airflow_provider_cg.core.landing.sinks.shared.table_partitioning import Partitioning
 
 STORED_SCHEMA = pa.schema(
@@ -180,12 +182,12 @@ class LakeSink(TwoPhaseSink):
 
     # -- Spark writes the files -----------------------------------------------------------
 
-    def stage(self, batch_id: BatchId, frame) -> StagedFiles:
+    def stage(self, batch_id: BatchId, frame: DataFrame) -> StagedFiles:
         """Spark tasks write the batch's Parquet files straight into the write's staging, each
         at most ``target_file_size``; the driver only lists them (``spark_staging.py``)."""
         return stage_frame(self, batch_id, frame)
 
-    def discard(self, staged) -> None:
+    def discard(self, staged: object) -> None:
         if isinstance(staged, StagedFiles):
             self.store.delete_tree(self.staging(staged.gid))
 

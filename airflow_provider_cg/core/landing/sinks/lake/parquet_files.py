@@ -15,9 +15,14 @@ from __future__ import annotations
 import io
 import itertools
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.lake.storage import Storage
+    from airflow_provider_cg.core.landing.sinks.shared.table_partitioning import Partitioning
 
 #: how a failed write of a data file reads inside the PythonException Spark raises in the driver:
 #: the sink's storage failing, not the user's transformation (so: transient, exit 2, not 1)
@@ -39,7 +44,7 @@ class SizedParquetFiles:
     ``(bytes, rows)``. ``options`` are ``pyarrow.parquet.ParquetWriter``'s (compression,
     dictionary columns, statistics)."""
 
-    def __init__(self, schema: pa.Schema, target: int | None, **options) -> None:
+    def __init__(self, schema: pa.Schema, target: int | None, **options: Any) -> None:
         self.schema, self.target, self.options = schema, target, options
         self._writer: pq.ParquetWriter | None = None
         self._buf = io.BytesIO()
@@ -172,7 +177,7 @@ class TaskFileWriter:
     place among the task's files, so a batch's files list (and are committed) in the order of
     its input: per-key order within a batch, for rows one per input."""
 
-    def __init__(self, location: str, folder: str, compression: str, partitioning=None, *,
+    def __init__(self, location: str, folder: str, compression: str, partitioning: Partitioning | None = None, *,
                  target: int | None = None, all_statistics: bool = True) -> None:
         self.location, self.folder, self.compression = location, folder, compression
         self.partitioning, self.target, self.all_statistics = partitioning, target, all_statistics
@@ -222,7 +227,7 @@ class TaskFileWriter:
                     raise OSError(f"{WRITE_FAILED} ({type(e).__name__}: {first})") from None
                 yield pa.record_batch({"file": pa.array([name.rsplit("/", 1)[-1]]), "rows": pa.array([rows], pa.int64())})
 
-    def _open_storage(self):
+    def _open_storage(self) -> Storage:
         from airflow_provider_cg.core.landing.sinks.lake.storage import open_storage
 
         try:

@@ -35,6 +35,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import numpy as np
@@ -42,6 +43,9 @@ import numpy as np
 from airflow_provider_cg.core.landing.sinks.lake.storage import Storage
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError
 from airflow_provider_cg.core.landing.stream_life import Life
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 LOG_DIR = "_cg_log"
 KEYS_DIR = "_cg_keys"
@@ -380,7 +384,8 @@ class CommitLog:
         return [r for r in self.records if r["op"] == "commit" and self.folded_pos < r["pos"] <= through
                 and self.commits.get(r["gid"]) is r]
 
-    def write_checkpoint(self, through: int, load_keys, *, keep_files: bool) -> None:
+    def write_checkpoint(self, through: int, load_keys: Callable[[str], np.ndarray], *,
+                         keep_files: bool) -> None:
         """A checkpoint at the current position, folding records up to ``through`` (their
         commits published already); then the pointer, if it moves forward."""
         folded_keys = dict(self.folded_keys)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,6 +18,9 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     SchemaMismatch,
     SinkError,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 SPARK_DIR = "spark"  # inside a write's staging directory: the files Spark tasks wrote
 
@@ -33,7 +36,7 @@ class StagedFiles:
     columns: tuple[tuple[str, str], ...] = ()
 
 
-def stage_frame(sink: Any, batch_id: BatchId, frame) -> StagedFiles:
+def stage_frame(sink: Any, batch_id: BatchId, frame: DataFrame) -> StagedFiles:
     """Spark tasks write the batch's Parquet files straight into the write's staging of ``sink``
     (a ``LakeSink``, on local disk or the object store), each at most ``target_file_size``
     (``TaskFileWriter``); the driver only lists them."""
@@ -86,7 +89,7 @@ def stage_frame(sink: Any, batch_id: BatchId, frame) -> StagedFiles:
         columns = tuple((f.name, str(f.type)) for f in schema)
     return StagedFiles(batch_id.gid, files, columns)
 
-def check_frame(sink: Any, frame) -> None:
+def check_frame(sink: Any, frame: DataFrame) -> None:
     """The partition and merge columns of a Spark batch, before its tasks write anything."""
     if sink.merge is not None:
         sink.merge.check_schema(pa.schema([pa.field(c, pa.null()) for c in frame.columns]))

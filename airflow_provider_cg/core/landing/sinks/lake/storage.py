@@ -23,10 +23,15 @@ from collections.abc import Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow.fs as pafs
 
 OBJECT_SCHEMES = ("s3", "s3a")
 DIR_MARKER = ".started"  # an object store's stand-in for a directory made by ``start_dir``
@@ -78,7 +83,7 @@ class ObjectStoreSettings:
             out["session_token"] = self.session_token
         return out
 
-    def pyarrow_filesystem(self):
+    def pyarrow_filesystem(self) -> pafs.FileSystem:
         """A pyarrow ``S3FileSystem`` for the same store (readers of the table's data files)."""
         import pyarrow.fs as pafs
 
@@ -155,7 +160,7 @@ class Storage(abc.ABC):
         """What pyarrow opens for ``rel`` with ``filesystem()``."""
         return self.uri(rel)
 
-    def filesystem(self):
+    def filesystem(self) -> pafs.FileSystem:
         """A ``pyarrow.fs.FileSystem`` that opens ``file_path`` results."""
         raise NotImplementedError
 
@@ -277,7 +282,7 @@ class LocalStorage(Storage):
     def file_path(self, rel: str) -> str:
         return str(self.path(rel))
 
-    def filesystem(self):
+    def filesystem(self) -> pafs.FileSystem:
         import pyarrow.fs as pafs
 
         return pafs.LocalFileSystem()
@@ -313,7 +318,7 @@ class ObjectStorage(Storage):
         return f"{self.prefix}/{rel}" if self.prefix and rel else (self.prefix or rel)
 
     @contextmanager
-    def _io(self, op: str, rel: str):
+    def _io(self, op: str, rel: str) -> Iterator[None]:
         """An object-store failure (the server gone, a timeout, a 5xx after the retries) as one
         ``ConnectionError`` line: transient, the job exits 2 and a rerun recovers the batch."""
         from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
@@ -421,12 +426,12 @@ class ObjectStorage(Storage):
     def file_path(self, rel: str) -> str:
         return f"{self.bucket}/{self._key(rel)}"
 
-    def filesystem(self):
+    def filesystem(self) -> pafs.FileSystem:
         if self._fs is None:
             self._fs = self._make_filesystem()
         return self._fs
 
-    def _make_filesystem(self):
+    def _make_filesystem(self) -> pafs.FileSystem:
         import pyarrow.fs as pafs
 
         s = self.settings

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.shared.declaration import Connection, SinkKind
 from airflow_provider_cg.core.landing.sinks.shared.identifiers import OWN_TABLES, validate_identifier
+
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.landing.sinks.postgres.writer import PostgresSink
 
 DSN_ENV, DSN_FILE_ENV = "CG_PG_DSN", "CG_PG_DSN_FILE"
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Postgres(SinkKind[PostgresOptions]):
             raise ConfigError("pg_table", f"{options.pg_table!r} is one of the sink's own tables "
                                           f"({', '.join(OWN_TABLES)})")
 
-    def open(self, options: PostgresOptions, *, transformed: bool = False):
+    def open(self, options: PostgresOptions, *, transformed: bool = False) -> PostgresSink:
         from airflow_provider_cg.core.landing.sinks.postgres.writer import PostgresSink
 
         return PostgresSink(dsn_from_env(), table=options.pg_table, transformed=transformed,

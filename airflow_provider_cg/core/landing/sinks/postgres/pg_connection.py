@@ -8,9 +8,17 @@ import os
 import re
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError, SinkLockTimeout
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+#: psycopg2's cursor and connection (psycopg2 ships no type information)
+Cursor = Any
+Connection = Any
+Result = TypeVar("Result")
 
 _SECRET_PATTERNS = [
     re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE),
@@ -18,7 +26,7 @@ _SECRET_PATTERNS = [
 ]
 
 
-def rollback_quietly(cur) -> None:
+def rollback_quietly(cur: Cursor) -> None:
     if cur.connection.closed:
         return
     try:
@@ -99,7 +107,7 @@ class PgConnection:
         err.pgcode = "55P03"  # type: ignore[attr-defined]
         return err
 
-    def _connection(self):
+    def _connection(self) -> Connection:
         import psycopg2
 
         if self._conn is not None and not self._conn.closed:
@@ -126,7 +134,7 @@ class PgConnection:
                 finally:
                     self._conn = None
 
-    def run(self, action: str, fn):
+    def run(self, action: str, fn: Callable[[Cursor], Result]) -> Result:
         """Run ``fn(cursor)`` on the autocommit connection; map psycopg2 errors."""
         import psycopg2
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA
 from airflow_provider_cg.core.landing.sinks.postgres.columns import ident, pg_type
-from airflow_provider_cg.core.landing.sinks.postgres.pg_connection import rollback_quietly
+from airflow_provider_cg.core.landing.sinks.postgres.pg_connection import Cursor, rollback_quietly
 from airflow_provider_cg.core.landing.sinks.shared.identifiers import (
     FENCES_TABLE,
     INPUTS_TABLE,
@@ -51,7 +51,7 @@ def target_columns(arrow_schema: pa.Schema, *, merge: MergeSpec | None, transfor
     return f'{cols}, PRIMARY KEY ("origin_stream", "origin_seq")'
 
 
-def create_tables(cur, schema: str, table: str, arrow_schema: pa.Schema | None, *,
+def create_tables(cur: Cursor, schema: str, table: str, arrow_schema: pa.Schema | None, *,
                   merge: MergeSpec | None, transformed: bool) -> set[str] | None:
     """Create what is missing and add the columns ``arrow_schema`` has and the target lacks;
     ``arrow_schema=None``: the side tables only (a transformation's output not seen yet).

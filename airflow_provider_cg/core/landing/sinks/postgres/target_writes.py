@@ -14,9 +14,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_provider_cg.core.landing.sinks.postgres.columns import CsvStream, ident, staging_columns
+from airflow_provider_cg.core.landing.sinks.postgres.pg_connection import Cursor
 from airflow_provider_cg.core.landing.sinks.shared.identifiers import INPUTS_TABLE
 from airflow_provider_cg.core.landing.sinks.shared.merging import DELETE_FLAG, MergeSpec
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import InputsTaken
+
+#: ``(origin stream, its sequences)`` of a batch's inputs
+Inputs = list[tuple[str, list[int]]]
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,7 @@ class TargetWrites:
     def side(self, name: str) -> str:
         return f"{ident(self.schema)}.{ident(name)}"
 
-    def write(self, cur, gid: str, table: pa.Table, inputs, transformed: bool) -> tuple[int, int]:
+    def write(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs, transformed: bool) -> tuple[int, int]:
         """The batch's rows into the target, in the caller's open transaction; returns (rows
         written, duplicates skipped). ``inputs``: (stream, seqs) of the batch's messages."""
         stg_cols, select, encoders = staging_columns(table.schema)
@@ -69,7 +73,7 @@ class TargetWrites:
         cur.execute(f"DROP TABLE {staging}")
         return written, dups
 
-    def claim_inputs(self, cur, gid: str, inputs) -> dict[str, np.ndarray]:
+    def claim_inputs(self, cur: Cursor, gid: str, inputs: Inputs) -> dict[str, np.ndarray]:
         """Record the batch's inputs as this write's in ``cg_committed_inputs``; returns those
         another write committed already. The inputs' keys are unique per target: a write of the
         same inputs prepared by another writer holds them until it commits or rolls back, so
@@ -86,7 +90,7 @@ class TargetWrites:
                 taken[stream] = np.setdiff1d(np.asarray(seqs, np.int64), mine)
         return taken
 
-    def _upsert(self, cur, gid: str, table: pa.Table, inputs, transformed: bool, staging: str, stg_cols: list,
+    def _upsert(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs, transformed: bool, staging: str, stg_cols: list,
                 select: list, encoders: dict) -> tuple[int, int]:
         """An upsert batch: its inputs claimed (rows of inputs committed already are dropped; a
         transformation's batch with such inputs is refused, as always), then the latest record

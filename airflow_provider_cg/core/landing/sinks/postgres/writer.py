@@ -38,16 +38,21 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
-from airflow_provider_cg.core.landing.sinks.postgres.pg_connection import PgConnection, rollback_quietly
+from airflow_provider_cg.core.landing.sinks.postgres.pg_connection import (
+    Cursor,
+    PgConnection,
+    Result,
+    rollback_quietly,
+)
 from airflow_provider_cg.core.landing.sinks.postgres.schema import create_tables
-from airflow_provider_cg.core.landing.sinks.postgres.target_writes import TargetWrites
+from airflow_provider_cg.core.landing.sinks.postgres.target_writes import Inputs, TargetWrites
 from airflow_provider_cg.core.landing.sinks.shared.identifiers import (
     FENCES_TABLE,
     INPUTS_TABLE,
@@ -78,6 +83,9 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     recovered_by,
 )
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class PostgresSink(TwoPhaseSink):
@@ -118,7 +126,7 @@ class PostgresSink(TwoPhaseSink):
     def __repr__(self) -> str:
         return f"PostgresSink({self.db.describe()}, table={self.schema}.{self.table})"
 
-    def _run(self, action: str, fn):
+    def _run(self, action: str, fn: Callable[[Cursor], Result]) -> Result:
         """Run ``fn(cursor)`` on the sink's autocommit connection (``pg_connection.py``)."""
         return self.db.run(action, fn)
 
@@ -153,7 +161,7 @@ class PostgresSink(TwoPhaseSink):
         if not side_only and self._columns is not None and set(arrow_schema.names) <= self._columns:
             return
 
-        def ddl(cur) -> set[str] | None:
+        def ddl(cur: Cursor) -> set[str] | None:
             return create_tables(cur, self.schema, self.table, None if side_only else arrow_schema,
                                  merge=self.merge, transformed=transformed)
 
@@ -187,7 +195,7 @@ class PostgresSink(TwoPhaseSink):
         self.ensure_tables()
         target = f"{self.schema}.{self.table}"
 
-        def fn(cur) -> str:
+        def fn(cur: Cursor) -> str:
             cur.execute("BEGIN")
             try:
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cg-life:{target}:{stream}",))
@@ -208,7 +216,7 @@ class PostgresSink(TwoPhaseSink):
     def stream_lives(self, stream: str) -> list[Life]:
         self.ensure_tables()
 
-        def fn(cur) -> list[Life]:
+        def fn(cur: Cursor) -> list[Life]:
             cur.execute(f"SELECT created, key FROM {self._side(LIVES_TABLE)} WHERE target = %s AND stream = %s "
                         "ORDER BY n", (f"{self.schema}.{self.table}", stream))
             return [Life(c, k) for c, k in cur.fetchall()]
@@ -262,7 +270,7 @@ class PostgresSink(TwoPhaseSink):
             raise
         return PreparedWrite(batch_id=batch_id, rows=rows_in, refs=refs, token=gid, fence=fence)
 
-    def _store_refs(self, cur, batch_id: BatchId, rows: int, refs: dict, fence: Fence | None) -> None:
+    def _store_refs(self, cur: Cursor, batch_id: BatchId, rows: int, refs: dict, fence: Fence | None) -> None:
         """The write's message refs, in their own committed transaction (what recovery finds)."""
         cur.execute(
             f"INSERT INTO {self._side(REFS_TABLE)} (gid, target, stream, grp, member, batch_seq, rows, refs, "
@@ -271,7 +279,8 @@ class PostgresSink(TwoPhaseSink):
              batch_id.batch_seq, rows, json.dumps(encode_refs(refs)), json.dumps(fence.to_dict()) if fence else None),
         )
 
-    def _prepare_transaction(self, cur, gid: str, table: pa.Table, inputs, transformed: bool, origin) -> int:
+    def _prepare_transaction(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs,
+                             transformed: bool, origin: dict) -> int:
         """One transaction: the rows COPYed into an unlogged staging table, inserted (or merged)
         into the target, the commit marker written, then ``PREPARE TRANSACTION``; the rows
         written."""
@@ -289,19 +298,19 @@ class PostgresSink(TwoPhaseSink):
 
     # -- commit / abort / state ------------------------------------------------------------------
 
-    def _marker(self, cur, gid: str) -> tuple[int, int] | None:
+    def _marker(self, cur: Cursor, gid: str) -> tuple[int, int] | None:
         cur.execute(
             f"SELECT rows_written, duplicates_skipped FROM {self._side(MARKERS_TABLE)} WHERE gid = %s", (gid,)
         )
         row = cur.fetchone()
         return (int(row[0]), int(row[1])) if row else None
 
-    def _finish(self, verb: str, gid: str):
+    def _finish(self, verb: str, gid: str) -> tuple[bool, tuple[int, int] | None]:
         """``verb`` PREPARED gid; returns (was_prepared, marker). Retries while another session
         is finishing the same gid."""
         import psycopg2.errors as pgerr
 
-        def fn(cur):
+        def fn(cur: Cursor) -> tuple[bool, tuple[int, int] | None]:
             for attempt in range(100):
                 try:
                     cur.execute(f"{verb} PREPARED %s", (gid,))
@@ -332,7 +341,7 @@ class PostgresSink(TwoPhaseSink):
         self.ensure_tables()
         fence, b = prepared.fence, prepared.batch_id
 
-        def fn(cur):
+        def fn(cur: Cursor) -> list[int] | bool:
             cur.execute("BEGIN")
             try:
                 if fence is not None and fence.partitions:
@@ -382,7 +391,7 @@ class PostgresSink(TwoPhaseSink):
         with self.db.lock:
             self.ensure_tables()
 
-            def claim(cur):
+            def claim(cur: Cursor) -> bool:
                 cur.execute(
                     f"DELETE FROM {self._side(REFS_TABLE)} WHERE gid = %s AND NOT acking RETURNING 1",
                     (prepared.gid,),
@@ -418,7 +427,7 @@ class PostgresSink(TwoPhaseSink):
     def state(self, prepared: PreparedWrite) -> WriteState:
         self.ensure_tables()
 
-        def fn(cur):
+        def fn(cur: Cursor):
             cur.execute(
                 "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
                 (prepared.gid,),
@@ -441,7 +450,7 @@ class PostgresSink(TwoPhaseSink):
         target = f"{self.schema}.{self.table}"
         fenced = frozenset(int(p) for p in partitions)
 
-        def fn(cur):
+        def fn(cur: Cursor) -> list[PreparedWrite]:
             cur.execute(
                 "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
                 "AND left(gid, length(%s)) = %s ORDER BY prepared, gid",
@@ -484,7 +493,7 @@ class PostgresSink(TwoPhaseSink):
         self.ensure_tables()
         prefix = BatchId.group_prefix(stream, group)
 
-        def fn(cur):
+        def fn(cur: Cursor) -> list[tuple]:
             cur.execute(
                 f"SELECT DISTINCT ON (r.member) r.member, m.gid, m.committed_at, m.rows_written, m.origin "
                 f"FROM {self._side(MARKERS_TABLE)} m JOIN LATERAL (SELECT split_part(m.gid, ':', 4) AS member) r "
@@ -506,7 +515,7 @@ class PostgresSink(TwoPhaseSink):
         such an old write is reported lost instead of idempotent). Returns rows deleted."""
         self.ensure_tables()
 
-        def fn(cur):
+        def fn(cur: Cursor):
             cur.execute(
                 f"DELETE FROM {self._side(MARKERS_TABLE)} WHERE target = %s AND "
                 "committed_at < now() - make_interval(secs => %s)",
@@ -523,7 +532,7 @@ class PostgresSink(TwoPhaseSink):
 
         target = f"{self.schema}.{self.table}"
 
-        def fn(cur):
+        def fn(cur: Cursor) -> None:
             cur.execute("SELECT count(*) FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
                         "AND column_name IN ('origin_stream', 'origin_seq')", (self.schema, self.table))
             row_keys = cur.fetchone()[0] == 2

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+Result = TypeVar("Result")
 
 
 @dataclass
@@ -29,7 +35,7 @@ class MaintenanceReport:
                 "protocol_log": self.protocol_log, "duration_s": round(self.duration_s, 3)}
 
 
-def retrying_conflicts(action, reload, attempts: int = 5):
+def retrying_conflicts(action: Callable[[], Result], reload: Callable[[], object], attempts: int = 5) -> Result:
     """``action`` again after a commit lost to a member's concurrent commit (optimistic
     concurrency of both formats: the member's commit stands, maintenance re-reads and retries)."""
     for attempt in range(attempts):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,9 @@ import pyarrow.compute as pc
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError
 from airflow_provider_cg.core.landing.stream_life import life_number
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
 
 #: the column a merge source carries: whether the row is a tombstone
 DELETE_FLAG = "_cg_delete"
@@ -97,7 +100,7 @@ class MergeSpec:
                 out.setdefault(int(i), self.missing_key(k))
         return out
 
-    def refusal_column(self, columns: list[str]):
+    def refusal_column(self, columns: list[str]) -> Column | None:
         """``refusals`` as a Spark column over a DataFrame with ``columns`` (None when it lacks a
         key column: the sink's schema check names it)."""
         from pyspark.sql import functions as F

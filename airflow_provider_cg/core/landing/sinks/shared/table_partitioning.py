@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyiceberg.transforms import Transform
+    from pyiceberg.types import IcebergType
 
 TRANSFORMS = ("identity", "year", "month", "day", "hour", "bucket", "truncate")
 _WITH_WIDTH = ("bucket", "truncate")
@@ -69,7 +74,7 @@ class PartitionField:
         """The Iceberg partition field's name: the column, or ``<column>_<transform>``."""
         return self.column if self.transform == "identity" else f"{self.column}_{self.transform}"
 
-    def iceberg_transform(self):
+    def iceberg_transform(self) -> Transform:
         from pyiceberg.transforms import (
             BucketTransform,
             DayTransform,
@@ -207,7 +212,7 @@ def _split(text: str) -> list[str]:
     return out
 
 
-def _iceberg_type(t: pa.DataType):
+def _iceberg_type(t: pa.DataType) -> IcebergType:
     from pyiceberg import types as it
 
     if pa.types.is_string(t) or pa.types.is_large_string(t):

@@ -41,7 +41,7 @@ import enum
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,9 @@ import pyarrow.compute as pc
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.landing.rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
 from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 MessageRefs = Sequence[tuple[str, int]] | Mapping[str, Any]
 """(consumed stream, stream sequence) pairs, or ``{stream: array of sequences}`` (faster)."""
@@ -192,7 +195,7 @@ class TwoPhaseSink(abc.ABC):
         before ``prepare`` (``pipeline/processing.py``)."""
         return self.merge.refusals(table) if self.merge is not None else {}
 
-    def refusal_column(self, columns: list[str]):
+    def refusal_column(self, columns: list[str]) -> Column | None:
         """``refusals`` as a Spark column (why, or null) over a DataFrame with ``columns``; None
         when the sink refuses no row."""
         return self.merge.refusal_column(columns) if self.merge is not None else None
@@ -215,7 +218,7 @@ class TwoPhaseSink(abc.ABC):
         that decides at prepare which writer gets an input (PostgreSQL) raises ``InputsTaken``
         here when another write committed one meanwhile."""
 
-    def stage(self, batch_id: BatchId, frame) -> Any:
+    def stage(self, batch_id: BatchId, frame: DataFrame) -> Any:
         """Compute a Spark DataFrame (a Spark action) into what ``prepare`` takes as rows.
         Default: an Arrow table in the driver."""
         return frame.toArrow()
@@ -297,10 +300,10 @@ class TwoPhaseSink(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections (no-op by default)."""
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
