@@ -30,8 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.jetstream.api import JsApi
 
 FIELD = "stream_life"
 NEW, CONTINUE = "new", "continue"
@@ -115,7 +119,7 @@ def decide(stream: str, created: str, lives: Sequence[Life], choice: LifeChoice 
     return Life(created, life_key(stream, len({life.key for life in lives}) + 1)), True
 
 
-async def origin_created(api, stream: str) -> str:
+async def origin_created(api: JsApi, stream: str) -> str:
     """The origin stream's creation time, as its stream info gives it."""
     info = await api.stream_info(stream)
     created = info.get("created")

@@ -7,6 +7,7 @@ are observed in the job that stages the batch (a metric) and filtered out of wha
 from __future__ import annotations
 
 import secrets
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -16,6 +17,11 @@ from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.routing import RoutedSink
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
 from airflow_provider_cg.core.landing.transform import TransformError
+
+if TYPE_CHECKING:
+    from collections.abc import Container, Iterable
+
+    from pyspark.sql import Column, DataFrame, Observation
 
 #: batches computed again because the sink refused some of their rows, before giving up
 MAX_REFUSAL_ROUNDS = 10
@@ -44,12 +50,12 @@ def refuse(bad_records: str, refused: dict[tuple[str, int], str]) -> dict[tuple[
     return refused
 
 
-def origins(table: pa.Table, rows) -> list[tuple[str, int]]:
+def origins(table: pa.Table, rows: Iterable[int]) -> list[tuple[str, int]]:
     streams, seqs = table.column("origin_stream"), table.column("origin_seq")
     return [(streams[i].as_py(), int(seqs[i].as_py())) for i in rows]
 
 
-def marked_poison(decoded, row, refused: dict[int, str]):
+def marked_poison(decoded: DataFrame, row: Column, refused: dict[int, str]) -> DataFrame:
     """``decoded`` with the inputs in ``refused`` (by ``row``, their number) marked poison, why
     they are refused as their error (a decoding error of theirs stays first)."""
     if not refused:
@@ -68,7 +74,8 @@ def marked_poison(decoded, row, refused: dict[int, str]):
     return decoded.withColumn(ERROR, F.coalesce(F.col(ERROR), reason))
 
 
-def refusing(sink: TwoPhaseSink, out, batch_id: BatchId):
+def refusing(sink: TwoPhaseSink, out: DataFrame | pa.Table, batch_id: BatchId
+             ) -> tuple[DataFrame | pa.Table, Observation | None]:
     """The batch's output minus the rows the sink refuses, and an observation of those rows'
     origins and reasons (None when the sink refuses nothing, or the output lacks the origin
     columns: the sink's schema check then names them)."""
@@ -82,7 +89,7 @@ def refusing(sink: TwoPhaseSink, out, batch_id: BatchId):
     return observe_refusals(out, why, batch_id)
 
 
-def observe_refusals(frame, why, batch_id: BatchId):
+def observe_refusals(frame: DataFrame, why: Column, batch_id: BatchId) -> tuple[DataFrame, Observation | None]:
     """``frame`` minus the rows ``why`` (a Spark column: why a row is refused, or null) refuses,
     and an observation of their origins and reasons. Without the origin columns nothing can be
     refused: the sink's schema check names the missing column."""
@@ -98,7 +105,7 @@ def observe_refusals(frame, why, batch_id: BatchId):
     return frame.where(why.isNull()), observation
 
 
-def refused_inputs(metrics: dict, at: dict[tuple[str, int], int], refused) -> dict[tuple[str, int], str]:
+def refused_inputs(metrics: dict, at: dict[tuple[str, int], int], refused: Container[int]) -> dict[tuple[str, int], str]:
     """The inputs (origin_stream, origin_seq) of the refused rows the job observed, new ones
     only; ``at`` maps each input of the batch to its number. A refused row that names no input
     of the batch cannot be dead-lettered: the transformation changed its origin columns."""

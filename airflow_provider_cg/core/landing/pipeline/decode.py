@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.modes import PayloadFormat
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 ERROR = "_cg_error"  # why a row is poison; null for a good row
 CORRUPT = "_cg_corrupt_record"
@@ -89,7 +92,7 @@ class SparkDecoder:
     Built once per job: a bad schema, or ``avro`` without Spark's Avro package on the
     classpath, fails here (exit 1) rather than at the first batch."""
 
-    def __init__(self, spark, kind: PayloadFormat | str, schema: str | None = None) -> None:
+    def __init__(self, spark: SparkSession | None, kind: PayloadFormat | str, schema: str | None = None) -> None:
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
 
@@ -119,10 +122,11 @@ class SparkDecoder:
             self._avro_schema = json.dumps(parsed)
             self._fields = [f["name"] for f in parsed["fields"]]
             self._required = _avro_required(parsed)
-            self._check_avro(spark)
+            if spark is not None:  # (the job always gives one for avro: it needs Spark)
+                self._check_avro(spark)
         self._F = F
 
-    def _check_avro(self, spark) -> None:
+    def _check_avro(self, spark: SparkSession) -> None:
         from pyspark.sql.types import BinaryType, StructField, StructType
 
         empty = spark.createDataFrame([], StructType([StructField("payload", BinaryType())]))
@@ -138,12 +142,12 @@ class SparkDecoder:
             first = (text.strip().splitlines() or [""])[0]
             raise ConfigError("avro_schema", f"Spark refuses it: {first[:300]}") from None
 
-    def _avro_column(self, df):
+    def _avro_column(self, df: DataFrame) -> Column:
         from pyspark.sql.avro.functions import from_avro
 
         return from_avro(df["payload"], self._avro_schema, {"mode": "PERMISSIVE"}).alias("value")
 
-    def apply(self, df):
+    def apply(self, df: DataFrame) -> DataFrame:
         """``df`` (a batch, column ``payload`` binary) with the decoded column and ``_cg_error``."""
         F = self._F
         if self.kind is PayloadFormat.RAW:

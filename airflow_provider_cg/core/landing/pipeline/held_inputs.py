@@ -6,6 +6,7 @@ input message whatever the transformation makes of it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -13,6 +14,9 @@ import pyarrow.compute as pc
 
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink, keys_by_stream
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def committed_inputs(sink: TwoPhaseSink, table: pa.Table) -> np.ndarray:
@@ -29,7 +33,7 @@ def committed_inputs(sink: TwoPhaseSink, table: pa.Table) -> np.ndarray:
     return drop
 
 
-def excluding(frame, keys: dict[str, np.ndarray]):
+def excluding(frame: DataFrame, keys: dict[str, np.ndarray]) -> DataFrame:
     """``frame`` without the inputs ``keys`` names ({origin_stream: origin_seqs}), as ranges of
     consecutive sequences (a few, as a table's committed inputs are), else by a join."""
     from pyspark.sql import functions as F
@@ -58,7 +62,7 @@ def excluding(frame, keys: dict[str, np.ndarray]):
     return frame
 
 
-def nothing_staged(sink: TwoPhaseSink, empty: pa.Table):
+def nothing_staged(sink: TwoPhaseSink, empty: pa.Table) -> RoutedRows | pa.Table:
     """What a batch whose every input is landed already stages: nothing, per route too."""
     if isinstance(sink, RoutedSink):
         return RoutedRows({n: RoutePart(empty, None, {}) for n in sink.routes.names})

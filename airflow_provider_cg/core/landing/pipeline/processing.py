@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +56,11 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     keys_by_stream,
 )
 from airflow_provider_cg.core.landing.transform import BATCH_VIEW, BatchContext, TransformError, load_function
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, Observation, SparkSession
+
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
 log = logging.getLogger("airflow_provider_cg.pipeline")
 
@@ -172,7 +177,8 @@ class SparkPipeline:
             raise ConfigError("transform", "give either a function (package.module:function) or a SQL statement")
         if sql is not None and not sql.strip():
             raise ConfigError("transform_sql", "must not be empty")
-        self._session, self._spark = session, None
+        self._session = session
+        self._spark: SparkSession | None = None
         self.decoder = decoder
         self.fn = load_function(function) if function else None
         self.sql = sql
@@ -181,7 +187,7 @@ class SparkPipeline:
         self._batch_came = False  # a batch came: a warm-up still waiting runs no job of its own
 
     @property
-    def spark(self):
+    def spark(self) -> SparkSession:
         if self._spark is None:
             spark = self._session()
             # the batch goes to the executors as partitions of the job's data, not as a local
@@ -247,7 +253,7 @@ class SparkPipeline:
         if bad:
             keep[np.searchsorted(rows, np.fromiter(bad, np.int64, len(bad)))] = False
         good_inputs = fresh.filter(pa.array(keep)) if bad else fresh
-        if isinstance(staged, RoutedRows):
+        if isinstance(staged, RoutedRows) and isinstance(sink, RoutedSink):
             self._record_inputs(sink, staged, good_inputs, extra)
             return ProcessedBatch(staged, bad, None, skipped)
         keys: dict[str, np.ndarray] | None = {s: np.asarray(q, dtype=np.int64)
@@ -256,12 +262,12 @@ class SparkPipeline:
             keys = None  # decoded rows in the driver are one per message: the sink dedupes them as rows
         return ProcessedBatch(staged, bad, keys, skipped)
 
-    def _transforms(self, staged) -> bool:
+    def _transforms(self, staged: object) -> bool:
         """Whether a staged result stands for its inputs (a transformation's output, or files
         Spark wrote) rather than being one row per message the sink dedupes as rows."""
         return not (self.fn is None and self.sql is None and isinstance(staged, pa.Table))
 
-    def _record_inputs(self, sink, staged: RoutedRows, good_inputs: pa.Table,
+    def _record_inputs(self, sink: RoutedSink, staged: RoutedRows, good_inputs: pa.Table,
                        extra: dict[str, dict[str, np.ndarray]]) -> None:
         """What each route's table records as landed: routed by a column, every good input of
         the batch it does not hold; routed by subject, those of its subjects."""
@@ -335,7 +341,7 @@ class SparkPipeline:
             frame.where(F.col(ERROR).isNull()).drop(ERROR, ROW).createOrReplaceTempView(BATCH_VIEW)
             self.spark.sql(self.sql).mapInArrow(warm_up_task, "file string, rows long").collect()
 
-    def read_in_tasks(self, settings) -> None:
+    def read_in_tasks(self, settings: NatsConnectionSettings) -> None:
         """Let this job's batches be read by its Spark tasks, connecting with ``settings``."""
         from airflow_provider_cg.core.landing.pipeline.nats_source import register, warm_up_plan
 
@@ -415,7 +421,8 @@ class SparkPipeline:
             return ProcessedBatch(staged, bad, landed, len(skip)), read
 
     def _read_ranges(self, sink: TwoPhaseSink, plan: str, batch_id: BatchId, partitions: tuple[int, ...],
-                     origin_stream: str, refused: dict[int, str], extra: dict[str, dict[str, np.ndarray]]):
+                     origin_stream: str, refused: dict[int, str], extra: dict[str, dict[str, np.ndarray]]
+                     ) -> tuple[Any, RangesRead, dict[tuple[str, int], str], dict[str, np.ndarray] | None]:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
@@ -458,7 +465,7 @@ class SparkPipeline:
                              for i, r in enumerate(routes.routes)}
         return staged, read, found, routed_inputs
 
-    def _frame(self, fresh: pa.Table, rows: np.ndarray):
+    def _frame(self, fresh: pa.Table, rows: np.ndarray) -> DataFrame:
         """The batch as a DataFrame: columns equal on every row (the origin stream, group,
         member; an unused ``payload_text``) are not shipped to the JVM but added there."""
         from pyspark.sql import functions as F
@@ -479,24 +486,25 @@ class SparkPipeline:
         return frame.select(*[constant[n].alias(n) if n in constant else F.col(n) for n in fresh.column_names],
                             F.col(ROW))
 
-    def _transform(self, good, ctx: BatchContext):
+    def _transform(self, good: DataFrame, ctx: BatchContext) -> DataFrame:
         from pyspark.sql import DataFrame
 
-        if self.fn is None and self.sql is None:
+        fn, sql = self.fn, self.sql
+        if fn is None and sql is None:
             return good
         try:
-            if self.fn is not None:
-                out = self.fn(good, ctx)
-            else:
+            if fn is not None:
+                out = fn(good, ctx)
+            elif sql is not None:
                 good.createOrReplaceTempView(BATCH_VIEW)
-                out = self.spark.sql(self.sql)
+                out = self.spark.sql(sql)
         except Exception as e:  # the user's code or SQL (analysis errors surface here)
             raise _spark_failure(e) from e
         if not isinstance(out, DataFrame):
             raise TransformError(f"transform: returned {type(out).__name__}, not a Spark DataFrame")
         return out
 
-    def _outputs(self, sink: TwoPhaseSink, batch_id: BatchId, good, ctx: BatchContext,
+    def _outputs(self, sink: TwoPhaseSink, batch_id: BatchId, good: DataFrame, ctx: BatchContext,
                  extra: dict[str, dict[str, np.ndarray]]) -> tuple[Any, list]:
         """The batch's output staged in the sink -- one Spark job, or one per route of a routed
         sink -- and the observations of the rows the sink refuses. ``extra``: per route, the
@@ -546,7 +554,7 @@ class SparkPipeline:
                     cached.unpersist()
         return RoutedRows(parts), observations
 
-    def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out) -> Any:
+    def _stage(self, sink: TwoPhaseSink, batch_id: BatchId, out: DataFrame) -> Any:
         """Run one Spark job of the batch (``sink.stage``): its result, or the failure as the job
         reports it (the sink's storage, NATS, the user's transformation)."""
         from airflow_provider_cg.core.landing.pipeline.nats_source import READ_FAILED
@@ -563,7 +571,7 @@ class SparkPipeline:
                 raise ConsumerGroupError(f"Spark failed computing the batch: {_first_line(e)}") from e
             raise _spark_failure(e) from e
 
-    def _collect(self, sink: TwoPhaseSink, staged, *observations) -> dict:
+    def _collect(self, sink: TwoPhaseSink, staged: object, *observations: Observation | None) -> dict:
         """The observed metrics of the batch's Spark jobs (the staged result is discarded when
         they cannot be had)."""
         try:
@@ -579,7 +587,7 @@ class SparkPipeline:
             raise
 
     @staticmethod
-    def _observed(observation) -> dict:
+    def _observed(observation: Observation) -> dict:
         # Observation.get blocks until the metric arrives, which it never does when the
         # transformation's result does not read the batch at all
         pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cg-observation")
@@ -608,7 +616,7 @@ def _spark_failure(e: Exception) -> TransformError:
     return e if isinstance(e, TransformError) else TransformError(f"transform: {_first_line(e)}")
 
 
-def partition_ranges(table) -> list[tuple[int, int, int, int]]:
+def partition_ranges(table: pa.Table) -> list[tuple[int, int, int, int]]:
     """(partition, first origin seq, last origin seq, rows) for each partition of a batch, by
     partition. Counted with numpy over the partition numbers (small integers): this runs on
     the event loop once per batch, where Arrow's ``group_by`` (an execution plan per call)

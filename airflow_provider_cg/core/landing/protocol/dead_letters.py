@@ -4,15 +4,19 @@ and why (``Cg-*``), deduplicated by origin so a republish after a crash is dropp
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.jetstream.api import JsApi
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 
 class DeadLetters:
     """The dead-letter stream ``<stream>-<group>-dlq``; poison messages keep their error."""
 
-    def __init__(self, nc, api: JsApi, stream: str, group: str, replicas: int = 1) -> None:
+    def __init__(self, nc: NATS, api: JsApi, stream: str, group: str, replicas: int = 1) -> None:
         self.nc, self.api = nc, api
         self.name = f"{stream}-{group}-dlq"
         self.prefix = f"cg.dlq.{stream}.{group}"

@@ -34,9 +34,11 @@ from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.lake.spark_staging import StagedFiles
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
+    CommitResult,
     Fence,
     FencedOut,
     InputsTaken,
+    PreparedWrite,
     PreparedWriteLost,
     SinkError,
     SinkLockTimeout,
@@ -101,7 +103,7 @@ def written_columns(rows: Any) -> list[list[str]] | None:
     return None
 
 
-def _landed_inputs(inputs, input_keys: dict[str, np.ndarray] | None):
+def _landed_inputs(inputs: pa.Table, input_keys: dict[str, np.ndarray] | None) -> pa.Table:
     """The inputs (rows as read) whose effect a transformed batch lands: those it records."""
     if input_keys is None or inputs.num_rows == 0:
         return inputs
@@ -111,7 +113,7 @@ def _landed_inputs(inputs, input_keys: dict[str, np.ndarray] | None):
     return inputs if keep.all() else inputs.filter(pa.array(keep))
 
 
-def _count_routes(s: Summary, rows: RoutedRows, inputs, result) -> None:
+def _count_routes(s: Summary, rows: RoutedRows, inputs: pa.Table, result: CommitResult) -> None:
     """A routed batch in the summary: each route's counts and ranges, and the inputs landed in
     any table as the batch's own."""
     every: dict[str, np.ndarray] = {}
@@ -182,7 +184,7 @@ class TwoPhaseLander:
     async def discard(self, processed: ProcessedBatch) -> None:
         await asyncio.to_thread(self.sink.discard, processed.rows)
 
-    async def land(self, batch_id: BatchId, processed: ProcessedBatch, inputs, refs: dict[str, np.ndarray],
+    async def land(self, batch_id: BatchId, processed: ProcessedBatch, inputs: pa.Table, refs: dict[str, np.ndarray],
                    ack: AckStep | None, n_msgs: int, n_bytes: int, abort: bool = False,
                    recompute: RecomputeStep | None = None) -> bool:
         """prepare -> mark acking -> ``ack()`` -> commit; returns whether the batch committed.
@@ -225,7 +227,7 @@ class TwoPhaseLander:
             stalled = 0 if _input_count(processed) < before else stalled + 1
         return await self._ack_and_commit(batch_id, prepared, processed, inputs, ack, n_msgs, n_bytes)
 
-    async def _stop(self, batch_id: BatchId, prepared, e: Exception) -> bool:
+    async def _stop(self, batch_id: BatchId, prepared: PreparedWrite | None, e: Exception) -> bool:
         """Another instance took the member over: nothing of the batch was acked; stop."""
         if prepared is None:
             # Stalled mid-prepare; the new pin holder's recovery removed the staging. No ack
@@ -245,7 +247,8 @@ class TwoPhaseLander:
         await asyncio.to_thread(self.sink.abort, prepared)
         return False
 
-    async def _ack_and_commit(self, batch_id: BatchId, prepared, processed: ProcessedBatch, inputs,
+    async def _ack_and_commit(self, batch_id: BatchId, prepared: PreparedWrite, processed: ProcessedBatch,
+                              inputs: pa.Table,
                               ack: AckStep | None, n_msgs: int, n_bytes: int) -> bool:
         s = self.summary
         if ack is not None:
@@ -280,7 +283,7 @@ class TwoPhaseLander:
             s.count_partition(p, first, last, n)
         return True
 
-    async def _prepare(self, batch_id: BatchId, processed: ProcessedBatch, refs: dict[str, Any]):
+    async def _prepare(self, batch_id: BatchId, processed: ProcessedBatch, refs: dict[str, Any]) -> PreparedWrite:
         """``sink.prepare`` under the fence. A lock timeout means rows are held by another
         prepared write; if a run we fenced out prepared it after our recovery, it can never be
         acked: finish such writes (recovery rolls them back) and try again."""
@@ -295,3 +298,4 @@ class TwoPhaseLander:
                 log.warning("cg batch %s waited on rows locked by another prepared write; finishing writes of "
                             "fenced-out instances and retrying", batch_id.gid)
                 await self.recover(self.fence.partitions)
+        raise AssertionError("unreachable: the last attempt raises")

@@ -427,7 +427,7 @@ class PostgresSink(TwoPhaseSink):
     def state(self, prepared: PreparedWrite) -> WriteState:
         self.ensure_tables()
 
-        def fn(cur: Cursor):
+        def fn(cur: Cursor) -> WriteState:
             cur.execute(
                 "SELECT 1 FROM pg_prepared_xacts WHERE gid = %s AND database = current_database()",
                 (prepared.gid,),
@@ -515,7 +515,7 @@ class PostgresSink(TwoPhaseSink):
         such an old write is reported lost instead of idempotent). Returns rows deleted."""
         self.ensure_tables()
 
-        def fn(cur: Cursor):
+        def fn(cur: Cursor) -> int:
             cur.execute(
                 f"DELETE FROM {self._side(MARKERS_TABLE)} WHERE target = %s AND "
                 "committed_at < now() - make_interval(secs => %s)",
