@@ -24,7 +24,14 @@ import sys
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pyspark.sql import SparkSession
+
+    from airflow_provider_cg.core.errors import ConfigError
+    from airflow_provider_cg.core.landing.contract import MemberJobSpec, Summary
+    from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, SparkPipeline
+    from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
 
 # numpy (under pyarrow) starts one busy OpenBLAS thread per core at import; the job does no
 # linear algebra, and on a small machine running many members those threads cost each run
@@ -32,7 +39,7 @@ if TYPE_CHECKING:
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
-def _build_sink(spec):
+def _build_sink(spec: MemberJobSpec) -> TwoPhaseSink:
     from airflow_provider_cg.core.landing.sinks.opening import open_sink
 
     sink = open_sink(spec.sink_options, transformed=spec.transforming)
@@ -49,7 +56,7 @@ class JobSession:
     never needs one, and a run that finds nothing to land (a standby, an empty backlog) skips
     the context's start-up (about 2.5 s of the 4 s a spark-submit takes here)."""
 
-    def __init__(self, spec) -> None:
+    def __init__(self, spec: MemberJobSpec) -> None:
         self.spec = spec
         self.session: SparkSession | None = None
 
@@ -68,7 +75,7 @@ class JobSession:
             self.session.stop()
 
 
-def _build_pipeline(spec, session: JobSession | None):
+def _build_pipeline(spec: MemberJobSpec, session: JobSession | None) -> ArrowPipeline | SparkPipeline:
     """Spark decodes and transforms; a raw batch with no transformation has nothing for Spark
     to compute and lands as read (the data path's speed). Schemas are checked by Spark before
     anything is read, and executor reads start their workers while the job waits for its pin:
@@ -89,7 +96,8 @@ def _build_pipeline(spec, session: JobSession | None):
                          bad_records=spec.bad_records)
 
 
-async def _run(spec, make_sink, pipeline):
+async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipeline: ArrowPipeline | SparkPipeline
+               ) -> Summary:
     """Connect to NATS first (a refused or unreachable server leaves nothing behind), check the
     group and the member, then open the sink and run."""
     from airflow_provider_cg.core.errors import ConfigError
@@ -97,6 +105,7 @@ async def _run(spec, make_sink, pipeline):
     from airflow_provider_cg.core.groups.config import in_membership
     from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
     from airflow_provider_cg.core.landing.modes import ReadMode
+    from airflow_provider_cg.core.landing.pipeline.processing import SparkPipeline
 
     try:
         settings = NatsConnectionSettings.from_env()
@@ -108,10 +117,10 @@ async def _run(spec, make_sink, pipeline):
     settings.name = settings.name or f"cg-job-{spec.stream}-{spec.group}-{who}"
     nc = await settings.connect()
     try:
-        if spec.read is ReadMode.EXECUTORS and not spec.backfill:
-            pipeline.read_in_tasks(settings)
+        if spec.read is ReadMode.EXECUTORS and not spec.backfill and isinstance(pipeline, SparkPipeline):
+            pipeline.read_in_tasks(settings)  # (executor reads always have Spark's pipeline)
         info = await ConsumerGroups(nc).get(spec.stream, spec.group)
-        if not spec.backfill and not in_membership(info.config, spec.member):
+        if not spec.backfill and not in_membership(info.config, spec.member or ""):
             raise ConfigError("member", f"{spec.member!r} is not a member of group {spec.group!r} "
                                         f"on stream {spec.stream!r}")
         if spec.follow:  # it lands whatever comes: be ready when it does
@@ -204,7 +213,7 @@ class OneLineLibraryErrors(logging.Filter):
         return True
 
 
-def _shown(e) -> str:
+def _shown(e: ConfigError) -> str:
     """A ``ConfigError`` as a command-line user reads it: an option by its flag."""
     from airflow_provider_cg.core.landing.contract import MemberJobSpec
     from airflow_provider_cg.core.landing.fields import flag

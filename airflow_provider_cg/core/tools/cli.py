@@ -22,7 +22,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_provider_cg.core.errors import (
     ConfigError,
@@ -58,10 +58,15 @@ from airflow_provider_cg.core.tools.cli_text import (
     table,
 )
 
+if TYPE_CHECKING:
+    from airflow_provider_cg.core.groups.reset_plan import ResetTarget
+    from airflow_provider_cg.core.landing.sinks.options import SinkOptions
+    from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import LastCommit
+
 EXIT_OK, EXIT_INPUT, EXIT_SERVER = 0, 1, 2
 
 
-def cmd_maintain(args, out: TextIO) -> int:
+def cmd_maintain(args: argparse.Namespace, out: TextIO) -> int:
     """``cg maintain``: ``core/landing/sinks/maintenance.py`` on the table the sink options name."""
     from airflow_provider_cg.core.landing.sinks.maintenance import maintain
     from airflow_provider_cg.core.landing.sinks.options import sink_options_from_args
@@ -93,7 +98,7 @@ def _membership(field: str, members: list[str] | None, mappings_json: str | None
     return {"members": tuple(members), "member_mappings": ()}
 
 
-def cmd_plan(args, out: TextIO) -> int:
+def cmd_plan(args: argparse.Namespace, out: TextIO) -> int:
     cfg = cgconfig.ElasticGroupConfig(
         max_members=args.max_members, **_membership("members", args.members, args.mappings)
     ).validate()
@@ -139,7 +144,7 @@ def _moves(old: dict[str, list[int]], new: dict[str, list[int]]) -> list[dict[st
     return sorted(moves, key=lambda m: m["partition"])
 
 
-def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
+def cmd_hash(args: argparse.Namespace, out: TextIO, stdin: TextIO) -> int:
     if args.partitions < 1:
         raise ConfigError("partitions", "must be >= 1")
     wildcards = int_list("wildcards", args.wildcards) if args.wildcards else ()
@@ -168,7 +173,7 @@ def cmd_hash(args, out: TextIO, stdin: TextIO) -> int:
     return EXIT_OK
 
 
-def _create_config(args) -> cgconfig.GroupConfig:
+def _create_config(args: argparse.Namespace) -> cgconfig.GroupConfig:
     from airflow_provider_cg.core.groups.membership import parse_members
 
     members = parse_members("members", args.members) if args.members is not None else []
@@ -199,7 +204,7 @@ def _create_config(args) -> cgconfig.GroupConfig:
     )
 
 
-def _v01(args, n_filters: int) -> bool:
+def _v01(args: argparse.Namespace, n_filters: int) -> bool:
     if getattr(args, "orbit_format", "v0.2") != "v0.1":
         return False
     if n_filters != 1:
@@ -225,7 +230,7 @@ class Call:
         emit(self.args, data, text, self.out)
 
 
-def _check_create(args) -> cgconfig.GroupConfig:
+def _check_create(args: argparse.Namespace) -> cgconfig.GroupConfig:
     created_cfg = _create_config(args)
     created_cfg.validate(args.stream, args.group)
     return created_cfg
@@ -309,7 +314,7 @@ async def _status(c: Call) -> None:
     c.emit(lag.add_to(st.to_dict()), status_text(st, lag))
 
 
-def _check_lag(args):
+def _check_lag(args: argparse.Namespace) -> SinkOptions | None:
     """The job's rules for the sink, before the network."""
     from airflow_provider_cg.core.landing.sinks.options import sink_options_from_args
 
@@ -340,7 +345,7 @@ async def _lag(c: Call) -> None:
     c.emit(data, lag_text(lag, commits) + life_text(args.stream, life))
 
 
-def _check_reset(args):
+def _check_reset(args: argparse.Namespace) -> ResetTarget:
     from airflow_provider_cg.core.groups.reset_plan import MODES, ResetTarget
 
     groupnames.validate_names(args.stream, args.group)
@@ -398,7 +403,7 @@ SERVER_COMMANDS: dict[str, tuple[Callable[[argparse.Namespace], Any] | None, Cal
 }
 
 
-async def _online(args, out: TextIO) -> int:
+async def _online(args: argparse.Namespace, out: TextIO) -> int:
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
     from airflow_provider_cg.core.jetstream.api import validate_prefix
 
@@ -415,7 +420,7 @@ async def _online(args, out: TextIO) -> int:
         await nc.close()
 
 
-def _last_commits(o, stream: str, group: str) -> dict:
+def _last_commits(o: SinkOptions, stream: str, group: str) -> dict[str, LastCommit]:
     """Each member's last committed batch from the sink the jobs land into (read-only)."""
     from airflow_provider_cg.core.landing.sinks.opening import open_sink
 
@@ -423,7 +428,7 @@ def _last_commits(o, stream: str, group: str) -> dict:
         return sink.last_commits(stream, group)
 
 
-def _origin_life(o, stream: str, created: str, choice: str | None) -> dict:
+def _origin_life(o: SinkOptions, stream: str, created: str, choice: str | None) -> dict:
     """The origin's current life in the table the jobs land into; ``choice`` records it."""
     from airflow_provider_cg.core.landing.sinks.opening import open_sink
     from airflow_provider_cg.core.landing.stream_life import LifeChoice

@@ -8,7 +8,7 @@ import argparse
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import layouts
@@ -28,11 +28,11 @@ class Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting with status 2 (2 means "server" here), and
     takes no abbreviations (``--password`` must not silently mean ``--password-file``)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str):  # noqa: D401 - argparse API
+    def error(self, message: str) -> NoReturn:  # noqa: D401 - argparse API
         m = re.match(r"argument ([^:]+): (.*)", message)
         if m:
             names = m.group(1).split("/")
@@ -83,7 +83,7 @@ _OPTION_OF = {"servers": "server", "user": "user", "password": "password-file", 
               "connect_timeout": "timeout"}
 
 
-def settings_from_args(args, environ: dict[str, str] | None = None) -> NatsConnectionSettings:
+def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> NatsConnectionSettings:
     """Connection settings: ``CG_NATS_*`` environment, then the command-line options. An error
     names the option or the variable the bad value came from."""
     env = os.environ if environ is None else environ

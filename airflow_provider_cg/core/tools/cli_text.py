@@ -5,10 +5,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from airflow_provider_cg.core.groups import layouts, partitioning
 from airflow_provider_cg.core.groups import names as groupnames
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig
+
+if TYPE_CHECKING:
+    import argparse
+
+    from airflow_provider_cg.core.groups.config import GroupConfig
+    from airflow_provider_cg.core.groups.lag import GroupLag
+    from airflow_provider_cg.core.groups.reset_plan import ResetPlan
+    from airflow_provider_cg.core.groups.resize import ResizePlan
+    from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
+    from airflow_provider_cg.core.groups.store import GroupInfo
+    from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import LastCommit
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -34,7 +46,7 @@ def ranges(parts: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def emit(args, data: Any, text: str, out: TextIO) -> None:
+def emit(args: argparse.Namespace, data: Any, text: str, out: TextIO) -> None:
     if getattr(args, "json", False):
         out.write(json.dumps(data, indent=2, sort_keys=False, default=_json_default) + "\n")
     else:
@@ -49,17 +61,17 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def membership_text(cfg) -> str:
+def membership_text(cfg: GroupConfig) -> str:
     if cfg.member_mappings:
         return "mappings " + ", ".join(f"{m.member}:{ranges(m.partitions)}" for m in cfg.member_mappings)
     return "members " + (", ".join(cfg.members) or "none")
 
 
-def describe(info, states=None) -> str:
+def describe(info: GroupInfo, states: list[MemberState] | None = None) -> str:
     cfg = info.config
     lines = [f"group:        {info.group} on stream {info.stream} ({info.kind}, revision {info.revision})",
              f"max members:  {cfg.max_members} (partitions)"]
-    if info.kind == groupnames.ELASTIC:
+    if isinstance(cfg, ElasticGroupConfig):  # the elastic kind's config
         fl = [f"{pf.filter} (wildcards {','.join(map(str, pf.partitioning_wildcards)) or 'none: whole subject'})"
               for pf in cfg.partitioning_filters]
         lines.append(f"filters:      {'; '.join(fl) or '> (whole subject)'}")
@@ -82,7 +94,7 @@ def describe(info, states=None) -> str:
     return "\n".join(lines)
 
 
-def members_table(states) -> str:
+def members_table(states: list[MemberState]) -> str:
     rows = [
         (s.member, ranges(s.partitions), "yes" if s.consumer_exists else "no",
          ("" if s.filters_current else "stale ") + (s.pinned_id or "-"), s.num_pending, s.num_ack_pending,
@@ -102,7 +114,7 @@ def _stopped_text(stopped: dict | None) -> list[str]:
             "again (--execute) to finish it"]
 
 
-def status_text(st, lag=None) -> str:
+def status_text(st: GroupStatus, lag: GroupLag | None = None) -> str:
     layout = f", layout {st.layout}" if st.kind == groupnames.ELASTIC else ""
     lines = [f"group:        {st.group} on stream {st.stream} ({st.kind}, revision {st.revision}{layout})",
              f"backlog:      {st.backlog}  pending {st.num_pending}  ack pending {st.num_ack_pending}  "
@@ -129,7 +141,7 @@ def status_text(st, lag=None) -> str:
     return "\n".join(lines)
 
 
-def work_queue_of(st) -> str:
+def work_queue_of(st: GroupStatus) -> str:
     return groupnames.work_queue_stream(st.stream, st.group)
 
 
@@ -149,14 +161,14 @@ def life_text(stream: str, life: dict | None) -> str:
             f"--stream-life new:{life['created']} (here or on the jobs)")
 
 
-def _commit_text(c) -> str:
+def _commit_text(c: LastCommit | None) -> str:
     if c is None:
         return "-"
     seqs = ", ".join(f"{r['first_seq']}-{r['last_seq']}" for r in c.origin.values()) or "-"
     return f"{c.committed_at[:19].replace('T', ' ')} {c.rows_written} rows, seq {seqs}"
 
 
-def lag_text(lag, commits: dict | None = None) -> str:
+def lag_text(lag: GroupLag, commits: dict | None = None) -> str:
     lines = [f"group:        {lag.group} on stream {lag.stream} ({lag.kind})",
              f"backlog:      {lag.backlog}  oldest pending {_age(lag.oldest_pending_age_s)}"
              + (f"  source lag {lag.source_lag}" if lag.source_lag is not None else "")]
@@ -176,7 +188,7 @@ def lag_text(lag, commits: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def resize_text(plan) -> str:
+def resize_text(plan: ResizePlan) -> str:
     members = sorted(set(plan.partitions) | set(plan.new_partitions))
     rows = [(m, ranges(plan.partitions.get(m, [])) or "-", ranges(plan.new_partitions.get(m, [])) or "-")
             for m in members]
@@ -194,7 +206,7 @@ def resize_text(plan) -> str:
     return "\n".join(lines)
 
 
-def reset_text(plan) -> str:
+def reset_text(plan: ResetPlan) -> str:
     who = f"member {plan.member}" if plan.member else "every member"
     rows = [(c.member, ranges(c.partitions), c.current, c.new, c.replay, c.skip) for c in plan.changes]
     lines = [f"reset {plan.target} of {who} of {plan.kind} group {plan.group} on stream {plan.stream} "

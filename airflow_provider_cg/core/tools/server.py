@@ -172,7 +172,7 @@ class EmbeddedNatsServer:
     def __enter__(self) -> EmbeddedNatsServer:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()
 
 
@@ -216,5 +216,5 @@ class EmbeddedNatsCluster:
     def __enter__(self) -> EmbeddedNatsCluster:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cleanup()
