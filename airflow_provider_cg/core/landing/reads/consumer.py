@@ -169,7 +169,7 @@ class ConsumerReads:
                     msgs, end = e.messages, StopReason.CONSUMER_DELETED
                 except PullTransient as e:  # server restart, leadership change: keep trying a while
                     msgs = e.messages
-                    transient_deadline = transient_deadline or time.monotonic() + max(r.ack_wait, 30.0)
+                    transient_deadline = transient_deadline or time.monotonic() + max(r.assignment.ack_wait, 30.0)
                     if time.monotonic() > transient_deadline:
                         raise
                     log.warning("cg pull interrupted (%s); retrying", e)
@@ -199,10 +199,10 @@ class ConsumerReads:
         double ack per message (partition by partition)."""
         r = self.r
         self.landing_msgs = msgs
-        table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.elastic)
+        table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.assignment.keys, sourced=r.assignment.elastic)
         if not _in_stream_order(msgs):  # right after a takeover or a redelivery
             msgs = sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
-            table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.keys, sourced=r.elastic)
+            table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.assignment.keys, sourced=r.assignment.elastic)
         table = r.rows_of(table)
         lo, hi = pc.min_max(table.column("partition")).values()
         one_partition = lo == hi
@@ -226,11 +226,11 @@ class ConsumerReads:
                 outcomes += await r.pin.client.ack_sync_many(part, timeout=min(ACK_TIMEOUT, 10.0))
                 acked += part
                 failpoint("mid_ack")
-            return await _resolve_acks(r.pin.client, r.api, r.consumer_stream, r.elastic, acked, outcomes,
+            return await _resolve_acks(r.pin.client, r.api, r.assignment.consumer_stream, r.assignment.elastic, acked, outcomes,
                                        time.monotonic() + ACK_TIMEOUT)
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
-        await r.lander.land(batch_id, processed, inputs, {r.consumer_stream: refs}, ack, len(msgs),
+        await r.lander.land(batch_id, processed, inputs, {r.assignment.consumer_stream: refs}, ack, len(msgs),
                             sum(len(m.data) for m in msgs), abort=consumer_gone, recompute=r.recompute_step(inputs))
 
     async def _handle_poison(self, table: pa.Table, msgs: list, bad: dict[int, str]) -> tuple[list, list[int]]:

@@ -243,7 +243,7 @@ class DirectReads:
     async def land(self, first: list, landed: set[int]) -> bool:
         """The stream (elastic) or the durable's position (static), not the consumer's
         deliveries, says what earlier holders left unacknowledged: nothing to settle first."""
-        if self.r.partition_streams:  # as the pin holder: a partition stream its server lost is made again first
+        if self.r.assignment.partition_streams:  # as the pin holder: a partition stream its server lost is made again first
             await self.r.ensure_current()
         await self.consume()
         return True
@@ -299,7 +299,7 @@ class DirectReads:
                     await r.rebuild_partition(e.partition)
                     continue
                 except DirectReadError as e:
-                    transient_deadline = transient_deadline or time.monotonic() + max(r.ack_wait, 30.0)
+                    transient_deadline = transient_deadline or time.monotonic() + max(r.assignment.ack_wait, 30.0)
                     if not e.retryable or time.monotonic() > transient_deadline:
                         raise
                     log.warning("cg read interrupted (%s); retrying", e)
@@ -309,7 +309,7 @@ class DirectReads:
                     if landing is not None:
                         await r.pin.await_landing(landing)
                         landing = None
-                    if r.partition_streams:  # nothing read: an empty partition stream, or one that cannot serve
+                    if r.assignment.partition_streams:  # nothing read: an empty partition stream, or one that cannot serve
                         await r.ensure_current()
                         if await self._streams_behind():
                             continue
@@ -343,7 +343,7 @@ class DirectReads:
         batch_id = r.next_batch_id()  # in read order: the landing tasks start in the order they were made
 
         def rows_and_output() -> tuple[pa.Table, np.ndarray, ProcessedBatch]:  # one hand-off to a worker thread per batch, not one per step
-            table, refs = rows_from_batches(batches, group=r.options.group, member=r.member, keys=r.keys,
+            table, refs = rows_from_batches(batches, group=r.options.group, member=r.member, keys=r.assignment.keys,
                                             origin=positions.origin)
             table = r.rows_of(table)
             return table, refs, r.pipeline.process(r.sink, table, batch_id)
@@ -357,7 +357,7 @@ class DirectReads:
         async def ack() -> int:
             return await positions.ack(batches, cut)
 
-        await r.lander.land(batch_id, processed, table, {r.consumer_stream: refs}, ack, len(refs),
+        await r.lander.land(batch_id, processed, table, {r.assignment.consumer_stream: refs}, ack, len(refs),
                             sum(len(d) for b in batches for d in b.data), recompute=r.recompute_step(table))
 
     async def _previous_landed(self, after: asyncio.Task | None, processed: ProcessedBatch) -> bool:

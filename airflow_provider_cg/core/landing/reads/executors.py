@@ -48,8 +48,8 @@ class ExecutorReads(DirectReads):
 
     def _plan(self, ranges: list[ReadRange], skip: np.ndarray | None) -> str:
         r = self.r
-        return batch_plan(ranges, stream=r.consumer_stream, origin=self.positions.origin, group=r.options.group,
-                          member=r.member, key_rules=r.key_rules, js_prefix=r.api.prefix,
+        return batch_plan(ranges, stream=r.assignment.consumer_stream, origin=self.positions.origin, group=r.options.group,
+                          member=r.member, key_rules=r.assignment.key_rules, js_prefix=r.api.prefix,
                           only=self.positions.only, parallelism=self.parallelism, skip=skip,
                           origin_key=r.origin_key)
 
@@ -61,7 +61,7 @@ class ExecutorReads(DirectReads):
         if origin is None:  # (the run sets it before any reader is made)
             raise ConsumerGroupError("no origin key: the run has not checked its origin stream's life")
         batch_id = r.next_batch_id()
-        partitions = r.partitions if any(rg.partition == ALL for rg in ranges) or \
+        partitions = r.assignment.partitions if any(rg.partition == ALL for rg in ranges) or \
             isinstance(positions, ConsumerPosition) else tuple(sorted({rg.partition for rg in ranges}))
         processed, read = await asyncio.to_thread(self.pipeline.process_ranges, r.sink,
                                                   lambda skip: self._plan(ranges, skip), origin, batch_id,
@@ -83,5 +83,5 @@ class ExecutorReads(DirectReads):
             return new_id, self.pipeline.process_ranges(r.sink, lambda skip: self._plan(ranges, skip),
                                                        origin, new_id, partitions)[0]
 
-        await r.lander.land(batch_id, processed, read.inputs, {r.consumer_stream: refs}, ack,
+        await r.lander.land(batch_id, processed, read.inputs, {r.assignment.consumer_stream: refs}, ack,
                               read.messages + processed.skipped, read.bytes, recompute=recompute)

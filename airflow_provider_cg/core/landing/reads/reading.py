@@ -123,34 +123,6 @@ class MemberReading:
     #: a partition stream that lost messages made again from its log (``layouts/partition_streams.py``)
     rebuild_partition: Callable[[int], Awaitable[None]]
 
-    @property
-    def consumer_stream(self) -> str:
-        return self.assignment.consumer_stream
-
-    @property
-    def partitions(self) -> tuple[int, ...]:
-        return self.assignment.partitions
-
-    @property
-    def keys(self) -> KeySelector:
-        return self.assignment.keys
-
-    @property
-    def key_rules(self) -> list:
-        return self.assignment.key_rules
-
-    @property
-    def elastic(self) -> bool:
-        return self.assignment.elastic
-
-    @property
-    def partition_streams(self) -> bool:
-        return self.assignment.partition_streams
-
-    @property
-    def ack_wait(self) -> float:
-        return self.assignment.ack_wait
-
     def next_batch_id(self) -> BatchId:
         return self.batch_ids.next()
 
