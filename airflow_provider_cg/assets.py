@@ -18,12 +18,17 @@ commit) has its row once in the table and is included.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.landing.contract import COUNTS
 from airflow_provider_cg.core.landing.sinks.options import SinkOptions
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from airflow.sdk import Asset
 
 __all__ = ["LANDED_TABLES", "landed_rows", "read_table", "table_asset"]
 
@@ -50,7 +55,7 @@ def table_asset_name(options: Any) -> str:
     return kind.asset_name(kind.typed(options))
 
 
-def table_asset(name: str | None = None, **location: Any):
+def table_asset(name: str | None = None, **location: Any) -> Asset:
     """An Airflow ``Asset`` for the table the sink options ``location`` name (``SinkOptions``'
     fields: ``sink="delta", sink_path=...``), named ``name`` or ``table_asset_name``. A DAG
     scheduled on a landed table names it the same way (this function, or ``Asset`` with the same
@@ -130,7 +135,7 @@ def landed_extras(spec: Any, summary: dict[str, Any], servers: Any = ()) -> list
 
 
 def landed_rows(extras: list[dict[str, Any]], columns: list[str] | None = None, *,
-                storage_options: dict[str, str] | None = None, iceberg_catalog_uri: str | None = None):
+                storage_options: dict[str, str] | None = None, iceberg_catalog_uri: str | None = None) -> pa.Table:
     """The rows the runs behind ``extras`` (asset events of one table) landed, as a pyarrow
     table: the table read once (delta-rs, pyiceberg or the Parquet lake's commit log) with
     each event's partitions and origin ranges as the row filter (pushed down to the Parquet
@@ -158,7 +163,7 @@ def landed_rows(extras: list[dict[str, Any]], columns: list[str] | None = None, 
 
 def read_table(fmt: str, *, sink_path: str | None = None, iceberg_table: str | None = None,
                iceberg_catalog_uri: str | None = None, storage_options: dict[str, str] | None = None,
-               columns: list[str] | None = None, row_filter=None):
+               columns: list[str] | None = None, row_filter: pc.Expression | None = None) -> pa.Table:
     """A landed table as a reader without Spark sees it (``SinkKind.read_table``: delta-rs's
     file list read by pyarrow, pyiceberg, the Parquet lake's commit log); ``s3://`` locations
     with ``AWS_*`` settings. ``row_filter`` (a pyarrow expression) is pushed down to the Delta
@@ -172,7 +177,7 @@ def read_table(fmt: str, *, sink_path: str | None = None, iceberg_table: str | N
 
 
 def _read_table(extra: dict[str, Any], storage_options: dict[str, str] | None, catalog_uri: str | None,
-                row_filter=None):
+                row_filter: pc.Expression | None = None) -> pa.Table:
     return read_table(extra["format"], sink_path=extra.get("sink_path"), iceberg_table=extra.get("iceberg_table"),
                       iceberg_catalog_uri=catalog_uri or extra.get("iceberg_catalog_uri"),
                       storage_options=storage_options, row_filter=row_filter)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 from airflow_provider_cg.core.jetstream.publish import publish_many
@@ -28,12 +29,17 @@ from airflow_provider_cg.core.tools.packaging import example_dags_folder
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer
 from airflow_provider_cg.examples import ORDERS_TABLE, iceberg_defaults, lake_dir, orders_table, table_formats
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    import pyarrow as pa
+
 PACKAGE_PARENT = Path(__file__).resolve().parent.parent  # the checkout, or site-packages
 DAG_ID = "cg_scheduled_consumption"
 STREAM = "ORDERS"
 
 
-def _orders(n: int, customers: int, seed: int = 7, first: int = 1):
+def _orders(n: int, customers: int, seed: int = 7, first: int = 1) -> Iterator[tuple[str, bytes]]:
     rnd = random.Random(seed + first - 1)
     for i in range(first, first + n):
         c = f"c{rnd.randrange(customers):05d}"
@@ -74,7 +80,7 @@ def _run(cmd: list[str], env: dict[str, str], log: Path) -> None:
         raise SystemExit(f"{' '.join(cmd[1:4])} failed ({proc.returncode}); see {log}\n{tail}")
 
 
-def read_table(fmt: str, columns: list[str]):
+def read_table(fmt: str, columns: list[str]) -> pa.Table:
     """The landed table as a reader without Spark sees it (delta-rs, pyiceberg, pyarrow)."""
     from airflow_provider_cg.assets import read_table as read
 

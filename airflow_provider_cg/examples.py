@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.landing.contract import COUNTS
 from airflow_provider_cg.core.landing.modes import PayloadFormat
+
+if TYPE_CHECKING:
+    from airflow.sdk import Asset
 
 __all__ = [
     "EXAMPLE_DEFAULT_ARGS",
@@ -69,7 +72,7 @@ def orders_table(sink: str, values: dict[str, Any] | None = None) -> dict[str, A
     return {"sink": sink, **{k: v for k, v in defaults.items() if k in sink_kind(sink).option_fields()}}
 
 
-def paid_orders_asset():
+def paid_orders_asset() -> Asset:
     """The ``paid_orders`` table (its default location) as the Asset the landing tasks update;
     each event's extra names the table it actually wrote (``airflow_provider_cg.assets``)."""
     from airflow_provider_cg.assets import table_asset
@@ -77,7 +80,7 @@ def paid_orders_asset():
     return table_asset(sink="delta", sink_path=lake_dir(ORDERS_TABLE))
 
 
-def landing_asset(landing: dict[str, Any]):
+def landing_asset(landing: dict[str, Any]) -> Asset:
     """The Asset of the table ``orders_landing(...)``'s arguments write."""
     from airflow_provider_cg.assets import table_asset
     from airflow_provider_cg.core.landing.sinks.options import SINK_FIELDS

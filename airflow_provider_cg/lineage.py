@@ -13,10 +13,13 @@ classes are imported here only, when the provider asks for lineage.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from airflow_provider_cg.core.landing.sinks.registry import sink_kind
+
+if TYPE_CHECKING:
+    from airflow.providers.openlineage.extractors import OperatorLineage
 
 
 def stream_dataset_name(servers: list[str], stream: str) -> tuple[str, str]:
@@ -47,7 +50,7 @@ def table_dataset_name(spec: Any, table_location: tuple[str, str] | None = None)
 
 
 def operator_lineage(spec: Any, servers: list[str], summary: dict[str, Any] | None,
-                     table_location: tuple[str, str] | None = None):
+                     table_location: tuple[str, str] | None = None) -> OperatorLineage:
     """The provider's ``OperatorLineage`` for one landing run. A run that wrote no row (a member
     skipped for want of backlog, or whose messages had all landed before) read the stream and
     landed nothing: its event names the stream and no table (with no dataset at all, the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import cached_property
-from typing import Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -42,6 +42,13 @@ from airflow_provider_cg.operators.group_arguments import (
     partitioning_filters,
     templated,
 )
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from airflow_provider_cg.core.groups.lag import GroupLag
+    from airflow_provider_cg.core.groups.reset_plan import ResetTarget
+    from airflow_provider_cg.core.groups.status import GroupStatus
 
 __all__ = [
     "CreateConsumerGroupOperator",
@@ -239,7 +246,7 @@ class CreateConsumerGroupOperator(_ConsumerGroupOperator):
         self._stream_config()
 
     def execute(self, context: Any) -> dict[str, Any]:
-        async def go(nc) -> tuple[GroupInfo, bool]:
+        async def go(nc: NATS) -> tuple[GroupInfo, bool]:
             stream_created = False
             sc = self._stream_config()
             if sc is not None:
@@ -299,7 +306,7 @@ class DeleteConsumerGroupOperator(_ConsumerGroupOperator):
         self.ignore_missing = ignore_missing
 
     def execute(self, context: Any) -> dict[str, Any]:
-        async def go(nc) -> GroupInfo | None:
+        async def go(nc: NATS) -> GroupInfo | None:
             try:
                 return await ConsumerGroups(nc).delete(self.stream, self.group)
             except GroupNotFound:
@@ -329,7 +336,7 @@ class _MembershipOperator(_ConsumerGroupOperator):
         raise NotImplementedError
 
     def execute(self, context: Any) -> dict[str, Any]:
-        async def go(nc) -> tuple[GroupInfo, GroupInfo]:
+        async def go(nc: NATS) -> tuple[GroupInfo, GroupInfo]:
             cg = ConsumerGroups(nc)
             before = await cg.get(self.stream, self.group)
             return before, await self._change(cg)
@@ -455,7 +462,7 @@ class StepDownMemberOperator(_ConsumerGroupOperator):
         groupnames.validate_name("member", self.member, "member")
 
     def execute(self, context: Any) -> dict[str, Any]:
-        async def go(nc) -> str | None:
+        async def go(nc: NATS) -> str | None:
             cg = ConsumerGroups(nc)
             pinned = [s.pinned_id for s in await cg.member_info(self.stream, self.group) if s.member == self.member]
             await cg.step_down(self.stream, self.group, self.member)
@@ -494,7 +501,7 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
         if member is not None and not templated(member):
             groupnames.validate_name("member", member, "member")
 
-    def _target(self):
+    def _target(self) -> ResetTarget:
         from airflow_provider_cg.core.groups.reset_plan import ResetTarget
 
         return ResetTarget.parse(to_datetime=self.to_datetime, by_duration=self.by_duration,
@@ -510,7 +517,7 @@ class ResetConsumerGroupOperator(_ConsumerGroupOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_provider_cg.core.groups.reset import GroupReset
 
-        async def go(nc) -> dict[str, Any]:
+        async def go(nc: NATS) -> dict[str, Any]:
             resets = GroupReset(nc)
             plan = await resets.plan(self.stream, self.group, self._target(), self.member)
             if not self.plan_only:
@@ -553,7 +560,7 @@ class MoveConsumerGroupLayoutOperator(_ConsumerGroupOperator):
         layouts.check("layout", self.layout)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        async def go(nc) -> dict[str, Any]:
+        async def go(nc: NATS) -> dict[str, Any]:
             return (await ConsumerGroups(nc).move_layout(self.stream, self.group, self.layout, wait=self.wait,
                                                          partition_replicas=self.partition_replicas)).to_dict()
 
@@ -604,7 +611,7 @@ class ResizeConsumerGroupOperator(_ConsumerGroupOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_provider_cg.core.groups.resize import GroupResize
 
-        async def go(nc) -> dict[str, Any]:
+        async def go(nc: NATS) -> dict[str, Any]:
             resizes = GroupResize(nc)
             mappings = literal("mappings", self.mappings)
             if self.plan_only:
@@ -628,7 +635,7 @@ class ConsumerGroupStatusOperator(_ConsumerGroupOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow_provider_cg.core.groups.lag import group_lag
 
-        async def go(nc):
+        async def go(nc: NATS) -> tuple[GroupStatus, GroupLag]:
             st = await ConsumerGroups(nc).status(self.stream, self.group)
             return st, await group_lag(nc, self.stream, self.group, status=st)
 

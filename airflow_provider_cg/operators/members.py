@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -25,6 +25,11 @@ from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.lag import member_backlog
 from airflow_provider_cg.hooks.nats import NatsHook
 from airflow_provider_cg.lineage import MovesNoData
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from airflow_provider_cg.core.groups.status import GroupStatus
 
 __all__ = ["ConsumerGroupMembersOperator", "member_states"]
 
@@ -46,7 +51,7 @@ def templated(value: Any) -> bool:
 def member_states(hook: NatsHook, stream: str, group: str) -> Any:
     """``ConsumerGroups.status`` of the group (one connection)."""
 
-    async def go(nc):
+    async def go(nc: NATS) -> GroupStatus:
         return await ConsumerGroups(nc).status(stream, group)
 
     return hook.run(go)

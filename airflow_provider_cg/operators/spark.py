@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSkipException
@@ -49,6 +49,10 @@ from airflow_provider_cg.operators.members import (
     settled_states,
     templated,
 )
+
+if TYPE_CHECKING:
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+    from nats.aio.client import Client as NATS
 
 __all__ = ["ConsumerGroupSparkSubmitOperator"]
 
@@ -269,7 +273,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         self.openlineage_inject_parent_job_info = openlineage_inject_parent_job_info
         for option in SPARK_SUBMIT_OPTIONS:
             setattr(self, option, spark_options.get(option))
-        self._spark_hook = None
+        self._spark_hook: SparkSubmitHook | None = None
         self._follow_seconds: float | None = None
         self._summary: dict[str, Any] | None = None  # the last run's, for lineage
         self._check(rendered=False)
@@ -439,7 +443,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         """The member job's spec of this task (its fields rendered)."""
         return MemberJobSpec.build(self._job_values())
 
-    def submit_hook(self, spec: MemberJobSpec, argv: list[str]):
+    def submit_hook(self, spec: MemberJobSpec, argv: list[str]) -> tuple[SparkSubmitHook, str | None]:
         """The Spark provider's hook for this task's submit and the private properties file to
         delete afterwards (``hooks/spark_submit.py``)."""
         options = {k: getattr(self, k) for k in SPARK_SUBMIT_OPTIONS if getattr(self, k) is not None}
@@ -524,7 +528,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
 
         start, end = spec.window()  # (checked by the spec: both given)
 
-        async def go(nc):
+        async def go(nc: NATS) -> bool:
             return await window_has_messages(nc, spec.stream, spec.group, start, end)
 
         try:

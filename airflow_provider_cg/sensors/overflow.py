@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
@@ -21,6 +21,11 @@ from airflow_provider_cg.triggers.overflow import (
     exceeds,
     read_figures,
 )
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from airflow_provider_cg.core.groups.status import GroupStatus
 
 __all__ = ["GroupOverflowSensor"]
 
@@ -134,7 +139,7 @@ class GroupOverflowSensor(BaseSensorOperator):
 
         hook = self.hook
 
-        async def _read(nc):
+        async def _read(nc: NATS) -> tuple[GroupStatus, dict[str, Any]]:
             return await read_figures(nc, self.stream, self.group, self.member, self.max_oldest_age)
 
         try:

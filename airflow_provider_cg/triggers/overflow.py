@@ -32,7 +32,7 @@ import contextlib
 import random
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
@@ -42,6 +42,9 @@ from airflow_provider_cg.core.groups.lag import GroupLag, group_lag
 from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.hooks.nats import NatsHook
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 __all__ = ["GroupOverflowTrigger"]
 
@@ -120,7 +123,7 @@ def exceeds(figures: dict[str, Any], min_pending: int | None, min_ack_pending: i
     ) or (max_oldest_age is not None and age is not None and age > max_oldest_age)
 
 
-async def read_figures(nc, stream: str, group: str, member: str | None,
+async def read_figures(nc: NATS, stream: str, group: str, member: str | None,
                        max_oldest_age: float | None) -> tuple[GroupStatus, dict[str, Any]]:
     """One poll: the group's status and the figures of the group or member (the oldest
     pending message's age only when an age threshold needs it: a direct get per partition)."""

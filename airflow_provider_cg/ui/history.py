@@ -20,7 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy import Table
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,7 @@ GROUP = ""  # the member column of a group's own sample
 Key = tuple[str, str, str]  # (stream, group, member or GROUP)
 
 
-def _table():
+def _table() -> Table:
     from sqlalchemy import BigInteger, Column, Float, Index, MetaData, String, Table
 
     return Table("cg_backlog_samples", MetaData(),
