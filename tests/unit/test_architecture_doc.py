@@ -14,7 +14,8 @@ _PATH = re.compile(r"^[A-Za-z0-9_./]+(/|\.py)$")
 
 def documented_paths() -> set[str]:
     """The paths the first code block's tree names: a line's first word, joined to the folders
-    it is indented under (``sinks/shared/two_phase_sink.py`` under ``landing/`` is ``.../landing/sinks/shared/two_phase_sink.py``)."""
+    it is indented under (``sinks/shared/declaration.py`` under ``landing/`` is
+    ``.../landing/sinks/shared/declaration.py``)."""
     text = DOC.read_text()
     block = text.split("```", 2)[1]
     out: set[str] = set()

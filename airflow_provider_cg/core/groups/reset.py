@@ -180,7 +180,8 @@ class GroupReset:
             return last + 1  # caught up
         return max(int(c["ack_floor"]["stream_seq"]) + 1, first)
 
-    async def _plan_static(self, plan: ResetPlan, cfg: StaticGroupConfig, members: list[str], target: ResetTarget,
+    async def _plan_static(self, plan: ResetPlan, cfg: StaticGroupConfig, members: list[str],
+                           target: ResetTarget,
                            absolute: int | None) -> None:
         cstream = plan.stream
         for m in members:
@@ -206,7 +207,8 @@ class GroupReset:
                 hi = mid
         return lo
 
-    async def _plan_elastic(self, plan: ResetPlan, cfg: ElasticGroupConfig, members: list[str], target: ResetTarget,
+    async def _plan_elastic(self, plan: ResetPlan, cfg: ElasticGroupConfig, members: list[str],
+                            target: ResetTarget,
                             absolute: int | None) -> None:
         wq = groupnames.work_queue_stream(plan.stream, plan.group)
         sourced = await self._sourced_through(wq, plan.origin_last_seq)

@@ -122,7 +122,8 @@ def _header_int(hdr: bytes, name: bytes) -> int:
 class PartitionReader:
     """Batched direct gets and filtered purges on one work-queue stream."""
 
-    def __init__(self, nc: NATS, stream: str, *, js_prefix: str = DEFAULT_PREFIX, fast_path: bool | None = None) -> None:
+    def __init__(self, nc: NATS, stream: str, *, js_prefix: str = DEFAULT_PREFIX,
+                 fast_path: bool | None = None) -> None:
         self.nc, self.stream = nc, stream
         self.api = JsApi(nc, prefix=js_prefix)
         self._get_subject = f"{js_prefix}.DIRECT.GET.{stream}"
@@ -335,7 +336,8 @@ async def repurge_until_gone(first_left: Callable[[], Awaitable[int | None]],
     return False
 
 
-async def read_shares(reader_of: Callable[[int], PartitionReader], starts: dict[int, int], count: int, timeout: float,
+async def read_shares(reader_of: Callable[[int], PartitionReader], starts: dict[int, int], count: int,
+                      timeout: float,
                       subjects: dict[int, str]) -> list[PartitionBatch]:
     """``PartitionReader.read_partitions``, each partition read by ``reader_of(partition)``."""
     if not starts:

@@ -96,7 +96,8 @@ class _Dispatch:
             setattr(nc, cls.ATTR, d)
         return d
 
-    async def process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None) -> None:
+    async def process_msg(self, sid: int, subject: bytes, reply: bytes, data: bytes,
+                          headers: bytes | None) -> None:
         handler = self.handlers.get(sid)
         if handler is None:
             return await self.orig(sid, subject, reply, data, headers)
@@ -123,7 +124,8 @@ class RawFrames:
     message, ``PING``, ``INFO``, ``-ERR``, a frame it cannot read) goes to nats-py's parser as
     it is. A raw frame not yet whole waits for the next chunk, as nats-py's own parse would."""
 
-    def __init__(self, nc: Internals, parser: Internals, handlers: dict[int, RawHandler], control_line: int) -> None:
+    def __init__(self, nc: Internals, parser: Internals, handlers: dict[int, RawHandler],
+                 control_line: int) -> None:
         self.nc, self.parser, self.handlers = nc, parser, handlers
         self.control_line = control_line  # nats-py's state between frames
         self.orig = parser.parse
@@ -270,7 +272,8 @@ class RawSubscription:
             pass
 
 
-async def subscribe_raw(nc: Internals, subject: str, handler: RawHandler, *, fast: bool | None = None) -> RawSubscription:
+async def subscribe_raw(nc: Internals, subject: str, handler: RawHandler, *,
+                        fast: bool | None = None) -> RawSubscription:
     """Subscribe ``handler`` to ``subject``. ``fast``: None = the fast path when supported,
     False = the public API, True = the fast path or RuntimeError."""
     dispatch = _Dispatch.of(nc) if fast is not False else None

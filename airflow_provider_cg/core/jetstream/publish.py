@@ -68,7 +68,8 @@ async def publish_many(
     return result
 
 
-async def _send_window(nc: NATS, batch: list[tuple], prefix: str, acks: dict[int, dict | None], progress: asyncio.Event,
+async def _send_window(nc: NATS, batch: list[tuple], prefix: str, acks: dict[int, dict | None],
+                       progress: asyncio.Event,
                        ack_timeout: float, max_attempts: int, result: PublishResult) -> None:
     base = result.published  # reply tokens of this window: base .. base + len(batch) - 1
     todo = list(range(len(batch)))

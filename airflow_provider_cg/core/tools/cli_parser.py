@@ -83,7 +83,8 @@ _OPTION_OF = {"servers": "server", "user": "user", "password": "password-file", 
               "connect_timeout": "timeout"}
 
 
-def settings_from_args(args: argparse.Namespace, environ: dict[str, str] | None = None) -> NatsConnectionSettings:
+def settings_from_args(args: argparse.Namespace,
+                       environ: dict[str, str] | None = None) -> NatsConnectionSettings:
     """Connection settings: ``CG_NATS_*`` environment, then the command-line options. An error
     names the option or the variable the bad value came from."""
     env = os.environ if environ is None else environ

@@ -424,7 +424,8 @@ async def remove_partition_streams(api: JsApi, wq: str) -> None:
     await delete_partition_log(api, wq)
 
 
-async def partition_backlog(api: JsApi, wq: str, partitions: Iterable[int], problems: dict[int, str] | None = None,
+async def partition_backlog(api: JsApi, wq: str, partitions: Iterable[int],
+                            problems: dict[int, str] | None = None,
                             mirrored: bool = True) -> dict[int, int]:
     """Per partition, what the log holds of it: every message not yet landed, whether its
     stream holds it yet or not (a partition stream is only a read path). With ``problems``,
@@ -501,7 +502,8 @@ async def partition_stream_problem(api: JsApi, wq: str, p: int, mirror_info: dic
     return None
 
 
-async def partition_stream_problems(api: JsApi, wq: str, partitions: Iterable[int], mirrored: bool = True) -> dict[int, str]:
+async def partition_stream_problems(api: JsApi, wq: str, partitions: Iterable[int],
+                                    mirrored: bool = True) -> dict[int, str]:
     """``partition_stream_problem`` of each partition (only those that have one)."""
     out: dict[int, str] = {}
     for p in partitions:

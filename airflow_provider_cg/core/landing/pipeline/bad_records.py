@@ -89,7 +89,8 @@ def refusing(sink: TwoPhaseSink, out: DataFrame | pa.Table, batch_id: BatchId
     return observe_refusals(out, why, batch_id)
 
 
-def observe_refusals(frame: DataFrame, why: Column, batch_id: BatchId) -> tuple[DataFrame, Observation | None]:
+def observe_refusals(frame: DataFrame, why: Column,
+                     batch_id: BatchId) -> tuple[DataFrame, Observation | None]:
     """``frame`` minus the rows ``why`` (a Spark column: why a row is refused, or null) refuses,
     and an observation of their origins and reasons. Without the origin columns nothing can be
     refused: the sink's schema check names the missing column."""
@@ -105,7 +106,8 @@ def observe_refusals(frame: DataFrame, why: Column, batch_id: BatchId) -> tuple[
     return frame.where(why.isNull()), observation
 
 
-def refused_inputs(metrics: dict, at: dict[tuple[str, int], int], refused: Container[int]) -> dict[tuple[str, int], str]:
+def refused_inputs(metrics: dict, at: dict[tuple[str, int], int],
+                   refused: Container[int]) -> dict[tuple[str, int], str]:
     """The inputs (origin_stream, origin_seq) of the refused rows the job observed, new ones
     only; ``at`` maps each input of the batch to its number. A refused row that names no input
     of the batch cannot be dead-lettered: the transformation changed its origin columns."""

@@ -92,7 +92,8 @@ class SparkDecoder:
     Built once per job: a bad schema, or ``avro`` without Spark's Avro package on the
     classpath, fails here (exit 1) rather than at the first batch."""
 
-    def __init__(self, spark: SparkSession | None, kind: PayloadFormat | str, schema: str | None = None) -> None:
+    def __init__(self, spark: SparkSession | None, kind: PayloadFormat | str,
+                 schema: str | None = None) -> None:
         from pyspark.sql import functions as F
         from pyspark.sql.types import StringType, StructField, StructType
 

@@ -184,7 +184,8 @@ class TwoPhaseLander:
     async def discard(self, processed: ProcessedBatch) -> None:
         await asyncio.to_thread(self.sink.discard, processed.rows)
 
-    async def land(self, batch_id: BatchId, processed: ProcessedBatch, inputs: pa.Table, refs: dict[str, np.ndarray],
+    async def land(self, batch_id: BatchId, processed: ProcessedBatch, inputs: pa.Table,
+                   refs: dict[str, np.ndarray],
                    ack: AckStep | None, n_msgs: int, n_bytes: int, abort: bool = False,
                    recompute: RecomputeStep | None = None) -> bool:
         """prepare -> mark acking -> ``ack()`` -> commit; returns whether the batch committed.
@@ -283,7 +284,8 @@ class TwoPhaseLander:
             s.count_partition(p, first, last, n)
         return True
 
-    async def _prepare(self, batch_id: BatchId, processed: ProcessedBatch, refs: dict[str, Any]) -> PreparedWrite:
+    async def _prepare(self, batch_id: BatchId, processed: ProcessedBatch,
+                       refs: dict[str, Any]) -> PreparedWrite:
         """``sink.prepare`` under the fence. A lock timeout means rows are held by another
         prepared write; if a run we fenced out prepared it after our recovery, it can never be
         acked: finish such writes (recovery rolls them back) and try again."""

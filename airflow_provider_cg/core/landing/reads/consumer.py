@@ -199,10 +199,12 @@ class ConsumerReads:
         double ack per message (partition by partition)."""
         r = self.r
         self.landing_msgs = msgs
-        table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.assignment.keys, sourced=r.assignment.elastic)
+        table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.assignment.keys,
+                           sourced=r.assignment.elastic)
         if not _in_stream_order(msgs):  # right after a takeover or a redelivery
             msgs = sorted(_latest_deliveries(msgs), key=lambda m: m.stream_seq)
-            table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.assignment.keys, sourced=r.assignment.elastic)
+            table = build_rows(msgs, group=r.options.group, member=r.member, keys=r.assignment.keys,
+                               sourced=r.assignment.elastic)
         table = r.rows_of(table)
         lo, hi = pc.min_max(table.column("partition")).values()
         one_partition = lo == hi
@@ -226,8 +228,8 @@ class ConsumerReads:
                 outcomes += await r.pin.client.ack_sync_many(part, timeout=min(ACK_TIMEOUT, 10.0))
                 acked += part
                 failpoint("mid_ack")
-            return await _resolve_acks(r.pin.client, r.api, r.assignment.consumer_stream, r.assignment.elastic, acked, outcomes,
-                                       time.monotonic() + ACK_TIMEOUT)
+            return await _resolve_acks(r.pin.client, r.api, r.assignment.consumer_stream, r.assignment.elastic,
+                                       acked, outcomes, time.monotonic() + ACK_TIMEOUT)
 
         refs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
         await r.lander.land(batch_id, processed, inputs, {r.assignment.consumer_stream: refs}, ack, len(msgs),

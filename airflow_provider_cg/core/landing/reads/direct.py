@@ -243,7 +243,8 @@ class DirectReads:
     async def land(self, first: list, landed: set[int]) -> bool:
         """The stream (elastic) or the durable's position (static), not the consumer's
         deliveries, says what earlier holders left unacknowledged: nothing to settle first."""
-        if self.r.assignment.partition_streams:  # as the pin holder: a partition stream its server lost is made again first
+        # as the pin holder: a partition stream its server lost is made again first
+        if self.r.assignment.partition_streams:
             await self.r.ensure_current()
         await self.consume()
         return True
@@ -309,7 +310,8 @@ class DirectReads:
                     if landing is not None:
                         await r.pin.await_landing(landing)
                         landing = None
-                    if r.assignment.partition_streams:  # nothing read: an empty partition stream, or one that cannot serve
+                    # nothing read: an empty partition stream, or one that cannot serve
+                    if r.assignment.partition_streams:
                         await r.ensure_current()
                         if await self._streams_behind():
                             continue

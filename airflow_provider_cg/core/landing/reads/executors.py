@@ -48,8 +48,8 @@ class ExecutorReads(DirectReads):
 
     def _plan(self, ranges: list[ReadRange], skip: np.ndarray | None) -> str:
         r = self.r
-        return batch_plan(ranges, stream=r.assignment.consumer_stream, origin=self.positions.origin, group=r.options.group,
-                          member=r.member, key_rules=r.assignment.key_rules, js_prefix=r.api.prefix,
+        return batch_plan(ranges, stream=r.assignment.consumer_stream, origin=self.positions.origin,
+                          group=r.options.group, member=r.member, key_rules=r.assignment.key_rules, js_prefix=r.api.prefix,
                           only=self.positions.only, parallelism=self.parallelism, skip=skip,
                           origin_key=r.origin_key)
 

@@ -14,8 +14,9 @@ if TYPE_CHECKING:
     from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
 
-def maintain_delta(sink: DeltaLakeSink, compact: bool, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
-    """A Delta table's maintenance (``registry``'s ``Delta.maintain``): compaction, the log held to the retention, a checkpoint, VACUUM."""
+def maintain_delta(sink: DeltaLakeSink, compact: bool, target_file_size: int | None,
+                   retention_hours: float) -> MaintenanceReport:
+    """A Delta table's maintenance (``Delta.maintain``): see the module docstring."""
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -25,7 +26,8 @@ def maintain_delta(sink: DeltaLakeSink, compact: bool, target_file_size: int | N
     except TableNotFoundError:
         return report  # nothing landed yet
     if compact:
-        metrics = retrying_conflicts(lambda: dt.optimize.compact(target_size=target_file_size), dt.update_incremental)
+        metrics = retrying_conflicts(lambda: dt.optimize.compact(target_size=target_file_size),
+                                     dt.update_incremental)
         report.compacted = {k: metrics.get(k) for k in ("numFilesAdded", "numFilesRemoved", "numBatches")}
         dt.update_incremental()
     # What a reader loads grows with the log's entries and the removed files' tombstones a

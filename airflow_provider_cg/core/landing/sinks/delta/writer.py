@@ -199,8 +199,9 @@ class DeltaLakeSink(TableSink):
                 return False  # the table was re-read above (created, evolved): another publisher got here first
             now = int(time.time() * 1000)
             part = self.partitioning
-            actions: list[AddAction | RemoveAction] = [AddAction(f.path, f.size, part.delta_values(f.partition or []) if part else {}, now, True,
-                                 stats_json(f.stats)) for f in files]
+            actions: list[AddAction | RemoveAction] = [
+                AddAction(f.path, f.size, part.delta_values(f.partition or []) if part else {}, now, True,
+                          stats_json(f.stats)) for f in files]
             rows = sum(int(r["rows_written"]) for r in records)
             props = self._properties(records, now, 10, **{"cg.rows": str(rows)})
             dt.create_write_transaction(actions, "append", pa.schema(dt.schema().to_arrow()), commit_properties=props,

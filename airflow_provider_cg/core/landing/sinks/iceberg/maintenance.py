@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
 
 
-def maintain_iceberg(sink: IcebergSink, target_file_size: int | None, retention_hours: float) -> MaintenanceReport:
+def maintain_iceberg(sink: IcebergSink, target_file_size: int | None,
+                     retention_hours: float) -> MaintenanceReport:
     """An Iceberg table's maintenance (``Iceberg.maintain``): old snapshots expired, orphan files removed."""
     from pyarrow import fs as pafs
 

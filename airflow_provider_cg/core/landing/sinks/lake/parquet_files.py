@@ -177,7 +177,8 @@ class TaskFileWriter:
     place among the task's files, so a batch's files list (and are committed) in the order of
     its input: per-key order within a batch, for rows one per input."""
 
-    def __init__(self, location: str, folder: str, compression: str, partitioning: Partitioning | None = None, *,
+    def __init__(self, location: str, folder: str, compression: str,
+                 partitioning: Partitioning | None = None, *,
                  target: int | None = None, all_statistics: bool = True) -> None:
         self.location, self.folder, self.compression = location, folder, compression
         self.partitioning, self.target, self.all_statistics = partitioning, target, all_statistics

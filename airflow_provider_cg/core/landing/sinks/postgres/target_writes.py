@@ -45,7 +45,8 @@ class TargetWrites:
     def side(self, name: str) -> str:
         return f"{ident(self.schema)}.{ident(name)}"
 
-    def write(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs, transformed: bool) -> tuple[int, int]:
+    def write(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs,
+              transformed: bool) -> tuple[int, int]:
         """The batch's rows into the target, in the caller's open transaction; returns (rows
         written, duplicates skipped). ``inputs``: (stream, seqs) of the batch's messages."""
         stg_cols, select, encoders = staging_columns(table.schema)
@@ -90,7 +91,8 @@ class TargetWrites:
                 taken[stream] = np.setdiff1d(np.asarray(seqs, np.int64), mine)
         return taken
 
-    def _upsert(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs, transformed: bool, staging: str, stg_cols: list,
+    def _upsert(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs, transformed: bool,
+                staging: str, stg_cols: list,
                 select: list, encoders: dict) -> tuple[int, int]:
         """An upsert batch: its inputs claimed (rows of inputs committed already are dropped; a
         transformation's batch with such inputs is refused, as always), then the latest record

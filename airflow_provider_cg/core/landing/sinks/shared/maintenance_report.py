@@ -35,7 +35,8 @@ class MaintenanceReport:
                 "protocol_log": self.protocol_log, "duration_s": round(self.duration_s, 3)}
 
 
-def retrying_conflicts(action: Callable[[], Result], reload: Callable[[], object], attempts: int = 5) -> Result:
+def retrying_conflicts(action: Callable[[], Result], reload: Callable[[], object],
+                       attempts: int = 5) -> Result:
     """``action`` again after a commit lost to a member's concurrent commit (optimistic
     concurrency of both formats: the member's commit stands, maintenance re-reads and retries)."""
     for attempt in range(attempts):
