@@ -50,7 +50,14 @@ METRICS: dict[str, MetricSpec] = {
         "gauge", "partitions", "partition streams that are not current (lost, unserved, behind their log): "
                                "their backlog is not known until rebuilt"),
     "cg_group_source_lag_messages": MetricSpec(
-        "gauge", "messages", "messages of the origin stream not yet sourced into the group's work queue"),
+        "gauge", "messages", "messages of the origin stream (on the group's filters) not yet sourced into the "
+                             "group's work queue or partition log: counted from the origin, not the server's report"),
+    "cg_group_source_stalled": MetricSpec(
+        "gauge", "boolean", "1 while the group's source has messages to take and has been silent (nats-server "
+                            "would wait up to 2 minutes; the group's member jobs start it again)"),
+    "cg_group_origin_went_back": MetricSpec(
+        "gauge", "boolean", "1 while the group's jobs refuse because its origin stream went back (its store came "
+                            "back older): landed messages it no longer holds; cg status says the way forward"),
     "cg_member_backlog_messages": MetricSpec("gauge", "messages", "messages waiting in the member's partitions"),
     "cg_member_ack_pending_messages": MetricSpec(
         "gauge", "messages", "messages delivered to the member's pinned run and not acknowledged yet"),
@@ -147,6 +154,8 @@ def lag_metrics(conn_id: str, groups: list[dict[str, Any]], now: float | None = 
         add("cg_group_unassigned_partitions", len(g.get("unassigned_partitions") or ()))
         add("cg_group_partition_streams_not_current", len(g.get("partition_problems") or {}))
         add("cg_group_source_lag_messages", g.get("source_lag"))
+        add("cg_group_source_stalled", int(bool(g.get("source_stalled"))))
+        add("cg_group_origin_went_back", int("origin_went_back" in (g.get("problems") or {})))
         for m in members:
             at = (*labels, ("member", str(m["member"])))
             add("cg_member_backlog_messages", m.get("backlog"), at)

@@ -39,6 +39,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.lag import GroupLag, group_lag
+from airflow_provider_cg.core.groups.problems import describe as describe_problem
 from airflow_provider_cg.core.groups.status import GroupStatus, MemberState
 from airflow_provider_cg.core.groups.store import ELASTIC
 from airflow_provider_cg.hooks.nats import NatsHook
@@ -105,6 +106,11 @@ def measure(status: GroupStatus, member: str | None = None, lag: GroupLag | None
         "partitions": {str(p): int(status.partitions.get(p, 0)) for p in parts},
         # partition streams that are not current: their backlog is not known (``layouts/``)
         "partition_problems": {str(p): why for p, why in sorted(status.partition_problems.items()) if p in parts},
+        # the origin's messages the group has not taken yet, whether its source is stalled, and what
+        # the group's jobs found that no server state shows (an origin that went back: ``problems.py``)
+        "source_lag": status.source_lag,
+        "source_stalled": status.source_stalled,
+        "problems": dict(status.problems),
     }
     if lag is not None:
         ages = [m.oldest_pending_age_s for m in lag.members
@@ -258,7 +264,7 @@ class GroupOverflowTrigger(BaseEventTrigger):
         armed = True
         failures = 0
         last: dict[str, Any] | None = None
-        warned: dict[str, str] = {}
+        warned: tuple[dict[str, str], str | None, dict[str, dict]] = ({}, None, {})
         self.log.info(
             "Watching %s (mode %s): min_pending=%s min_ack_pending=%s max_oldest_age=%s every %ss",
             self._where(), self.mode, self.min_pending, self.min_ack_pending, self.max_oldest_age, self.poke_interval,
@@ -305,11 +311,16 @@ class GroupOverflowTrigger(BaseEventTrigger):
                 failures = 0
                 last = figures
                 problems = figures.get("partition_problems") or {}
-                if problems != warned:
+                health = (problems, figures.get("source_stalled"), figures.get("problems") or {})
+                if health != warned:
                     if problems:
                         self.log.warning("%s: partition streams not current, their backlog unknown: %s",
                                          self._where(), "; ".join(f"{p}: {why}" for p, why in problems.items()))
-                    warned = problems
+                    if health[1]:
+                        self.log.warning("%s: its source is stalled: %s", self._where(), health[1])
+                    for kind, found in sorted(health[2].items()):
+                        self.log.warning("%s: %s", self._where(), describe_problem(kind, found))
+                    warned = health
                 if exceeds(figures, self.min_pending, self.min_ack_pending, self.max_oldest_age):
                     if armed:
                         self.log.info(

@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from airflow_provider_cg._provider_info import CONN_TYPE
 from airflow_provider_cg.assets import server_addresses
+from airflow_provider_cg.core.groups import problems
 from airflow_provider_cg.core.groups.lag import epoch_seconds
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
 from airflow_provider_cg.core.landing.run.board import landing_now
@@ -379,6 +380,10 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
             + "".join(f'<p class="err" data-partition="{e(p)}">partition {e(p)}: its stream is not current: '
                       f'{e(why)} (its backlog is not known)</p>'
                       for p, why in (g.get("partition_problems") or {}).items())
+            + (f'<p class="err" id="{anchor}-source">source stalled: {e(g["source_stalled"])}; the group\'s member '
+               "jobs start it again</p>" if g.get("source_stalled") else "")
+            + (f'<p class="err" id="{anchor}-origin">{e(problems.describe(problems.ORIGIN_WENT_BACK, g["problems"][problems.ORIGIN_WENT_BACK]))}'
+               "</p>" if problems.ORIGIN_WENT_BACK in (g.get("problems") or {}) else "")
             + f'<div class="group-chart">{last_hour_svg(g.get("history") or {}, now, large=True, css_class="group")}</div>'
             + f'<p class="legend muted">the last hour, UTC: <i class="landed"></i>messages landed per 5 min (left scale)'
               f'<i class="backlog"></i>backlog, {sampled} (right scale); samples kept in Airflow\'s database</p>'

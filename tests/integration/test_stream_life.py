@@ -142,9 +142,12 @@ async def test_a_re_created_origin_is_refused_then_landed_as_its_own_life(nc, tm
     sink.close()
 
 
-async def test_the_life_survives_a_server_restart_and_continue_dedupes(nc, nats_server, nats_settings, tmp_path):
-    """The creation time is kept across a restart (no refusal); ``continue:`` takes a new
-    creation time as the latest life (a restored backup): its messages dedupe against it."""
+async def test_the_life_survives_a_server_restart_and_continue_is_checked(nc, nats_server, nats_settings, tmp_path):
+    """The creation time is kept across a restart (no refusal). ``continue:`` takes a new
+    creation time as the latest life only once the table's marks are checked on it: a stream
+    whose messages are others (published again, with times of their own) is an origin that went
+    back, refused until ``went-back:`` names where; they then land under a key of their own."""
+    from airflow_provider_cg.core.landing.protocol.origin_guard import OriginWentBack
     from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
 
     sink = ParquetLakeSink(tmp_path / "lake", fsync=False)
@@ -158,11 +161,15 @@ async def test_the_life_survives_a_server_restart_and_continue_dedupes(nc, nats_
         await publish_many(nc, [("foo.k1", b"after restart")])
         await sourced(nc, 1)
         assert await land(nc, sink) == {"rows": 1, "dups": 0, "key": "O"}
-        # the same ten messages in a stream created anew (as a restore in a cluster would)
+        # ten messages in a stream created anew: said to be the same, but they are not
         second = await new_life(nc, 10)
-        assert await land(nc, sink, stream_life=f"continue:{second}") == {"rows": 0, "dups": 10, "key": "O"}
-        # both creation times are now this one life's
-        assert await land(nc, sink) == {"rows": 0, "dups": 0, "key": "O"}
+        with pytest.raises(OriginWentBack) as refused:
+            await land(nc, sink, stream_life=f"continue:{second}")
+        assert refused.value.went.to_seq == 0 and refused.value.went.lost == 11
+        assert "--stream-life went-back:0" in str(refused.value)
+        assert (await JsApi(nc).stream_info(work_queue_stream("O", "g")))["state"]["messages"] == 10
+        assert await land(nc, sink, stream_life="went-back:0") == {"rows": 10, "dups": 0, "key": "O#2"}
+        assert await land(nc, sink) == {"rows": 0, "dups": 0, "key": "O#2"}
     finally:
         await nc.close()
     await asyncio.sleep(0)
@@ -188,7 +195,7 @@ async def test_the_job_refuses_a_new_life_with_one_line_and_exit_1(nc, nats_sett
     assert f"--stream-life new:{second}" in err[0]
     assert (await JsApi(nc).stream_info(work_queue_stream("O", "g")))["state"]["messages"] == 5
     assert await asyncio.to_thread(job.main, [*argv, "--stream-life", "later"]) == contract.EXIT_INVALID
-    assert "--stream-life: must be new:<created> or continue:<created>" in capsys.readouterr().err
+    assert "--stream-life: must be new:<created>, continue:<created> or went-back:<sequence>" in capsys.readouterr().err
     assert await asyncio.to_thread(job.main, [*argv, "--stream-life", f"new:{second}"]) == contract.EXIT_OK
     import json
 
@@ -226,8 +233,8 @@ async def test_cg_lag_shows_the_origins_life_and_records_a_new_one(nc, nats_serv
     base = ("lag", "O", "g", "--server", nats_server.url, "--sink", "parquet", "--sink-path", str(lake))
     a = await acg(*base, "--json")
     assert a.rc == 0, a.err
-    assert json.loads(a.out)["origin_life"] == {"created": first, "key": "O", "known": True,
-                                                "lives": [{"created": first, "key": "O"}]}
+    assert json.loads(a.out)["origin_life"] == {"created": first, "key": "O", "known": True, "went_back": None,
+                                                "lives": [{"created": first, "key": "O", "from_seq": 1}]}
     second = await new_life(nc, 4)
     a = await acg(*base)
     assert a.rc == 0 and "ANOTHER LIFE" in a.out and f"--stream-life new:{second}" in a.out, a.out

@@ -246,7 +246,8 @@ def postgres_landed(conn_params: dict, table: str = "cg_events") -> list[Landed]
 def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], str], *,
                         resized_after: int | None = None) -> None:
     """Every expected ``(origin_stream, origin_seq) -> key`` landed once, nothing else landed,
-    and within every key the rows appear in the sink's commit order by increasing origin_seq.
+    and within every key the rows appear in the sink's commit order by increasing origin_seq
+    (within a life of the stream; a later life's after an earlier one's).
     Each key stays in one partition (with ``resized_after``: one up to that origin sequence,
     one after it)."""
     seen: dict[tuple[str, int], int] = {}
@@ -265,12 +266,17 @@ def assert_exactly_once(landed: list[Landed], expected: dict[tuple[str, int], st
         era = resized_after is not None and r.origin_seq > resized_after
         assert partition_of_key.setdefault((r.key, era), r.partition) == r.partition, \
             f"key {r.key!r} in two partitions"
-    last: dict[str, int] = {}
+    # per key, in commit order: origin sequences increase within a life of the stream, and a
+    # later life's messages (published after the earlier one's: stream_life.py) come after
+    from airflow_provider_cg.core.landing.stream_life import life_number
+
+    last: dict[str, tuple[int, int]] = {}
     for r in landed:
-        prev = last.get(r.key)
-        assert prev is None or r.origin_seq > prev, (
-            f"key {r.key!r}: origin_seq {r.origin_seq} committed after {prev} (per-key order broken)")
-        last[r.key] = r.origin_seq
+        prev, now = last.get(r.key), (life_number(r.origin_stream), r.origin_seq)
+        assert prev is None or now > prev, (
+            f"key {r.key!r}: {r.origin_stream} {r.origin_seq} committed after life {prev[0]} seq {prev[1]} "
+            "(per-key order broken)")
+        last[r.key] = now
 
 
 def assert_each_order_counted_once(out, orders: dict) -> None:

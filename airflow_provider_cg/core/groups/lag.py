@@ -48,7 +48,10 @@ class GroupLag:
     members: list[MemberLag] = field(default_factory=list)
     unassigned_partitions: list[int] = field(default_factory=list)
     source_lag: int | None = None
+    source_stalled: str | None = None  # why its source is stalled (``sourcing.stalled``)
     sourcing_stopped: dict | None = None
+    #: what the group's jobs found that no server state shows (``problems.py``), e.g. an origin that went back
+    problems: dict[str, dict] = field(default_factory=dict)
     #: partition streams that are not current: "<p>" -> why (their backlog is not known)
     partition_problems: dict[str, str] = field(default_factory=dict)
 
@@ -141,7 +144,8 @@ async def group_lag(nc: NATS, stream: str, group: str, *, js_prefix: str = DEFAU
     return GroupLag(stream=stream, group=group, kind=status.kind, max_members=status.max_members,
                     backlog=status.backlog, oldest_pending_age_s=max(ages) if ages else None, members=members,
                     unassigned_partitions=list(status.unassigned_partitions), source_lag=status.source_lag,
-                    sourcing_stopped=status.sourcing_stopped,
+                    source_stalled=status.source_stalled, sourcing_stopped=status.sourcing_stopped,
+                    problems=dict(status.problems),
                     partition_problems={str(p): why for p, why in sorted(status.partition_problems.items())})
 
 

@@ -1,4 +1,4 @@
-"""Stopping and resuming an elastic group's sourcing, for ``reset`` and ``resize``.
+"""Stopping and resuming an elastic group's sourcing (``reset``, ``resize``), and its health.
 
 The work-queue stream sources the origin in order; a stop removes its source, a resume adds
 one back with ``opt_start_seq`` (checked on nats-server 2.15: a source added to a work queue
@@ -9,6 +9,14 @@ still stores its last sourced message; otherwise it is the source's ``seq`` read
 the stop (the server omits it while nothing was sourced since the source was added: then the
 source's start), which can only be lower: resuming from a lower cut sources a few messages
 twice, which the sinks drop (they hold them), never skips one. Checked on nats-server 2.15.
+
+Health. The server's own ``lag`` of a source is what its consumer last reported: after the
+origin's server was lost, nats-server re-creates that consumer with a back-off of up to two
+minutes, and meanwhile the reported lag can read 0 while the origin holds messages the group
+has not taken. So the true source lag (``not_taken``) counts the origin's messages on the
+group's filters after the last one sourced (the source's ``seq``), and a source that has them
+but has been silent for longer than the server's own health check (``stalled``) is restarted
+at once (``restart``: a stop and a resume after the exact cut) rather than waited out.
 
 The stop and what it was for are recorded in the work queue's ``metadata`` in the same update
 (``cg.sourcing.stopped``), so a tool killed part way leaves a state the next run (or ``cg
@@ -29,6 +37,9 @@ from airflow_provider_cg.core.errors import ConsumerGroupError
 from airflow_provider_cg.core.jetstream.api import JsApi
 
 STOPPED_KEY = "cg.sourcing.stopped"
+#: seconds a source with messages to take may stay silent (nats-server's source health check interval)
+STALLED_AFTER_S = 10.0
+RESTART = "restart"
 _SOURCE = re.compile(rb"Nats-Stream-Source: *[^ \r]+ (\d+)")
 
 
@@ -160,3 +171,94 @@ async def await_caught_up(api: JsApi, wq: str, timeout: float = 60.0) -> None:
             raise SourcingError(f"{wq!r} is still {sources[0].get('lag')} message(s) behind its origin after "
                                 f"{timeout:.0f}s; nothing was skipped: run the reset again")
         await asyncio.sleep(0.05)
+
+
+async def not_taken(api: JsApi, origin: str, taken: int, filters: list[str], last_seq: int) -> int:
+    """The origin's messages on the group's ``filters`` (its partitioning filters; none: all of
+    them) after origin sequence ``taken``: what its sourcing stream has not taken yet. Counted by
+    the server where the origin serves direct gets, else bounded by its ``last_seq``."""
+    if last_seq <= taken:
+        return 0
+    total = 0
+    for f in filters or [">"]:
+        first = await api.next_msg(origin, taken + 1, f)
+        if first is None:
+            continue
+        counted = await api.count_from(origin, int(first["seq"]), f)
+        total += counted if counted is not None else last_seq - int(first["seq"]) + 1
+    return total
+
+
+def source_taken(source: dict) -> int:
+    """The last origin sequence a running source reports sourced (0 before the first)."""
+    seq = source.get("seq")
+    return int(seq) if seq is not None else max(int(source.get("opt_start_seq") or 1) - 1, 0)
+
+
+def stalled(source: dict, lag: int) -> str | None:
+    """Why a source with ``lag`` messages to take is stalled (None: it is not): it reports an
+    error, or nothing was heard from it for longer than ``STALLED_AFTER_S``."""
+    if lag <= 0:
+        return None
+    error = source.get("error")
+    if error:
+        return f"its source reports {error.get('description') or error} while the origin holds {lag:,} messages for it"
+    active = int(source.get("active", 0))  # nanoseconds since it was last heard from; -1: never
+    if active < 0 or active > STALLED_AFTER_S * 1e9:
+        silent = "never heard from" if active < 0 else f"silent for {active / 1e9:.0f}s"
+        return (f"the origin holds {lag:,} messages its source has not taken, and the source is {silent} (nats-server "
+                "retries with a back-off of up to 2 minutes)")
+    return None
+
+
+async def restart(api: JsApi, name: str) -> int:
+    """Start the source of ``name`` (the work queue, or the partition log) again: removed and
+    added back after the exact cut, so it resumes at once with nothing skipped. A restart that
+    was cut short (its stop recorded) is finished. Returns the origin sequence it resumes after."""
+    stopped = await current_stop(api, name)
+    if stopped is None:
+        stopped = await stop(api, name, {"op": RESTART})
+    elif stopped.intent.get("op") != RESTART:
+        raise SourcingError(f"sourcing of {name!r} is stopped by an unfinished {stopped.intent.get('op')}: run it again")
+    await resume(api, name, stopped, stopped.cut + 1)
+    return stopped.cut
+
+
+async def holds_origin_seq(api: JsApi, name: str, seq: int, subject: str, scan: int = 10_000) -> bool:
+    """Whether the sourcing stream ``name`` holds origin message ``seq`` (stored on ``subject``),
+    looked up among its messages of that subject (any partition token) in order."""
+    at = 1
+    for _ in range(scan):
+        msg = await api.next_msg(name, at, f"*.{subject}")
+        if msg is None:
+            return False
+        found = origin_seq(msg)
+        if found >= seq:
+            return found == seq
+        at = int(msg["seq"]) + 1
+    return False
+
+
+async def passed_without(api: JsApi, name: str, origin: str, after: int, filters: list[str]) -> int | None:
+    """Whether the sourcing stream ``name`` went past origin sequence ``after`` without the
+    origin's messages there now (an origin restored older than what it had sourced: nats-server
+    resumes a source after the last sequence it took, so it would never take them). Returns the
+    last sequence it took then; None when it takes them (it did not get that far, or holds the
+    first of them)."""
+    info = await api.stream_info(name)
+    stop = stopped_state(info.get("config") or {})
+    sources = info.get("sources") or []
+    if stop is not None:
+        taken = stop.cut
+    elif sources:
+        taken = source_taken({**((info.get("config") or {}).get("sources") or [{}])[0], **sources[0]})
+    else:
+        return None
+    if taken <= after:
+        return None
+    firsts = [m for m in [await api.next_msg(origin, after + 1, f) for f in filters or [">"]] if m is not None]
+    if firsts:
+        first = min(firsts, key=lambda m: int(m["seq"]))
+        if int(first["seq"]) <= taken and await holds_origin_seq(api, name, int(first["seq"]), first["subject"]):
+            return None
+    return taken

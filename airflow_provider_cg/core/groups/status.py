@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
 from airflow_provider_cg.core.groups import config as cgconfig
-from airflow_provider_cg.core.groups import layouts, partitioning, sourcing
+from airflow_provider_cg.core.groups import layouts, partitioning, problems, sourcing
 from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, StaticGroupConfig
 from airflow_provider_cg.core.groups.consumers import MemberConsumers, filters_of, pin_state
@@ -74,8 +74,13 @@ class GroupStatus:
     buffered_bytes: int | None = None
     max_buffered_msgs: int | None = None
     max_buffered_bytes: int | None = None
+    #: origin messages on the group's filters its sourcing stream has not taken (``sourcing.not_taken``)
     source_lag: int | None = None
+    #: why the source is stalled (``sourcing.stalled``): the server retries it later; member jobs restart it
+    source_stalled: str | None = None
     sourcing_stopped: dict | None = None  # a reset or resize stopped sourcing: {"op", "cut", ...}
+    #: what the group's jobs found that no server state shows (``problems.py``): kind -> what
+    problems: dict[str, dict] = field(default_factory=dict)
     revision: int = 0
     ts: float = 0.0
     layout: str = layouts.DEFAULT  # where an elastic group's partitions are stored (``layouts/``)
@@ -201,8 +206,7 @@ class GroupObservation:
             st.buffered_bytes = int(src["state"].get("bytes", 0))
             st.max_buffered_msgs = cfg.max_buffered_msgs or None
             st.max_buffered_bytes = cfg.max_buffered_bytes or None
-            sources = src.get("sources") or []
-            st.source_lag = int(sources[0].get("lag", 0)) if sources else None
+            await self._source_health(st, cfg, src)
             stopped = sourcing.stopped_state(si.get("config") or {})
             if stopped is not None:
                 st.sourcing_stopped = {**stopped.intent, "cut": stopped.cut}
@@ -224,4 +228,23 @@ class GroupObservation:
             if m.in_membership and m.partitions and not m.consumer_exists:
                 st.inactive_members.append(m.member)
         st.unassigned_partitions = [p for p in range(cfg.max_members) if p not in assigned]
+        st.problems = await problems.read(self.api.nc, self.api.prefix, stream, group)
         return st
+
+    async def _source_health(self, st: GroupStatus, cfg: ElasticGroupConfig, src: dict) -> None:
+        """The true source lag (not the server's reported ``lag`` alone, which reads 0 while a
+        lost origin's source is being made again) and whether the source is stalled."""
+        sources = src.get("sources") or []
+        if not sources:
+            return
+        configured = ((src.get("config") or {}).get("sources") or [{}])[0]
+        source = {**configured, **sources[0]}
+        try:
+            origin = await self.api.stream_info(st.stream)
+            last = int((origin.get("state") or {}).get("last_seq") or 0)
+            filters = [f.filter for f in cfg.partitioning_filters]
+            st.source_lag = max(int(source.get("lag", 0)), await sourcing.not_taken(
+                self.api, st.stream, sourcing.source_taken(source), filters, last))
+        except ConsumerGroupError:  # the origin's server away: what the source says
+            st.source_lag = int(source.get("lag", 0))
+        st.source_stalled = sourcing.stalled(source, st.source_lag)

@@ -9,6 +9,7 @@ requests to ``$JS.API.*``. Every reply is JSON; an ``error`` member becomes
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from nats.errors import NoRespondersError
@@ -48,6 +49,27 @@ def validate_prefix(field: str, prefix: Any) -> str:
         raise ConfigError(field, f"must be a subject prefix such as $JS.API: non-empty tokens without wildcards or "
                                  f"white space (got {prefix!r})")
     return prefix
+
+
+def stored_ns(msg: dict) -> int:
+    """The stored time of a message ``get_msg`` returned (RFC 3339 to the nanosecond), in
+    nanoseconds since the epoch, exactly (no float on the way)."""
+    text = str(msg["time"])
+    head, _, rest = text.partition(".")
+    digits = ""
+    if rest:
+        zone_at = next((i for i, c in enumerate(rest) if not c.isdigit()), len(rest))
+        digits, zone = rest[:zone_at], rest[zone_at:]
+    else:
+        head, zone = (text[:-1], "Z") if text.endswith("Z") else (text[:19], text[19:])
+    seconds = datetime.fromisoformat(head + (zone if zone not in ("", "Z") else "+00:00")).timestamp()
+    return int(seconds) * 1_000_000_000 + int((digits + "000000000")[:9])
+
+
+def rfc3339(ns: int) -> str:
+    """Nanoseconds since the epoch as the server writes a time (UTC, nine fraction digits)."""
+    seconds, frac = divmod(int(ns), 1_000_000_000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{frac:09d}Z"
 
 
 class JsApi:
@@ -116,6 +138,31 @@ class JsApi:
                 return None
             raise
         return reply.get("message")
+
+    async def msg_after_time(self, stream: str, ns: int) -> dict | None:
+        """The first stored message with a stored time at or after ``ns`` (nanoseconds since the
+        epoch), or None (the server finds it by time, not by reading the stream)."""
+        try:
+            reply = await self.request(f"STREAM.MSG.GET.{stream}", {"start_time": rfc3339(ns)})
+        except JetStreamApiError as e:
+            if e.err_code == ERR_NO_MESSAGE_FOUND or e.code == 404:
+                return None
+            raise
+        return reply.get("message")
+
+    async def count_from(self, stream: str, seq: int, subject: str) -> int | None:
+        """How many messages of ``subject`` (wildcards allowed) the stream stores from ``seq`` on,
+        counted by the server (a direct get of one message, its ``Nats-Num-Pending``); None when
+        the stream serves no direct gets."""
+        body = json.dumps({"seq": max(int(seq), 1), "next_by_subj": subject, "batch": 1}).encode()
+        try:
+            msg = await self.nc.request(f"{self.prefix}.DIRECT.GET.{stream}", body, timeout=self.timeout)
+        except (NoRespondersError, NatsTimeoutError, TimeoutError):
+            return None
+        headers = msg.headers or {}
+        if "Nats-Num-Pending" in headers:
+            return int(headers["Nats-Num-Pending"]) + 1
+        return 0  # a 404 status: none there
 
     async def next_msg(self, stream: str, seq: int, subject: str) -> dict | None:
         """The first stored message at or after ``seq`` on ``subject`` (wildcards allowed), or None."""

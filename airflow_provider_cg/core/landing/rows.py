@@ -255,18 +255,6 @@ def _build_rows(msgs: Sequence[PulledMsg], group: str, member: str, keys: KeySel
                      group=group, member=member)
 
 
-def with_origin_key(table: pa.Table, key: str | None) -> pa.Table:
-    """Rows of one origin stream under the key of its life in the sink (``stream_life.py``):
-    their ``origin_stream`` becomes ``key`` (unchanged for a stream's first life)."""
-    if key is None or table.num_rows == 0:
-        return table
-    streams = table.column("origin_stream")
-    if streams.null_count == 0 and pc.all(pc.equal(streams, key)).as_py():
-        return table
-    i = table.schema.get_field_index("origin_stream")
-    return table.set_column(i, table.schema.field(i), pa.array([key] * table.num_rows, pa.string()))
-
-
 #: a column of ``row_table``: an Arrow array, or a list of its values
 Column: TypeAlias = "pa.Array | pa.ChunkedArray | list[Any]"
 

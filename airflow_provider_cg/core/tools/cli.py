@@ -323,26 +323,53 @@ def _check_lag(args: argparse.Namespace) -> SinkOptions | None:
 
 async def _lag(c: Call) -> None:
     from airflow_provider_cg.core.groups.lag import group_lag
-    from airflow_provider_cg.core.jetstream.api import JsApi
-    from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
+    from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
     args, sink_options = c.args, c.checked
     LifeChoice.parse(args.stream_life)  # a bad value is refused before anything is read
 
     lag = await group_lag(c.nc, args.stream, args.group, js_prefix=args.js_prefix)
-    commits = await asyncio.to_thread(_last_commits, sink_options, args.stream, args.group) \
-        if sink_options else None
     data = lag.to_dict()
-    life = None
-    if commits is not None:
+    commits = life = None
+    if sink_options is not None:
+        commits, life = await _in_table(c, sink_options)
         data["members"] = [{**m, "last_commit": asdict(commits[m["member"]]) if m["member"] in commits
                             else None} for m in data["members"]]
-        created = await origin_created(JsApi(c.nc, prefix=args.js_prefix), args.stream)
-        life = data["origin_life"] = await asyncio.to_thread(_origin_life, sink_options, args.stream,
-                                                             created, args.stream_life)
+        data["origin_life"] = life
     elif args.stream_life:
         raise ConfigError("stream_life", "needs --sink: the life is recorded in the table")
     c.emit(data, lag_text(lag, commits) + life_text(args.stream, life))
+
+
+async def _in_table(c: Call, o: SinkOptions) -> tuple[dict[str, LastCommit], dict]:
+    """Each member's last committed batch in the table the jobs land into, and the origin's life
+    there, checked against the origin (``--stream-life`` records a choice, as on the jobs)."""
+    from airflow_provider_cg.core.jetstream.api import JsApi
+    from airflow_provider_cg.core.landing.protocol.origin_guard import OriginGuard, OriginWentBack
+    from airflow_provider_cg.core.landing.sinks.opening import open_sink
+    from airflow_provider_cg.core.landing.stream_life import origin_created
+
+    args = c.args
+    api = JsApi(c.nc, prefix=args.js_prefix)
+    created = await origin_created(api, args.stream)
+    sink = await asyncio.to_thread(open_sink, o)
+    try:
+        commits = await asyncio.to_thread(sink.last_commits, args.stream, args.group)
+        lives = await asyncio.to_thread(sink.stream_lives, args.stream)
+        known = not lives or any(life.created == created for life in lives)
+        key = went = None
+        if lives and (known or args.stream_life):  # else read only: the jobs refuse it, as it says
+            try:
+                key = (await OriginGuard.open(api, sink, args.stream, args.stream_life,
+                                              reads_origin=True)).keys.current
+                known = True
+            except OriginWentBack as e:
+                went = e.went.to_dict()
+            lives = await asyncio.to_thread(sink.stream_lives, args.stream)
+    finally:
+        await asyncio.to_thread(sink.close)
+    return commits, {"created": created, "key": key, "known": known, "went_back": went,
+                     "lives": [{"created": life.created, "key": life.key, "from_seq": life.from_seq} for life in lives]}
 
 
 def _check_reset(args: argparse.Namespace) -> ResetTarget:
@@ -418,28 +445,6 @@ async def _online(args: argparse.Namespace, out: TextIO) -> int:
         return EXIT_OK
     finally:
         await nc.close()
-
-
-def _last_commits(o: SinkOptions, stream: str, group: str) -> dict[str, LastCommit]:
-    """Each member's last committed batch from the sink the jobs land into (read-only)."""
-    from airflow_provider_cg.core.landing.sinks.opening import open_sink
-
-    with open_sink(o) as sink:
-        return sink.last_commits(stream, group)
-
-
-def _origin_life(o: SinkOptions, stream: str, created: str, choice: str | None) -> dict:
-    """The origin's current life in the table the jobs land into; ``choice`` records it."""
-    from airflow_provider_cg.core.landing.sinks.opening import open_sink
-    from airflow_provider_cg.core.landing.stream_life import LifeChoice
-
-    with open_sink(o) as sink:
-        if choice:
-            sink.stream_life(stream, created, LifeChoice.parse(choice))
-        lives = sink.stream_lives(stream)
-    key = next((life.key for life in lives if life.created == created), None)
-    return {"created": created, "key": key, "known": key is not None or not lives,
-            "lives": [{"created": life.created, "key": life.key} for life in lives]}
 
 
 def _error(err: TextIO, field: str, rule: str) -> None:

@@ -255,9 +255,10 @@ def _observation_commands(c: _Commands) -> None:
     add_sink_arguments(p, sink_help="read each member's last committed batch from this sink (the jobs' sink "
                                     "options; credentials from the environment as for the job: AWS_*, CG_PG_DSN, "
                                     "CG_ICEBERG_CATALOG_URI)")
-    p.add_argument("--stream-life", metavar="new:CREATED|continue:CREATED",
+    p.add_argument("--stream-life", metavar="new:CREATED|continue:CREATED|went-back:SEQ",
                    help="with --sink: record the origin's current life in the table (after the stream was deleted "
-                        "and created again), as the job's option of that name does: its jobs then land it")
+                        "and created again, or its store went back to SEQ), as the job's option of that name does: "
+                        "its jobs then land it")
     sg(cmd("reconcile", "re-apply the membership to the member consumers"))
 
 

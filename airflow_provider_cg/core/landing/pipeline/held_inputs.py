@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows, RoutedSink, RoutePart
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink, keys_by_stream
+from airflow_provider_cg.core.landing.stream_life import OriginKeys
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -84,12 +85,13 @@ class TableInputs:
         return cls({None: committed_inputs(sink, table)})
 
     @classmethod
-    def of_seqs(cls, sink: TwoPhaseSink, stream: str, seqs: np.ndarray) -> TableInputs:
+    def of_seqs(cls, sink: TwoPhaseSink, origin: OriginKeys, seqs: np.ndarray) -> TableInputs:
+        """Of inputs given by origin sequence, under the keys ``origin`` gives them."""
         if not len(seqs):
             return cls({None: np.zeros(0, dtype=bool)})
         if isinstance(sink, RoutedSink):
-            return cls({n: s.committed_keys_exist(stream, seqs) for n, s in sink.sinks.items()})
-        return cls({None: sink.committed_keys_exist(stream, seqs)})
+            return cls({n: origin.mask(seqs, s.committed_keys_exist) for n, s in sink.sinks.items()})
+        return cls({None: origin.mask(seqs, sink.committed_keys_exist)})
 
     @property
     def everywhere(self) -> np.ndarray:
@@ -108,7 +110,7 @@ class TableInputs:
                 out[name] = {st: np.sort(q) for st, q in keys_by_stream(table.filter(pa.array(only))).items()}
         return out
 
-    def extra_keys_of(self, stream: str, seqs: np.ndarray,
+    def extra_keys_of(self, origin: OriginKeys, seqs: np.ndarray,
                       known: dict[str, dict[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
         """``extra_keys`` of inputs given by sequence, minus those already ``known``."""
         every, out = self.everywhere, {}
@@ -116,10 +118,14 @@ class TableInputs:
             only = np.sort(seqs[mask & ~every])
             if name is None or not len(only):
                 continue
-            seen = (known.get(name) or {}).get(stream)
-            new = only if seen is None else np.setdiff1d(only, seen)
-            if len(new):
-                out[name] = {stream: new}
+            new = {}
+            for key, part in origin.split(only).items():
+                seen = (known.get(name) or {}).get(key)
+                part = part if seen is None else np.setdiff1d(part, seen)
+                if len(part):
+                    new[key] = part
+            if new:
+                out[name] = new
         return out
 
 

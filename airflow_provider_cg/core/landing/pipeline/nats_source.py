@@ -45,9 +45,9 @@ from airflow_provider_cg.core.landing.rows import (
     KeySelector,
     keep_matching,
     rows_from_batches,
-    with_origin_key,
 )
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import decode_seqs, encode_seqs
+from airflow_provider_cg.core.landing.stream_life import OriginKeys
 
 try:  # PySpark 4.0+; a driver without it never plans executor reads
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -76,10 +76,10 @@ _ARROW_ROWS = pa.schema([f.with_type(pa.binary()) if f.name == "payload" else
 
 def batch_plan(ranges: list[ReadRange], *, stream: str, origin: str | None, group: str, member: str,
                key_rules: list, js_prefix: str, only: str | None, parallelism: int,
-               skip: np.ndarray | None = None, origin_key: str | None = None) -> str:
+               skip: np.ndarray | None = None, origin_keys: OriginKeys | None = None) -> str:
     """The source's ``plan`` option: what a batch's tasks read (no secret in it). Ranges are
-    split so that about ``parallelism`` tasks share the batch. ``origin_key``: the rows'
-    ``origin_stream`` (the key of the origin's life in the sink)."""
+    split so that about ``parallelism`` tasks share the batch. ``origin_keys``: the rows'
+    ``origin_stream`` by sequence (the keys of the origin's lives in the sink)."""
     per_range = max(1, -(-parallelism // max(1, len(ranges))))
     splits = [[r.partition, r.subject, r.first_seq, r.last_seq, r.messages, *([r.stream] if r.stream else [])]
               for big in ranges for r in big.split(per_range)]
@@ -87,7 +87,7 @@ def batch_plan(ranges: list[ReadRange], *, stream: str, origin: str | None, grou
         "stream": stream, "origin": origin, "group": group, "member": member, "js_prefix": js_prefix,
         "keys": [[f, list(w)] for f, w in key_rules], "only": only,
         "splits": splits, "skip": encode_seqs(np.sort(skip)) if skip is not None and len(skip) else None,
-        "origin_key": origin_key,
+        "origin_keys": origin_keys.to_list() if origin_keys is not None else None,
     }, separators=(",", ":"))
 
 
@@ -199,6 +199,7 @@ def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBat
     if rng.last_seq < rng.first_seq:
         return
     keys = KeySelector(plan["keys"])
+    origin = OriginKeys.from_list(plan.get("origin_keys"))
     skip = decode_seqs(plan["skip"]) if plan["skip"] else None
     loop = WORKER.event_loop()
     chunks = _read(plan, settings, rng)
@@ -212,7 +213,8 @@ def read_split(plan: dict, settings: dict, split: list) -> Iterator[pa.RecordBat
                 continue
             table, _ = rows_from_batches([batch], group=plan["group"], member=plan["member"], keys=keys,
                                          origin=plan["origin"])
-            table = with_origin_key(table, plan.get("origin_key"))
+            if origin is not None:
+                table = origin.apply(table)
             if skip is not None:
                 seqs = table.column("origin_seq").to_numpy()
                 idx = np.clip(np.searchsorted(skip, seqs), 0, len(skip) - 1)

@@ -55,6 +55,7 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     TwoPhaseSink,
     keys_by_stream,
 )
+from airflow_provider_cg.core.landing.stream_life import OriginKeys
 from airflow_provider_cg.core.landing.transform import BATCH_VIEW, BatchContext, TransformError, load_function
 
 if TYPE_CHECKING:
@@ -361,7 +362,7 @@ class SparkPipeline:
             except Exception as e:  # noqa: BLE001 - only a head start; the first batch reports real failures
                 log.debug("warm-up of the tasks' Python workers failed: %s", e)
 
-    def process_ranges(self, sink: TwoPhaseSink, plan: Callable[[np.ndarray | None], str], origin_stream: str,
+    def process_ranges(self, sink: TwoPhaseSink, plan: Callable[[np.ndarray | None], str], origin: OriginKeys,
                        batch_id: BatchId, partitions: tuple[int, ...]) -> tuple[ProcessedBatch, RangesRead]:
         """A batch that Spark's tasks read themselves (``nats_source.py``): ``plan(skip)`` is
         the source's plan minus the inputs in ``skip``. The inputs read come back with the
@@ -369,7 +370,8 @@ class SparkPipeline:
         ones only then; in the rare batch that holds some (a batch committed whose ack did not
         take effect), or records the sink refuses, the staged result is dropped and the batch
         computed again without them (the refused ones marked poison; with routes, inputs one
-        table holds are left out of that table's share only)."""
+        table holds are left out of that table's share only). ``origin``: the keys the inputs
+        land under, by sequence (``stream_life.py``)."""
         self._batch_came = True
         with self._one_at_a_time:
             skip = np.zeros(0, np.int64)
@@ -378,7 +380,7 @@ class SparkPipeline:
             retries = 0
             while True:
                 staged, read, found, routed_inputs = self._read_ranges(
-                    sink, plan(skip if len(skip) else None), batch_id, partitions, origin_stream, refused, extra)
+                    sink, plan(skip if len(skip) else None), batch_id, partitions, origin, refused, extra)
                 if found:
                     sink.discard(staged)
                     if retries >= MAX_REFUSAL_ROUNDS:
@@ -388,9 +390,9 @@ class SparkPipeline:
                     retries += 1
                     continue
                 seqs = read.inputs.column("origin_seq").to_numpy()
-                held = TableInputs.of_seqs(sink, origin_stream, seqs)
+                held = TableInputs.of_seqs(sink, origin, seqs)
                 everywhere = held.everywhere
-                more = held.extra_keys_of(origin_stream, seqs, extra)
+                more = held.extra_keys_of(origin, seqs, extra)
                 if not everywhere.any() and not more:
                     break
                 sink.discard(staged)
@@ -411,17 +413,19 @@ class SparkPipeline:
             if isinstance(staged, RoutedRows):
                 for name, part in staged.parts.items():
                     mine = good if routed_inputs is None else np.setdiff1d(routed_inputs[name], poisoned)
-                    mine = np.setdiff1d(mine, (extra.get(name) or {}).get(origin_stream, np.zeros(0, np.int64)))
-                    keys = {origin_stream: mine} if len(mine) else {}
+                    theirs = extra.get(name) or {}
+                    kept = {k: np.setdiff1d(q, theirs.get(k, np.zeros(0, np.int64)))
+                            for k, q in origin.split(mine).items()}
+                    keys = {k: q for k, q in kept.items() if len(q)}
                     part.input_keys = keys if self._transforms(part.rows) else None
                     part.landed = keys if self._transforms(part.rows) else \
                         {st: np.sort(q) for st, q in keys_by_stream(part.rows).items()}
                 return ProcessedBatch(staged, bad, None, len(skip)), read
-            landed: dict[str, np.ndarray] | None = {origin_stream: good} if self._transforms(staged) else None
+            landed = {k: q for k, q in origin.split(good).items() if len(q)} if self._transforms(staged) else None
             return ProcessedBatch(staged, bad, landed, len(skip)), read
 
     def _read_ranges(self, sink: TwoPhaseSink, plan: str, batch_id: BatchId, partitions: tuple[int, ...],
-                     origin_stream: str, refused: dict[int, str], extra: dict[str, dict[str, np.ndarray]]
+                     origin: OriginKeys, refused: dict[int, str], extra: dict[str, dict[str, np.ndarray]]
                      ) -> tuple[Any, RangesRead, dict[tuple[str, int], str], dict[str, np.ndarray] | None]:
         from pyspark.sql import Observation
         from pyspark.sql import functions as F
@@ -457,7 +461,7 @@ class SparkPipeline:
         read = RangesRead(inputs, poison, len(packed), int(metrics["bytes"] or 0))
         found = {}
         if metrics.get("refused"):
-            at = {(origin_stream, int(q)): int(q) for q in inputs.column("origin_seq").to_pylist()}
+            at = {(origin.key_of(int(q)), int(q)): int(q) for q in inputs.column("origin_seq").to_pylist()}
             found = refused_inputs(metrics, at, refused)
         routed_inputs = None
         if per_route and routes is not None:

@@ -12,6 +12,10 @@ Writers of the same inputs (live members, backfills, replays) are ordered by the
 of a transformation's output whose inputs another writer committed meanwhile is refused
 (``InputsTaken``) before any ack, rolled back, and computed again without them (``recompute``).
 
+Before any of it the origin is checked (``origin_guard.py``): each write records the origin's
+last message it read (its mark), and a batch is marked acking only while the origin still holds
+the table's highest mark; an origin that went back rolls the batch back (nothing was acked).
+
 A live member run lands with a fence (its partitions, taken when it got the pin) and an
 ``ack`` step (a double ack per message, or one purge per partition); a backfill lands with no
 fence and no ack (it never acknowledges anything: its messages are read again on a rerun).
@@ -30,6 +34,7 @@ import pyarrow as pa
 from airflow_provider_cg.core.landing.contract import Summary
 from airflow_provider_cg.core.landing.failpoints import failpoint
 from airflow_provider_cg.core.landing.pipeline.processing import ProcessedBatch, partition_ranges
+from airflow_provider_cg.core.landing.protocol.origin_guard import OriginGuard, OriginWentBack
 from airflow_provider_cg.core.landing.rows import BatchId
 from airflow_provider_cg.core.landing.sinks.lake.spark_staging import StagedFiles
 from airflow_provider_cg.core.landing.sinks.routing import RoutedRows
@@ -45,6 +50,7 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     TwoPhaseSink,
     WriteState,
 )
+from airflow_provider_cg.core.landing.stream_life import OriginMark
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
@@ -146,7 +152,10 @@ class TwoPhaseLander:
     ``holds_pin``, when set, is asked right before a batch's acks are sent: an instance that is
     not ours (orbit's, which our fences do not stop) may have been pinned meanwhile and been
     delivered the same messages, so a writer that lost the pin rolls the batch back instead of
-    acknowledging and committing what the other may process too."""
+    acknowledging and committing what the other may process too.
+
+    ``origin``, when set, records each batch's origin mark and checks the origin before each
+    acking mark (``origin_guard.py``)."""
 
     def __init__(self, sink: TwoPhaseSink, summary: Summary, stream: str, group: str, member: str) -> None:
         self.sink, self.summary = sink, summary
@@ -155,6 +164,7 @@ class TwoPhaseLander:
         self.taken_over = False
         self.holds_pin: Callable[[], Awaitable[bool]] | None = None
         self.partition_count: int | None = None  # the group's max_members, for fences and recovery
+        self.origin: OriginGuard | None = None
 
     async def take_over(self, owner: str, partitions: tuple[int, ...]) -> list:
         """As the new pin holder, before landing anything: fence the member's partitions, then
@@ -196,14 +206,22 @@ class TwoPhaseLander:
         messages for the re-created consumer. ``recompute``: how to compute the batch again
         when the sink refuses it because another writer committed some of its inputs."""
         stalled = 0  # recomputes in a row that took no input out
+        mark = None
+        if self.origin is not None and not abort:
+            try:
+                mark = await self.origin.mark_of(inputs)
+            except OriginWentBack:
+                await asyncio.to_thread(self.sink.discard, processed.rows)
+                raise
         while True:
             prepared = None
             try:
-                prepared = await self._prepare(batch_id, processed, refs)
+                prepared = await self._prepare(batch_id, processed, refs, mark)
                 failpoint("after_prepare")
                 if abort:
                     await asyncio.to_thread(self.sink.abort, prepared)
                     return False
+                await self._check_origin(prepared)
                 prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
                 break
             except InputsTaken as e:
@@ -227,6 +245,17 @@ class TwoPhaseLander:
             # and the run goes on); the bound is on recomputes that take nothing out
             stalled = 0 if _input_count(processed) < before else stalled + 1
         return await self._ack_and_commit(batch_id, prepared, processed, inputs, ack, n_msgs, n_bytes)
+
+    async def _check_origin(self, prepared: PreparedWrite) -> None:
+        """Right before the acking mark: the origin still holds what the table landed, else the
+        write is rolled back (no ack was sent) and ``OriginWentBack`` raised."""
+        if self.origin is None:
+            return
+        try:
+            await self.origin.check()
+        except OriginWentBack:
+            await asyncio.to_thread(self.sink.abort, prepared)
+            raise
 
     async def _stop(self, batch_id: BatchId, prepared: PreparedWrite | None, e: Exception) -> bool:
         """Another instance took the member over: nothing of the batch was acked; stop."""
@@ -285,7 +314,7 @@ class TwoPhaseLander:
         return True
 
     async def _prepare(self, batch_id: BatchId, processed: ProcessedBatch,
-                       refs: dict[str, Any]) -> PreparedWrite:
+                       refs: dict[str, Any], mark: OriginMark | None = None) -> PreparedWrite:
         """``sink.prepare`` under the fence. A lock timeout means rows are held by another
         prepared write; if a run we fenced out prepared it after our recovery, it can never be
         acked: finish such writes (recovery rolls them back) and try again."""
@@ -293,7 +322,7 @@ class TwoPhaseLander:
         for attempt in range(3):
             try:
                 return await asyncio.to_thread(self.sink.prepare, batch_id, processed.rows, message_refs=refs,
-                                               fence=self.fence, **extra)
+                                               fence=self.fence, origin_mark=mark, **extra)
             except SinkLockTimeout:
                 if attempt == 2 or self.fence is None:
                     raise

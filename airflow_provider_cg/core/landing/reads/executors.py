@@ -51,15 +51,13 @@ class ExecutorReads(DirectReads):
         return batch_plan(ranges, stream=r.assignment.consumer_stream, origin=self.positions.origin,
                           group=r.options.group, member=r.member, key_rules=r.assignment.key_rules, js_prefix=r.api.prefix,
                           only=self.positions.only, parallelism=self.parallelism, skip=skip,
-                          origin_key=r.origin_key)
+                          origin_keys=r.origin)
 
     async def _land(self, ranges: list[ReadRange], cut: int | None, after: asyncio.Task | None = None) -> None:
         r, positions = self.r, self.positions
         if cut is None:  # (a plan always has one)
             raise ConsumerGroupError("a planned batch has a cut")
-        origin = r.origin_key
-        if origin is None:  # (the run sets it before any reader is made)
-            raise ConsumerGroupError("no origin key: the run has not checked its origin stream's life")
+        origin = r.origin
         batch_id = r.next_batch_id()
         partitions = r.assignment.partitions if any(rg.partition == ALL for rg in ranges) or \
             isinstance(positions, ConsumerPosition) else tuple(sorted({rg.partition for rg in ranges}))

@@ -22,8 +22,9 @@ from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
 from airflow_provider_cg.core.landing.protocol.two_phase import RecomputeStep, TwoPhaseLander
 from airflow_provider_cg.core.landing.reads.pin import Pin
 from airflow_provider_cg.core.landing.reads.stop_rule import StopRule
-from airflow_provider_cg.core.landing.rows import BatchId, KeySelector, with_origin_key
+from airflow_provider_cg.core.landing.rows import BatchId, KeySelector
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
+from airflow_provider_cg.core.landing.stream_life import OriginKeys
 
 log = logging.getLogger("airflow_provider_cg.landing")
 
@@ -113,7 +114,7 @@ class MemberReading:
     dlq: DeadLetters
     api: JsApi
     assignment: Assignment
-    origin_key: str | None
+    origin: OriginKeys  # where the origin's messages land, by sequence (``stream_life.py``)
     batch_size: int
     batch_ids: BatchIds
     #: the member consumer's info as the run found it (a consumer reader keeps to its limits)
@@ -127,8 +128,8 @@ class MemberReading:
         return self.batch_ids.next()
 
     def rows_of(self, table: pa.Table) -> pa.Table:
-        """Rows as read, under the key of the origin's life (``stream_life.py``)."""
-        return with_origin_key(table, self.origin_key)
+        """Rows as read, under the keys of the origin's lives (``stream_life.py``)."""
+        return self.origin.apply(table)
 
     def recompute_step(self, table: pa.Table) -> RecomputeStep:
         """The lander's ``recompute`` of a batch read as ``table``: processed again under a new

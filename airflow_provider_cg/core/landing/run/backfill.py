@@ -65,19 +65,20 @@ from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConf
 from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
+from airflow_provider_cg.core.jetstream.protocol import ConsumerGone
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
 from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, Pipeline, ProcessedBatch
+from airflow_provider_cg.core.landing.protocol.origin_guard import OriginGuard
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
 from airflow_provider_cg.core.landing.rows import (
     BatchId,
     KeySelector,
     row_table,
     user_headers,
-    with_origin_key,
 )
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
-from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
+from airflow_provider_cg.core.landing.stream_life import OriginKeys
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -164,22 +165,30 @@ def _leave_pending(table: pa.Table, kept: list, lagging: dict[int, int]) -> tupl
     return table.filter(pa.array(keep)), [m for m, k in zip(kept, keep, strict=True) if k], int((~keep).sum())
 
 
-async def _window_reader(nc: NATS, api: JsApi, stream: str, rows: OriginRows, start: dt.datetime,
+#: seconds an idle window reader is kept by the server (a batch that takes longer finds it gone
+#: and makes it again where it was: ``WindowReader``)
+READER_IDLE_S = 600
+
+
+async def _window_reader(nc: NATS, api: JsApi, stream: str, rows: OriginRows, start: dt.datetime | int,
                          js_prefix: str) -> tuple[str, PriorityClient]:
-    """An ephemeral consumer on the origin stream from ``start`` over the group's subjects
-    (no acks, in memory, gone after 10 idle minutes), and a client pulling from it."""
+    """An ephemeral consumer on the origin stream from ``start`` (a time, or an origin sequence)
+    over the group's subjects (no acks, in memory, gone after ``READER_IDLE_S`` idle), and a
+    client pulling from it."""
     name = f"cg-backfill-{secrets.token_hex(6)}"
-    config = {
+    config: dict[str, object] = {
         "name": name,
-        "deliver_policy": "by_start_time",
-        "opt_start_time": start.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
         "ack_policy": "none",
-        "inactive_threshold": 60 * 10**9,
+        "inactive_threshold": READER_IDLE_S * 10**9,
         "mem_storage": True,
         "num_replicas": 1,
         "priority_groups": [_GROUP],
         "priority_policy": "overflow",
     }
+    if isinstance(start, int):
+        config.update(deliver_policy="by_start_sequence", opt_start_seq=start)
+    else:
+        config.update(deliver_policy="by_start_time", opt_start_time=start.strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
     filters = rows.consumer_filters
     if len(filters) == 1:
         config["filter_subject"] = filters[0]
@@ -187,6 +196,54 @@ async def _window_reader(nc: NATS, api: JsApi, stream: str, rows: OriginRows, st
         config["filter_subjects"] = filters
     await api.create_consumer(stream, config)
     return name, PriorityClient(nc, stream, name, _GROUP, js_prefix=js_prefix)
+
+
+class WindowReader:
+    """The window's messages in origin order, through an ephemeral consumer that is made again
+    at the next sequence when it is gone: a batch slower than its inactivity threshold, a server
+    restart that lost it (it is in memory). A backfill never dies of a slow batch."""
+
+    def __init__(self, nc: NATS, api: JsApi, stream: str, rows: OriginRows, start: dt.datetime,
+                 js_prefix: str) -> None:
+        self.nc, self.api, self.stream, self.rows, self.start, self.js_prefix = nc, api, stream, rows, start, js_prefix
+        self.name: str | None = None
+        self.client: PriorityClient | None = None
+        self.next_seq: int | None = None  # after the last message read (None: from ``start``)
+        self.remade = 0
+
+    async def pull(self, batch_size: int, expires: float) -> list:
+        for attempt in range(3):
+            if self.client is None:
+                start = self.start if self.next_seq is None else self.next_seq
+                self.name, self.client = await _window_reader(self.nc, self.api, self.stream, self.rows, start,
+                                                              self.js_prefix)
+            try:
+                msgs = await self.client.pull(batch_size, expires=expires, no_wait=True)
+            except ConsumerGone as e:
+                if attempt == 2:
+                    raise
+                log.info("cg backfill reader %s is gone (%s); making it again at origin sequence %s", self.name,
+                         e.description, self.next_seq or self.start)
+                await self._drop()
+                self.remade += 1
+                continue
+            if msgs:
+                self.next_seq = msgs[-1].stream_seq + 1
+            return msgs
+        return []
+
+    async def _drop(self) -> None:
+        client, name, self.client, self.name = self.client, self.name, None, None
+        if client is not None:
+            await client.close()
+        if name is not None:
+            try:
+                await self.api.delete_consumer(self.stream, name)
+            except Exception as e:  # the inactive threshold removes it anyway
+                log.warning("could not delete backfill consumer %s: %s", name, e)
+
+    async def close(self) -> None:
+        await self._drop()
 
 
 async def window_has_messages(nc: NATS, stream: str, group: str, start: dt.datetime | str, end: dt.datetime | str,
@@ -216,8 +273,10 @@ class _Window:
     still hold pending, processed and landed as one batch of the window's own member."""
 
     def __init__(self, sink: TwoPhaseSink, pipeline: Pipeline, lander: TwoPhaseLander, rows: OriginRows, summary: Summary,
-                 member: str, start_ns: int, end_ns: int, last_seq: int, positions: dict[int, int]) -> None:
+                 member: str, start_ns: int, end_ns: int, last_seq: int, positions: dict[int, int],
+                 origin: OriginKeys) -> None:
         self.sink, self.pipeline, self.lander, self.rows, self.s = sink, pipeline, lander, rows, summary
+        self.origin = origin
         self.member, self.start_ns, self.end_ns, self.last_seq = member, start_ns, end_ns, last_seq
         self.positions = positions
         self.lagging: dict[int, int] | None = None  # partition -> position, of those behind the window
@@ -250,7 +309,7 @@ class _Window:
         if self.lagging is None:
             self.lagging = {p: pos for p, pos in self.positions.items() if pos < msgs[0].stream_seq}
         table, kept, skipped = self.rows.build(msgs)
-        table = with_origin_key(table, s.origin_key)
+        table = self.origin.apply(table)
         s.skipped += skipped
         if self.lagging and kept:
             table, kept, left = _leave_pending(table, kept, self.lagging)
@@ -311,8 +370,8 @@ async def run_backfill(
     api = JsApi(nc, prefix=js_prefix)
     info = await ConsumerGroups(nc, js_prefix=js_prefix).get(stream, group)
     rows = OriginRows(info.config, group)
-    created = await origin_created(api, stream)
-    s.origin_key = await asyncio.to_thread(sink.stream_life, stream, created, LifeChoice.parse(stream_life))
+    guard = await OriginGuard.open(api, sink, stream, stream_life, reads_origin=True)
+    s.origin_key, lander.origin = guard.keys.current, guard
     await lander.recover()  # what an earlier run of this window left prepared
     last_seq = int((await api.stream_info(stream)).get("state", {}).get("last_seq", 0))
     start_ns, end_ns = _ns(start), _ns(end)
@@ -322,21 +381,17 @@ async def run_backfill(
         s.duration_s = round(time.monotonic() - started, 3)
         return s
     window = _Window(sink, pipeline, lander, rows, s, member, start_ns, end_ns, last_seq,
-                     await GroupReset(nc, js_prefix=js_prefix).positions(stream, group))
-    name, client = await _window_reader(nc, api, stream, rows, start, js_prefix)
+                     await GroupReset(nc, js_prefix=js_prefix).positions(stream, group), guard.keys)
+    reader = WindowReader(nc, api, stream, rows, start, js_prefix)
     try:
         while not s.stop_reason:
-            msgs = await client.pull(batch_size, expires=pull_timeout, no_wait=True)
+            msgs = await reader.pull(batch_size, pull_timeout)
             if not msgs:
                 s.stop_reason = StopReason.NO_MORE_MESSAGES
                 break
             await window.land(window.cut(msgs))
     finally:
-        await client.close()
-        try:
-            await api.delete_consumer(stream, name)
-        except Exception as e:  # the inactive threshold removes it anyway
-            log.warning("could not delete backfill consumer %s: %s", name, e)
+        await reader.close()
     await lander.finish()  # what it committed is readable when the run ends
     s.duration_s = round(time.monotonic() - started, 3)
     s.target = s.messages_read

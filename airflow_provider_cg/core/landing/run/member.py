@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
-from airflow_provider_cg.core.groups import layouts, partitioning
+from airflow_provider_cg.core.groups import layouts, partitioning, problems, sourcing
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership
 from airflow_provider_cg.core.groups.consumers import (
@@ -61,6 +61,7 @@ from airflow_provider_cg.core.landing.contract import (
 from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, Pipeline
 from airflow_provider_cg.core.landing.protocol.dead_letters import DeadLetters
+from airflow_provider_cg.core.landing.protocol.origin_guard import OriginGuard, OriginWentBack
 from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
 from airflow_provider_cg.core.landing.reads.direct import (
     ConsumerPosition,
@@ -75,7 +76,6 @@ from airflow_provider_cg.core.landing.reads.stop_rule import StopRule
 from airflow_provider_cg.core.landing.rows import KeySelector
 from airflow_provider_cg.core.landing.run.board import ProgressBoard
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
-from airflow_provider_cg.core.landing.stream_life import LifeChoice, origin_created
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -83,6 +83,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_cg.landing")
 
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
+SOURCE_CHECK_EVERY = 10  # membership polls between looks at the group's source (``_heal_source``)
+SOURCE_RESTART_GAP = 30.0  # seconds at least between two restarts of a stalled source by one run
 MAX_REJOINS = 3  # a run whose member consumer is deleted before it landed anything joins again this often
 
 
@@ -115,14 +117,20 @@ class MemberRun:
         self.reader: PartitionReader | PartitionStreamReaders | None = None
         self.slow_path: str | None = None
         self.pin: Pin | None = None
-        self.origin_key: str | None = None  # the rows' origin_stream: the key of the origin's life in the sink
+        self.origin: OriginGuard | None = None  # the origin's life in the sink, checked (``origin_guard.py``)
+        self._source_restarted = 0.0  # monotonic time of this run's last restart of a stalled source
 
     # --- the lifecycle ---------------------------------------------------------------------
 
     async def run(self) -> Summary:
         talking = asyncio.create_task(self.progress.keep_talking())
         try:
-            s = await self._assignments()
+            try:
+                s = await self._assignments()
+            except OriginWentBack as e:  # what no server state shows: said where the tools look
+                await problems.post(self.nc, self.api.prefix, self.options.stream, self.options.group,
+                                    problems.ORIGIN_WENT_BACK, e.went.to_dict())
+                raise
             self.progress.waiting = "table"
             await self.lander.finish()  # what it committed is readable when the run ends
             return s
@@ -230,8 +238,13 @@ class MemberRun:
         a = self._assignment = await self.setup()
         await self._open(a)
         pin = self._pin()
-        if self.origin_key is None:
-            self.origin_key = self.summary.origin_key = await origin_life_key(self.api, self.sink, o)
+        if self.origin is None:
+            self.origin = await OriginGuard.open(self.api, self.sink, o.stream, o.stream_life, reads_origin=not a.elastic,
+                                                 group=o.group)
+            self.summary.origin_key = self.origin.keys.current
+            self.lander.origin = self.origin
+            await problems.clear(self.nc, self.api.prefix, o.stream, o.group)
+        await self._heal_source()
         info = await pin.client.consumer_info()
         path = choose(o.read, direct_gets=self.reader is not None)
         reads = self._reader(path, info)
@@ -330,6 +343,11 @@ class MemberRun:
             raise ConsumerGroupError("no assignment: the member run has not set one up")
         return self._assignment
 
+    def _origin(self) -> OriginGuard:
+        if self.origin is None:
+            raise ConsumerGroupError("the run has not checked its origin stream")
+        return self.origin
+
     def _pin(self) -> Pin:
         if self.pin is None:
             raise ConsumerGroupError("no pin: the member's assignment is closed")
@@ -350,7 +368,7 @@ class MemberRun:
         return MemberReading(
             options=self.options, member=self.member, summary=self.summary, progress=self.progress,
             pin=self._pin(), stop=self.stop, lander=self.lander, sink=self.sink, pipeline=self.pipeline,
-            dlq=self.dlq, api=self.api, assignment=self.assignment, origin_key=self.origin_key,
+            dlq=self.dlq, api=self.api, assignment=self.assignment, origin=self._origin().keys,
             batch_size=self.batch_size,
             batch_ids=self.batch_ids, consumer_info=consumer_info, ensure_current=self.ensure_partition_streams_current,
             rebuild_partition=self.rebuild_partition_stream)
@@ -378,8 +396,12 @@ class MemberRun:
         readers then stop after the batch in flight has landed."""
         a = self.assignment
         o = self.options
+        polls = 0
         while True:
             await asyncio.sleep(MEMBERSHIP_POLL)
+            polls += 1
+            if polls % SOURCE_CHECK_EVERY == 0:
+                await self._heal_source()
             try:  # in its own kind's bucket only: a missing other bucket is not looked up twice a second
                 cfg = (await self.groups.get(o.stream, o.group, kind_of(a.config))).config
             except GroupNotFound:
@@ -394,6 +416,40 @@ class MemberRun:
                                  f"{partitioning.member_partitions(cfg, self.member) if now else []})")
                 log.info("cg member=%s: %s; finishing the batch in flight", self.member, self.stop.revoked)
                 return
+
+    async def _heal_source(self) -> None:
+        """As the holder of the group's partition 0 (one run per group): start the group's
+        source again when it is stalled (``sourcing.py``: nats-server would wait up to two
+        minutes after its origin's server was lost), so the group lands again within seconds
+        of the cluster being healthy. Best effort: a failed look is tried again later."""
+        a = self.assignment
+        if not a.elastic or 0 not in a.partitions or \
+                time.monotonic() - self._source_restarted < SOURCE_RESTART_GAP:
+            return
+        name = self.layout.sourcing_stream(a.consumer_stream)
+        try:
+            info = await self.api.stream_info(name)
+            config = info.get("config") or {}
+            stop = sourcing.stopped_state(config)
+            sources = info.get("sources") or []
+            if (stop is not None and stop.intent.get("op") != sourcing.RESTART) or (stop is None and not sources):
+                return  # a reset, resize or move has the source: not ours to start
+            if stop is None:
+                source = {**(config.get("sources") or [{}])[0], **sources[0]}
+                origin = await self.api.stream_info(self.options.stream)
+                filters = [f.filter for f in getattr(a.config, "partitioning_filters", ())]
+                lag = await sourcing.not_taken(self.api, self.options.stream, sourcing.source_taken(source), filters,
+                                               int((origin.get("state") or {}).get("last_seq") or 0))
+                why = sourcing.stalled(source, lag)
+                if why is None:
+                    return
+                log.warning("cg member=%s: the group's source into %s is stalled (%s); starting it again",
+                            self.member, name, why)
+            self._source_restarted = time.monotonic()
+            cut = await sourcing.restart(self.api, name)
+            log.info("cg member=%s: the source into %s resumes after origin sequence %d", self.member, name, cut)
+        except Exception as e:  # noqa: BLE001 - the server away, a race with another tool: look again later
+            log.debug("cg member=%s: source check failed (%s)", self.member, e)
 
     async def _may_rejoin(self) -> bool:
         """Whether the member still has partitions and this run's standby time is not up."""
@@ -507,13 +563,6 @@ class MemberRun:
                     self.layout.partition_store(a.consumer_stream, partition))
         await self.layout.rebuild(self.api, a.consumer_stream, partition)
         self.summary.rebuilt_partitions.append(partition)
-
-
-async def origin_life_key(api: JsApi, sink: TwoPhaseSink, options: BatchOptions) -> str:
-    """The key the origin's messages land under in ``sink`` (``stream_life.py``): checked, and a
-    new life recorded, before anything is fenced, recovered or landed."""
-    created = await origin_created(api, options.stream)
-    return await asyncio.to_thread(sink.stream_life, options.stream, created, LifeChoice.parse(options.stream_life))
 
 
 async def run_member_batch(nc: NATS, sink: TwoPhaseSink, options: BatchOptions, pipeline: Pipeline | None = None,

@@ -30,7 +30,7 @@ inputs of its rows. The summary and the asset events say per table what it lande
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +50,7 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     WriteState,
     keys_by_stream,
 )
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
+from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, OriginKeys, OriginMark
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -166,26 +166,31 @@ class RoutedSink(TwoPhaseSink):
             sink.fence(stream, group, fence)
 
     def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
-                    first_key: str | None = None) -> str:
-        """The key every table lands the origin under: the tables that hold lives of the
-        stream decide it (they must agree), a table that holds none takes theirs."""
+                    like: Sequence[Life] = ()) -> OriginKeys:
+        """The keys every table lands the origin under: the tables that hold lives of the
+        stream decide them (they must agree), a table that holds none takes their lives."""
         holding = {n: s for n, s in self.sinks.items() if s.stream_lives(stream)}
-        keys = {n: s.stream_life(stream, created, choice, first_key) for n, s in holding.items()}
-        key = _one_key(stream, keys) if keys else (first_key or None)
+        keys = {n: s.stream_life(stream, created, choice, like) for n, s in holding.items()}
+        lives = next(iter(holding.values())).stream_lives(stream) if holding else list(like)
         for n, s in self.sinks.items():
             if n not in holding:
-                keys[n] = s.stream_life(stream, created, choice, key)
+                keys[n] = s.stream_life(stream, created, choice, lives)
         return _one_key(stream, keys)
 
     def stream_lives(self, stream: str) -> list[Life]:
-        lives: dict[str, Life] = {}
+        lives: dict[tuple[str, int], Life] = {}
         for sink in self.sinks.values():
             for life in sink.stream_lives(stream):
-                lives.setdefault(life.created, life)
+                lives.setdefault((life.created, life.from_seq), life)
         return list(lives.values())
 
+    def origin_mark(self, key: str) -> OriginMark | None:
+        """The highest of the tables' (each records every batch's mark with its own write)."""
+        marks = [m for m in (s.origin_mark(key) for s in self.sinks.values()) if m is not None]
+        return max(marks, key=lambda m: m.seq) if marks else None
+
     def prepare(self, batch_id: BatchId, table: Any, *, message_refs: MessageRefs, fence: Fence | None = None,
-                input_keys: dict[str, np.ndarray] | None = None) -> RoutedWrite:
+                input_keys: dict[str, np.ndarray] | None = None, origin_mark: OriginMark | None = None) -> RoutedWrite:
         if not isinstance(table, RoutedRows):
             raise TypeError("a routed landing prepares a batch split over its routes (RoutedRows)")
         parts: dict[str, PreparedWrite] = {}
@@ -193,7 +198,8 @@ class RoutedSink(TwoPhaseSink):
             for name, part in table.parts.items():
                 extra = {} if part.input_keys is None else {"input_keys": part.input_keys}
                 parts[name] = self.sinks[name].prepare(self.part_batch(batch_id, name), part.rows,
-                                                       message_refs=message_refs, fence=fence, **extra)
+                                                       message_refs=message_refs, fence=fence,
+                                                       origin_mark=origin_mark, **extra)
         except BaseException:
             for name, w in parts.items():  # never acked: roll the tables prepared so far back
                 self.sinks[name].abort(w)
@@ -309,9 +315,9 @@ def _route_uid(uid: str, name: str) -> str:
     return hashlib.sha256(f"{uid}/{name}".encode()).hexdigest()[:8]
 
 
-def _one_key(stream: str, keys: Mapping[str, str]) -> str:
-    if len(set(keys.values())) > 1:
-        shown = ", ".join(f"{n}: {k}" for n, k in keys.items())
+def _one_key(stream: str, keys: Mapping[str, OriginKeys]) -> OriginKeys:
+    if len({k.segments for k in keys.values()}) > 1:
+        shown = ", ".join(f"{n}: {', '.join(k.keys)}" for n, k in keys.items())
         raise ConfigError("routes", f"the tables land origin stream {stream!r} under different keys ({shown}): "
                                     "a table landed an earlier life another did not; land them into tables that "
                                     "agree, or give the newer one a route of its own later")

@@ -58,7 +58,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -108,7 +108,14 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     recovered_by,
     sorted_unique,
 )
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
+from airflow_provider_cg.core.landing.stream_life import (
+    Life,
+    LifeChoice,
+    OriginKeys,
+    OriginMark,
+    origin_keys,
+    to_record,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -205,24 +212,32 @@ class LakeSink(TwoPhaseSink):
                     continue  # another writer took the position: try the next one
 
     def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
-                    first_key: str | None = None) -> str:
-        """From the log's ``life`` records; a new life is claimed as one."""
+                    like: Sequence[Life] = ()) -> OriginKeys:
+        """From the log's ``life`` records; each new life is claimed as one."""
         with self._lock:
             while True:
                 self._log.refresh()
-                life, new = decide(stream, created, self._log.lives.get(stream, ()), choice, first_key)
+                lives = self._log.lives.get(stream, ())
+                new = to_record(stream, created, lives, choice, like)
                 if not new:
-                    return life.key
+                    return origin_keys(stream, created, lives)
+                life = new[0]
                 try:
-                    self._claim({"v": 1, "op": "life", "stream": stream, "created": created, "key": life.key})
+                    self._claim({"v": 1, "op": "life", "stream": stream, "created": life.created, "key": life.key,
+                                 "from_seq": life.from_seq, "anchor": life.anchor.to_list() if life.anchor else None})
                 except FileExistsError:
                     continue  # another writer took the position (maybe recording this life): re-read
-                return life.key
 
     def stream_lives(self, stream: str) -> list[Life]:
         with self._lock:
             self._log.refresh()
             return list(self._log.lives.get(stream, ()))
+
+    def origin_mark(self, key: str) -> OriginMark | None:
+        """From the log's commit records (and the fold)."""
+        with self._lock:
+            self._log.refresh()
+            return self._log.marks.get(key)
 
     def _claim(self, record: dict) -> int:
         """Claim the next log position for ``record`` (FileExistsError: re-read and retry)."""
@@ -262,7 +277,8 @@ class LakeSink(TwoPhaseSink):
         return self.staged.dir(gid)
 
     def prepare(self, batch_id: BatchId, table: pa.Table | StagedFiles, *, message_refs: MessageRefs,
-                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
+                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None,
+                origin_mark: OriginMark | None = None) -> PreparedWrite:
         refs = normalize_refs(message_refs)
         transformed = input_keys is not None
         staged = isinstance(table, StagedFiles)
@@ -297,7 +313,7 @@ class LakeSink(TwoPhaseSink):
         staging = self.staged.start(batch_id.gid, staged_by_spark=staged)
         dropped = 0 if isinstance(table, StagedFiles) else rows_in - table.num_rows
         manifest = self.staged.manifest(batch_id, rows=rows_in, dropped=dropped, refs=refs, fence=fence,
-                                        transformed=transformed)
+                                        transformed=transformed, mark=origin_mark)
         try:
             self.staged.write(staging, table, keys, manifest, self)
         except FileNotFoundError:
@@ -410,6 +426,7 @@ class LakeSink(TwoPhaseSink):
             "keys": keys,
             "dups": current["dups"] + dropped,
             "rows": current["rows"] - dropped,
+            "mark": current.get("mark"),
         }
 
     def data_file_name(self, batch_id: BatchId, tag: str, i: int, pos: int) -> str:
@@ -444,6 +461,7 @@ class LakeSink(TwoPhaseSink):
             "duplicates_skipped": current["dups"],
             "files": files,
             "streams": streams,
+            "mark": current.get("mark"),
             "committed_at": datetime.now(UTC).isoformat(),
         }
 

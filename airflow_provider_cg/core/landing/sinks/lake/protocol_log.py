@@ -8,8 +8,8 @@ and the records after it: no listing, whatever the table's age.
 Folding keeps a checkpoint small. Records older than the last ``KEEP_RECORDS`` positions are
 folded into a summary: the keys every folded commit took, merged into runs of consecutive
 origin sequences per stream (``_cg_keys/_folded/``: a stream landed whole is one run), the
-latest fence of each partition, every stream life, every aborted write, the last commit of each
-member and, for the Parquet dataset, its published files (in a file of their own, which only
+latest fence of each partition, every stream life, the highest origin mark of each life's key
+(``stream_life.py``), every aborted write, the last commit of each member and, for the Parquet dataset, its published files (in a file of their own, which only
 its readers read). A record is folded only once it can
 no longer matter gid by gid: its commit is published (the folding writer rolls it forward
 first) and no write marked ``acking`` at or before it is unfinished. A write can only be
@@ -42,7 +42,7 @@ import numpy as np
 
 from airflow_provider_cg.core.landing.sinks.lake.storage import Storage
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import SinkError
-from airflow_provider_cg.core.landing.stream_life import Life
+from airflow_provider_cg.core.landing.stream_life import Life, OriginMark
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -197,6 +197,8 @@ class CommitLog:
         self.in_flight: dict[str, dict] = {}
         self.fences: dict[tuple[str, str, int], str] = {}  # (stream, group, partition) -> owner
         self.lives: dict[str, list[Life]] = {}  # origin stream -> its lives landed here, oldest first
+        #: origin key -> the highest mark a commit recorded (``stream_life.OriginMark``)
+        self.marks: dict[str, OriginMark] = {}
         self.index: dict[str, StreamIndex] = {}
         #: the fold: records at or before ``folded_pos`` are only summarized
         self.folded_pos = 0
@@ -231,8 +233,10 @@ class CommitLog:
             return
         if record["op"] == "life":
             lives = self.lives.setdefault(record["stream"], [])
-            if all(life.created != record["created"] for life in lives):
-                lives.append(Life(record["created"], record["key"]))
+            life = Life(record["created"], record["key"], int(record.get("from_seq") or 1),
+                        OriginMark.from_list(record.get("anchor")))
+            if all((known.created, known.key) != (life.created, life.key) for known in lives):
+                lives.append(life)
             return
         gid = record["gid"]
         if gid in self.commits or gid in self.aborts:
@@ -241,6 +245,7 @@ class CommitLog:
             self.in_flight.pop(gid, None)
         if record["op"] == "commit":
             self.commits[gid] = record
+            self._mark(OriginMark.from_list(record.get("mark")))
             for stream, info in record.get("streams", {}).items():
                 self.index.setdefault(stream, StreamIndex()).add(info["min"], info["max"], pos, info["keys"])
         elif record["op"] == "abort":
@@ -250,6 +255,10 @@ class CommitLog:
             self.acking_pos[gid] = pos
             if record.get("streams"):
                 self.in_flight[gid] = record
+
+    def _mark(self, mark: OriginMark | None) -> None:
+        if mark is not None and (mark.key not in self.marks or mark.seq >= self.marks[mark.key].seq):
+            self.marks[mark.key] = mark
 
     def pointer(self) -> int | None:
         """The position of the checkpoint ``_last_checkpoint.json`` names (None if none)."""
@@ -304,7 +313,9 @@ class CommitLog:
             self.folded_last = folded["last"]
             self.aborts = set(folded["aborts"])
             self.fences = {(s, g, int(p)): o for s, g, p, o in folded["fences"]}
-            self.lives = {s: [Life(c, k) for c, k in lives] for s, lives in folded["lives"].items()}
+            self.lives = {s: [Life.from_list(life) for life in lives] for s, lives in folded["lives"].items()}
+            for mark in folded.get("marks") or ():
+                self._mark(OriginMark.from_list(mark))
         for record in data["records"]:
             self._apply(record.pop("pos"), record)
 
@@ -424,7 +435,8 @@ class CommitLog:
         folded = {"pos": point, "keys": folded_keys, "files": file_lists, "last": last,
                   "aborts": sorted(self.aborts), "written_at": datetime.now(UTC).isoformat(),
                   "fences": [[s, g, p, o] for (s, g, p), o in self.fences.items()],
-                  "lives": {s: [[life.created, life.key] for life in lives] for s, lives in self.lives.items()}}
+                  "lives": {s: [life.to_list() for life in lives] for s, lives in self.lives.items()},
+                  "marks": [m.to_list() for m in self.marks.values()]}
         tail = [r for r in self.records if r["pos"] > point]
         body = json.dumps({"v": 2, "pos": self.pos, "folded": folded, "records": tail},
                           separators=(",", ":")).encode()

@@ -1,7 +1,7 @@
 """A lake sink's prepared writes: ``_cg_staging/<gid>/`` holds a write's data files (written
 by the driver, or by Spark tasks: ``spark_staging.py``), its input keys (sorted ``origin_seq``
 per origin stream, ``keys-<i>.npy``) and, written last, its manifest ``prepared.json`` (rows,
-files, keys, message refs, fence). A staging without a manifest is half-prepared; recovery
+files, keys, message refs, fence, the origin mark). A staging without a manifest is half-prepared; recovery
 tells them apart (``lake_sink.py``)."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     SinkError,
     encode_refs,
 )
+from airflow_provider_cg.core.landing.stream_life import OriginMark
 
 STAGING_DIR = "_cg_staging"
 MANIFEST = "prepared.json"
@@ -72,7 +73,7 @@ class StagingArea:
 
     @staticmethod
     def manifest(batch_id: BatchId, *, rows: int, dropped: int, refs: dict, fence: Fence | None,
-                 transformed: bool) -> dict[str, Any]:
+                 transformed: bool, mark: OriginMark | None = None) -> dict[str, Any]:
         return {
             "v": 1,
             "gid": batch_id.gid,
@@ -85,6 +86,7 @@ class StagingArea:
             "refs": encode_refs(refs),
             "fence": fence.to_dict() if fence else None,
             "transformed": transformed,
+            "mark": mark.to_list() if mark else None,  # the origin's message this batch read last
             "prepared_at": datetime.now(UTC).isoformat(),
         }
 
@@ -147,6 +149,7 @@ class StagingArea:
             "dups": manifest["dropped"],
             "rows": manifest["rows"] - manifest["dropped"],
             "transformed": bool(manifest.get("transformed")),
+            "mark": manifest.get("mark"),
         }
 
     def inputs(self, gid: str) -> tuple[bool, dict[str, np.ndarray], dict]:

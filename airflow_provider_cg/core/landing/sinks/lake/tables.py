@@ -326,7 +326,7 @@ class TableSink(LakeSink):
                 return False
             try:
                 if self.merge is not None:
-                    rows = pa.concat_tables([self._staged_rows(r) for r in pending], promote_options="default")
+                    rows = pa.concat_tables([self._staged_rows(r, state) for r in pending], promote_options="default")
                     committed = self.merge_rows(pending, self.merge.latest(rows), state)
                 else:
                     files = [f for r in pending for f in self._data_files(r)]
@@ -455,13 +455,19 @@ class TableSink(LakeSink):
     def roll_forward(self, commits: list[dict]) -> None:
         self.publish(commits[-1])  # publishes every record before it, in log order
 
-    def _staged_rows(self, record: dict) -> pa.Table:
-        """A committed record's rows, read from its staging (a merge publishes them, not the files)."""
+    def _staged_rows(self, record: dict, state: TableState) -> pa.Table:
+        """A committed record's rows, read from its staging (a merge publishes them, not the
+        files). Staging is removed once its record is in the table: gone, it was published by
+        another writer since ``state`` was read (a race lost: ``TableConflict``, the table is
+        read again), unless the table still does not hold it."""
         tables = []
         for f in record["files"]:
             try:
                 tables.append(self._read_parquet(f["staged"]))
             except FileNotFoundError:
+                if self.load_state().position >= record["pos"]:
+                    raise TableConflict(f"the staged rows of {record['gid']} were published by another writer "
+                                        f"since the table was read at log position {state.position}") from None
                 raise DatasetCorrupt(f"staged rows of {record['gid']} are missing before its merge was "
                                      "published") from None
         return pa.concat_tables(tables, promote_options="default")

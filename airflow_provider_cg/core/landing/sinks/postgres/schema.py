@@ -1,8 +1,8 @@
 """The PostgreSQL sink's tables: the target (keyed by the message's origin, by the merge keys,
 or a transformation's own columns) and the side tables of the two-phase protocol (stream
-lives, claimed inputs, message refs, partition fences, commit markers), created if absent and
-widened by the columns a batch brings, in one transaction under one advisory lock so
-concurrent writers never race on DDL."""
+lives, claimed inputs, message refs, partition fences, commit markers, origin marks), created
+if absent and widened by the columns a batch brings, in one transaction under one advisory lock
+so concurrent writers never race on DDL."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from airflow_provider_cg.core.landing.sinks.shared.identifiers import (
     INPUTS_TABLE,
     LIVES_TABLE,
     MARKERS_TABLE,
+    MARKS_TABLE,
     REFS_TABLE,
 )
 from airflow_provider_cg.core.landing.sinks.shared.merging import DELETE_FLAG, MergeSpec
@@ -24,8 +25,8 @@ from airflow_provider_cg.core.landing.sinks.shared.merging import DELETE_FLAG, M
 #: partition and committed write (``writer.py`` says how the protocol uses each)
 SIDE_TABLES = {
     LIVES_TABLE: "n bigserial, target text NOT NULL, stream text NOT NULL, created text NOT NULL, "
-                 "key text NOT NULL, recorded_at timestamptz NOT NULL DEFAULT now(), "
-                 "PRIMARY KEY (target, stream, created)",
+                 "key text NOT NULL, from_seq bigint NOT NULL DEFAULT 1, anchor jsonb, "
+                 "recorded_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (target, stream, created, key)",
     INPUTS_TABLE: "target text NOT NULL, origin_stream text NOT NULL, origin_seq bigint NOT NULL, "
                   "gid text NOT NULL, PRIMARY KEY (target, origin_stream, origin_seq)",
     REFS_TABLE: "gid text PRIMARY KEY, target text NOT NULL, stream text NOT NULL, grp text NOT NULL, "
@@ -36,6 +37,10 @@ SIDE_TABLES = {
                   "PRIMARY KEY (target, stream, grp, partition)",
     MARKERS_TABLE: "gid text PRIMARY KEY, target text NOT NULL, rows_written bigint NOT NULL, "
                    "duplicates_skipped bigint NOT NULL, committed_at timestamptz NOT NULL DEFAULT now()",
+    # inserted by the prepared transaction, so a mark counts once its write is committed; only
+    # ever inserted (no row lock that two members' prepared writes could wait on)
+    MARKS_TABLE: "target text NOT NULL, origin_stream text NOT NULL, seq bigint NOT NULL, ts bigint NOT NULL, "
+                 "gid text NOT NULL, PRIMARY KEY (target, origin_stream, seq, gid)",
 }
 
 
@@ -49,6 +54,22 @@ def target_columns(arrow_schema: pa.Schema, *, merge: MergeSpec | None, transfor
         return ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in arrow_schema)
     cols = ", ".join(f"{ident(f.name)} {pg_type(f.name, f.type)}" for f in ROW_SCHEMA)
     return f'{cols}, PRIMARY KEY ("origin_stream", "origin_seq")'
+
+
+def _lives_by_first_seq(cur: Cursor, schema: str, lives: str) -> None:
+    """A lives table of an older version: its lives get their first sequence (1), and a stream
+    created once may have several (after its store went back). No prepared write touches it."""
+    cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = %s "
+                "AND column_name = 'from_seq'", (schema, LIVES_TABLE))
+    if cur.fetchone() is not None:
+        return
+    cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'", (lives,))
+    pkey = cur.fetchone()
+    cur.execute(f"ALTER TABLE {lives} ADD COLUMN IF NOT EXISTS from_seq bigint NOT NULL DEFAULT 1, "
+                "ADD COLUMN IF NOT EXISTS anchor jsonb")
+    if pkey is not None:
+        cur.execute(f"ALTER TABLE {lives} DROP CONSTRAINT {ident(pkey[0])}")
+    cur.execute(f"ALTER TABLE {lives} ADD PRIMARY KEY (target, stream, created, key)")
 
 
 def create_tables(cur: Cursor, schema: str, table: str, arrow_schema: pa.Schema | None, *,
@@ -75,6 +96,7 @@ def create_tables(cur: Cursor, schema: str, table: str, arrow_schema: pa.Schema 
                     "AND column_name = 'origin'", (schema, MARKERS_TABLE))
         if cur.fetchone() is None:
             cur.execute(f"ALTER TABLE {side(MARKERS_TABLE)} ADD COLUMN IF NOT EXISTS origin jsonb")
+        _lives_by_first_seq(cur, schema, side(LIVES_TABLE))
         if arrow_schema is None:
             cur.execute("COMMIT")
             return None

@@ -17,7 +17,8 @@ a newer fence (whose owner's recovery then sees ``acking``) or sees that fence a
 writes and those whose fence shares a fenced partition, joins the refs rows
 (a prepared write without one is reported ``acking=True``: commit is the safe choice) and
 deletes refs rows whose write is no longer prepared. Markers are kept (one small row per
-batch); delete old ones with ``prune_markers``.
+batch); delete old ones with ``prune_markers``. The prepared transaction also inserts the batch's
+origin mark into ``cg_origin_marks`` (``stream_life.py``), visible once committed.
 
 Blocking: a prepared transaction keeps the row locks of the keys it inserted. Another write
 inserting one of those keys waits until it is committed or rolled back -- so a job must run
@@ -37,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -58,6 +59,7 @@ from airflow_provider_cg.core.landing.sinks.shared.identifiers import (
     INPUTS_TABLE,
     LIVES_TABLE,
     MARKERS_TABLE,
+    MARKS_TABLE,
     OWN_TABLES,
     REFS_TABLE,
     validate_identifier,
@@ -82,7 +84,14 @@ from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import (
     origin_ranges,
     recovered_by,
 )
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, decide
+from airflow_provider_cg.core.landing.stream_life import (
+    Life,
+    LifeChoice,
+    OriginKeys,
+    OriginMark,
+    origin_keys,
+    to_record,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -189,42 +198,57 @@ class PostgresSink(TwoPhaseSink):
             raise self.db.lock_error(exc, f"fence of {stream}/{group}") from None
 
     def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
-                    first_key: str | None = None) -> str:
+                    like: Sequence[Life] = ()) -> OriginKeys:
         """From ``cg_stream_lives``; read and recorded under a transaction-level advisory lock
         per target and stream, so writers meeting a new life at once record it once."""
         self.ensure_tables()
         target = f"{self.schema}.{self.table}"
 
-        def fn(cur: Cursor) -> str:
+        def fn(cur: Cursor) -> OriginKeys:
             cur.execute("BEGIN")
             try:
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cg-life:{target}:{stream}",))
-                cur.execute(f"SELECT created, key FROM {self._side(LIVES_TABLE)} WHERE target = %s AND stream = %s "
-                            "ORDER BY n", (target, stream))
-                life, new = decide(stream, created, [Life(c, k) for c, k in cur.fetchall()], choice, first_key)
-                if new:
-                    cur.execute(f"INSERT INTO {self._side(LIVES_TABLE)} (target, stream, created, key) "
-                                "VALUES (%s, %s, %s, %s)", (target, stream, created, life.key))
+                lives = self._lives(cur, stream)
+                while new := to_record(stream, created, lives, choice, like):
+                    life = new[0]
+                    cur.execute(f"INSERT INTO {self._side(LIVES_TABLE)} (target, stream, created, key, from_seq, "
+                                "anchor) VALUES (%s, %s, %s, %s, %s, %s)",
+                                (target, stream, life.created, life.key, life.from_seq,
+                                 json.dumps(life.anchor.to_list()) if life.anchor else None))
+                    lives.append(life)
                 cur.execute("COMMIT")
             except BaseException:
                 rollback_quietly(cur)
                 raise
-            return life.key
+            return origin_keys(stream, created, lives)
 
         return self._run(f"stream life of {stream}", fn)
 
+    def _lives(self, cur: Cursor, stream: str) -> list[Life]:
+        cur.execute(f"SELECT created, key, from_seq, anchor FROM {self._side(LIVES_TABLE)} WHERE target = %s "
+                    "AND stream = %s ORDER BY n", (f"{self.schema}.{self.table}", stream))
+        return [Life.from_list(row) for row in cur.fetchall()]
+
     def stream_lives(self, stream: str) -> list[Life]:
         self.ensure_tables()
+        return self._run(f"stream lives of {stream}", lambda cur: self._lives(cur, stream))
 
-        def fn(cur: Cursor) -> list[Life]:
-            cur.execute(f"SELECT created, key FROM {self._side(LIVES_TABLE)} WHERE target = %s AND stream = %s "
-                        "ORDER BY n", (f"{self.schema}.{self.table}", stream))
-            return [Life(c, k) for c, k in cur.fetchall()]
+    def origin_mark(self, key: str) -> OriginMark | None:
+        """The highest of ``cg_origin_marks`` (committed writes' only: a prepared write's row is
+        not visible before its ``COMMIT PREPARED``)."""
+        self.ensure_tables()
 
-        return self._run(f"stream lives of {stream}", fn)
+        def fn(cur: Cursor) -> OriginMark | None:
+            cur.execute(f"SELECT seq, ts FROM {self._side(MARKS_TABLE)} WHERE target = %s AND origin_stream = %s "
+                        "ORDER BY seq DESC LIMIT 1", (f"{self.schema}.{self.table}", key))
+            row = cur.fetchone()
+            return OriginMark(key, int(row[0]), int(row[1])) if row else None
+
+        return self._run(f"origin mark of {key}", fn)
 
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
-                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
+                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None,
+                origin_mark: OriginMark | None = None) -> PreparedWrite:
         transformed = input_keys is not None
         refs = normalize_refs(message_refs)
         if transformed:
@@ -256,7 +280,7 @@ class PostgresSink(TwoPhaseSink):
         self._run("store message refs", lambda cur: self._store_refs(cur, batch_id, rows_in, refs, fence))
         try:
             self._run(f"prepare {gid}", lambda cur: self._prepare_transaction(cur, gid, table, inputs, transformed,
-                                                                              origin))
+                                                                              origin, origin_mark))
         except BaseException as exc:
             try:
                 self._run(
@@ -280,16 +304,20 @@ class PostgresSink(TwoPhaseSink):
         )
 
     def _prepare_transaction(self, cur: Cursor, gid: str, table: pa.Table, inputs: Inputs,
-                             transformed: bool, origin: dict) -> int:
+                             transformed: bool, origin: dict, mark: OriginMark | None) -> int:
         """One transaction: the rows COPYed into an unlogged staging table, inserted (or merged)
-        into the target, the commit marker written, then ``PREPARE TRANSACTION``; the rows
-        written."""
+        into the target, the commit marker (and the origin mark) written, then ``PREPARE
+        TRANSACTION``; the rows written."""
         cur.execute("BEGIN")
         try:
             written, dups = self.writes.write(cur, gid, table, inputs, transformed)
             cur.execute(f"INSERT INTO {self._side(MARKERS_TABLE)} (gid, target, rows_written, duplicates_skipped, "
                         "origin) VALUES (%s, %s, %s, %s, %s)",
                         (gid, f"{self.schema}.{self.table}", written, dups, json.dumps(origin)))
+            if mark is not None:
+                cur.execute(f"INSERT INTO {self._side(MARKS_TABLE)} (target, origin_stream, seq, ts, gid) "
+                            "VALUES (%s, %s, %s, %s, %s)", (f"{self.schema}.{self.table}", mark.key, mark.seq,
+                                                           mark.ts, gid))
             cur.execute("PREPARE TRANSACTION %s", (gid,))
         except BaseException:
             rollback_quietly(cur)
@@ -512,16 +540,22 @@ class PostgresSink(TwoPhaseSink):
 
     def prune_markers(self, older_than_s: float) -> int:
         """Delete commit markers older than ``older_than_s`` seconds (after that, a commit of
-        such an old write is reported lost instead of idempotent). Returns rows deleted."""
+        such an old write is reported lost instead of idempotent), and every origin mark below
+        the highest of its key (only the highest is checked). Returns the markers deleted."""
         self.ensure_tables()
+        target = f"{self.schema}.{self.table}"
 
         def fn(cur: Cursor) -> int:
             cur.execute(
                 f"DELETE FROM {self._side(MARKERS_TABLE)} WHERE target = %s AND "
                 "committed_at < now() - make_interval(secs => %s)",
-                (f"{self.schema}.{self.table}", older_than_s),
+                (target, older_than_s),
             )
-            return cur.rowcount
+            deleted = cur.rowcount
+            cur.execute(f"DELETE FROM {self._side(MARKS_TABLE)} m WHERE m.target = %s AND m.seq < (SELECT max(seq) "
+                        f"FROM {self._side(MARKS_TABLE)} h WHERE h.target = m.target AND h.origin_stream = "
+                        "m.origin_stream)", (target,))
+            return deleted
 
         return self._run("prune markers", fn)
 

@@ -26,7 +26,8 @@ MARKERS_TABLE = "cg_committed_writes"
 FENCES_TABLE = "cg_partition_fences"
 INPUTS_TABLE = "cg_committed_inputs"  # per target: input messages of transformed batches
 LIVES_TABLE = "cg_stream_lives"  # per target and origin stream: the lives landed (stream_life.py)
-OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE, LIVES_TABLE)  # never a target table
+MARKS_TABLE = "cg_origin_marks"  # per target and origin key: each committed batch's origin mark (stream_life.py)
+OWN_TABLES = (REFS_TABLE, MARKERS_TABLE, FENCES_TABLE, INPUTS_TABLE, LIVES_TABLE, MARKS_TABLE)  # never a target
 
 
 def validate_identifier(field: str, name: Any) -> str:

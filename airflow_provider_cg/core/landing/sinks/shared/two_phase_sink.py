@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.landing.rows import KEY_COLUMNS, ROW_SCHEMA, BatchId
-from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice
+from airflow_provider_cg.core.landing.stream_life import Life, LifeChoice, OriginKeys, OriginMark
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -207,9 +207,11 @@ class TwoPhaseSink(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, batch_id: BatchId, table: pa.Table, *, message_refs: MessageRefs,
-                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None) -> PreparedWrite:
+                fence: Fence | None = None, input_keys: dict[str, np.ndarray] | None = None,
+                origin_mark: OriginMark | None = None) -> PreparedWrite:
         """Make the batch durable but invisible; store ``message_refs`` (and ``fence``) with it
-        for recovery.
+        for recovery, and ``origin_mark`` (the origin's last message the batch read, as the
+        origin stored it) so that the commit records it.
 
         ``input_keys`` (``{origin_stream: origin_seqs}``): the rows are a transformation's
         output, not one row per message; exactly-once is kept per input message instead: the
@@ -270,16 +272,22 @@ class TwoPhaseSink(abc.ABC):
 
     @abc.abstractmethod
     def stream_life(self, stream: str, created: str, choice: LifeChoice | None = None,
-                    first_key: str | None = None) -> str:
-        """The key the messages of origin ``stream`` created at ``created`` land under (their
-        rows' ``origin_stream``), recording a life the sink did not hold (``stream_life.decide``:
-        raises ``StreamLifeChanged`` for an unknown life without ``choice``; ``first_key`` is
-        the key of a first life). Atomic against other writers recording a life of the same
-        stream."""
+                    like: Sequence[Life] = ()) -> OriginKeys:
+        """The keys the messages of origin ``stream`` created at ``created`` land under (their
+        rows' ``origin_stream``, by sequence), recording the lives the sink did not hold
+        (``stream_life.to_record``: raises ``StreamLifeChanged`` for an unknown life without
+        ``choice``; a checked ``went-back`` choice records the life after the rollback; ``like``:
+        the lives a sink holding none of the stream takes). Atomic against other writers
+        recording a life of the same stream."""
 
     @abc.abstractmethod
     def stream_lives(self, stream: str) -> list[Life]:
         """The lives of origin ``stream`` the sink holds, oldest first (read only)."""
+
+    @abc.abstractmethod
+    def origin_mark(self, key: str) -> OriginMark | None:
+        """The highest mark a committed write recorded under origin ``key`` (``prepare``'s
+        ``origin_mark``): what ``protocol/origin_guard.py`` checks the origin still holds."""
 
     @abc.abstractmethod
     def committed_keys_exist(self, origin_stream: str, seqs: Iterable[int]) -> np.ndarray:
