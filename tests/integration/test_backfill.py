@@ -295,3 +295,92 @@ async def test_backfill_with_a_transformation_never_counts_a_landed_message_twic
     assert s2.duplicates_skipped == len(times) and s2.rows_written == 0
     table = read_committed(lake)
     assert sum(table.column("n").to_pylist()) == len(times)  # every message counted once
+
+
+class _Slow(ArrowPipeline):
+    """Rows as read, each batch held back a while (a Spark job on a busy machine)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def process(self, sink, table, batch_id):
+        import time
+
+        time.sleep(self.seconds)
+        return super().process(sink, table, batch_id)
+
+
+async def test_a_backfill_whose_batches_outlast_its_reader_beside_live_members(nc, nats_server, nats_settings,
+                                                                                tmp_path):
+    """The backfill's reader (an ephemeral consumer) is removed while a slow batch lands (as
+    its inactivity threshold, or a server restart, removes it), and then the server restarts
+    under it: the backfill makes it again where it was and lands the whole window, beside live
+    members landing the same messages; every message is in the table once and in per-key order."""
+    from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
+    from tests.support.member_job import assert_exactly_once, delta_landed
+
+    stream, prefix = await make_group(nc, "elastic")
+    res = await publish_many(nc, [(f"{prefix}.k{i % 9}", b"%d" % i) for i in range(600)])
+    expected = {(stream, res.first_seq + i): f"k{i % 9}" for i in range(600)}
+    times = await stored_times(nc, stream)
+    where = str(tmp_path / "delta")
+    api = JsApi(nc)
+
+    async def lose_the_reader() -> int:
+        removed = 0
+        for _ in range(600):
+            for c in await api.list_consumers(stream):
+                name = c["name"]
+                if name.startswith("cg-backfill-") and removed == 0:
+                    await api.delete_consumer(stream, name)
+                    removed += 1
+            if removed:
+                return removed
+            await asyncio.sleep(0.05)
+        return removed
+
+    async def backfill():
+        sink = DeltaLakeSink(where)
+        try:
+            return await run_backfill(nc, sink, stream, "g", from_ns(min(times.values())),
+                                      from_ns(max(times.values()) + 1000), batch_size=100, pipeline=_Slow(1.0))
+        finally:
+            sink.close()
+
+    async def live(member: str):
+        sink = DeltaLakeSink(where)
+        try:
+            return await run_member_batch(nc, sink, BatchOptions(stream=stream, group="g", member=member,
+                                                                 batch_size=50, standby_timeout=5, idle_timeout=0.5))
+        finally:
+            sink.close()
+
+    removed, summary, *lives = await asyncio.gather(lose_the_reader(), backfill(), live("m1"), live("m2"))
+    assert removed == 1 and summary.result == contract.RESULT_COMMITTED, summary
+    assert summary.messages_read >= 1 and not any(isinstance(x, Exception) for x in lives)
+    assert_exactly_once(delta_landed(where), expected)
+
+    # a server restart under a slow backfill (its in-memory reader is gone with it)
+    await nc.close()
+    nc2 = await nats_settings.connect()
+    try:
+        more = await publish_many(nc2, [(f"{prefix}.k{i % 9}", b"m%d" % i) for i in range(300)])
+        expected |= {(stream, more.first_seq + i): f"k{i % 9}" for i in range(300)}
+        restart_at = asyncio.get_running_loop().time() + 1.5
+
+        async def restart() -> None:
+            await asyncio.sleep(max(0.0, restart_at - asyncio.get_running_loop().time()))
+            await asyncio.to_thread(nats_server.restart)
+
+        sink = DeltaLakeSink(where)
+        try:
+            _, s = await asyncio.gather(restart(), run_backfill(
+                nc2, sink, stream, "g", from_ns(min(times.values())), dt.datetime.now(dt.UTC) + dt.timedelta(hours=1),
+                batch_size=100, pipeline=_Slow(1.0)))
+        finally:
+            sink.close()
+        assert s.result == contract.RESULT_COMMITTED
+        assert_exactly_once(delta_landed(where), expected)
+    finally:
+        await nc2.close()

@@ -26,18 +26,37 @@ pytestmark = pytest.mark.integration
 STREAM, GROUP, MEMBERS = "O", "g", ("m1", "m2")
 
 
+PG: dict = {}  # the test's PostgreSQL connection parameters, when it lands there
+
+
 def _sink(kind: str, tmp_path):
     if kind == "parquet":
         from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
 
         return ParquetLakeSink(tmp_path / "lake", fsync=False)
+    if kind == "iceberg":
+        from airflow_provider_cg.core.landing.sinks.iceberg.writer import IcebergSink
+
+        return IcebergSink(f"sqlite:///{tmp_path}/catalog.db", "lake.orders", warehouse=str(tmp_path / "wh"))
+    if kind == "postgres":
+        from airflow_provider_cg.core.landing.sinks import PostgresSink
+
+        return PostgresSink(PG)
     from airflow_provider_cg.core.landing.sinks.delta.writer import DeltaLakeSink
 
     return DeltaLakeSink(str(tmp_path / "delta"))
 
 
 def _landed(kind: str, tmp_path):
-    return parquet_landed(tmp_path / "lake") if kind == "parquet" else delta_landed(str(tmp_path / "delta"))
+    from tests.support.member_job import iceberg_landed, postgres_landed
+
+    if kind == "parquet":
+        return parquet_landed(tmp_path / "lake")
+    if kind == "iceberg":
+        return iceberg_landed(f"sqlite:///{tmp_path}/catalog.db", "lake.orders")
+    if kind == "postgres":
+        return postgres_landed(PG)
+    return delta_landed(str(tmp_path / "delta"))
 
 
 async def _land(nc, kind: str, tmp_path, members=MEMBERS, **options) -> list:
@@ -59,9 +78,12 @@ async def _backlog(nc) -> int:
     return (await ConsumerGroups(nc).status(STREAM, GROUP)).backlog
 
 
-@pytest.mark.parametrize("layout,kind", [("work-queue", "delta"), ("partition-streams", "parquet")])
+@pytest.mark.parametrize("layout,kind", [("work-queue", "delta"), ("partition-streams", "parquet"),
+                                         ("work-queue", "iceberg"), ("partition-streams", "postgres")])
 async def test_a_store_that_comes_back_older_under_a_running_group(nats_server, nats_settings, tmp_path, layout,
-                                                                   kind):
+                                                                   kind, request, monkeypatch):
+    if kind == "postgres":
+        monkeypatch.setattr(f"{__name__}.PG", request.getfixturevalue("postgres_db").conn_params())
     nc = await nats_settings.connect()
     await nc.jetstream().add_stream(name=STREAM, subjects=["orders.*"])
     await ConsumerGroups(nc).create(STREAM, GROUP, ElasticGroupConfig(
@@ -96,6 +118,18 @@ async def test_a_store_that_comes_back_older_under_a_running_group(nats_server, 
             assert isinstance(r, OriginWentBack), r
             assert (r.went.to_seq, r.went.lost, r.went.mark.seq) == (2000, 1000, 3000)
             assert r.field == "stream_life" and "--stream-life went-back:2000" in str(r)
+        # a backfill over everything refuses the same way
+        import datetime as dt
+
+        from airflow_provider_cg.core.landing.run.backfill import run_backfill
+
+        window = (dt.datetime(2020, 1, 1, tzinfo=dt.UTC), dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+        sink = _sink(kind, tmp_path)
+        try:
+            with pytest.raises(OriginWentBack, match="went back to sequence 2000"):
+                await run_backfill(nc, sink, STREAM, GROUP, *window)
+        finally:
+            sink.close()
         # nothing acknowledged, nothing written; the tools say what happened
         assert await _backlog(nc) == backlog
         assert _landed(kind, tmp_path) == before
@@ -117,6 +151,12 @@ async def test_a_store_that_comes_back_older_under_a_running_group(nats_server, 
         assert await _backlog(nc) == 0
         assert_exactly_once(_landed(kind, tmp_path), expected | {("O#2", s): k for (_, s), k in new.items()})
         assert "origin_went_back" not in (await ConsumerGroups(nc).status(STREAM, GROUP)).problems
+        sink = _sink(kind, tmp_path)  # a backfill of everything now: each message under its own key, held
+        try:
+            s = await run_backfill(nc, sink, STREAM, GROUP, *window)
+        finally:
+            sink.close()
+        assert (s.rows_written, s.duplicates_skipped) == (0, 3000)
         # and later messages keep landing under the new life, with no option
         more = await publish_orders(nc, STREAM, GROUP, 200, 40)
         assert all(not isinstance(r, Exception) for r in await _land(nc, kind, tmp_path))
@@ -218,5 +258,112 @@ async def test_a_restored_snapshot_older_than_the_table(nats_server, nats_settin
         assert all(not isinstance(r, Exception) for r in results), results
         assert_exactly_once(parquet_landed(tmp_path / "lake"),
                             expected | {("O#2", s): k for (_, s), k in new.items()})
+    finally:
+        await nc.close()
+
+
+async def _rolled_back(nats_server, nats_settings, tmp_path, land, publish) -> tuple[dict, dict]:
+    """Land, take a copy, land more, put the copy back and publish others at the same
+    sequences: ``(everything landed before, the new messages)``."""
+    nc = await nats_settings.connect()
+    expected = await publish(nc, 400, lambda i: b'{"id":%d}' % i)
+    await land(nc)
+    await nc.close()
+    older = StoreCopy(nats_server, tmp_path / "older").take()
+    nc = await nats_settings.connect()
+    expected |= await publish(nc, 300, lambda i: b'{"id":%d}' % (1000 + i))
+    await land(nc)
+    await nc.close()
+    older.put_back()
+    nc = await nats_settings.connect()
+    new = await publish(nc, 200, lambda i: b'{"new":%d}' % i)
+    await nc.close()
+    return expected, new
+
+
+async def test_a_static_group_whose_origin_went_back(nats_server, nats_settings, tmp_path):
+    """A static member reads its origin directly (its marks are the rows' own stored times): the
+    same refusal, then the new messages land under their own key."""
+    from airflow_provider_cg.core.groups.config import StaticGroupConfig
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
+
+    lake = tmp_path / "lake"
+    nc = await nats_settings.connect()
+    await JsApi(nc).add_stream({"name": STREAM, "subjects": ["orders.*"], "storage": "file", "allow_direct": True,
+                                "subject_transform": {"src": "orders.*",
+                                                      "dest": "{{partition(2,1)}}.orders.{{wildcard(1)}}"}})
+    await ConsumerGroups(nc).create(STREAM, GROUP, StaticGroupConfig(2, ("orders.*",), members=("m1",)))
+    await nc.close()
+
+    async def land(nc, **options):
+        sink = ParquetLakeSink(lake, fsync=False)
+        try:
+            return await run_member_batch(nc, sink, BatchOptions(
+                stream=STREAM, group=GROUP, member="m1", batch_size=150, standby_timeout=5, idle_timeout=0.5,
+                **options))
+        finally:
+            sink.close()
+
+    async def publish(nc, n, payload):  # a static group's key is the subject its filter matched
+        sent = await publish_orders(nc, STREAM, GROUP, n, 10, payload=payload, wait_sourced=False)
+        return {k: f"orders.{key}" for k, key in sent.items()}
+
+    expected, new = await _rolled_back(nats_server, nats_settings, tmp_path, land, publish)
+    nc = await nats_settings.connect()
+    try:
+        before = parquet_landed(lake)
+        with pytest.raises(OriginWentBack) as refused:
+            await land(nc)
+        assert (refused.value.went.to_seq, refused.value.went.lost) == (400, 300)
+        assert parquet_landed(lake) == before
+        assert (await land(nc, stream_life="went-back:400")).origin_key == "O#2"
+        assert_exactly_once(parquet_landed(lake), expected | {("O#2", s): k for (_, s), k in new.items()})
+    finally:
+        await nc.close()
+
+
+@pytest.mark.spark
+async def test_the_executor_read_path_whose_origin_went_back(nats_server, nats_settings, tmp_path, spark_session):
+    """Spark's tasks read the batches (``--read executors``, a SQL transformation): the driver
+    reads each batch's mark from the origin, the same refusal, then the new messages land under
+    their own key (the tasks key the rows by sequence, the driver the inputs)."""
+    from airflow_provider_cg.core.landing.pipeline.decode import SparkDecoder
+    from airflow_provider_cg.core.landing.pipeline.processing import SparkPipeline
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
+
+    lake = tmp_path / "lake"
+    nc = await nats_settings.connect()
+    await nc.jetstream().add_stream(name=STREAM, subjects=["orders.*"])
+    await ConsumerGroups(nc).create(STREAM, GROUP, ElasticGroupConfig(
+        2, (PartitioningFilter("orders.*", (1,)),), members=("m1",)))
+    await nc.close()
+    pipeline = SparkPipeline(lambda: spark_session, SparkDecoder(spark_session, "raw"),
+                             sql="SELECT origin_stream, origin_seq, key, partition FROM batch")
+    pipeline.read_in_tasks(nats_settings)
+
+    async def land(nc, **options):
+        sink = ParquetLakeSink(lake, fsync=False)
+        try:
+            s = await run_member_batch(nc, sink, BatchOptions(
+                stream=STREAM, group=GROUP, member="m1", batch_size=150, standby_timeout=5, idle_timeout=0.5,
+                read="executors", **options), pipeline)
+            assert s.read_path == "executors"
+            return s
+        finally:
+            sink.close()
+
+    async def publish(nc, n, payload):
+        return await publish_orders(nc, STREAM, GROUP, n, 10, payload=payload)
+
+    expected, new = await _rolled_back(nats_server, nats_settings, tmp_path, land, publish)
+    nc = await nats_settings.connect()
+    try:
+        before = parquet_landed(lake)
+        with pytest.raises(OriginWentBack) as refused:
+            await land(nc)
+        assert (refused.value.went.to_seq, refused.value.went.lost) == (400, 300)
+        assert parquet_landed(lake) == before
+        assert (await land(nc, stream_life="went-back:400")).origin_key == "O#2"
+        assert_exactly_once(parquet_landed(lake), expected | {("O#2", s): k for (_, s), k in new.items()})
     finally:
         await nc.close()
