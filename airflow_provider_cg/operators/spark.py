@@ -134,8 +134,11 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
     :param stream_life: after the origin stream was deleted and created again under the same
         name, ``"new:<created>"`` lands it as a new stream beside the old one (its rows'
         ``origin_stream`` is ``<stream>#2``), ``"continue:<created>"`` as the same messages (a
-        restored backup); ``<created>`` is the creation time the job's refusal names (templated).
-        Without it such a job fails with exit 1, nothing acked (``core/landing/stream_life.py``).
+        restored backup, checked against what the table landed); after its store went back to a
+        sequence (a power loss, a restored snapshot), ``"went-back:<seq>"`` lands the messages
+        published since under a life of their own; ``<created>`` and ``<seq>`` as the job's
+        refusal names them (templated). Without it such a job fails with exit 1, nothing acked
+        (``core/landing/stream_life.py``).
     :param bad_records: what happens to a record its table cannot take (with ``merge_keys``: a
         merge key null, or absent from the message): ``"dead-letter"`` (the default) moves its
         message to the dead-letter stream ``<stream>-<group>-dlq`` with the reason and lands the

@@ -12,6 +12,7 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, ServerUnavailable
+from airflow_provider_cg.core.groups.problems import describe as describe_problem
 from airflow_provider_cg.hooks.nats import NatsHook
 from airflow_provider_cg.triggers.overflow import (
     ONCE,
@@ -155,10 +156,15 @@ class GroupOverflowSensor(BaseSensorOperator):
             return False
         self._failures = 0
         self.log.info(
-            "pending=%s ack_pending=%s backlog=%s oldest pending=%ss (min_pending=%s, min_ack_pending=%s, "
-            "max_oldest_age=%s)", figures["pending"], figures["ack_pending"], figures["backlog"],
-            figures.get("oldest_pending_age_s"), self.min_pending, self.min_ack_pending, self.max_oldest_age,
+            "pending=%s ack_pending=%s backlog=%s oldest pending=%ss source lag=%s (min_pending=%s, "
+            "min_ack_pending=%s, max_oldest_age=%s)", figures["pending"], figures["ack_pending"], figures["backlog"],
+            figures.get("oldest_pending_age_s"), figures.get("source_lag"), self.min_pending, self.min_ack_pending,
+            self.max_oldest_age,
         )
+        if figures.get("source_stalled"):
+            self.log.warning("its source is stalled: %s", figures["source_stalled"])
+        for kind, found in sorted((figures.get("problems") or {}).items()):
+            self.log.warning("%s", describe_problem(kind, found))
         if not exceeds(figures, self.min_pending, self.min_ack_pending, self.max_oldest_age):
             return False
         payload = event_payload(

@@ -142,6 +142,15 @@ async def test_a_store_that_comes_back_older_under_a_running_group(nats_server, 
         out = await acg("status", STREAM, GROUP, "--server", nats_server.url)
         assert "ORIGIN WENT BACK: O went back to sequence 2000" in out.out, out.out
         assert "1,000 landed messages no longer in the stream" in out.out
+        # the sensors' events and the metrics carry it too
+        from airflow_provider_cg.core.groups.lag import group_lag
+        from airflow_provider_cg.metrics import lag_metrics
+        from airflow_provider_cg.triggers.overflow import read_figures
+
+        _, figures = await read_figures(nc, STREAM, GROUP, None, None)
+        assert figures["problems"]["origin_went_back"]["went_back_to"] == 2000
+        metrics, _ = lag_metrics("nats_default", [(await group_lag(nc, STREAM, GROUP)).to_dict()], observe=False)
+        assert [m.value for m in metrics if m.name == "cg_group_origin_went_back"] == [1.0]
 
         # the way forward: m1 records the life after 2000; m2 needs no option then
         results = await _land(nc, kind, tmp_path, members=("m1",), stream_life="went-back:2000")

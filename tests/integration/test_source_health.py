@@ -85,6 +85,15 @@ async def test_a_stalled_source_is_named_and_started_again(tmp_path, layout):
         # what the server says is not what the origin holds: the tools count from the origin
         assert status.source_lag == 500 and status.source_stalled, (status.source_lag, status.source_stalled, sources)
         assert "has not taken" in status.source_stalled
+        from airflow_provider_cg.core.groups.lag import group_lag
+        from airflow_provider_cg.metrics import lag_metrics
+        from airflow_provider_cg.triggers.overflow import measure
+
+        figures = measure(status, None)
+        assert figures["source_lag"] == 500 and figures["source_stalled"]
+        metrics, _ = lag_metrics("c", [(await group_lag(nc, STREAM, GROUP, status=status)).to_dict()], observe=False)
+        assert {m.name: m.value for m in metrics if m.name.startswith("cg_group_source")} == {
+            "cg_group_source_lag_messages": 500.0, "cg_group_source_stalled": 1.0}
 
         sink_dir = tmp_path / "lake"
         from airflow_provider_cg.core.landing.sinks import ParquetLakeSink

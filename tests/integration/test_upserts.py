@@ -138,3 +138,33 @@ def test_bad_merge_options_are_refused_naming_the_field(values, field):
     with pytest.raises(ConfigError) as refused:
         SinkOptions.build(values)
     assert refused.value.field == field
+
+
+def test_a_publisher_whose_staging_another_writer_published_meanwhile_reads_the_table_again(tmp_path):
+    """Two writers of one Delta table with upserts: writer B reads the table, then writer A
+    publishes the next committed record (its merge) and removes its staging before B reads the
+    record's rows. B counts a lost race and reads the table again, where the record is: not
+    ``staged rows ... are missing`` (exit 2 for a run that did nothing wrong)."""
+    from airflow_provider_cg.core.landing.sinks.lake.tables import TableConflict
+
+    options = SinkOptions(sink="delta", sink_path=str(tmp_path / "t"), merge_keys="key", delete_when=RULE)
+    a, b = open_sink(options), open_sink(options)
+    try:
+        _land(a, [(1, "k1", "a"), (2, "k2", "b")], 1)
+        stale = b._loaded()  # B plans on the table as it is now
+        t = rows([3, 4], member="m2")
+        t = t.set_column(t.schema.get_field_index("key"), "key", pa.array(["k1", "k3"]))
+        prepared = b.prepare(BatchId("ORDERS", "g", "m2", 1), t, message_refs=refs_for([3, 4]))
+        b.set_table_commit_interval(3600.0)  # B's own commit leaves the publish to a slot
+        b._slot_tried = 1 << 62  # (and B has tried every slot: another writer publishes it)
+        b.commit(b.mark_acking(prepared))
+        b._log.refresh()
+        record = b._log.commits[prepared.gid]
+        a.publish(record)  # A publishes B's record, and removes its staging
+        with pytest.raises(TableConflict, match="published by another writer"):
+            b._staged_rows(record, stale)
+        assert b._publish_ready() is False or b._loaded().position >= record["pos"]
+        assert _state("delta", options, None) == {"k1": 3, "k2": 2, "k3": 4}
+    finally:
+        a.close()
+        b.close()

@@ -97,10 +97,12 @@ class BatchOptions:
                      "partitions, acked by one purge each; a static member's subjects, acked by moving its "
                      "durable; 2.14+); executors: the same, read by the batch's Spark tasks (needs Spark); "
                      "consumer: pulls and a double ack per message")
-    stream_life: str | None = option(help="land an origin stream the table has not seen under this name before "
-                                   "(deleted and created again): new:<created> lands it as a new stream beside the "
-                                   "old one, continue:<created> as the same messages (a restored backup); "
-                                   "<created> is its creation time, as the job's refusal prints it")
+    stream_life: str | None = option(help="land an origin stream the table cannot place (stream_life.py): "
+                                   "new:<created> lands a stream deleted and created again as a new stream beside "
+                                   "the old one, continue:<created> as the same messages (a restored backup, "
+                                   "checked against what the table landed); went-back:<seq> lands the messages "
+                                   "of an origin whose store went back to <seq> under a life of their own; "
+                                   "<created> and <seq> as the job's refusal prints them")
 
     def consumer_ack_wait(self, elastic: bool) -> float:
         """The ack wait of a member consumer this run creates."""

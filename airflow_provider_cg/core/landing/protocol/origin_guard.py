@@ -40,7 +40,10 @@ import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConfigError
 from airflow_provider_cg.core.groups import layouts
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import ElasticGroupConfig
 from airflow_provider_cg.core.groups.names import work_queue_stream
+from airflow_provider_cg.core.groups.sourcing import passed_without
 from airflow_provider_cg.core.jetstream.api import JsApi, rfc3339, stored_ns
 from airflow_provider_cg.core.landing.stream_life import (
     FIELD,
@@ -137,10 +140,6 @@ async def group_past(api: JsApi, stream: str, group: str, seq: int) -> str | Non
     """The ``cg reset`` that moves ``group`` back to ``seq + 1`` when it read past ``seq`` on
     the origin's older messages (its sourcing, or a static member's durable, went past without
     the new ones): the messages published after the origin went back would never reach it."""
-    from airflow_provider_cg.core.groups.admin import ConsumerGroups
-    from airflow_provider_cg.core.groups.config import ElasticGroupConfig
-    from airflow_provider_cg.core.groups.sourcing import passed_without
-
     groups = ConsumerGroups(api.nc, js_prefix=api.prefix)
     status = await groups.status(stream, group)
     cfg = (await groups.get(stream, group)).config

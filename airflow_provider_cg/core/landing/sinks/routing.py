@@ -178,10 +178,10 @@ class RoutedSink(TwoPhaseSink):
         return _one_key(stream, keys)
 
     def stream_lives(self, stream: str) -> list[Life]:
-        lives: dict[tuple[str, int], Life] = {}
+        lives: dict[tuple[str, str], Life] = {}
         for sink in self.sinks.values():
             for life in sink.stream_lives(stream):
-                lives.setdefault((life.created, life.from_seq), life)
+                lives.setdefault((life.created, life.key), life)
         return list(lives.values())
 
     def origin_mark(self, key: str) -> OriginMark | None:
