@@ -45,6 +45,7 @@ bench: $(STAMP)
 		--transform-sql "SELECT * FROM batch WHERE origin_seq % 10 <> 7" --results freshness_spark
 	$(BIN)/python benchmarks/bench_tables.py
 	$(BIN)/python benchmarks/bench_protocol_log.py
+	$(BIN)/python benchmarks/bench_origin_check.py --messages 100000 --batches 200,2000 --repeat 5
 	$(BIN)/python benchmarks/bench_control_plane.py
 	$(BIN)/python benchmarks/bench_group_scale.py
 

@@ -20,7 +20,8 @@ acknowledged or written, naming R, the landed messages the origin lost, and the 
 
 Like Kafka's leader epochs (KIP-320), this is a check at every fetch boundary, cheap enough for
 every batch: one message get of the origin per batch, plus one for the batch's own mark when it
-was read from a work queue. What it does not see: a rollback that happened and was undone between
+was read from a work queue, the two at once before the batch is prepared (checked again before
+its acking mark if the connection was made again meanwhile). What it does not see: a rollback that happened and was undone between
 two checks (nothing was acknowledged meanwhile), a mark whose message the origin's limits
 removed (``max_age``, ``max_msgs``: then the stream's end and later marks still tell), and a
 server clock set back so far that new messages sort before lost ones (then the refusal says it
@@ -32,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -159,6 +161,8 @@ class OriginGuard:
 
     def __init__(self, api: JsApi, sink: TwoPhaseSink, stream: str, keys: OriginKeys, reads_origin: bool) -> None:
         self.api, self.sink, self.stream, self.keys, self.reads_origin = api, sink, stream, keys, reads_origin
+        self._reconnects = 0  # the connection's reconnects when the last check began
+        self._reads = ThreadPoolExecutor(1, thread_name_prefix="cg-origin-guard")
 
     @classmethod
     async def open(cls, api: JsApi, sink: TwoPhaseSink, stream: str, choice_text: str | None, *,
@@ -191,14 +195,32 @@ class OriginGuard:
 
     async def went_back(self) -> WentBack | None:
         """The check: the table's highest mark of the current life (else the life's anchor)."""
-        mark = await asyncio.to_thread(self.sink.origin_mark, self.keys.current) or self.keys.anchor
+        # on a thread of its own: not queued behind the batches' prepares in the default pool
+        mark = await asyncio.get_running_loop().run_in_executor(
+            self._reads, self.sink.origin_mark, self.keys.current) or self.keys.anchor
         return None if mark is None else await find_went_back(self.api, self.stream, mark)
 
     async def check(self) -> None:
-        """Before a batch's acking mark: ``OriginWentBack`` if the origin went back meanwhile."""
+        """``OriginWentBack`` if the origin went back since the table's last commit."""
+        self._reconnects = self._reconnect_count()
         went = await self.went_back()
         if went is not None:
             raise OriginWentBack(await self.counted(went))
+
+    async def confirm(self, checked: asyncio.Task | None = None) -> None:
+        """Before a batch's acking mark: ``checked`` (a ``check`` started with the batch) or a
+        check now, and another if the connection was made again since it began (a server that
+        restarted may have come back older)."""
+        if checked is None:
+            await self.check()
+            return
+        await checked
+        if self._reconnect_count() != self._reconnects:
+            await self.check()
+
+    def _reconnect_count(self) -> int:
+        stats = getattr(self.api.nc, "stats", None) or {}
+        return int(stats.get("reconnects", 0))
 
     async def anchor_at(self, seq: int) -> OriginMark:
         """The origin's message at ``seq`` as a mark (the last one a rollback left the table)."""

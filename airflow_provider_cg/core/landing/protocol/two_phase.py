@@ -206,11 +206,14 @@ class TwoPhaseLander:
         messages for the re-created consumer. ``recompute``: how to compute the batch again
         when the sink refuses it because another writer committed some of its inputs."""
         stalled = 0  # recomputes in a row that took no input out
-        mark = None
+        mark, checked = None, None
         if self.origin is not None and not abort:
+            # the table's mark checked while this batch's own mark is read: one round trip
+            checked = asyncio.create_task(self.origin.check())
             try:
                 mark = await self.origin.mark_of(inputs)
             except OriginWentBack:
+                checked.cancel()
                 await asyncio.to_thread(self.sink.discard, processed.rows)
                 raise
         while True:
@@ -221,7 +224,8 @@ class TwoPhaseLander:
                 if abort:
                     await asyncio.to_thread(self.sink.abort, prepared)
                     return False
-                await self._check_origin(prepared)
+                await self._check_origin(prepared, checked)
+                checked = None  # (a batch computed again is checked again)
                 prepared = await asyncio.to_thread(self.sink.mark_acking, prepared)
                 break
             except InputsTaken as e:
@@ -246,13 +250,14 @@ class TwoPhaseLander:
             stalled = 0 if _input_count(processed) < before else stalled + 1
         return await self._ack_and_commit(batch_id, prepared, processed, inputs, ack, n_msgs, n_bytes)
 
-    async def _check_origin(self, prepared: PreparedWrite) -> None:
-        """Right before the acking mark: the origin still holds what the table landed, else the
-        write is rolled back (no ack was sent) and ``OriginWentBack`` raised."""
+    async def _check_origin(self, prepared: PreparedWrite, checked: asyncio.Task | None) -> None:
+        """Before the acking mark: the origin still holds what the table landed (``checked``:
+        the check started with the batch, done again if the connection was made again since),
+        else the write is rolled back (no ack was sent) and ``OriginWentBack`` raised."""
         if self.origin is None:
             return
         try:
-            await self.origin.check()
+            await self.origin.confirm(checked)
         except OriginWentBack:
             await asyncio.to_thread(self.sink.abort, prepared)
             raise
