@@ -2,9 +2,12 @@
 
 Each member's task is a follower (``follow``): one spark-submit that keeps its member's pin and
 lands new orders as they arrive, a batch every ``commit_interval`` (1 s) or ``batch_size``
-messages, for ``CG_FOLLOW_SECONDS`` (10 minutes), then commits and releases the pin. The DAG is
-``@continuous`` with one run at a time and a start date in the past: when a run ends, the next
-starts and its followers take over the pins at once. Spark starts once per task, not once per batch.
+messages, for ``CG_FOLLOW_SECONDS`` (10 minutes), then hands its pin over. The DAG is
+``@continuous`` with two runs at a time and a start date in the past: the next run's followers
+start ``handover_wait`` (2 minutes) before the running ones' follow time ends (deferred until
+then), wait for the pin warm, and the running ones land on until they are, then pass the pin
+within a batch: the table never waits for a Spark start. Spark starts once per task, not once
+per batch.
 
 It waits for the group (DAG 1 creates it) rather than failing in a loop, then lands as example
 DAG 1 does (same group, same transformation, same ``paid_orders`` table),
@@ -12,7 +15,8 @@ so it is safe beside the others: a member's pin is held by one instance at a tim
 writer of the table lands each order once, in per-key order. While followers hold the pins, DAG
 1's scheduled members find them taken and are skipped (``not-pinned``) after their standby wait;
 pause one of the two. Settings from environment variables: ``CG_FOLLOW_STREAM``,
-``CG_FOLLOW_GROUP``, ``CG_FOLLOW_SECONDS``, ``CG_FOLLOW_NATS_CONN_ID``, ``CG_FOLLOW_SPARK_CONN_ID``
+``CG_FOLLOW_GROUP``, ``CG_FOLLOW_SECONDS``, ``CG_FOLLOW_HANDOVER_SECONDS``, ``CG_FOLLOW_NATS_CONN_ID``,
+``CG_FOLLOW_SPARK_CONN_ID``
 and the table's (``CG_FOLLOW_SINK``, ``..._SINK_PATH``, ``..._PAYLOAD_FORMAT``,
 ``..._TRANSFORM``, ``..._AWS_CONN_ID``: ``airflow_provider_cg.examples.orders_landing``). On a
 cron schedule instead, ``follow="until-next-run"`` follows until the next run starts.
@@ -40,6 +44,7 @@ def _env(name: str, default: str) -> str:
 STREAM = _env("STREAM", "ORDERS")
 GROUP = _env("GROUP", "orders-lake")
 FOLLOW = _env("SECONDS", "600")
+HANDOVER = _env("HANDOVER_SECONDS", "120")
 LANDING = orders_landing("CG_FOLLOW_")
 
 with DAG(
@@ -51,7 +56,7 @@ with DAG(
     # scheduler never starts a second (docs/how-to/follow.md); continuous runs do not catch up
     start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
     catchup=False,
-    max_active_runs=1,
+    max_active_runs=2,  # the next run's followers start before this one's end, to relieve them warm
     tags=["nats", "consumer-groups", "spark", "example"],
     doc_md=__doc__,
 ) as dag:
@@ -76,6 +81,7 @@ with DAG(
         group=GROUP,
         **LANDING,
         follow=FOLLOW,
+        handover_wait=HANDOVER,
         commit_interval=1.0,
         nats_conn_id=_env("NATS_CONN_ID", "nats_default"),
         conn_id=_env("SPARK_CONN_ID", "spark_default"),

@@ -123,8 +123,6 @@ async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipel
         if not spec.backfill and not in_membership(info.config, spec.member or ""):
             raise ConfigError("member", f"{spec.member!r} is not a member of group {spec.group!r} "
                                         f"on stream {spec.stream!r}")
-        if spec.follow:  # it lands whatever comes: be ready when it does
-            pipeline.start_warm_up()
         sink = await asyncio.to_thread(make_sink)
         try:
             if spec.backfill:

@@ -9,12 +9,14 @@ rendered fields and refuses what the job would refuse, before spark-submit start
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import itertools
 import json
 import math
 import os
 import re
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -25,6 +27,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, Airfl
 
 from airflow_provider_cg.core.durations import parse_duration
 from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
+from airflow_provider_cg.core.groups.lag import epoch_seconds
+from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
 from airflow_provider_cg.core.landing import contract
 from airflow_provider_cg.core.landing.contract import MemberJobSpec
 from airflow_provider_cg.core.landing.fields import convert
@@ -131,6 +135,12 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         default. Their types, defaults and rules are the job's
         contract (``core/landing/contract.py``: ``MemberJobSpec``), checked here before
         spark-submit starts (templated values once rendered).
+    :param handover_wait: a follower's hand-over window (a job option, seconds; 0, the default:
+        none). A follower whose member is held by another follower starts this long
+        before that one's follow time ends (deferred meanwhile, its worker slot free: DAG runs
+        that overlap, ``max_active_runs=2``), waits for the pin warm, and says so; the holder
+        lands on past its follow time, at most this long, until its successor is warm, then hands
+        the pin over within a batch. So the table never waits for a Spark start between runs.
     :param stream_life: after the origin stream was deleted and created again under the same
         name, ``"new:<created>"`` lands it as a new stream beside the old one (its rows'
         ``origin_stream`` is ``<stream>#2``), ``"continue:<created>"`` as the same messages (a
@@ -227,6 +237,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         max_seconds: float | str | None = None,
         follow: float | str | None = None,
         commit_interval: float | str | None = None,
+        handover_wait: float | str | None = None,
         table_commit_interval: float | str | None = None,
         standby_timeout: float | str | None = None,
         ack_wait: float | str | None = None,
@@ -338,6 +349,46 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         return NatsHook(nats_conn_id=self.nats_conn_id)
 
     def execute(self, context: Any) -> dict[str, Any]:
+        start = self._successor_start()
+        if start is not None:
+            from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+
+            self.log.info("member %s is held by a follower until %s: this one starts at %s, handover_wait before, "
+                          "and takes over warm", self._job_values().get("member"), start[1].isoformat(),
+                          start[0].isoformat())
+            self.defer(trigger=DateTimeTrigger(moment=start[0]), method_name="execute_after_wait")
+        return self._execute(context)
+
+    def execute_after_wait(self, context: Any, event: Any = None) -> dict[str, Any]:
+        """After a successor's wait for its start (``handover_wait``): the run."""
+        return self._execute(context)
+
+    def _successor_start(self) -> tuple[dt.datetime, dt.datetime] | None:
+        """When a follower with a hand-over window starts, if another follower holds its member
+        with more than that window to go: ``(start, its follow end)``; else None (at once)."""
+        values = self._job_values()
+        follow, wait, member = values.get("follow"), values.get("handover_wait"), values.get("member")
+        if follow in (None, "") or wait in (None, "", 0) or member is None:
+            return None
+        try:
+            window = convert("handover_wait", wait, float)
+            from airflow_provider_cg.core.landing.run.board import pinned_run
+
+            async def holder(nc: NATS) -> dict | None:
+                return await pinned_run(nc, DEFAULT_PREFIX, str(values["stream"]), str(values["group"]), str(member))
+
+            found = self.hook.run(holder)
+        except ConfigError as e:
+            raise AirflowFailException(str(e)) from e
+        except Exception as e:  # noqa: BLE001 - the board is a hint: without it, start at once
+            self.log.info("the progress board could not be read (%s): starting at once", e)
+            return None
+        ends = epoch_seconds((found or {}).get("follow_until"))
+        if ends is None or window <= 0 or ends - window <= time.time() + 1.0:
+            return None
+        return dt.datetime.fromtimestamp(ends - window, dt.UTC), dt.datetime.fromtimestamp(ends, dt.UTC)
+
+    def _execute(self, context: Any) -> dict[str, Any]:
         try:
             if getattr(self, "follow", None) == UNTIL_NEXT_RUN:  # job options are attributes (JOB_FIELDS)
                 given = getattr(self, "commit_interval", None)

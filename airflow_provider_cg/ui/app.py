@@ -252,13 +252,31 @@ def create_app() -> FastAPI:
 
 def landing_now_html(now: dict[str, Any]) -> str:
     """A pinned run's figures from the progress board (``core/landing/run/board.py``): a
-    follower's progress while it runs, before its task's asset event."""
+    follower's progress while it runs, before its task's asset event; past its follow time,
+    that it hands over (it lands on until its successor is warm)."""
     until = now.get("follow_until")
-    what = f"following until {time_html(until)}" if until else "landing"
+    if now.get("state") == "handing over":
+        what = "handing over to the member's next follower"
+    else:
+        what = f"following until {time_html(until)}" if until else "landing"
     return (f'<div class="landing-now" data-owner="{html.escape(str(now.get("owner")))}"><b>{what}</b>: '
-            f'{now.get("messages_read", 0):,} messages, {now.get("rows_written", 0):,} rows in '
-            f'{now.get("batches", 0):,} batches since {time_html(now.get("started_at"))}, '
+            f'{plural(now.get("messages_read", 0), "message")}, {plural(now.get("rows_written", 0), "row")} in '
+            f'{plural(now.get("batches", 0), "batch", "batches")} since {time_html(now.get("started_at"))}, '
             f'{now.get("rate_msg_s", 0):,} msg/s <span class="muted">(reported {_age(now.get("age_s"))} ago)</span></div>')
+
+
+def successor_html(waiting: dict[str, Any]) -> str:
+    """The member's next follower, started while the pin is held: warming up (its Spark
+    session and warm-up), or warm and waiting for the pin (``board.py``)."""
+    who = waiting.get("holder") or {}
+    task = who.get("task") or f"a cg job on {who.get('host')}"
+    return (f'<div class="successor">next: {html.escape(str(task))}, <b>{html.escape(str(waiting.get("state")))}'
+            "</b></div>")
+
+
+def plural(n: int, one: str, many: str | None = None) -> str:
+    """``1 batch``, ``2 batches``, ``1,000 messages``."""
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
 
 
 def time_html(raw: Any) -> str:
@@ -396,10 +414,12 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
         for m in members:
             last = m.get("last_landed")
             landed = "-" if not last else (
-                f'{time_html(last["at"])}: {last["messages_landed"]:,} messages, {last["rows_written"]:,} rows '
-                f'({e(readable_ranges(last["ranges"]))}) into {e(str(last["table"]))}')
+                f'{time_html(last["at"])}: {plural(last["messages_landed"], "message")}, '
+                f'{plural(last["rows_written"], "row")} ({e(readable_ranges(last["ranges"]))}) into {e(str(last["table"]))}')
             if m.get("landing_now"):
                 landed = f"{landing_now_html(m['landing_now'])}<div>{landed}</div>"
+            if m.get("successor"):
+                landed = f"{successor_html(m['successor'])}{landed}"
             parts.append(
                 f'<tr data-member="{e(m["member"])}"><td>{e(m["member"])}</td><td>{e(str(m["partitions"]))}</td>'
                 f'<td class="holder">{holder_html(m)}</td><td>{time_html(m["pinned_since"])}</td>'

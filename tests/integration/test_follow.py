@@ -288,3 +288,49 @@ async def test_followers_into_a_table_share_one_table_commit_per_interval(nc, na
     assert any("table_commits=" in r.output for r in results), results[0].output[-2000:]
     assert_exactly_once(landed, expected)
     assert await wq_messages(nc, STREAM, GROUP) == 0
+
+
+async def test_a_follower_hands_over_to_its_warm_successor_without_a_gap(nc, tmp_path):
+    """The member's next follower starts after the first one's follow time is over (its Spark
+    start on a busy machine): the first goes on landing (``handover_wait``) until the next one
+    waits warm for the pin and says so (the progress board), then hands the pin over within a
+    batch. Messages arrive all along: the table's commits never stop for more than 2 s, every
+    message lands once and in per-key order."""
+    from airflow_provider_cg.core.landing.contract import BatchOptions
+    from airflow_provider_cg.core.landing.run.member import run_member_batch
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
+    from airflow_provider_cg.core.landing.sinks.lake.protocol_log import CommitLog
+    from airflow_provider_cg.core.landing.sinks.lake.storage import open_storage
+
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    lake = tmp_path / "lake"
+    expected: dict = {}
+
+    async def publish(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            expected.update(await publish_orders(nc, STREAM, GROUP, 40, 20, wait_sourced=False))
+            await asyncio.sleep(0.2)
+
+    async def follower(delay: float, follow: float, wait: float):
+        await asyncio.sleep(delay)
+        sink = ParquetLakeSink(lake, fsync=False)
+        try:
+            return await run_member_batch(nc, sink, BatchOptions(
+                stream=STREAM, group=GROUP, member="m1", batch_size=500, standby_timeout=10, idle_timeout=0.5,
+                follow=follow, commit_interval=0.3, handover_wait=wait, progress_interval=0.5))
+        finally:
+            sink.close()
+
+    first, second, _ = await asyncio.gather(follower(0.0, 3.0, 20.0), follower(5.5, 4.0, 0.0), publish(9.0))
+    assert first.stop_reason == "handed over to its successor" and 5.5 < first.duration_s < 9, first
+    assert second.stop_reason == "follow ended" and second.messages_read > 0, second
+    assert_exactly_once(parquet_landed(lake), expected)
+    log = CommitLog(open_storage(str(lake)))
+    log.refresh()
+    from datetime import datetime
+
+    at = sorted(datetime.fromisoformat(r["committed_at"]).timestamp() for r in log.commits.values())
+    gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
+    # while orders arrive (every 0.2 s), a commit at least every 2 s, through the hand-over
+    assert max(gaps) < 2.0, f"the table's commits stopped for {max(gaps):.1f} s (commits at {at})"

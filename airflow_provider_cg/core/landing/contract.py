@@ -77,6 +77,10 @@ class BatchOptions:
     commit_interval: float = option(1.0, float, "with --follow: the longest a message read waits for its batch's "
                                   "commit when messages trickle (a batch is cut at --batch-size or this)",
                                   positive=True)
+    handover_wait: float = option(0.0, float, "with --follow: once its follow time is over, a follower goes on "
+                                  "landing until the member's next follower is warm and waiting for the pin, at most "
+                                  "this many seconds, then passes the pin on within a batch (0, the default: it ends "
+                                  "at its follow time)")
     table_commit_interval: float | None = option(None, float, "Delta and Iceberg: the longest a committed batch "
                                                 "waits to be published; the members' batches ready in an interval "
                                                 "are published together, one table commit (default: "
@@ -114,6 +118,8 @@ class BatchOptions:
         check_fields(self)
         if self.max_deliver < 2:
             raise ConfigError("max_deliver", "must be >= 2 so a poison message is retried once")
+        if not 0 <= self.handover_wait < float("inf"):
+            raise ConfigError("handover_wait", "must be a number of seconds >= 0")
         LifeChoice.parse(self.stream_life)
 
 

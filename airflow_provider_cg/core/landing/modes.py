@@ -48,6 +48,7 @@ class StopReason(enum.StrEnum):
     MAX_BYTES = "max_bytes"
     MAX_SECONDS = "max_seconds"
     FOLLOW_ENDED = "follow ended"
+    HANDED_OVER = "handed over to its successor"  # a follower relieved by the member's next one, warm
     BACKLOG_DRAINED = "backlog drained"
     EMPTY_BACKLOG = "empty backlog"
     NO_MESSAGE_ARRIVED = "no message arrived"

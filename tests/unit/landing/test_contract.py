@@ -42,7 +42,7 @@ def test_every_option_round_trips_through_argv():
                          "refunds": {"sink": "iceberg", "iceberg_table": "lake.refunds",
                                      "iceberg_catalog_uri": "sqlite:////tmp/c.db"}},
               "bad_records": "fail", "transform_sql": "SELECT *, 'paid' AS table FROM batch",
-              "follow": "1h30m", "commit_interval": 0.25, "table_commit_interval": 2.0}
+              "follow": "1h30m", "commit_interval": 0.25, "table_commit_interval": 2.0, "handover_wait": 90.0}
     for values in (LIVE, BACKFILL, {"stream": "S", "group": "g", "member": "m", "sink_path": "/l", "no_spark": True,
                                     "payload_format": "text", "stream_life": "new:2026-11-26T12:00:00.5Z"}, iceberg,
                    routed):

@@ -104,6 +104,9 @@ class Pipeline(Protocol):
     """What a run asks of a batch's processing between read and prepare: ``ArrowPipeline``
     (the rows as read) or ``SparkPipeline`` (decoded and transformed in Spark)."""
 
+    #: set once ``warm_up`` has run (a follower's successor waits warm before it says it is ready)
+    warm: threading.Event
+
     def start_warm_up(self) -> None: ...
 
     def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch: ...
@@ -116,6 +119,7 @@ class ArrowPipeline:
     def __init__(self, decode: Callable[[pa.Table], tuple[pa.Table, dict[int, str]]] | None = None, *,
                  bad_records: str = "dead-letter") -> None:
         self.decode, self.bad_records = decode, bad_records
+        self.warm = threading.Event()
 
     def start_warm_up(self) -> None:
         """``warm_up`` in the background, while the job waits for its pin and its messages."""
@@ -143,6 +147,8 @@ class ArrowPipeline:
         except Exception as e:  # noqa: BLE001 - only a head start; the first batch reports real failures
             log.debug("cg warm-up did not finish: %s", e)
             return
+        finally:
+            self.warm.set()
         log.debug("cg warmed up in %.2f s", time.monotonic() - started)
 
     def process(self, sink: TwoPhaseSink, table: pa.Table, batch_id: BatchId) -> ProcessedBatch:
@@ -186,6 +192,7 @@ class SparkPipeline:
         self.bad_records = bad_records
         self._one_at_a_time = threading.Lock()  # the view ``batch`` is the session's: one batch at a time
         self._batch_came = False  # a batch came: a warm-up still waiting runs no job of its own
+        self.warm = threading.Event()
 
     @property
     def spark(self) -> SparkSession:
@@ -317,6 +324,8 @@ class SparkPipeline:
                 log.info("cg Spark warm-up did not finish (%s); the first batch starts Spark", type(e).__name__)
                 log.debug("cg Spark warm-up", exc_info=True)
                 return
+            finally:
+                self.warm.set()
         log.info("cg Spark warmed up in %.1f s", time.monotonic() - started)
 
     def _warm_up_job(self) -> None:

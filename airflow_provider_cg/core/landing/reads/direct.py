@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_provider_cg.core.errors import ConsumerGroupError, JetStreamApiError
+from airflow_provider_cg.core.jetstream import tasks
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.direct_gets import (
     ALL,
@@ -330,7 +331,7 @@ class DirectReads:
         finally:
             if landing is not None:
                 await r.pin.await_landing(landing)
-            keeper.cancel()
+            await tasks.stop(keeper)
 
     async def _next(self, count: int) -> tuple[list[Any], int | None]:
         """The next batch to land: the messages read (``PartitionBatch``), or for the executor

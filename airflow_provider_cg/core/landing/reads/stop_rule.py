@@ -9,6 +9,11 @@ no target but ``max_messages``, keeps reading what arrives until its follow time
 and cuts its batches at ``batch_size`` or every ``commit_interval`` seconds (``pace``), like
 Spark's processing-time trigger and Flink's checkpoint interval. A reader that finds nothing
 asks ``waits_for_more``: a follower waits and reads again, a bounded run ends.
+
+A follower's end is a hand-over, not a gap: when its follow time is over it goes on landing
+(``handing_over``) until the member's next follower is warm and waiting for the pin
+(``relieve``: then it stops after the batch in flight and releases the pin, which goes to that
+waiting successor at once), at most ``handover_wait`` seconds.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class StopRule:
         self.follow_until = started + options.follow if options.follow else None
         self._last_read = 0.0  # when a follower's last read began
         self._last_short = False  # whether it found less than a full batch
+        self.relieved = False  # a warm successor waits for the pin (``relieve``)
 
     @property
     def following(self) -> bool:
@@ -71,9 +77,25 @@ class StopRule:
     def revoke(self, why: StopReason | str) -> None:
         self.revoked = why
 
+    def relieve(self) -> None:
+        """The member's next follower is warm and waiting for the pin: hand over."""
+        self.relieved = True
+
+    @property
+    def handing_over(self) -> bool:
+        """A follower past its follow time, landing until its successor is ready."""
+        return self.follow_until is not None and time.monotonic() >= self.follow_until and not self.relieved
+
     def follow_left(self) -> float:
-        """Seconds a follower has left (0 for a bounded run)."""
+        """Seconds a follower has left of its follow time (0 for a bounded run)."""
         return max(0.0, self.follow_until - time.monotonic()) if self.follow_until is not None else 0.0
+
+    def _left(self) -> float:
+        """Seconds until a follower ends at the latest, its hand-over included."""
+        if self.follow_until is None:
+            return 0.0
+        end = self.follow_until + (0.0 if self.relieved else self.options.handover_wait)
+        return max(0.0, end - time.monotonic())
 
     def reason(self) -> StopReason | str | None:
         """Why the run stops before its next batch (None: it goes on)."""
@@ -86,7 +108,10 @@ class StopRule:
         if self.taken >= self._target():
             return StopReason.MAX_MESSAGES if self.following else StopReason.TARGET_REACHED
         if self.follow_until is not None and now >= self.follow_until:
-            return StopReason.FOLLOW_ENDED
+            if self.relieved:
+                return StopReason.HANDED_OVER
+            if now >= self.follow_until + self.options.handover_wait:
+                return StopReason.FOLLOW_ENDED
         return self.revoked
 
     async def waits_for_more(self) -> bool:
@@ -94,7 +119,7 @@ class StopRule:
         the pin and this rule); a bounded run has drained its backlog (False)."""
         if not self.following:
             return False
-        await asyncio.sleep(min(IDLE_LOOK, self.options.commit_interval, max(self.follow_left(), 0.01)))
+        await asyncio.sleep(min(IDLE_LOOK, self.options.commit_interval, max(self._left(), 0.01)))
         return True
 
     async def pace(self) -> None:
@@ -107,7 +132,7 @@ class StopRule:
         if self._last_short:
             wait = self._last_read + self.options.commit_interval - time.monotonic()
             if wait > 0:
-                await asyncio.sleep(min(wait, self.follow_left()))
+                await asyncio.sleep(min(wait, self._left()))
         self._last_read = time.monotonic()
 
     def read_found(self, read: int, wanted: int) -> None:

@@ -7,6 +7,12 @@ tools never see it), one key per member: when it is pinned, at each progress lin
 (``--progress-interval``) and at its end, before it releases the pin. Entries expire an hour
 after their last write (the bucket's TTL), so a run that died leaves nothing for long.
 
+A follower that starts while the member's pin is held (the member's next run, come to relieve
+the running one) says so under the member's key with ``.=next`` after it: ``warming up`` while
+its Spark session and warm-up run, then ``waiting for the pin``. The pinned follower, once its
+follow time is over, reads it (``successor``) and hands the pin over to a successor that waits
+warm (``stop_rule.py``); the page shows both.
+
 One run owns a member's entry at a time: the first write of a pinned run replaces whatever is
 there, later writes are conditional on the revision the run wrote last, so a predecessor
 that lost its pin (stalled, or ending after its successor began) never overwrites its
@@ -36,13 +42,22 @@ TTL_S = 3600.0
 WRITE_TIMEOUT = 2.0
 _KEY_SAFE = re.compile(r"[-_a-zA-Z0-9]+")
 
-LANDING, ENDED = "landing", "ended"
+LANDING, ENDED, HANDING_OVER = "landing", "ended", "handing over"
+WARMING_UP, WAITING_FOR_PIN = "warming up", "waiting for the pin"  # a successor's states
+#: the key part of the member's waiting successor (``=`` and no hex: no member's own)
+SUCCESSOR = "=next"
+#: a successor's entry older than this is not waiting any more (it writes every second)
+SUCCESSOR_FRESH_S = 5.0
 
 
 def board_key(stream: str, group: str, member: str) -> str:
     """``<stream>.<group>.<member>``; a name with other characters than letters, digits, ``-``
     and ``_`` (a KV key cannot hold most) is written as ``=`` and its UTF-8 hex."""
     return ".".join(p if _KEY_SAFE.fullmatch(p) else "=" + p.encode().hex() for p in (stream, group, member))
+
+
+def successor_key(stream: str, group: str, member: str) -> str:
+    return f"{board_key(stream, group, member)}.{SUCCESSOR}"
 
 
 def _iso(wall: float | None) -> str | None:
@@ -68,6 +83,7 @@ class ProgressBoard:
         self.key = board_key(summary.stream, summary.group, summary.member or "")
         self.started = time.time()
         self.follow_until: float | None = None  # wall clock
+        self.state = LANDING  # what a progress line's write says (``HANDING_OVER`` past its follow time)
         self._kv: Any = None
         self._revision: int | None = None  # of this run's last write; None: not written yet
         self._pending: asyncio.Task | None = None
@@ -83,12 +99,12 @@ class ProgressBoard:
                 "rate_msg_s": round(s.messages_read / max(now - self.started, 1e-9)),
                 "interval_s": self.interval, "stop_reason": s.stop_reason or None, "holder": HOLDER}
 
-    def post(self, state: str = LANDING) -> None:
+    def post(self) -> None:
         """Write the entry in the background (a progress line's): skipped while the last write
         is still under way, never waited for."""
         if self._off or self.summary.pin_id is None or (self._pending and not self._pending.done()):
             return
-        self._pending = asyncio.get_running_loop().create_task(self._write(self.report(state)))
+        self._pending = asyncio.get_running_loop().create_task(self._write(self.report(self.state)))
 
     async def close(self) -> None:
         """The run's last write (``ended``), before it releases the pin."""
@@ -101,6 +117,59 @@ class ProgressBoard:
         except TimeoutError:
             pass  # the entry goes stale on its own: the page stops showing it
         self._off = True  # written once
+
+    async def announce(self, state: str) -> None:
+        """As the member's waiting successor: ``state`` (``WARMING_UP``, ``WAITING_FOR_PIN``),
+        rewritten every second by the caller while it waits. Best effort, as every write here."""
+        if self._kv is None and self._off:
+            return
+        try:
+            if self._kv is None:
+                self._kv = await self._bucket()
+            entry = {"v": 1, "owner": self.owner, "state": state, "updated_at": _iso(time.time()),
+                     "holder": HOLDER}
+            await self._kv.put(self._successor_key, json.dumps(entry, separators=(",", ":")).encode())
+        except Exception as e:  # noqa: BLE001 - the predecessor then ends at its follow time plus its hand-over wait
+            log.debug("cg member=%s: successor entry not written (%s)", self.summary.member, e)
+
+    async def withdraw(self) -> None:
+        """This run waits no more (pinned, or gone): its successor entry, if still its own, goes."""
+        try:
+            if self._kv is not None and (mine := await self._successor()) and mine.get("owner") == self.owner:
+                await self._kv.delete(self._successor_key)
+        except Exception as e:  # noqa: BLE001 - the entry goes stale on its own
+            log.debug("cg member=%s: successor entry not removed (%s)", self.summary.member, e)
+
+    async def successor(self) -> dict | None:
+        """The member's successor that waits warm for the pin (another run, written within
+        ``SUCCESSOR_FRESH_S``), or None."""
+        try:
+            if self._kv is None:
+                self._kv = await self._bucket()
+            entry = await self._successor()
+        except Exception:  # noqa: BLE001 - none known: the follower goes on
+            return None
+        if not entry or entry.get("owner") == self.owner or entry.get("state") != WAITING_FOR_PIN:
+            return None
+        try:
+            age = time.time() - datetime.fromisoformat(entry["updated_at"]).timestamp()
+        except (KeyError, TypeError, ValueError):
+            return None
+        return entry if age <= SUCCESSOR_FRESH_S else None
+
+    async def _successor(self) -> dict | None:
+        import nats.js.errors
+
+        try:
+            entry = await self._kv.get(self._successor_key)
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+        value = json.loads(entry.value or b"null")
+        return value if isinstance(value, dict) else None
+
+    @property
+    def _successor_key(self) -> str:
+        return successor_key(self.summary.stream, self.summary.group, self.summary.member or "")
 
     async def _write(self, report: dict) -> None:
         import nats.js.errors
@@ -134,34 +203,68 @@ class ProgressBoard:
                 return await self.js.key_value(BUCKET)  # created meanwhile by another run
 
 
-async def landing_now(nc: Any, js_prefix: str, groups: list[dict]) -> None:
-    """Add ``landing_now`` to each member of ``groups`` (``GroupLag.to_dict()``) whose pinned run
-    reports on the board: its entry, with ``age_s``, while its state is ``landing`` and it was
-    written within three progress intervals. Nothing is added when the board does not exist."""
+def _now_showing(entry: Any, now: float) -> dict | None:
+    """A pinned run's entry as it shows now (with ``age_s``): landing or handing over, written
+    within three progress intervals; else None. Anyone who may write the bucket wrote it: only
+    well-formed entries count."""
+    if not isinstance(entry, dict) or entry.get("state") not in (LANDING, HANDING_OVER):
+        return None
+    try:
+        age = now - datetime.fromisoformat(entry["updated_at"]).timestamp()
+        counts = {k: int(entry.get(k) or 0) for k in ("messages_read", "rows_written", "batches", "rate_msg_s")}
+        fresh = age <= 3 * float(entry.get("interval_s") or 5) + 2
+    except (KeyError, TypeError, ValueError):
+        return None
+    return {**entry, **counts, "age_s": round(max(age, 0.0), 1)} if fresh else None
+
+
+async def _entries(nc: Any, js_prefix: str, keys: list[str]) -> list[Any] | None:
+    """The board's entries under ``keys`` (None each where there is none); None: no board."""
     import nats.js.errors
 
     js = nc.jetstream(prefix=js_prefix, timeout=WRITE_TIMEOUT)
     try:
         kv = await js.key_value(BUCKET)
     except nats.js.errors.BucketNotFoundError:
-        return
-    members = [(g, m) for g in groups for m in (g.get("members") or [])]
+        return None
 
-    async def entry(g: dict, m: dict) -> dict | None:
+    async def entry(key: str) -> Any:
         try:
-            return json.loads((await kv.get(board_key(g["stream"], g["group"], m["member"]))).value)
+            return json.loads((await kv.get(key)).value)
         except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError, ValueError):
             return None
 
+    return list(await asyncio.gather(*(entry(k) for k in keys)))
+
+
+async def landing_now(nc: Any, js_prefix: str, groups: list[dict]) -> None:
+    """Add ``landing_now`` to each member of ``groups`` (``GroupLag.to_dict()``) whose pinned run
+    reports on the board (``_now_showing``), and ``successor`` where the member's next follower
+    waits (warming up, or warm: ``SUCCESSOR_FRESH_S``). Nothing is added when there is no board."""
+    members = [m for g in groups for m in (g.get("members") or [])]
+    keys = [k for g in groups for m in (g.get("members") or [])
+            for k in (board_key(g["stream"], g["group"], m["member"]), successor_key(g["stream"], g["group"],
+                                                                                    m["member"]))]
+    found = await _entries(nc, js_prefix, keys)
+    if found is None:
+        return
     now = time.time()
-    for (_, m), e in zip(members, await asyncio.gather(*(entry(g, m) for g, m in members)), strict=True):
-        if not isinstance(e, dict) or e.get("state") != LANDING:
-            continue
-        try:  # anyone who may write the bucket wrote it: only well-formed entries are shown
-            age = now - datetime.fromisoformat(e["updated_at"]).timestamp()
-            counts = {k: int(e.get(k) or 0) for k in ("messages_read", "rows_written", "batches", "rate_msg_s")}
-            fresh = age <= 3 * float(e.get("interval_s") or 5) + 2
-        except (KeyError, TypeError, ValueError):
-            continue
-        if fresh:
-            m["landing_now"] = {**e, **counts, "age_s": round(max(age, 0.0), 1)}
+    for i, m in enumerate(members):
+        pinned, waiting = found[2 * i], found[2 * i + 1]
+        if (shown := _now_showing(pinned, now)) is not None:
+            m["landing_now"] = shown
+        if isinstance(waiting, dict) and waiting.get("state") in (WARMING_UP, WAITING_FOR_PIN):
+            try:
+                age = now - datetime.fromisoformat(waiting["updated_at"]).timestamp()
+            except (KeyError, TypeError, ValueError):
+                continue
+            if age <= SUCCESSOR_FRESH_S:
+                m["successor"] = {"state": waiting["state"], "holder": waiting.get("holder")}
+
+
+async def pinned_run(nc: Any, js_prefix: str, stream: str, group: str, member: str) -> dict | None:
+    """The entry of the run that holds ``member``'s pin and reports on the board, as the page
+    shows it (``_now_showing``), or None: when a follower's successor should start
+    (``follow_until``)."""
+    found = await _entries(nc, js_prefix, [board_key(stream, group, member)])
+    return None if found is None else _now_showing(found[0], time.time())

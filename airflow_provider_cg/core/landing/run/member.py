@@ -28,6 +28,7 @@ come back to it after their ack wait), and lands them in stream order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -46,6 +47,7 @@ from airflow_provider_cg.core.groups.consumers import (
 from airflow_provider_cg.core.groups.layouts import Layout
 from airflow_provider_cg.core.groups.names import subjects_regex
 from airflow_provider_cg.core.groups.store import kind_of
+from airflow_provider_cg.core.jetstream import tasks
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.direct_gets import PartitionReader, PartitionStreamReaders
@@ -74,7 +76,12 @@ from airflow_provider_cg.core.landing.reads.reading import Assignment, BatchIds,
 from airflow_provider_cg.core.landing.reads.registry import FALLBACK, Reader, ReadPath, choose, read_path
 from airflow_provider_cg.core.landing.reads.stop_rule import StopRule
 from airflow_provider_cg.core.landing.rows import KeySelector
-from airflow_provider_cg.core.landing.run.board import ProgressBoard
+from airflow_provider_cg.core.landing.run.board import (
+    HANDING_OVER,
+    WAITING_FOR_PIN,
+    WARMING_UP,
+    ProgressBoard,
+)
 from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
 
 if TYPE_CHECKING:
@@ -102,6 +109,8 @@ class MemberRun:
         self.api = JsApi(nc, prefix=js_prefix)
         self.started = time.monotonic()
         self.stop = StopRule(options, self.summary, self.started)
+        if self.stop.following:  # it lands whatever comes: be ready when it does
+            pipeline.start_warm_up()
         self.owner = f"{self.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
         self.board = ProgressBoard(nc, js_prefix, self.summary, owner=self.owner, interval=options.progress_interval)
         self.progress = Progress(self.summary, options.progress_interval, self.board.post)
@@ -275,7 +284,7 @@ class MemberRun:
             if not await reads.land(first, landed):
                 return
         finally:
-            watcher.cancel()
+            await tasks.stop(watcher)
         s.result = RESULT_COMMITTED if s.messages_read else RESULT_EMPTY
         if stop.revoked is None:
             await self.board.close()  # before the pin goes: the successor's entry comes after
@@ -291,14 +300,32 @@ class MemberRun:
 
     async def _wait_for_pin(self, pin: Pin, reads: Reader, pin_wait_from: float) -> list | None:
         """The pin's first pull (None: no pin within the standby time, or revoked meanwhile); a
-        follower waits for it (the first message, on an empty work queue) as long as it follows."""
+        follower waits for it (the first message, on an empty work queue) as long as it follows,
+        and says meanwhile that it is there, warming up, then warm (``board.py``): a follower
+        holding the pin past its follow time hands it over to it."""
         o, stop = self.options, self.stop
         until = max(pin_wait_from + o.standby_timeout, stop.follow_until or 0.0)
         self.progress.waiting = "pin"
+        pinned = asyncio.Event()  # (not a cancel: a request of nats-py's turns one into its timeout)
+        announcing = asyncio.create_task(self._announce_waiting(pinned)) if stop.following else None
         try:
             return await pin.acquire(until, reads.pin_pull(self.summary.target), lambda: stop.revoked is not None)
         finally:
             self.progress.waiting = None
+            if announcing is not None:
+                pinned.set()
+                await announcing
+                await self.board.withdraw()
+
+    async def _announce_waiting(self, done: asyncio.Event) -> None:
+        """A waiting follower's entry, every second until ``done``: warming up until its
+        pipeline is warm."""
+        while not done.is_set():
+            warm = self.pipeline.warm.is_set()
+            self.progress.waiting = "pin" if warm else "warm-up"
+            await self.board.announce(WAITING_FOR_PIN if warm else WARMING_UP)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 1.0)
 
     async def _not_pinned(self, a: Assignment, pin: Pin) -> None:
         """The run's result when it got no pin: a standby the pinned instance handed the consumer
@@ -333,7 +360,7 @@ class MemberRun:
         try:
             landed = await self._take_over()
         finally:
-            keeper.cancel()
+            await tasks.stop(keeper)
             self.progress.waiting = None
         return pinned, landed
 
@@ -402,6 +429,8 @@ class MemberRun:
             polls += 1
             if polls % SOURCE_CHECK_EVERY == 0:
                 await self._heal_source()
+            if self.stop.handing_over:
+                await self._look_for_successor()
             try:  # in its own kind's bucket only: a missing other bucket is not looked up twice a second
                 cfg = (await self.groups.get(o.stream, o.group, kind_of(a.config))).config
             except GroupNotFound:
@@ -416,6 +445,20 @@ class MemberRun:
                                  f"{partitioning.member_partitions(cfg, self.member) if now else []})")
                 log.info("cg member=%s: %s; finishing the batch in flight", self.member, self.stop.revoked)
                 return
+
+    async def _look_for_successor(self) -> None:
+        """Past its follow time: hand over to the member's next follower once it waits warm
+        (``stop_rule.py``); meanwhile the board says the run is handing over."""
+        if self.board.state != HANDING_OVER:
+            self.board.state = HANDING_OVER
+            self.board.post()
+            log.info("cg member=%s: follow time over; landing on until the member's next follower is ready "
+                     "(at most %.0f s)", self.member, self.options.handover_wait)
+        successor = await self.board.successor()
+        if successor is not None:
+            log.info("cg member=%s: handing over to %s, warm and waiting for the pin", self.member,
+                     successor.get("owner"))
+            self.stop.relieve()
 
     async def _heal_source(self) -> None:
         """As the holder of the group's partition 0 (one run per group): start the group's
