@@ -88,6 +88,26 @@ UI_FIELD_BEHAVIOUR: dict[str, Any] = {
 }
 
 
+#: the provider's section of Airflow's configuration, declared so ``airflow config list`` shows it
+CONFIG_SECTION = "nats_consumer_groups"
+CONFIG: dict[str, Any] = {
+    CONFIG_SECTION: {
+        "description": "The consumer-groups page and consumer lag as metrics (the API server's backlog sampler).",
+        "options": {
+            "backlog_sample_seconds": {
+                "description": "How often the API server reads every nats connection's groups for the page's "
+                               "backlog charts and sends consumer lag as metrics (StatsD, OpenTelemetry); 0 turns "
+                               "the scheduled sampling off (a page view still samples).",
+                "version_added": "0.1.0",
+                "type": "float",
+                "example": "15",
+                "default": "60",
+            },
+        },
+    },
+}
+
+
 def provider_info(version: str) -> dict:
     def modules(*names: str) -> list[dict[str, Any]]:
         return [
@@ -122,4 +142,5 @@ def provider_info(version: str) -> dict:
         "triggers": modules("triggers.overflow"),
         # A list of class paths (not python-modules): MessageQueueTrigger(scheme="nats-cg").
         "queues": [QUEUE_CLASS],
+        "config": copy.deepcopy(CONFIG),
     }

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_cg._provider_info import CONFIG, CONFIG_SECTION
+
 if TYPE_CHECKING:
     from sqlalchemy import Table
 
@@ -31,7 +33,7 @@ WINDOW_S = 3600.0
 BUCKET_S = 300.0
 BUCKETS = int(WINDOW_S // BUCKET_S)
 MAX_EVENTS = 50_000  # asset events of the last hour read at most (256 members landing each minute: 15,360)
-SAMPLE_SECONDS = 60  # the sampler's default interval
+SAMPLE_SECONDS = float(CONFIG[CONFIG_SECTION]["options"]["backlog_sample_seconds"]["default"])  # declared there
 GROUP = ""  # the member column of a group's own sample
 
 Key = tuple[str, str, str]  # (stream, group, member or GROUP)
@@ -161,7 +163,7 @@ def sample_seconds() -> float:
     """``[nats_consumer_groups] backlog_sample_seconds`` (0: no scheduled sampling)."""
     from airflow.configuration import conf
 
-    return conf.getfloat("nats_consumer_groups", "backlog_sample_seconds", fallback=SAMPLE_SECONDS)
+    return conf.getfloat(CONFIG_SECTION, "backlog_sample_seconds", fallback=SAMPLE_SECONDS)
 
 
 async def sample_backlogs(read: Callable[[str], Any], connections: Callable[[], list[str]],

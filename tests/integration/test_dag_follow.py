@@ -78,3 +78,46 @@ def test_a_follower_lands_orders_as_they_arrive(airflow_env, nats_conn_id, nats_
     table = read_delta(str(lake), ["order_id"])
     assert sorted(table.column("order_id").to_pylist()) == paid  # every paid order, once
     assert result.xcom("report")["totals"]["messages_read"] == 1500
+
+
+async def test_a_successor_starts_its_hand_over_window_before_the_holders_follow_time_ends(airflow_env, nats_conn_id,
+                                                                                           nats_settings):
+    """The operator reads the member's holder on the progress board (a follower, real
+    nats-server): with a hand-over window it starts that long before the holder's follow time
+    ends (its deferral's moment), at once when that is past, without a window or a holder at
+    once, and a bad window is refused naming it."""
+    import datetime as dt
+
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_provider_cg.core.errors import ConfigError
+
+    from airflow_provider_cg.core.landing.contract import Summary
+    from airflow_provider_cg.core.landing.run.board import ProgressBoard
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+
+    def op(**kw):
+        return ConsumerGroupSparkSubmitOperator(task_id="f", stream="ORDERS", group=GROUP, member="m1",
+                                                sink_path="/tmp/lake", follow="10m", nats_conn_id=nats_conn_id, **kw)
+
+    assert op(handover_wait=60)._successor_start() is None  # nobody holds m1
+    nc = await nats_settings.connect()
+    try:
+        summary = Summary("ORDERS", GROUP, "m1", pin_id="pinned-elsewhere")
+        holder = ProgressBoard(nc, "$JS.API", summary, owner="m1/holder", interval=5.0)
+        holder.follow_until = time.time() + 90
+        await holder._write(holder.report("landing"))
+        start, ends = await asyncio.to_thread(op(handover_wait=60)._successor_start)
+        assert abs((ends - start).total_seconds() - 60) < 0.01
+        assert abs(start.timestamp() - (holder.follow_until - 60)) < 1.0
+        assert await asyncio.to_thread(op(handover_wait=100)._successor_start) is None  # its window began
+        assert await asyncio.to_thread(op()._successor_start) is None  # no window: at once
+        with pytest.raises(TaskDeferred) as deferred:
+            await asyncio.to_thread(op(handover_wait=60).execute, {})
+        moment = deferred.value.trigger.moment
+        assert abs(moment.timestamp() - start.timestamp()) < 1.0 and moment > dt.datetime.now(dt.UTC)
+        for bad in ("soon", -5):  # refused when the DAG is parsed, naming it
+            with pytest.raises(ConfigError, match="handover_wait"):
+                op(handover_wait=bad)
+    finally:
+        await nc.close()

@@ -94,3 +94,27 @@ def test_providers_manager_discovers_the_provider(airflow_env):
     assert not widgets["extra__nats__servers"].is_sensitive
     # The hook's own (Airflow 3.1) form data is the same as the provider info's.
     assert NatsHook.get_ui_field_behaviour()["relabeling"] == pm.field_behaviours["nats"]["relabeling"]
+
+
+def test_the_providers_configuration_is_declared_and_listed(airflow_env, tmp_path):
+    """``[nats_consumer_groups]`` as Airflow's own CLI lists it (``airflow config``): the
+    sampler's interval with its default, description and example; a value set in the
+    environment is what the page's sampler reads."""
+    import os
+    import subprocess
+    import sys
+
+    from airflow_provider_cg.ui.history import sample_seconds
+
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
+    airflow = [sys.executable, "-m", "airflow"]
+    listed = subprocess.run([*airflow, "config", "list", "--section", "nats_consumer_groups", "--show-values",
+                             "--include-descriptions", "--include-examples"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "backlog_sample_seconds = 60" in listed.stdout and "Example: backlog_sample_seconds = 15" in listed.stdout
+    got = subprocess.run([*airflow, "config", "get-value", "nats_consumer_groups", "backlog_sample_seconds"],
+                         env={**env, "AIRFLOW__NATS_CONSUMER_GROUPS__BACKLOG_SAMPLE_SECONDS": "15"},
+                         capture_output=True, text=True, timeout=120)
+    assert got.stdout.strip().splitlines()[-1] == "15", got.stderr[-2000:]
+    assert sample_seconds() == 60.0
