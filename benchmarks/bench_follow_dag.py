@@ -46,6 +46,7 @@ from airflow_provider_cg.core.groups.config import ElasticGroupConfig, Partition
 from airflow_provider_cg.core.jetstream.api import JsApi  # noqa: E402
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings  # noqa: E402
 from airflow_provider_cg.core.jetstream.publish import publish_many  # noqa: E402
+from airflow_provider_cg.core.tools.packaging import example_dags_folder  # noqa: E402
 from airflow_provider_cg.core.tools.server import EmbeddedNatsServer  # noqa: E402
 from airflow_provider_cg.demo import _orders  # noqa: E402
 
@@ -69,6 +70,7 @@ class Airflow:
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "CG_"))}, **env,
                     "AIRFLOW_HOME": str(home), "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{self.port}",
                     "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                    "AIRFLOW__CORE__DAGS_FOLDER": str(example_dags_folder()),
                     "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
         self.procs: list[subprocess.Popen] = []
 

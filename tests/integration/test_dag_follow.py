@@ -34,7 +34,7 @@ def test_a_follower_lands_orders_as_they_arrive(airflow_env, nats_conn_id, nats_
     lake = tmp_path / "paid_orders"
     # dag.test() runs one run: no successor comes to relieve the follower (the hand-over across
     # runs is tests/install/test_getting_started.py's, under a real scheduler)
-    for name, value in {"GROUP": GROUP, "SECONDS": "22", "HANDOVER_SECONDS": "0", "NATS_CONN_ID": nats_conn_id,
+    for name, value in {"GROUP": GROUP, "FOLLOW": "22", "HANDOVER_SECONDS": "0", "NATS_CONN_ID": nats_conn_id,
                         "SPARK_CONN_ID": spark_env, "SINK_PATH": str(lake)}.items():
         monkeypatch.setenv(f"CG_FOLLOW_{name}", value)
 
