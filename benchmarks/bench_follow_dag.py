@@ -166,6 +166,7 @@ def run_setting(workdir: Path, handover: float, args: argparse.Namespace) -> dic
                                   "allow_direct": True})
             await ConsumerGroups(nc).create("ORDERS", GROUP, ElasticGroupConfig(
                 6, (PartitioningFilter("orders.*", (1,)),), members=("m1", "m2", "m3")))
+            await publish_many(nc, _orders(300, 3000, first=1))  # the first run's first batches
             await nc.close()
 
         asyncio.run(setup())
@@ -175,7 +176,7 @@ def run_setting(workdir: Path, handover: float, args: argparse.Namespace) -> dic
             "CG_FOLLOW_SECONDS": str(args.follow), "CG_FOLLOW_HANDOVER_SECONDS": str(handover),
             "CG_FOLLOW_SINK_PATH": str(lake), "CG_DEMO_DIR": str(workdir)})
         stop = threading.Event()
-        publisher = threading.Thread(target=publish, args=(srv.url, args.rate, stop, 1), daemon=True)
+        publisher = threading.Thread(target=publish, args=(srv.url, args.rate, stop, 301), daemon=True)
         try:
             airflow.start()
             deadline = time.monotonic() + 300

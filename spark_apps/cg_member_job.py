@@ -62,12 +62,16 @@ class JobSession:
 
     def __call__(self) -> SparkSession:
         if self.session is None:
+            import time
+
             from pyspark.sql import SparkSession
 
+            started = time.monotonic()
             who = self.spec.member or "backfill"
             session = SparkSession.builder.appName(f"cg-{self.spec.stream}-{self.spec.group}-{who}").getOrCreate()
             session.sparkContext.setLogLevel("WARN")
             self.session = session
+            logging.getLogger("cg").info("cg Spark session started in %.1f s", time.monotonic() - started)
         return self.session
 
     def stop(self) -> None:
@@ -75,7 +79,42 @@ class JobSession:
             self.session.stop()
 
 
-def _build_pipeline(spec: MemberJobSpec, session: JobSession | None) -> ArrowPipeline | SparkPipeline:
+class StartingUp:
+    """The progress line from the job's first second, until its run's own takes over: the job
+    starts (``waiting=start``: its servers, its table) or waits on Spark's session
+    (``waiting=spark``). A thread, as the session's start blocks the caller."""
+
+    def __init__(self, spec: MemberJobSpec) -> None:
+        import threading
+
+        from airflow_provider_cg.core.landing.contract import Summary
+        from airflow_provider_cg.core.landing.reads.reading import Progress
+
+        self.progress = Progress(Summary(spec.stream, spec.group, spec.member or "backfill"), spec.progress_interval)
+        self.progress.waiting = "start"
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._talk, daemon=True, name="cg-starting-up")
+
+    def __enter__(self) -> StartingUp:
+        self.progress.tick(force=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+    def waiting(self, what: str) -> None:
+        self.progress.waiting = what
+
+    def _talk(self) -> None:
+        while not self._done.wait(max(0.2, self.progress.interval / 4)):
+            self.progress.tick()
+
+
+
+def _build_pipeline(spec: MemberJobSpec, session: JobSession | None,
+                    starting: StartingUp | None = None) -> ArrowPipeline | SparkPipeline:
     """Spark decodes and transforms; a raw batch with no transformation has nothing for Spark
     to compute and lands as read (the data path's speed). Schemas are checked by Spark before
     anything is read, and executor reads start their workers while the job waits for its pin:
@@ -91,13 +130,17 @@ def _build_pipeline(spec: MemberJobSpec, session: JobSession | None) -> ArrowPip
     if spec.payload_format is PayloadFormat.RAW and not spec.transforming and not executors:
         return ArrowPipeline(bad_records=spec.bad_records)
     now = spec.payload_format.needs_spark or executors
+    if now and starting is not None:
+        starting.waiting("spark")
     decoder = SparkDecoder(session() if now else None, spec.payload_format, spec.json_schema or spec.avro_schema)
+    if starting is not None:
+        starting.waiting("start")
     return SparkPipeline(session, decoder, function=spec.transform, sql=spec.transform_sql,
                          bad_records=spec.bad_records)
 
 
-async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipeline: ArrowPipeline | SparkPipeline
-               ) -> Summary:
+async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipeline: ArrowPipeline | SparkPipeline,
+               starting: StartingUp) -> Summary:
     """Connect to NATS first (a refused or unreachable server leaves nothing behind), check the
     group and the member, then open the sink and run."""
     from airflow_provider_cg.core.errors import ConfigError
@@ -129,10 +172,12 @@ async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipel
                 from airflow_provider_cg.core.landing.run.backfill import run_backfill
 
                 start, end = spec.window()
+                starting.__exit__()
                 return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
                                           pipeline=pipeline, stream_life=spec.stream_life)
             from airflow_provider_cg.core.landing.run.member import run_member_batch
 
+            starting.__exit__()  # the run talks from here on
             return await run_member_batch(nc, sink, spec, pipeline)
         finally:
             await asyncio.to_thread(sink.close)  # e.g. a database session ends cleanly, not by a dropped socket
@@ -169,8 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     session = None if spec.no_spark else JobSession(spec)
     try:
         try:
-            pipeline = _build_pipeline(spec, session)
-            summary = asyncio.run(_run(spec, lambda: _build_sink(spec), pipeline))
+            with StartingUp(spec) as starting:
+                pipeline = _build_pipeline(spec, session, starting)
+                summary = asyncio.run(_run(spec, lambda: _build_sink(spec), pipeline, starting))
         except GroupNotFound as e:
             return fail(contract.EXIT_INVALID, f"group: {e}")
         except TransformError as e:  # the user's transformation failed: the batch was not acked

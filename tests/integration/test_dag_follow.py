@@ -91,7 +91,6 @@ async def test_a_successor_starts_its_hand_over_window_before_the_holders_follow
     from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_provider_cg.core.errors import ConfigError
-
     from airflow_provider_cg.core.landing.contract import Summary
     from airflow_provider_cg.core.landing.run.board import ProgressBoard
     from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator

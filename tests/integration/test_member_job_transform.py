@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import signal
 from collections import Counter
 from pathlib import Path
@@ -83,6 +84,12 @@ async def _through_every_fault(nc, nats_server, zip_path, tmp_path, stream, tran
                                          "rerun", env).wait, 240)
     assert rerun.returncode == 0 and "Traceback" not in rerun.output, rerun.describe()
     assert await wq_messages(nc, stream, "g") == 0  # every message acknowledged
+    # it talked from its first second: a progress line before Spark's session had started
+    lines = rerun.output.splitlines()
+    talked = [i for i, ln in enumerate(lines) if "cg progress" in ln]
+    started = [i for i, ln in enumerate(lines) if "cg Spark session started in" in ln]
+    assert talked and started and talked[0] < started[0], "\n".join(lines[:40])
+    assert re.search(r"waiting=(start|spark)$", lines[talked[0]]), lines[talked[0]]
     return rerun.summary
 
 

@@ -310,14 +310,12 @@ class SparkPipeline:
         runs over them, a function never sees them; the output is written into the workers'
         memory, nothing on disk. A batch that comes first (a backlog) does that job itself:
         the warm-up then only starts the session."""
-        started = time.monotonic()
         with self._one_at_a_time:
             try:
-                _ = self.spark  # before any column is built, as in process()
-                log.info("cg Spark session ready in %.1f s", time.monotonic() - started)
+                _ = self.spark  # before any column is built, as in process() (its start is logged there)
+                started = time.monotonic()
                 if self._batch_came:
-                    log.info("cg Spark started in %.1f s (a batch came first: no warm-up job)",
-                             time.monotonic() - started)
+                    log.info("cg Spark warm-up skipped (a batch came first)")
                     return
                 self._warm_up_job()
             except Exception as e:  # noqa: BLE001 - only a head start; the first batch reports real failures
