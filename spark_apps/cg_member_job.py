@@ -140,9 +140,10 @@ def _build_pipeline(spec: MemberJobSpec, session: JobSession | None,
 
 
 async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipeline: ArrowPipeline | SparkPipeline,
-               starting: StartingUp) -> Summary:
+               starting: StartingUp | None = None) -> Summary:
     """Connect to NATS first (a refused or unreachable server leaves nothing behind), check the
-    group and the member, then open the sink and run."""
+    group and the member, then open the sink and run; ``starting``'s line stops where the run's
+    own begins."""
     from airflow_provider_cg.core.errors import ConfigError
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
     from airflow_provider_cg.core.groups.config import in_membership
@@ -172,12 +173,14 @@ async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipel
                 from airflow_provider_cg.core.landing.run.backfill import run_backfill
 
                 start, end = spec.window()
-                starting.__exit__()
+                if starting is not None:
+                    starting.__exit__()
                 return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
                                           pipeline=pipeline, stream_life=spec.stream_life)
             from airflow_provider_cg.core.landing.run.member import run_member_batch
 
-            starting.__exit__()  # the run talks from here on
+            if starting is not None:
+                starting.__exit__()  # the run talks from here on
             return await run_member_batch(nc, sink, spec, pipeline)
         finally:
             await asyncio.to_thread(sink.close)  # e.g. a database session ends cleanly, not by a dropped socket

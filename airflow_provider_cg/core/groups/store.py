@@ -119,9 +119,24 @@ class nats_errors:
         if isinstance(e, nats.js.errors.APIError):
             raise JetStreamApiError(e.code or 0, e.err_code or 0, e.description or str(e)) from None
         if isinstance(e, (nats.errors.TimeoutError, nats.errors.NoRespondersError, asyncio.TimeoutError,
-                          nats.errors.ConnectionClosedError)):
+                          nats.errors.ConnectionClosedError, nats.js.errors.NoStreamResponseError)):
             raise ServerUnavailable(f"NATS request failed: {type(e).__name__}") from None
         return False
+
+
+
+async def _once_the_bucket_answers(write: Any, within: float = 10.0) -> Any:
+    """``write()``, made again while the server answers that no stream took it: in a cluster a
+    bucket just created is known to the other servers' routes a moment later (seen on three
+    servers: the first create after the bucket's). A 503 means nothing was stored, so it is safe."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return await write()
+        except nats.js.errors.NoStreamResponseError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 
@@ -213,7 +228,7 @@ class GroupStore:
         created = False
         async with nats_errors():
             try:
-                revision = await kv.create(key, dump_config(config))
+                revision = await _once_the_bucket_answers(lambda: kv.create(key, dump_config(config)))
                 created = True
                 info = GroupInfo(kind, config, revision, stream, group, created=True)
             except nats.js.errors.KeyWrongLastSequenceError:
