@@ -58,7 +58,9 @@ METRICS: dict[str, MetricSpec] = {
     "cg_group_origin_went_back": MetricSpec(
         "gauge", "boolean", "1 while the group's jobs refuse because its origin stream went back (its store came "
                             "back older): landed messages it no longer holds; cg status says the way forward"),
-    "cg_member_backlog_messages": MetricSpec("gauge", "messages", "messages waiting in the member's partitions"),
+    "cg_member_backlog_messages": MetricSpec(
+        "gauge", "messages", "messages waiting in the member's partitions (a follower's task also sends it as "
+                             "the run reports it, every progress interval)"),
     "cg_member_ack_pending_messages": MetricSpec(
         "gauge", "messages", "messages delivered to the member's pinned run and not acknowledged yet"),
     "cg_member_oldest_pending_age_seconds": MetricSpec(
@@ -253,3 +255,62 @@ def count_landed(conn_id: str, summary: dict[str, Any]) -> None:
                 Stats.incr(m.statsd_name(), int(m.value), tags=dict(m.labels))
     except Exception as e:  # noqa: BLE001 - a metric is never worth a failed landing
         log.warning("landed counters not sent (%s)", e)
+
+
+def follower_gauges(conn_id: str, stream: str, group: str, member: str, entry: dict[str, Any] | None
+                    ) -> list[Metric]:
+    """The member's gauges as its pinned run reported them on the progress board (``entry``:
+    ``board.pinned_run``), under the same names and labels as the sampler's; none when no run
+    reports (the sampler's reading stands)."""
+    if not entry:
+        return []
+    at = (("conn_id", conn_id), ("stream", stream), ("group", group), ("member", member))
+    out = [Metric("cg_member_pinned", at, 1.0),
+           Metric("cg_member_landing_rate_messages_per_second", at, float(entry.get("rate_msg_s") or 0))]
+    if entry.get("backlog") is not None:
+        out.append(Metric("cg_member_backlog_messages", at, float(entry["backlog"])))
+    return out
+
+
+class FollowerReports:
+    """While a follower's job runs, its Airflow task sends the member's lag as the run reports
+    it (``board.py``: every progress interval) through the task's Airflow metrics, so a burst
+    that drains between two of the API server's samples (60 s by default) shows. A thread with
+    one NATS connection (``hook``: ``NatsHook``); never fails the task."""
+
+    def __init__(self, hook: Any, conn_id: str, stream: str, group: str, member: str, interval: float) -> None:
+        self.hook, self.conn_id, self.interval = hook, conn_id, max(float(interval), 1.0)
+        self.stream, self.group, self.member = stream, group, member
+        self.sent = 0  # reports sent (the task's log says how many at its end)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cg-follower-reports")
+
+    def __enter__(self) -> FollowerReports:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=self.interval + 5)
+
+    def _run(self) -> None:
+        try:
+            from airflow.sdk.observability.stats import Stats
+
+            self.hook.run(lambda nc: self._report(nc, Stats))
+        except Exception as e:  # noqa: BLE001 - a metric is never worth a failed landing
+            log.warning("the follower's lag not sent as metrics (%s)", str(e)[:160])
+
+    async def _report(self, nc: Any, stats: Any) -> None:
+        import asyncio
+
+        from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX
+        from airflow_provider_cg.core.landing.run.board import pinned_run
+
+        while not self._done.is_set():
+            entry = await pinned_run(nc, DEFAULT_PREFIX, self.stream, self.group, self.member)
+            gauges = follower_gauges(self.conn_id, self.stream, self.group, self.member, entry)
+            emit(stats, gauges, [])
+            self.sent += bool(gauges)
+            await asyncio.to_thread(self._done.wait, self.interval)
+

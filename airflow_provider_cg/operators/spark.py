@@ -39,7 +39,7 @@ from airflow_provider_cg.core.landing.sinks.registry import sink_kind, sink_kind
 from airflow_provider_cg.core.tools.packaging import build_core_zip, member_job_path, ship_module
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.hooks.nats import NatsHook
-from airflow_provider_cg.metrics import count_landed
+from airflow_provider_cg.metrics import FollowerReports, count_landed
 from airflow_provider_cg.operators.follow import (
     UNTIL_NEXT_RUN,
     check_continuous_start,
@@ -518,8 +518,11 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         except ConfigError as e:
             raise AirflowFailException(str(e)) from e
         self._spark_hook = hook
+        reports = FollowerReports(self.hook, self.nats_conn_id, spec.stream, spec.group, spec.member or "",
+                                  spec.progress_interval) if spec.follow and spec.member else contextlib.nullcontext()
         try:
-            hook.submit(str(member_job_path()))
+            with reports:
+                hook.submit(str(member_job_path()))
         except AirflowException as e:
             failed = _read_summary(summary_file)
             if failed is None or failed.get("result") != contract.RESULT_FAILED:

@@ -25,8 +25,30 @@ def _orders(first: int, n: int) -> list[tuple[str, bytes]]:
             for i in range(first, first + n)]
 
 
+@pytest.fixture
+def statsd(monkeypatch):
+    """Airflow's metrics to a real StatsD socket, set up as the task runner sets them up."""
+    from airflow.sdk.observability import stats
+
+    from airflow_provider_cg.metrics import airflow_stats
+    from tests.support.statsd import StatsdListener
+
+    listener = StatsdListener()
+    for name, value in {"STATSD_ON": "True", "STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(listener.port),
+                        "STATSD_PREFIX": "airflow"}.items():
+        monkeypatch.setenv(f"AIRFLOW__METRICS__{name}", value)
+    assert airflow_stats() is not None
+    yield listener
+    from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
+
+    stats.initialize(factory=NoStatsLogger, export_legacy_names=True)
+    listener.close()
+
+
 def test_a_follower_lands_orders_as_they_arrive(airflow_env, nats_conn_id, nats_settings, spark_env, example_dag,
-                                                tmp_path, monkeypatch):
+                                                tmp_path, monkeypatch, statsd):
+    """... and its task sends the member's lag as the run reports it, every progress interval,
+    through Airflow's StatsD: the backlog it started with, then less as it lands."""
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
     from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter
     from tests.support.member_job import read_delta
@@ -78,6 +100,11 @@ def test_a_follower_lands_orders_as_they_arrive(airflow_env, nats_conn_id, nats_
     table = read_delta(str(lake), ["order_id"])
     assert sorted(table.column("order_id").to_pylist()) == paid  # every paid order, once
     assert result.xcom("report")["totals"]["messages_read"] == 1500
+    prefix = f"airflow.cg.{nats_conn_id}.ORDERS.{GROUP}.m1."
+    backlog = [v for name, v in statsd.gauges(prefix) if name == prefix + "backlog_messages"]
+    assert len(backlog) >= 3, statsd.lines[-20:]  # one a progress interval (5 s) of a 22 s follow
+    assert max(backlog) > 0 and backlog[-1] < max(backlog), backlog  # it had some to land, then less
+    assert any(name == prefix + "pinned" and v == 1 for name, v in statsd.gauges(prefix))
 
 
 async def test_a_successor_starts_its_hand_over_window_before_the_holders_follow_time_ends(airflow_env, nats_conn_id,

@@ -33,10 +33,13 @@ class Progress:
     """The job's progress line, at most every ``interval`` seconds; ``also`` is called with it
     (the run's progress board, ``board.py``). ``rate`` is the messages read since the line
     before, per second (what the run does now), ``run_rate`` over the whole run; ``waiting``
-    names what the run waits on while it reads nothing (the pin, the take-over, the table)."""
+    names what the run waits on while it reads nothing (the pin, the take-over, the table);
+    ``lag`` the member's backlog as the server counted it last (the board reads it), shown as
+    ``lag=`` when known."""
 
-    def __init__(self, summary: Summary, interval: float, also: Callable[[], None] | None = None) -> None:
-        self.summary, self.interval, self.also = summary, interval, also
+    def __init__(self, summary: Summary, interval: float, also: Callable[[], None] | None = None,
+                 lag: Callable[[], int | None] | None = None) -> None:
+        self.summary, self.interval, self.also, self.lag = summary, interval, also, lag
         self.start = self.last = time.monotonic()
         self.read_at_last = 0
         self.waiting: str | None = None
@@ -53,8 +56,11 @@ class Progress:
         tables = (f" table_commits={s.table_commits} table_conflicts={s.table_conflicts}"
                   if s.table_commits or s.table_conflicts else "")
         waiting = f" waiting={self.waiting}" if self.waiting else ""
+        lag = self.lag() if self.lag is not None else None
+        lag_now = f" lag={lag}" if lag is not None else ""
         log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s run_rate=%.0f msg/s "
-                 "backlog_left=%d%s%s", s.member, s.messages_read, s.rows_written, rate, run_rate, left, tables, waiting)
+                 "backlog_left=%d%s%s%s", s.member, s.messages_read, s.rows_written, rate, run_rate, left, lag_now,
+                 tables, waiting)
         if self.also is not None and not force:
             self.also()
 

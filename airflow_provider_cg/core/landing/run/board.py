@@ -4,7 +4,11 @@ A follower keeps its pin for minutes and its task's asset event comes at its end
 (``ui/app.py``) could not show what it lands meanwhile. Each pinned run writes its figures into
 a JetStream KV bucket of its own, ``cg-member-progress`` (not one of orbit's buckets: orbit's
 tools never see it), one key per member: when it is pinned, at each progress line
-(``--progress-interval``) and at its end, before it releases the pin. Entries expire an hour
+(``--progress-interval``) and at its end, before it releases the pin. Each write carries the
+member's backlog as the server counts it then (``backlog``, ``backlog_at``): a follower
+reports its own lag every interval, and its Airflow task sends it on as metrics
+(``metrics.FollowerReports``), so a burst that drains between two of the API server's
+samples still shows. Entries expire an hour
 after their last write (the bucket's TTL), so a run that died leaves nothing for long.
 
 A follower that starts while the member's pin is held (the member's next run, come to relieve
@@ -30,6 +34,7 @@ import re
 import socket
 import time
 from datetime import UTC, datetime
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from airflow_provider_cg.core.landing.contract import Summary
@@ -88,6 +93,11 @@ class ProgressBoard:
         self._revision: int | None = None  # of this run's last write; None: not written yet
         self._pending: asyncio.Task | None = None
         self._off = False  # the server refused once, or another run owns the entry now
+        #: the member's backlog as the server counts it now (``MemberRun``): read with each
+        #: progress line's write, so the run reports its own lag every interval
+        self.backlog_of: Callable[[], Awaitable[int]] | None = None
+        self.backlog: int | None = None  # as last read
+        self.backlog_read_at: float | None = None  # wall clock
 
     def report(self, state: str) -> dict:
         s = self.summary
@@ -97,6 +107,7 @@ class ProgressBoard:
                 "follow_until": _iso(self.follow_until), "messages_read": s.messages_read,
                 "rows_written": s.rows_written, "batches": s.batches,
                 "rate_msg_s": round(s.messages_read / max(now - self.started, 1e-9)),
+                "backlog": self.backlog, "backlog_at": _iso(self.backlog_read_at),
                 "interval_s": self.interval, "stop_reason": s.stop_reason or None, "holder": HOLDER}
 
     def post(self) -> None:
@@ -104,7 +115,22 @@ class ProgressBoard:
         is still under way, never waited for."""
         if self._off or self.summary.pin_id is None or (self._pending and not self._pending.done()):
             return
-        self._pending = asyncio.get_running_loop().create_task(self._write(self.report(self.state)))
+        self._pending = asyncio.get_running_loop().create_task(self._post())
+
+    async def _post(self) -> None:
+        await self.read_backlog()
+        await self._write(self.report(self.state))
+
+    async def read_backlog(self) -> None:
+        """``backlog`` now (one request or so: never on the batch path); kept as it was when
+        the server does not answer in time."""
+        if self.backlog_of is None:
+            return
+        try:
+            self.backlog = await asyncio.wait_for(self.backlog_of(), WRITE_TIMEOUT)
+            self.backlog_read_at = time.time()
+        except Exception as e:  # noqa: BLE001 - a figure of the report, never the run's failure
+            log.debug("cg member=%s: backlog unread (%s)", self.summary.member, e)
 
     async def close(self) -> None:
         """The run's last write (``ended``), before it releases the pin."""
@@ -212,6 +238,8 @@ def _now_showing(entry: Any, now: float) -> dict | None:
     try:
         age = now - datetime.fromisoformat(entry["updated_at"]).timestamp()
         counts = {k: int(entry.get(k) or 0) for k in ("messages_read", "rows_written", "batches", "rate_msg_s")}
+        backlog = entry.get("backlog")
+        counts["backlog"] = None if backlog is None else int(backlog)
         fresh = age <= 3 * float(entry.get("interval_s") or 5) + 2
     except (KeyError, TypeError, ValueError):
         return None

@@ -113,7 +113,8 @@ class MemberRun:
             pipeline.start_warm_up()
         self.owner = f"{self.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
         self.board = ProgressBoard(nc, js_prefix, self.summary, owner=self.owner, interval=options.progress_interval)
-        self.progress = Progress(self.summary, options.progress_interval, self.board.post)
+        self.progress = Progress(self.summary, options.progress_interval, self.board.post, lambda: self.board.backlog)
+        self.board.backlog_of = self._backlog_now
         self.batch_ids = BatchIds(options.stream, options.group, self.member)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
         self.lander = TwoPhaseLander(sink, self.summary, options.stream, options.group, self.member)
@@ -289,6 +290,16 @@ class MemberRun:
         if stop.revoked is None:
             await self.board.close()  # before the pin goes: the successor's entry comes after
             await self._release_pin()
+
+    async def _backlog_now(self) -> int:
+        """The member's backlog as the server counts it this moment, for the run's own reports
+        (``board.py``): its consumer's pending and unacknowledged messages, or its partition
+        streams' (read only: nothing is rebuilt for a report)."""
+        a = self.assignment
+        if not a.partition_streams:
+            info = await self.api.consumer_info(a.consumer_stream, a.consumer) or {}
+            return int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
+        return sum((await self.layout.backlog(self.api, a.consumer_stream, {}, a.partitions)).values())
 
     async def _backlog(self, a: Assignment, info: dict) -> int:
         """What the member has to land now: its consumer's pending and unacknowledged messages,
