@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import html
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -265,13 +266,30 @@ def landing_now_html(now: dict[str, Any]) -> str:
             f'{now.get("rate_msg_s", 0):,} msg/s <span class="muted">(reported {_age(now.get("age_s"))} ago)</span></div>')
 
 
+def landed_html(last: dict[str, Any] | None, now: dict[str, Any] | None, successor: dict[str, Any] | None) -> str:
+    """A member's *last landed* cell in a line or two: its follower's figures while one runs
+    (its last task's landing then on hover), else the last task's landing: when, how much,
+    into which table (the sequence ranges and the table's whole name on hover); and its next
+    follower while one waits."""
+    e = html.escape
+    done = ""
+    if last:
+        detail = f'{readable_ranges(last["ranges"])} into {last["table"]}'
+        done = (f'<div class="last" title="{e(detail)}">{time_html(last["at"])}: '
+                f'{plural(last["messages_landed"], "message")}, {plural(last["rows_written"], "row")} into '
+                f'{wrappable(short_table(last["table"]))}</div>')
+    if now:
+        hover = f' title="{e("last landed by a task: " + detail)}"' if last else ""
+        done = f"<div{hover}>{landing_now_html(now)}</div>"
+    return (successor_html(successor) if successor else "") + (done or "-")
+
+
 def successor_html(waiting: dict[str, Any]) -> str:
     """The member's next follower, started while the pin is held: warming up (its Spark
     session and warm-up), or warm and waiting for the pin (``board.py``)."""
     who = waiting.get("holder") or {}
-    task = who.get("task") or f"a cg job on {who.get('host')}"
-    return (f'<div class="successor">next: {html.escape(str(task))}, <b>{html.escape(str(waiting.get("state")))}'
-            "</b></div>")
+    task = wrappable(who["task"]) if who.get("task") else f"a cg job on {wrappable(who.get('host'))}"
+    return f'<div class="successor">next: {task}, <b>{html.escape(str(waiting.get("state")))}</b></div>'
 
 
 def plural(n: int, one: str, many: str | None = None) -> str:
@@ -280,14 +298,28 @@ def plural(n: int, one: str, many: str | None = None) -> str:
 
 
 def time_html(raw: Any) -> str:
-    """A time as people read it: the browser writes it in the reader's local time (UTC without
-    script); the raw value is on hover and in ``datetime``."""
+    """A time as people read it, in the page's one time zone: the browser writes it in the
+    reader's (the clock only, today; the page's top line names the zone), UTC without script;
+    the raw value is on hover and in ``datetime``."""
     at = epoch_seconds(raw)
     if at is None:
         return html.escape(str(raw)) if raw else "-"
     utc = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
     iso = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
     return f'<time datetime="{iso}" title="{html.escape(str(raw))}">{utc} UTC</time>'
+
+
+def wrappable(name: Any) -> str:
+    """``name`` escaped, with a line-break opportunity after each ``.``, ``_``, ``/``, ``:`` and
+    ``-``: a long task or table name wraps between its words, never inside one."""
+    return "<wbr>".join(html.escape(part) for part in re.split(r"(?<=[._/:-])", str(name)))
+
+
+def short_table(table: Any) -> str:
+    """A table's last name (``s3://lake/sales/paid_orders`` -> ``…/paid_orders``); the whole on hover."""
+    text = str(table)
+    tail = text.rstrip("/").rsplit("/", 1)[-1]
+    return text if tail == text.rstrip("/") else f"\u2026/{tail}"
 
 
 def holder_html(member: dict[str, Any]) -> str:
@@ -301,8 +333,8 @@ def holder_html(member: dict[str, Any]) -> str:
     who = now.get("holder") or {}
     if now.get("pin_id") == pin and who:
         task = who.get("task")
-        name = (f"{html.escape(str(task))} on {html.escape(str(who.get('host')))}" if task
-                else f"a cg job on {html.escape(str(who.get('host')))}")
+        name = (f"{wrappable(task)} on {wrappable(who.get('host'))}" if task
+                else f"a cg job on {wrappable(who.get('host'))}")
         return f'<span class="pin" title="pin id {html.escape(pin)}">{name} (pid {html.escape(str(who.get("pid")))})</span>'
     return (f'<span class="pin" title="pin id {html.escape(pin)}">a client that does not report '
             f'(orbit, another tool) <span class="muted">…{html.escape(pin[-6:])}</span></span>')
@@ -342,7 +374,7 @@ svg .backlog-now{fill:var(--line)} .legend .backlog{background:var(--line);heigh
 svg text{fill:var(--muted);font-size:10px;font-variant-numeric:tabular-nums} svg.group text{font-size:11px}
 svg text.y-landed{fill:var(--bar)} svg text.y-backlog{fill:var(--line)} svg text.empty{font-size:12px}
 .landing-now{color:var(--link)}
-td.landed{min-width:14em;max-width:30em} td.holder{max-width:16em} td{overflow-wrap:anywhere}
+td.landed{min-width:14em;max-width:30em} td.holder{max-width:16em} td{overflow-wrap:break-word}
 .group-chart{max-width:100%;overflow:hidden} svg.group{max-width:100%;height:auto}
 """
 #: which theme: Airflow's own (its frame's <html> class, or its saved choice), else the system's
@@ -355,9 +387,16 @@ pick();try{new MutationObserver(pick).observe(window.parent.document.documentEle
 PAGE_SCRIPT = """document.querySelectorAll('input.member-filter').forEach(function(f){f.addEventListener('input',function(){
 var q=f.value.toLowerCase();document.querySelectorAll('#'+f.dataset.table+' tr[data-member]').forEach(function(r){
 r.hidden=q&&r.dataset.member.toLowerCase().indexOf(q)<0})})});
-document.querySelectorAll('time[datetime]').forEach(function(t){var d=new Date(t.dateTime);
-if(!isNaN(d))t.textContent=d.toLocaleString([], {year:'numeric',month:'short',day:'numeric',hour:'2-digit',
-minute:'2-digit',second:'2-digit',timeZoneName:'short'})});
+(function(){var today=new Date().toDateString(),hms={hour:'2-digit',minute:'2-digit',second:'2-digit',hour12:false};
+document.querySelectorAll('time[datetime]').forEach(function(t){var d=new Date(t.dateTime);if(isNaN(d))return;
+t.textContent=d.toDateString()===today?d.toLocaleTimeString([],hms):d.toLocaleString([],Object.assign({month:'short',
+day:'numeric'},hms))});
+function hm(d,utc){var h=utc?d.getUTCHours():d.getHours(),m=utc?d.getUTCMinutes():d.getMinutes();
+return (h<10?'0':'')+h+':'+(m<10?'0':'')+m}
+document.querySelectorAll('svg [data-at]').forEach(function(t){var d=new Date(1000*t.dataset.at);
+t.textContent=t.textContent.replace(hm(d,true),hm(d,false))});
+var z=document.getElementById('zone');if(z){var n=Intl.DateTimeFormat().resolvedOptions().timeZone,
+s=new Date().toLocaleTimeString([],{timeZoneName:'short'}).split(' ').pop();z.textContent=n===s?n:n+' ('+s+')'}})();
 setInterval(function(){if(![].some.call(document.querySelectorAll('input.member-filter'),function(f){return f.value}))
 location.reload()},30000);"""
 FILTER_FROM = 12  # members from which a group's table gets a filter box
@@ -372,7 +411,8 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
 <meta name="viewport" content="width=device-width"><script>{THEME_SCRIPT}</script><style>{STYLE}</style></head>
 <body><h1>NATS consumer groups</h1>
 <form method="get"><label>Connection <select name="conn_id" onchange="this.form.submit()">{options}</select></label>
-<noscript><button>Show</button></noscript></form>"""]
+<noscript><button>Show</button></noscript></form>
+<p class="muted">Times in <span id="zone">UTC</span>, in the tables and the charts.</p>"""]
     if not conns:
         parts.append('<p class="muted" id="no-connections">No connection of type nats that you may read.</p>')
     if error:
@@ -403,7 +443,7 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
             + (f'<p class="err" id="{anchor}-origin">{e(problems.describe(problems.ORIGIN_WENT_BACK, g["problems"][problems.ORIGIN_WENT_BACK]))}'
                "</p>" if problems.ORIGIN_WENT_BACK in (g.get("problems") or {}) else "")
             + f'<div class="group-chart">{last_hour_svg(g.get("history") or {}, now, large=True, css_class="group")}</div>'
-            + f'<p class="legend muted">the last hour, UTC: <i class="landed"></i>messages landed per 5 min (left scale)'
+            + f'<p class="legend muted">the last hour: <i class="landed"></i>messages landed per 5 min (left scale)'
               f'<i class="backlog"></i>backlog, {sampled} (right scale); samples kept in Airflow\'s database</p>'
             + (f'<input type="search" class="member-filter" data-table="{table_id}" placeholder="Filter members" '
                f'aria-label="Filter members of {e(title)}">' if len(members) >= FILTER_FROM else "")
@@ -412,14 +452,7 @@ def render(conns: list[str], chosen: str | None, groups: list[dict[str, Any]], e
               "(messages)</th><th class=\"num\">oldest pending (age)</th><th>last hour</th><th>last landed</th>"
               "</tr></thead><tbody>")
         for m in members:
-            last = m.get("last_landed")
-            landed = "-" if not last else (
-                f'{time_html(last["at"])}: {plural(last["messages_landed"], "message")}, '
-                f'{plural(last["rows_written"], "row")} ({e(readable_ranges(last["ranges"]))}) into {e(str(last["table"]))}')
-            if m.get("landing_now"):
-                landed = f"{landing_now_html(m['landing_now'])}<div>{landed}</div>"
-            if m.get("successor"):
-                landed = f"{successor_html(m['successor'])}{landed}"
+            landed = landed_html(m.get("last_landed"), m.get("landing_now"), m.get("successor"))
             parts.append(
                 f'<tr data-member="{e(m["member"])}"><td>{e(m["member"])}</td><td>{e(str(m["partitions"]))}</td>'
                 f'<td class="holder">{holder_html(m)}</td><td>{time_html(m["pinned_since"])}</td>'

@@ -26,7 +26,9 @@ def clock(t: float) -> str:
 def last_hour_svg(history: dict, now: float, *, large: bool = False, css_class: str = "spark") -> str:
     """The chart. Its ``<title>`` says the same in words (and in a browser's tooltip); its text
     elements carry the values: ``y-landed`` (the bars' scale: most messages landed in 5 min),
-    ``y-backlog`` (the line's: the largest backlog sampled), ``x-tick`` (clock times, UTC)."""
+    ``y-backlog`` (the line's: the largest backlog sampled), ``x-tick`` (clock times, UTC; each
+    with its moment in ``data-at``: the page's script writes it in the reader's time zone, as
+    the page's other times)."""
     width, height, left, right, bottom, top = LARGE if large else SMALL
     plot_w, plot_h = width - left - right, height - top - bottom
     landed = list(history.get("landed_per_5min") or [0] * BUCKETS)
@@ -50,14 +52,15 @@ def last_hour_svg(history: dict, now: float, *, large: bool = False, css_class: 
         x = x_at(age)
         anchor = "start" if age == WINDOW_S else "end" if age == 0 else "middle"
         out.append(f'<line class="grid" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + plot_h}"/>'
-                   f'<text class="x-tick" x="{x:.1f}" y="{height - 2}" text-anchor="{anchor}">{clock(now - age)}</text>')
+                   f'<text class="x-tick" x="{x:.1f}" y="{height - 2}" text-anchor="{anchor}" '
+                   f'data-at="{now - age:.0f}">{clock(now - age)}</text>')
     bar_w = plot_w / BUCKETS
     for i, n in enumerate(landed):
         if n:
             h = max(1.0, plot_h * n / bars_top)
             out.append(f'<rect class="landed" x="{left + i * bar_w + 0.5:.1f}" y="{top + plot_h - h:.1f}" '
-                       f'width="{bar_w - 1:.1f}" height="{h:.1f}"><title>{fmt(n)} landed in the 5 min to '
-                       f'{clock(now - WINDOW_S + (i + 1) * 300)}</title></rect>')
+                       f'width="{bar_w - 1:.1f}" height="{h:.1f}"><title data-at="{now - WINDOW_S + (i + 1) * 300:.0f}">'
+                       f'{fmt(n)} landed in the 5 min to {clock(now - WINDOW_S + (i + 1) * 300)}</title></rect>')
     if backlog:
         pts = [(x_at(now - t), top + plot_h - plot_h * n / line_top) for t, n in backlog]
         if len(pts) == 1:  # one sample: a short stroke ending at it, so it shows at the edge

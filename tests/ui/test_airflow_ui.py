@@ -6,6 +6,7 @@ Playwright. Screenshots go to the test's temp folder, and to ``$CG_DOCS_SCREENSH
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import shutil
@@ -76,38 +77,10 @@ def world(tmp_path_factory):
         server.cleanup()
 
 
-class StatsdListener:
-    """A real UDP socket on 127.0.0.1 that keeps every StatsD line it receives."""
-
-    def __init__(self) -> None:
-        import socket
-        import threading
-
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.5)
-        self.port = self.sock.getsockname()[1]
-        self.lines: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._receive, daemon=True)
-        self._thread.start()
-
-    def _receive(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65536)
-            except OSError:
-                continue
-            self.lines += data.decode(errors="replace").splitlines()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
 def statsd():
+    from tests.support.statsd import StatsdListener
+
     listener = StatsdListener()
     yield listener
     listener.close()
@@ -263,12 +236,18 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
     assert holder.get_attribute("title") == f"pin id {pin}"
     since = table.locator("tr[data-member=m1] time").first
     assert since.get_attribute("title") == members["m1"].pinned_since and since.get_attribute("datetime").endswith("Z")
-    shown = rows["m1"][3]  # the browser's own way (en-US here: "Dec 2, 2026, 01:51:35 PM UTC")
-    assert members["m1"].pinned_since[:4] in shown and members["m1"].pinned_since[:10] not in shown, shown
+    shown = rows["m1"][3]  # today's: the clock only, in the zone the page's top line names
+    pinned_at = dt.datetime.fromisoformat(since.get_attribute("datetime").replace("Z", "+00:00"))
+    assert shown == pinned_at.strftime("%H:%M:%S"), shown  # (this browser's zone: UTC)
+    assert page.locator("#zone").inner_text() == "UTC"
     assert rows["m2"][2] == "-" and rows["m3"][8] == "-"
     assert rows["m2"][8] == "-"  # m2 landed only through another server: another group
     assert "120" not in rows["m2"][8] and f"{extra['messages_landed']} messages" in rows["m1"][8]
-    assert "partition 0: sequences 3\u2013590; partition 1: sequences 1\u2013598" in rows["m1"][8], rows["m1"]
+    last = table.locator("tr[data-member=m1] td.landed div.last")  # a line or two: the detail on hover
+    assert "partition 0: sequences 3\u2013590; partition 1: sequences 1\u2013598" in last.get_attribute("title")
+    assert "sequences" not in rows["m1"][8] and rows["m1"][8].endswith(f"into \u2026/{Path(extra['table']).name}")
+    heights = page.evaluate("[...document.querySelectorAll('tr[data-member]')].map(r => r.getBoundingClientRect().height)")
+    assert max(heights) < 3 * 20 + 14, heights  # a row fits in two lines of text (and its chart)
     # each member's last hour: m1's landing as a bar, the backlog line through the samples, a
     # time axis of UTC clock times, and both scales' values written out
     charts = {r.get_attribute("data-member"): r.locator("svg.spark") for r in table.locator("tr[data-member]").all()}
@@ -308,6 +287,23 @@ def test_the_consumer_groups_page(page, ui, world, airflow_session_env, tmp_path
     assert bar.evaluate("e => getComputedStyle(e).fill") == "rgb(96, 165, 250)"  # the dark palette's bars
     screenshot(page, tmp_path, "consumer-groups-dark.png", full_page=True)
     page.evaluate("localStorage.removeItem('theme')")
+
+    # One time zone for the tables and the charts, the reader's: a browser in Asia/Kolkata (UTC+5:30)
+    kolkata = page.context.browser.new_context(timezone_id="Asia/Kolkata", storage_state=page.context.storage_state())
+    try:
+        there = kolkata.new_page()
+        there.goto(f"{ui.url}/cg/?conn_id=nats_groups")
+        zone = there.locator("#zone").inner_text()  # ICU's name (Asia/Calcutta here) and its offset
+        assert zone.startswith(("Asia/Kolkata", "Asia/Calcutta")) and "5:30" in zone, zone
+        local = pinned_at + dt.timedelta(hours=5, minutes=30)
+        cell = there.locator(f"#group-{STREAM}-{GROUP} tr[data-member=m1] td").nth(3).inner_text()
+        assert cell.endswith(local.strftime("%H:%M:%S")), cell
+        ticks = there.locator(f"#group-{STREAM}-{GROUP} tr[data-member=m2] svg.spark text.x-tick").all_text_contents()
+        now_there = {(dt.datetime.now(dt.UTC) + dt.timedelta(hours=5, minutes=30, seconds=-s)).strftime("%H:%M")
+                     for s in (0, 60)}
+        assert ticks[-1] in now_there, ticks
+    finally:
+        kolkata.close()
 
     # The same as JSON; a connection that cannot reach NATS says so, without its password.
     api = page.request.get(f"{ui.url}/cg/api/groups?conn_id=nats_groups").json()

@@ -103,9 +103,29 @@ def test_times_read_locally_with_the_raw_value_on_hover_and_an_empty_chart_says_
     pin = "Xx9aBcDeFgHiJkLmNoP"
     mine = {"pin_holder": pin, "landing_now": {"pin_id": pin, "holder": {"host": "w1", "pid": 42,
                                                                           "task": "cg_follow_orders.follow"}}}
-    assert ">cg_follow_orders.follow on w1 (pid 42)<" in holder_html(mine) and f"pin id {pin}" in holder_html(mine)
+    shown = holder_html(mine)
+    assert ">cg_<wbr>follow_<wbr>orders.<wbr>follow on w1 (pid 42)<" in shown and f"pin id {pin}" in shown
+    assert "cg_follow_orders.follow on w1" in shown.replace("<wbr>", "")  # breaks between words only
     other = holder_html({"pin_holder": pin, "landing_now": None})
     assert "a client that does not report" in other and f'title="pin id {pin}"' in other
     empty = last_hour_svg({}, 1_800_000_000.0, large=True, css_class="group")
     assert "nothing landed in the last hour" in empty and 'class="y-landed"' not in empty
     assert "messages landed / 5 min" in empty and "backlog, messages" in empty
+
+
+def test_a_members_last_landing_fits_a_line_or_two_with_its_detail_on_hover():
+    from airflow_provider_cg.ui.app import landed_html, short_table
+
+    assert short_table("s3://lake/sales/paid_orders/") == "\u2026/paid_orders" and short_table("orders") == "orders"
+    last = {"at": "2026-12-02T13:00:05Z", "messages_landed": 1, "rows_written": 2, "ranges": {"0": "3-3"},
+            "table": "s3://lake/sales/paid_orders"}
+    cell = landed_html(last, None, None)
+    assert "1 message, 2 rows into \u2026/<wbr>paid_<wbr>orders" in cell and "sequences" not in cell.split(">", 1)[1]
+    assert 'title="partition 0: sequences 3\u20133 into s3://lake/sales/paid_orders"' in cell
+    following = landed_html(last, {"state": "landing", "messages_read": 5, "rows_written": 5, "batches": 1,
+                                   "rate_msg_s": 2, "age_s": 1.0, "owner": "m1/x"},
+                            {"state": "warming up", "holder": {"task": "d.t", "host": "h"}})
+    assert following.startswith('<div class="successor">next: d.<wbr>t, <b>warming up</b></div>')
+    assert "5 messages, 5 rows in 1 batch since" in following and "1 message, 2 rows" not in following
+    assert landed_html(None, None, None) == "-"
+
