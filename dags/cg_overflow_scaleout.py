@@ -1,12 +1,15 @@
 """Example DAG 2: overflow scale-out of a NATS JetStream consumer group.
 
-When the group's backlog crosses a threshold: add temporary overflow members (``ox1``,
-``ox2``), drain the larger group with one spark-submit per member, then restore the original
-membership by dropping the overflow members (``trigger_rule="all_done"``: membership is
-restored even when a drain task fails). Membership changes move partitions with the group's
-safe transition and an elastic group's work-queue stream deletes a message only once it is
-acked, so no message is lost or landed twice across the change; the sink's dedupe on
-``(origin_stream, origin_seq)`` covers redeliveries. The drain lands as example DAG 1 does
+When the group's backlog crosses a threshold: one spark-submit per member lands its backlog
+(``drain``; a member whose follower lands already, example DAG 6, is skipped), and one per
+temporary overflow member (``overflow``: ``ox1``, ``ox2``) joins the group once its Spark is
+warm (``join=True``), lands the partitions it takes, and leaves. A partition moves to an
+overflow member only when that member can serve it, and back to its previous owner as the
+member leaves: no partition waits for a Spark start. ``restore`` (``trigger_rule="all_done"``)
+drops the overflow members a job could not (a killed task). Membership changes move
+partitions with the group's safe transition and an elastic group's work-queue stream deletes
+a message only once it is acked, so no message is lost or landed twice across the change;
+the sink's dedupe on ``(origin_stream, origin_seq)`` covers redeliveries. The drain lands as example DAG 1 does
 (same transformation, same ``paid_orders`` table): the overflow of a group is more of its
 consumers, not another pipeline.
 
@@ -36,7 +39,7 @@ from airflow.providers.common.messaging.triggers.msg_queue import MessageQueueTr
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
 from airflow_provider_cg.examples import EXAMPLE_DEFAULT_ARGS, landing_asset, landing_report, orders_landing
-from airflow_provider_cg.operators.groups import AddMembersOperator, DropMembersOperator
+from airflow_provider_cg.operators.groups import DropMembersOperator
 from airflow_provider_cg.operators.members import ConsumerGroupMembersOperator
 from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
 from airflow_provider_cg.sensors.overflow import GroupOverflowSensor
@@ -81,37 +84,49 @@ backlog_asset = Asset(
 
 
 def scale_out_and_drain() -> Any:
-    """scale_out >> members >> drain (per member) >> restore (all_done) >> report; returns the head."""
+    """members >> [drain (per member), overflow (per overflow member)] >> restore (all_done)
+    >> report; returns the head."""
     common = {"stream": "{{ params.stream }}", "group": "{{ params.group }}", "nats_conn_id": "{{ params.nats_conn_id }}"}
-    scale_out = AddMembersOperator(task_id="scale_out", members=OVERFLOW_MEMBERS, **common)
-    scale_out.members = "{{ params.overflow_members | join(',') }}"
     members = ConsumerGroupMembersOperator(task_id="members", **common)
-    drain = ConsumerGroupSparkSubmitOperator.partial(
-        task_id="drain",
-        **{**LANDING, "sink_path": "{{ params.sink_path }}"},
-        conn_id="{{ params.spark_conn_id }}",
-        map_index_template="{{ task.member }}",
-        max_active_tis_per_dagrun=8,
-        outlets=[landing_asset(LANDING)],  # what each member's drain landed, as an asset event
-        **common,
-    ).expand_kwargs(members.output)
+    landing = {**LANDING, "sink_path": "{{ params.sink_path }}", "conn_id": "{{ params.spark_conn_id }}",
+               "map_index_template": "{{ task.member }}", "max_active_tis_per_dagrun": 8,
+               "outlets": [landing_asset(LANDING)], **common}  # what each member landed, as an asset event
+    # the group's members land their backlog (a member a follower holds is skipped: it lands already)
+    drain = ConsumerGroupSparkSubmitOperator.partial(task_id="drain", **landing).expand_kwargs(members.output)
+
+    @task(task_id="overflow_members")
+    def overflow_members(params: Any = None) -> list[str]:
+        return list(params["overflow_members"])
+
+    # each overflow member joins once its Spark is warm, lands its partitions' backlog, leaves
+    overflow = ConsumerGroupSparkSubmitOperator.partial(task_id="overflow", join=True, **landing).expand(
+        member=overflow_members())
     restore = DropMembersOperator(task_id="restore", members=OVERFLOW_MEMBERS, trigger_rule="all_done",
-                                  **common)
+                                  **common)  # the overflow members' own leave, if a job could not
     restore.members = "{{ params.overflow_members | join(',') }}"
 
     @task(task_id="report", trigger_rule="none_failed")
     def report(ti: Any = None) -> dict[str, Any]:
-        """What the drain landed per member (``examples.landing_report``) and the membership
-        after the restore."""
-        out = landing_report(ti.xcom_pull(task_ids="drain") or [])
+        """What the drain and the overflow landed per member (``examples.landing_report``) and
+        the membership after the restore."""
+        landed = [*_as_list(ti.xcom_pull(task_ids="drain")), *_as_list(ti.xcom_pull(task_ids="overflow"))]
+        out = landing_report(landed)
         out["assignment"] = (ti.xcom_pull(task_ids="restore") or {}).get("assignment")
         print(f"membership after the restore: {out['assignment']}")
         return out
 
-    # report also waits for the drain, so a failed drain fails the run after the restore.
-    scale_out >> members >> drain >> restore
-    [drain, restore] >> report()
-    return scale_out
+    # report also waits for the landing tasks, so a failed one fails the run after the restore.
+    members >> [drain, overflow]
+    [drain, overflow] >> restore
+    [drain, overflow, restore] >> report()
+    return members
+
+
+def _as_list(pulled: Any) -> list[dict[str, Any]]:
+    """A mapped task's summaries as a list (one summary when it was mapped once)."""
+    if not pulled:
+        return []
+    return [pulled] if isinstance(pulled, dict) else [s for s in pulled if s]
 
 
 with DAG(

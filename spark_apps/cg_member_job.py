@@ -164,7 +164,7 @@ async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipel
         if spec.read is ReadMode.EXECUTORS and not spec.backfill and isinstance(pipeline, SparkPipeline):
             pipeline.read_in_tasks(settings)  # (executor reads always have Spark's pipeline)
         info = await ConsumerGroups(nc).get(spec.stream, spec.group)
-        if not spec.backfill and not in_membership(info.config, spec.member or ""):
+        if not spec.backfill and not spec.join and not in_membership(info.config, spec.member or ""):
             raise ConfigError("member", f"{spec.member!r} is not a member of group {spec.group!r} "
                                         f"on stream {spec.stream!r}")
         sink = await asyncio.to_thread(make_sink)

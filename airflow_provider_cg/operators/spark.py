@@ -141,6 +141,12 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         that overlap, ``max_active_runs=2``), waits for the pin warm, and says so; the holder
         lands on past its follow time, at most this long, until its successor is warm, then hands
         the pin over within a batch. So the table never waits for a Spark start between runs.
+    :param join: an overflow member (a job option, ``False`` by default): the job adds its
+        member to the elastic group once Spark is warm, lands what its partitions hold, and
+        drops it before it ends. Its partitions move to it only when it can serve them, and
+        back to the members they came from (their followers take them within a batch) as it
+        leaves; the backlog is not checked first (the member has no partitions before it
+        joins). Example DAG 2 adds its overflow members this way.
     :param stream_life: after the origin stream was deleted and created again under the same
         name, ``"new:<created>"`` lands it as a new stream beside the old one (its rows'
         ``origin_stream`` is ``<stream>#2``), ``"continue:<created>"`` as the same messages (a
@@ -400,7 +406,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
             _, mode = spark_submit.spark_master(self.conn_id, self.deploy_mode)
             if mode == "client":  # the driver runs here: its lake directory must be writable here
                 spec.check_local_paths()
-            if self.check_backlog and not spec.follow:  # a follower waits for what comes
+            # a follower waits for what comes; an overflow member (join) has no partitions until it joins
+            if self.check_backlog and not spec.follow and not spec.join:
                 (self._check_window if spec.backfill else self._check_backlog)(context, spec)
             shipped = self._ship(spec)
         except (ConfigError, GroupNotFound) as e:

@@ -334,3 +334,59 @@ async def test_a_follower_hands_over_to_its_warm_successor_without_a_gap(nc, tmp
     gaps = [b - a for a, b in zip(at, at[1:], strict=False)]
     # while orders arrive (every 0.2 s), a commit at least every 2 s, through the hand-over
     assert max(gaps) < 2.0, f"the table's commits stopped for {max(gaps):.1f} s (commits at {at})"
+
+
+async def test_an_overflow_member_joins_warm_and_leaves_without_leaving_a_partition_unserved(nc, tmp_path):
+    """Two followers serve a group of four partitions while orders arrive; an overflow member
+    (``join``, following for 4 s) starts beside them: once warm it adds itself to the group,
+    the followers hand it the partitions it takes within a batch, it lands them, then drops
+    itself and they take them back. Sampled all along, no message waits more than 3 s (a partition without a
+    server would grow its oldest message's age without bound); every message once, in per-key
+    order; the membership is the followers' again at the end."""
+    from airflow_provider_cg.core.groups.admin import ConsumerGroups
+    from airflow_provider_cg.core.groups.lag import group_lag
+    from airflow_provider_cg.core.landing.contract import BatchOptions
+    from airflow_provider_cg.core.landing.run.member import run_member_batch
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
+
+    await create_group(nc, STREAM, GROUP, partitions=4, members=("m1", "m2"))
+    lake = tmp_path / "lake"
+    expected: dict = {}
+    oldest: list[tuple[float, float]] = []
+    publishing = asyncio.Event()
+
+    async def publish(seconds: float) -> None:
+        publishing.set()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            expected.update(await publish_orders(nc, STREAM, GROUP, 40, 20, wait_sourced=False))
+            await asyncio.sleep(0.2)
+
+    async def watch(seconds: float) -> None:
+        await publishing.wait()
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            lag = await group_lag(nc, STREAM, GROUP)
+            oldest.append((time.monotonic() - start, lag.oldest_pending_age_s or 0.0))
+            await asyncio.sleep(0.3)
+
+    async def run(member: str, delay: float, **kw):
+        await asyncio.sleep(delay)
+        sink = ParquetLakeSink(lake, fsync=False)
+        try:
+            return await run_member_batch(nc, sink, BatchOptions(
+                stream=STREAM, group=GROUP, member=member, batch_size=500, standby_timeout=10, idle_timeout=0.5,
+                commit_interval=0.3, progress_interval=0.5, **kw))
+        finally:
+            sink.close()
+
+    m1, m2, ox1, _, _ = await asyncio.gather(run("m1", 0.0, follow=11.0), run("m2", 0.0, follow=11.0),
+                                             run("ox1", 2.0, join=True, follow=4.0), publish(9.0),
+                                             watch(9.0))
+    assert ox1.messages_read > 0 and ox1.result == "committed" and ox1.stop_reason == "follow ended", ox1
+    assert m1.messages_read > 0 and m2.messages_read > 0
+    assert (await ConsumerGroups(nc).get(STREAM, GROUP)).config.members == ("m1", "m2")
+    assert_exactly_once(parquet_landed(lake), expected)
+    worst = max(oldest, key=lambda t: t[1])
+    print(f"oldest pending at most {worst[1]:.2f} s (at {worst[0]:.1f} s); ox1 read {ox1.messages_read}")
+    assert worst[1] < 3.0, f"a message waited {worst[1]:.1f} s at {worst[0]:.1f} s: {oldest}"

@@ -81,6 +81,10 @@ class BatchOptions:
                                   "landing until the member's next follower is warm and waiting for the pin, at most "
                                   "this many seconds, then passes the pin on within a batch (0, the default: it ends "
                                   "at its follow time)")
+    join: bool = option(False, bool, "an overflow member: the run adds its member to the (elastic) group once it "
+                        "is warm (Spark started, its warm-up done), lands what its partitions hold, then drops the "
+                        "member before it ends, so its partitions move to it when it can serve them and move back "
+                        "as it leaves (a member with mappings joins stickily, else as the group's members list)")
     table_commit_interval: float | None = option(None, float, "Delta and Iceberg: the longest a committed batch "
                                                 "waits to be published; the members' batches ready in an interval "
                                                 "are published together, one table commit (default: "
@@ -280,6 +284,8 @@ def _check_job(spec: MemberJobSpec) -> None:
             raise ConfigError("backfill_end", f"must be after backfill_start ({end.isoformat()} <= {start.isoformat()})")
         if spec.follow:
             raise ConfigError("follow", "a backfill reads a closed window: it has nothing to follow")
+        if spec.join:
+            raise ConfigError("join", "a backfill reads the origin, not a member's partitions: it has no member to add")
     elif not spec.member:
         raise ConfigError("member", "required (unless backfill_start and backfill_end are given)")
     check_sink(spec)

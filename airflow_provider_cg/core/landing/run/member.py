@@ -92,7 +92,7 @@ log = logging.getLogger("airflow_provider_cg.landing")
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
 SOURCE_CHECK_EVERY = 10  # membership polls between looks at the group's source (``_heal_source``)
 SOURCE_RESTART_GAP = 30.0  # seconds at least between two restarts of a stalled source by one run
-MAX_REJOINS = 3  # a run whose member consumer is deleted before it landed anything joins again this often
+MAX_REJOINS = 3  # a run whose member consumer is deleted before its pin joins again this often (in a row)
 
 
 class MemberRun:
@@ -109,7 +109,7 @@ class MemberRun:
         self.api = JsApi(nc, prefix=js_prefix)
         self.started = time.monotonic()
         self.stop = StopRule(options, self.summary, self.started)
-        if self.stop.following:  # it lands whatever comes: be ready when it does
+        if self.stop.following or options.join:  # it lands whatever comes: be ready when it does
             pipeline.start_warm_up()
         self.owner = f"{self.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
         self.board = ProgressBoard(nc, js_prefix, self.summary, owner=self.owner, interval=options.progress_interval)
@@ -129,13 +129,18 @@ class MemberRun:
         self.pin: Pin | None = None
         self.origin: OriginGuard | None = None  # the origin's life in the sink, checked (``origin_guard.py``)
         self._source_restarted = 0.0  # monotonic time of this run's last restart of a stalled source
+        self._pinned_now = False  # the current assignment got its pin (its deliveries may be in flight)
 
     # --- the lifecycle ---------------------------------------------------------------------
 
     async def run(self) -> Summary:
         talking = asyncio.create_task(self.progress.keep_talking())
+        joined = False
         try:
             try:
+                if self.options.join:
+                    await self._join()
+                    joined = True
                 s = await self._assignments()
             except OriginWentBack as e:  # what no server state shows: said where the tools look
                 await problems.post(self.nc, self.api.prefix, self.options.stream, self.options.group,
@@ -151,6 +156,42 @@ class MemberRun:
             self.progress.tick(force=True)
             await self.board.close()  # a run that ends otherwise than by releasing its pin
             await self._close_assignment()
+            if joined:
+                await self._leave()
+
+    async def _join(self) -> None:
+        """An overflow member (``join``): once warm, add the member to the group, so its
+        partitions move to it when it can serve them (their previous owners' runs hand them
+        over within a batch). Already a member (an earlier run that died before it left): it
+        stays one, and leaves at this run's end."""
+        o = self.options
+        self.progress.waiting = "warm-up"
+        await asyncio.to_thread(self.pipeline.warm.wait)
+        self.progress.waiting = "join"
+        info = await self.groups.get(o.stream, o.group)
+        if not isinstance(info.config, ElasticGroupConfig):
+            raise ConfigError("join", f"group {o.group!r} is static: its membership is fixed at creation")
+        if not in_membership(info.config, self.member):
+            assignment = "sticky" if info.config.member_mappings else "block"
+            info = await self.groups.add_members(o.stream, o.group, [self.member], assignment=assignment)
+        log.info("cg member=%s joined group %s: partitions %s", self.member, o.group,
+                 partitioning.member_partitions(info.config, self.member))
+        self.progress.waiting = None
+
+    async def _leave(self) -> None:
+        """The overflow member's end (``join``): drop it, so its partitions move back to the
+        members they came from (their runs take them at their next batch). A run that fails
+        here leaves the member in the group: the DAG's restore drops it (and says so)."""
+        o = self.options
+        try:
+            info = await self.groups.get(o.stream, o.group)
+            assignment = "sticky" if getattr(info.config, "member_mappings", None) else "block"
+            await self.groups.drop_members(o.stream, o.group, [self.member], assignment=assignment)
+        except Exception as e:  # noqa: BLE001 - what it landed stands; the restore finishes the leave
+            log.warning("cg member=%s did not leave group %s (%s): drop it (the overflow DAG's restore does)",
+                        self.member, o.group, str(e)[:200] or type(e).__name__)
+            return
+        log.info("cg member=%s left group %s: its partitions moved back", self.member, o.group)
 
     async def _assignments(self) -> Summary:
         """Assignment after assignment, while membership changes hand this run new partitions."""
@@ -160,13 +201,15 @@ class MemberRun:
             try:
                 await self._run_assignment()
             except ConsumerGone as e:
-                if s.messages_read or s.rows_written:
+                if self._pinned_now and (s.messages_read or s.rows_written):
                     raise
-                # The member's consumer was deleted before this instance landed anything
+                # The member's consumer was deleted before this assignment got its pin
                 # (nothing of ours is in flight): a membership change (the pinned instance
-                # re-creates it with new filters), or an inactivity threshold that ran out
-                # while this instance was starting. A member that still has partitions
-                # joins again while its standby time lasts; one that has none is revoked.
+                # re-creates it with new filters; another change's reconciling deletes a
+                # consumer not pinned yet, as a run that just handed over re-creates its own),
+                # or an inactivity threshold that ran out while this instance was starting.
+                # A member that still has partitions joins again while its standby time (a
+                # follower: its follow time) lasts; one that has none is revoked.
                 if rejoins < MAX_REJOINS and await self._may_rejoin():
                     rejoins += 1
                     log.info("cg member=%s: member consumer deleted (%s); joining again", self.member,
@@ -179,6 +222,7 @@ class MemberRun:
                 return s
             if self.stop.revoked is None:
                 return s
+            rejoins = 0  # it held the pin: a later deletion comes with another membership change
             if not await self._hand_over():
                 return s
             log.info("cg member=%s: continuing with partitions %s", self.member, self.assignment.partitions)
@@ -266,11 +310,13 @@ class MemberRun:
             s.result, s.stop_reason = (RESULT_COMMITTED if s.messages_read else RESULT_EMPTY), StopReason.EMPTY_BACKLOG
             return
         watcher = asyncio.create_task(self._watch_membership())
+        self._pinned_now = False
         try:
             first = await self._wait_for_pin(pin, reads, pin_wait_from)
             if first is None:
                 await self._not_pinned(a, pin)
                 return
+            self._pinned_now = True
             pinned, landed = await self._pinned(a, pin, first)
             declined = await reads.begin(first, pinned)
             if declined is not None:
@@ -507,8 +553,11 @@ class MemberRun:
 
     async def _may_rejoin(self) -> bool:
         """Whether the member still has partitions and this run's standby time is not up."""
-        o = self.options
-        if time.monotonic() - self.started > o.standby_timeout:
+        o, stop = self.options, self.stop
+        if stop.following:
+            if stop.follow_left() <= 0:
+                return False
+        elif time.monotonic() - self.started > o.standby_timeout:
             return False
         try:
             cfg = (await self.groups.get(o.stream, o.group)).config
