@@ -244,6 +244,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         follow: float | str | None = None,
         commit_interval: float | str | None = None,
         handover_wait: float | str | None = None,
+        join: bool | None = None,
         table_commit_interval: float | str | None = None,
         standby_timeout: float | str | None = None,
         ack_wait: float | str | None = None,

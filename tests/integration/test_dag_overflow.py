@@ -1,7 +1,8 @@
 """Example DAG 2 (dags/cg_overflow_scaleout.py) against a real nats-server and spark-submit:
-a backlog crossing the threshold adds the overflow members, the fan-out drains the larger
-group, the membership is restored, and every message lands exactly once, also while more
-messages arrive during the membership changes."""
+a backlog crossing the threshold starts the members' drain and the overflow members, which
+join the group once warm, land and leave; the membership is the original one at the end, and
+every message lands exactly once, also while more messages arrive during the membership
+changes."""
 
 from __future__ import annotations
 
@@ -77,14 +78,16 @@ def test_overflow_scaleout_drains_once_and_restores_membership(
         publisher.join(timeout=60)
     assert result is not None and result.run_type == "asset_triggered"
     assert result.state == "success", result.ti_states
-    added = result.xcom("scale_out")
-    assert added["changed"] and sorted(added["assignment"]) == ["m1", "ox1", "ox2"]
     fanout = result.xcom("members")
-    assert [m["member"] for m in fanout] == ["m1", "ox1", "ox2"]
-    assert all(m["backlog"] > 0 for m in fanout)
-    assert all(result.state_of("drain", i) == "success" for i in range(3))
+    assert [m["member"] for m in fanout] == ["m1"] and fanout[0]["backlog"] > 0  # before the overflow joined
+    assert result.state_of("drain", 0) == "success"
+    # each overflow member joined once warm, landed what its partitions held, and left
+    assert all(result.state_of("overflow", i) in ("success", "skipped") for i in range(2))
     report = result.xcom("report")
     assert [m["member"] for m in report["members"]] == ["m1", "ox1", "ox2"]
+    # (dag.test() runs one task at a time: the drain lands first, so the overflow members often
+    # find nothing left when they join; what they land beside live members is test_follow.py's)
+    assert all(m["result"] in ("committed", "empty") for m in report["members"]), report
     assert report["totals"]["messages_landed"] == report["totals"]["rows_written"] >= N  # landed as read
     assert report["assignment"] == {"m1": [0, 1, 2, 3, 4, 5]}
 
@@ -120,7 +123,6 @@ def test_sensor_variant_waits_scales_out_and_restores(
     result = airflow_env.run_dag(mod.sensor_dag)
     assert result.state == "success", result.ti_states
     assert result.xcom("wait_overflow")["pending"] >= THRESHOLD
-    assert sorted(result.xcom("scale_out")["assignment"]) == ["m1", "ox1"]
     assert result.xcom("report")["totals"]["messages_landed"] == N
     assert result.xcom("report")["assignment"] == {"m1": [0, 1, 2, 3, 4, 5]}
     assert sorted(read_committed(lake).column("origin_seq").to_pylist()) == list(range(1, N + 1))

@@ -33,8 +33,8 @@ import os
 import re
 import socket
 import time
-from datetime import UTC, datetime
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow_provider_cg.core.landing.contract import Summary
@@ -237,7 +237,8 @@ def _now_showing(entry: Any, now: float) -> dict | None:
         return None
     try:
         age = now - datetime.fromisoformat(entry["updated_at"]).timestamp()
-        counts = {k: int(entry.get(k) or 0) for k in ("messages_read", "rows_written", "batches", "rate_msg_s")}
+        counts: dict[str, int | None] = {k: int(entry.get(k) or 0)
+                                         for k in ("messages_read", "rows_written", "batches", "rate_msg_s")}
         backlog = entry.get("backlog")
         counts["backlog"] = None if backlog is None else int(backlog)
         fresh = age <= 3 * float(entry.get("interval_s") or 5) + 2
