@@ -48,3 +48,25 @@ def test_lines_come_no_more_often_than_the_interval(caplog):
     assert _lines(caplog) == []
     progress.tick(force=True)  # the run's last line
     assert len(_lines(caplog)) == 1
+
+
+def test_a_warming_follower_says_so_and_the_members_lag_when_known(caplog):
+    """A pinned follower whose first batch waits for Spark's warm-up says ``waiting=warm-up``
+    (the reader names nothing then); a named wait comes first; ``lag=`` once the board read it."""
+    import threading
+
+    caplog.set_level(logging.INFO, logger="airflow_provider_cg.landing")
+    warm, lag = threading.Event(), [None]
+    progress = Progress(Summary("ORDERS", "g", "m1"), 60.0, lag=lambda: lag[0],
+                        busy=lambda: None if warm.is_set() else "warm-up")
+    progress.tick(force=True)
+    lag[0] = 229
+    progress.waiting = "pin"
+    progress.tick(force=True)
+    progress.waiting = None
+    warm.set()
+    progress.tick(force=True)
+    first, second, third = _lines(caplog)
+    assert first.endswith("backlog_left=0 waiting=warm-up") and " lag=" not in first, first
+    assert second.endswith("lag=229 waiting=pin"), second
+    assert third.endswith("lag=229") and "waiting=" not in third, third

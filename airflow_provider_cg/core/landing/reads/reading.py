@@ -35,11 +35,12 @@ class Progress:
     before, per second (what the run does now), ``run_rate`` over the whole run; ``waiting``
     names what the run waits on while it reads nothing (the pin, the take-over, the table);
     ``lag`` the member's backlog as the server counted it last (the board reads it), shown as
-    ``lag=`` when known."""
+    ``lag=`` when known; ``busy`` what the run waits on when the reader names nothing (Spark's
+    warm-up, which a follower's first batch waits for)."""
 
     def __init__(self, summary: Summary, interval: float, also: Callable[[], None] | None = None,
-                 lag: Callable[[], int | None] | None = None) -> None:
-        self.summary, self.interval, self.also, self.lag = summary, interval, also, lag
+                 lag: Callable[[], int | None] | None = None, busy: Callable[[], str | None] | None = None) -> None:
+        self.summary, self.interval, self.also, self.lag, self.busy = summary, interval, also, lag, busy
         self.start = self.last = time.monotonic()
         self.read_at_last = 0
         self.waiting: str | None = None
@@ -55,7 +56,8 @@ class Progress:
         left = max(s.target - s.messages_read, 0)
         tables = (f" table_commits={s.table_commits} table_conflicts={s.table_conflicts}"
                   if s.table_commits or s.table_conflicts else "")
-        waiting = f" waiting={self.waiting}" if self.waiting else ""
+        what = self.waiting or (self.busy() if self.busy is not None else None)
+        waiting = f" waiting={what}" if what else ""
         lag = self.lag() if self.lag is not None else None
         lag_now = f" lag={lag}" if lag is not None else ""
         log.info("cg progress member=%s messages_read=%d rows_written=%d rate=%.0f msg/s run_rate=%.0f msg/s "

@@ -109,11 +109,13 @@ class MemberRun:
         self.api = JsApi(nc, prefix=js_prefix)
         self.started = time.monotonic()
         self.stop = StopRule(options, self.summary, self.started)
-        if self.stop.following or options.join:  # it lands whatever comes: be ready when it does
+        warming = self.stop.following or options.join
+        if warming:  # it lands whatever comes: be ready when it does
             pipeline.start_warm_up()
         self.owner = f"{self.member}/{secrets.token_hex(8)}"  # this run, in the sink's fences
         self.board = ProgressBoard(nc, js_prefix, self.summary, owner=self.owner, interval=options.progress_interval)
-        self.progress = Progress(self.summary, options.progress_interval, self.board.post, lambda: self.board.backlog)
+        self.progress = Progress(self.summary, options.progress_interval, self.board.post, lambda: self.board.backlog,
+                                 lambda: "warm-up" if warming and not pipeline.warm.is_set() else None)
         self.board.backlog_of = self._backlog_now
         self.batch_ids = BatchIds(options.stream, options.group, self.member)
         self.dlq = DeadLetters(nc, self.api, options.stream, options.group)
