@@ -8,7 +8,8 @@ dag-processor and triggerer from this environment, LocalExecutor on SQLite, a fr
 from the moment the first run is pinned until ``--runs`` runs have ended (and ``--tail`` seconds
 after), so every hand-over between runs happens under load.
 
-Measured from the Delta table (its ``_delta_log``, read without the sink): per paid order, the
+Measured from the Delta table (its ``_delta_log``, read without the sink): per paid order
+published while the runs go on (not the first 300, which wait for the first run's Spark), the
 freshness = the commit time of the table version that added it - the time it was stored in the
 group's work queue (the row's ``timestamp``: the publish plus the sourcing's milliseconds), as
 p50 / p90 / p99 / max; the gaps between the table's consecutive commits while orders arrive
@@ -117,9 +118,11 @@ def _epoch(iso: str | None) -> float | None:
     return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else None
 
 
-def table_commits(lake: Path) -> tuple[list[float], dict[int, float]]:
-    """The Delta table's commit times (s) in version order, and per landed ``origin_seq`` the
-    freshness: its version's commit time minus the row's ``timestamp``."""
+def table_commits(lake: Path, since: float = 0.0) -> tuple[list[float], dict[int, float]]:
+    """The Delta table's commit times (s) in version order, and per landed ``origin_seq`` stored
+    at ``since`` or later the freshness: its version's commit time minus the row's
+    ``timestamp`` (the orders published before, for the first run's first batches, waited for
+    its Spark start: they are not the hand-overs' figure)."""
     import pyarrow.parquet as pq
 
     times: list[float] = []
@@ -136,7 +139,8 @@ def table_commits(lake: Path) -> tuple[list[float], dict[int, float]]:
             t = pq.read_table(lake / path, columns=["origin_seq", "timestamp"])
             stored = t.column("timestamp").cast("int64").to_numpy() / 1e6  # microseconds
             for seq, ts in zip(t.column("origin_seq").to_pylist(), stored, strict=True):
-                fresh[seq] = at - ts
+                if ts >= since:
+                    fresh[seq] = at - ts
     return times, fresh
 
 
@@ -203,7 +207,7 @@ def run_setting(workdir: Path, handover: float, args: argparse.Namespace) -> dic
         finally:
             stop.set()
             airflow.stop()
-    times, fresh = table_commits(lake)
+    times, fresh = table_commits(lake, started)
     during = [t for t in times if started <= t <= ended]
     gaps = np.diff(during) if len(during) > 1 else np.zeros(1)
     values = np.array(list(fresh.values()))
@@ -214,7 +218,31 @@ def run_setting(workdir: Path, handover: float, args: argparse.Namespace) -> dic
             "freshness_p90_s": round(float(q[1]), 2), "freshness_p99_s": round(float(q[2]), 2),
             "freshness_max_s": round(float(values.max()), 2) if len(values) else None,
             "largest_commit_gap_s": round(float(gaps.max()), 2), "commits_while_publishing": len(during),
-            "gaps_over_2s": int((gaps > 2.0).sum())}
+            "gaps_over_2s": int((gaps > 2.0).sum()),
+            # where the table stood still, seconds after publishing began: to set against the runs
+            "gaps_at": [[round(float(during[i] - started), 1), round(float(g), 1)] for i, g in enumerate(gaps)
+                        if g > 2.0],
+            "started_at": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"),
+            "hand_overs": hand_overs(workdir / "airflow" / "logs")}
+
+
+def hand_overs(logs: Path) -> list[dict]:
+    """Each follow task's own words on its pin: when it was pinned, handed over or ended, and
+    its Spark start (from its task log)."""
+    out = []
+    words = ("cg pinned", "handing over to", "Spark warmed up in", "Spark session started in", "follow ended",
+             "handed over to its successor", "cg result", "waiting for the pin")
+    for path in sorted(logs.glob(f"dag_id={DAG_ID}/run_id=*/task_id=follow/map_index=*/attempt=*.log")):
+        lines = []
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                event = json.loads(line).get("event", "")
+            except ValueError:
+                continue
+            if any(w in event for w in words):
+                lines.append(event[:200])
+        out.append({"task": str(path.relative_to(logs)), "said": lines})
+    return out
 
 
 def main() -> None:
@@ -224,6 +252,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3, help="runs that begin and end while orders arrive")
     p.add_argument("--rate", type=float, default=40.0, help="orders a second")
     p.add_argument("--tail", type=float, default=10.0, help="seconds of orders after the last run counted")
+    p.add_argument("--keep", action="store_true", help="keep each setting's directory (logs, table, store)")
     args = p.parse_args()
     out = []
     for handover in (float(h) for h in args.handover.split(",")):
@@ -231,7 +260,8 @@ def main() -> None:
         try:
             row = run_setting(workdir, handover, args)
         finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
         out.append(row)
         print(f"handover_wait {handover:>5.0f} s: {row['orders_landed']:>6} orders, freshness p50 "
               f"{row['freshness_p50_s']:.1f} s p90 {row['freshness_p90_s']:.1f} s p99 {row['freshness_p99_s']:.1f} s "
