@@ -36,7 +36,7 @@ def test_every_option_round_trips_through_argv():
     iceberg = {"stream": "S", "group": "g", "member": "m", "sink": "iceberg", "iceberg_table": "lake.orders",
                "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse",
                "iceberg_catalog_name": "lakehouse", "partition_by": "day(ts), bucket(16, id)",
-               "target_file_size": 134217728}
+               "target_file_size": 134217728, "join": True}
     routed = {"stream": "S", "group": "g", "member": "m", "sink": "delta", "route_by": "table",
               "routes": {"paid": {"sink_path": "/lake/paid", "merge_keys": "id"},
                          "refunds": {"sink": "iceberg", "iceberg_table": "lake.refunds",
@@ -188,3 +188,11 @@ def test_a_reset_creates_a_static_durable_as_a_default_job_would():
 
     assert inspect.signature(GroupReset).parameters["batch_size"].default == \
         MemberJobSpec.__dataclass_fields__["batch_size"].default
+
+
+def test_a_backfill_has_no_member_to_add():
+    from airflow_provider_cg.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="join: a backfill reads the origin"):
+        MemberJobSpec.build({**BACKFILL, "join": True})
+
