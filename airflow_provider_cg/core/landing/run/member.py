@@ -95,6 +95,12 @@ SOURCE_RESTART_GAP = 30.0  # seconds at least between two restarts of a stalled 
 MAX_REJOINS = 3  # a run whose member consumer is deleted before its pin joins again this often (in a row)
 
 
+def _assignment_kept(config: object) -> str:
+    """How an overflow member joins and leaves a group without changing how it assigns
+    partitions: stickily where it has member mappings, else by the members' blocks."""
+    return "sticky" if getattr(config, "member_mappings", None) else "block"
+
+
 class MemberRun:
     """One member job run (one sink, one summary), as a lifecycle over its parts: the pin, the
     stop rule, the lander and one reader per assignment (see the module docstring)."""
@@ -167,15 +173,14 @@ class MemberRun:
         over within a batch). Already a member (an earlier run that died before it left): it
         stays one, and leaves at this run's end."""
         o = self.options
-        self.progress.waiting = "warm-up"
-        await asyncio.to_thread(self.pipeline.warm.wait)
+        await asyncio.to_thread(self.pipeline.warm.wait)  # (the progress line says warm-up meanwhile)
         self.progress.waiting = "join"
         info = await self.groups.get(o.stream, o.group)
         if not isinstance(info.config, ElasticGroupConfig):
             raise ConfigError("join", f"group {o.group!r} is static: its membership is fixed at creation")
         if not in_membership(info.config, self.member):
-            assignment = "sticky" if info.config.member_mappings else "block"
-            info = await self.groups.add_members(o.stream, o.group, [self.member], assignment=assignment)
+            info = await self.groups.add_members(o.stream, o.group, [self.member],
+                                                 assignment=_assignment_kept(info.config))
         log.info("cg member=%s joined group %s: partitions %s", self.member, o.group,
                  partitioning.member_partitions(info.config, self.member))
         self.progress.waiting = None
@@ -187,8 +192,7 @@ class MemberRun:
         o = self.options
         try:
             info = await self.groups.get(o.stream, o.group)
-            assignment = "sticky" if getattr(info.config, "member_mappings", None) else "block"
-            await self.groups.drop_members(o.stream, o.group, [self.member], assignment=assignment)
+            await self.groups.drop_members(o.stream, o.group, [self.member], assignment=_assignment_kept(info.config))
         except Exception as e:  # noqa: BLE001 - what it landed stands; the restore finishes the leave
             log.warning("cg member=%s did not leave group %s (%s): drop it (the overflow DAG's restore does)",
                         self.member, o.group, str(e)[:200] or type(e).__name__)
@@ -344,17 +348,17 @@ class MemberRun:
         (``board.py``): its consumer's pending and unacknowledged messages, or its partition
         streams' (read only: nothing is rebuilt for a report)."""
         a = self.assignment
-        if not a.partition_streams:
-            info = await self.api.consumer_info(a.consumer_stream, a.consumer) or {}
-            return int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
-        return sum((await self.layout.backlog(self.api, a.consumer_stream, {}, a.partitions)).values())
+        info = {} if a.partition_streams else await self.api.consumer_info(a.consumer_stream, a.consumer) or {}
+        return await self._backlog(a, info, rebuild=False)
 
-    async def _backlog(self, a: Assignment, info: dict) -> int:
+    async def _backlog(self, a: Assignment, info: dict, *, rebuild: bool = True) -> int:
         """What the member has to land now: its consumer's pending and unacknowledged messages,
-        or, when the member consumer holds only pin anchors, its partition streams'."""
+        or, when the member consumer holds only pin anchors, its partition streams' (made
+        current first, unless ``rebuild`` is off)."""
         if not a.partition_streams:
             return int(info.get("num_pending", 0)) + int(info.get("num_ack_pending", 0))
-        await self.ensure_partition_streams_current(pinned=False)
+        if rebuild:
+            await self.ensure_partition_streams_current(pinned=False)
         return sum((await self.layout.backlog(self.api, a.consumer_stream, {}, a.partitions)).values())
 
     async def _wait_for_pin(self, pin: Pin, reads: Reader, pin_wait_from: float) -> list | None:
