@@ -176,7 +176,8 @@ async def _run(spec: MemberJobSpec, make_sink: Callable[[], TwoPhaseSink], pipel
                 if starting is not None:
                     starting.__exit__()
                 return await run_backfill(nc, sink, spec.stream, spec.group, start, end, batch_size=spec.batch_size,
-                                          pipeline=pipeline, stream_life=spec.stream_life)
+                                          batch_bytes=spec.batch_bytes, pipeline=pipeline,
+                                          stream_life=spec.stream_life)
             from airflow_provider_cg.core.landing.run.member import run_member_batch
 
             if starting is not None:

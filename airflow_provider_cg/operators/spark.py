@@ -123,7 +123,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         ``--py-files``. Named by the DAG author only (not templated, never read from a
         connection). Each message's effect lands once, whatever the transformation does.
     :param transform_sql: or a Spark SQL statement over the temporary view ``batch`` (templated).
-    :param batch_size: a member job option; so are ``max_messages``, ``max_bytes``,
+    :param batch_size: a member job option; so are ``batch_bytes`` (a batch's payload budget:
+        with ``batch_size`` it bounds what a follower that is behind takes at once), ``max_messages``, ``max_bytes``,
         ``max_seconds``, ``standby_timeout``, ``ack_wait``, ``max_ack_pending``, ``max_deliver``,
         ``idle_timeout``, ``progress_interval``, ``read``, ``follow`` and ``commit_interval`` (a
         follower: the run keeps its pin and lands new messages as they arrive for ``follow``
@@ -238,6 +239,7 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
         transform: str | None = None,
         transform_sql: str | None = None,
         batch_size: int | str | None = None,
+        batch_bytes: int | str | None = None,
         max_messages: int | str | None = None,
         max_bytes: int | str | None = None,
         max_seconds: float | str | None = None,

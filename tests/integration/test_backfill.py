@@ -384,3 +384,24 @@ async def test_a_backfill_whose_batches_outlast_its_reader_beside_live_members(n
         assert_exactly_once(delta_landed(where), expected)
     finally:
         await nc2.close()
+
+
+async def test_a_backfill_keeps_its_pulls_within_the_batch_budget(nc, tmp_path):
+    """``batch_bytes`` is the server's pull budget: with a budget below one message each batch
+    is one message (read alone, never mistaken for the window's end); with a few messages'
+    worth, batches of a few. The window lands once either way."""
+    stream, prefix = await make_group(nc, "elastic")
+    await publish_phases(nc, prefix, per_phase=6)
+    times = await stored_times(nc, stream)
+    from airflow_provider_cg.core.errors import ConfigError
+
+    window = from_ns(min(times.values())), from_ns(max(times.values()) + 1000)
+    assert await live_consume(nc, ParquetLakeSink(tmp_path / "live", fsync=False), stream) == 18
+    for budget, batches in ((1, 18), (600, range(3, 12)), (10_000_000, 1)):
+        lake = tmp_path / f"lake-{budget}"
+        s = await run_backfill(nc, ParquetLakeSink(lake, fsync=False), stream, "g", *window, batch_bytes=budget)
+        assert (s.messages_read, s.rows_written) == (18, 18), s
+        assert s.batches == batches if isinstance(batches, int) else s.batches in batches, (budget, s.batches)
+        assert set(rows_by_seq(lake)) == set(times)
+    with pytest.raises(ConfigError, match="batch_bytes"):
+        await run_backfill(nc, ParquetLakeSink(tmp_path / "no", fsync=False), stream, "g", *window, batch_bytes=0)

@@ -390,3 +390,49 @@ async def test_an_overflow_member_joins_warm_and_leaves_without_leaving_a_partit
     worst = max(oldest, key=lambda t: t[1])
     print(f"oldest pending at most {worst[1]:.2f} s (at {worst[0]:.1f} s); ox1 read {ox1.messages_read}")
     assert worst[1] < 3.0, f"a message waited {worst[1]:.1f} s at {worst[0]:.1f} s: {oldest}"
+
+
+@pytest.mark.parametrize("read", ["auto", "consumer"])
+async def test_a_follower_behind_reads_full_batches_within_its_byte_budget(nc, tmp_path, read):
+    """Admission control: a follower that finds a backlog reads batches of about ``batch_bytes``
+    of payload (the first one, unmeasured, at most 1,000 messages), not ``batch_size``; caught
+    up, it cuts what trickles in at its commit interval. Every message once, in per-key order."""
+    from airflow_provider_cg.core.landing.contract import BatchOptions
+    from airflow_provider_cg.core.landing.run.member import run_member_batch
+    from airflow_provider_cg.core.landing.sinks import ParquetLakeSink
+    from airflow_provider_cg.core.landing.sinks.lake.protocol_log import CommitLog
+    from airflow_provider_cg.core.landing.sinks.lake.storage import open_storage
+
+    await create_group(nc, STREAM, GROUP, partitions=2, members=("m1",))
+    lake = tmp_path / "lake"
+
+    def payload(i: int) -> bytes:  # about 1,000 bytes each
+        return b'{"id":%d,"pad":"%s"}' % (i, b"x" * 980)
+
+    expected = await publish_orders(nc, STREAM, GROUP, 6_000, 20, payload=payload)
+    budget = 200_000  # about 200 messages
+
+    async def trickle() -> None:
+        await asyncio.sleep(3.0)
+        for _ in range(10):
+            expected.update(await publish_orders(nc, STREAM, GROUP, 5, 20, payload=payload, wait_sourced=False))
+            await asyncio.sleep(0.3)
+
+    sink = ParquetLakeSink(lake, fsync=False)
+    try:
+        summary, _ = await asyncio.gather(run_member_batch(nc, sink, BatchOptions(
+            stream=STREAM, group=GROUP, member="m1", batch_size=100_000, batch_bytes=budget, standby_timeout=10,
+            follow=7.0, commit_interval=0.5, read=read)), trickle())
+    finally:
+        sink.close()
+    assert_exactly_once(parquet_landed(lake), expected)
+    log = CommitLog(open_storage(str(lake)))
+    log.refresh()
+    sizes = [r["rows_written"] for r in sorted(log.commits.values(), key=lambda r: r["committed_at"])]
+    assert sizes[0] <= 1_000, sizes
+    behind = [n for n in sizes[1:] if n > 50]  # the backlog's batches, after the measured first
+    odd = [n for n in behind[:-1] if not 150 <= n <= 260]  # the last one: what the backlog had left
+    assert behind and not odd, f"{odd} of {sizes}"
+    assert sum(behind) + sizes[0] >= 6_000 - 260, sizes  # the backlog went in budget-sized batches
+    assert max(sizes[-5:]) <= 50, sizes  # caught up: the trickle's small batches
+    assert summary.batches == len(sizes), (summary.batches, sizes)

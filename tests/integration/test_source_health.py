@@ -106,7 +106,8 @@ async def test_a_stalled_source_is_named_and_started_again(tmp_path, layout):
             async def all_landed() -> bool:
                 return follower.done() or len(parquet_landed(sink_dir)) == len(expected)
 
-            assert await _until(all_landed, 30, 0.5) and not follower.done(), "not landed within 30 s"
+            if not (await _until(all_landed, 30, 0.5) and not follower.done()):
+                raise AssertionError(f"not landed within 30 s: {await _where_they_are(api, sourcing)}")
             landed_after = time.monotonic() - healthy_at
         finally:
             follower.cancel()
@@ -118,3 +119,21 @@ async def test_a_stalled_source_is_named_and_started_again(tmp_path, layout):
         await nc.close()
     finally:
         cluster.cleanup()
+
+
+async def _where_they_are(api: JsApi, sourcing: str) -> dict:
+    """What each stream on the way holds, and its source's or mirror's state (for a failure)."""
+    names = [STREAM, sourcing] + [f"{STREAM}-{GROUP}-p{p}" for p in range(2)] + [f"{STREAM}-{GROUP}"]
+    seen = {}
+    for name in names:
+        try:
+            info = await api.stream_info(name)
+        except Exception as e:  # noqa: BLE001 - a diagnostic
+            seen[name] = repr(e)
+            continue
+        if info is None:
+            continue
+        seen[name] = {"state": {k: info["state"].get(k) for k in ("messages", "first_seq", "last_seq")},
+                      "leader": (info.get("cluster") or {}).get("leader"),
+                      "sources": info.get("sources"), "mirror": info.get("mirror")}
+    return seen

@@ -68,6 +68,10 @@ class BatchOptions:
     group: str = option(help="the consumer group")
     member: str | None = option(help="the member to consume as (required unless backfilling)")
     batch_size: int = option(100_000, int, "messages per two-phase batch", positive=True)
+    batch_bytes: int | None = option(None, int, "a batch's payload budget in bytes: batches are sized from the "
+                                     "payloads read so far to stay about within it (the first batch reads at most "
+                                     "1,000 messages to measure them); with --batch-size it bounds what a follower "
+                                     "that is behind takes at once", positive=True)
     max_messages: int | None = option(None, int, "stop after this many messages", positive=True)
     max_bytes: int | None = option(None, int, "stop after this many payload bytes", positive=True)
     max_seconds: float | None = option(None, float, "stop after this many seconds", positive=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 
@@ -36,7 +37,7 @@ def test_every_option_round_trips_through_argv():
     iceberg = {"stream": "S", "group": "g", "member": "m", "sink": "iceberg", "iceberg_table": "lake.orders",
                "iceberg_catalog_uri": "sqlite:////tmp/c.db", "iceberg_warehouse": "s3://bucket/warehouse",
                "iceberg_catalog_name": "lakehouse", "partition_by": "day(ts), bucket(16, id)",
-               "target_file_size": 134217728, "join": True}
+               "target_file_size": 134217728, "join": True, "batch_bytes": 8_000_000}
     routed = {"stream": "S", "group": "g", "member": "m", "sink": "delta", "route_by": "table",
               "routes": {"paid": {"sink_path": "/lake/paid", "merge_keys": "id"},
                          "refunds": {"sink": "iceberg", "iceberg_table": "lake.refunds",
@@ -196,3 +197,28 @@ def test_a_backfill_has_no_member_to_add():
     with pytest.raises(ConfigError, match="join: a backfill reads the origin"):
         MemberJobSpec.build({**BACKFILL, "join": True})
 
+
+
+def test_a_batch_budget_sizes_batches_from_the_payloads_seen():
+    from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
+    from airflow_provider_cg.core.landing.reads.stop_rule import FIRST_SIZED, StopRule
+
+    summary = Summary("S", "g", "m1")
+    rule = StopRule(BatchOptions(stream="S", group="g", member="m1", batch_size=5_000, batch_bytes=100_000,
+                                 follow=60.0), summary, time.monotonic())
+    assert rule.wanted(5_000) == FIRST_SIZED  # nothing measured yet
+    rule.took(1_000, 500_000)  # 500 B each
+    assert rule.wanted(5_000) == 200
+    rule.took(200, 200 * 2_000)  # bigger payloads now: the average moves
+    assert rule.wanted(5_000) == 100_000 * 1_200 // 900_000
+    rule.took(10)  # planned ranges (payloads read by Spark): the landed figures stand in when none is known
+    unbudgeted = StopRule(BatchOptions(stream="S", group="g", member="m1", batch_size=5_000, follow=60.0),
+                          summary, time.monotonic())
+    assert unbudgeted.wanted(5_000) == 5_000
+    summary.messages_read, summary.bytes = 100, 100 * 4_000
+    ranges = StopRule(BatchOptions(stream="S", group="g", member="m1", batch_size=5_000, batch_bytes=100_000,
+                                   follow=60.0), summary, time.monotonic())
+    ranges.took(10)
+    assert ranges.wanted(5_000) == 25
+    with pytest.raises(ConfigError, match="batch_bytes"):
+        BatchOptions(stream="S", group="g", member="m1", batch_bytes=0)

@@ -124,7 +124,7 @@ class ConsumerReads:
         try:
             while True:
                 if msgs:
-                    r.stop.took(len(msgs))
+                    r.stop.took(len(msgs), sum(len(m.data) for m in msgs))
                     if landing is not None:
                         await r.pin.await_landing(landing, functools.partial(self._in_progress, msgs))
                     if not client.is_pinned and end is None:

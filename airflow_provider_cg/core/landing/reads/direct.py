@@ -321,7 +321,7 @@ class DirectReads:
                         continue
                     s.stop_reason = StopReason.BACKLOG_DRAINED if await r.pin.holds() else StopReason.PIN_LOST
                     break
-                r.stop.took(sum(len(b) for b in batches))
+                r.stop.took(sum(len(b) for b in batches), _payload_bytes(batches))
                 previous, landing = landing, None
                 if not r.lander.taken_over and not keeper.done():
                     landing = asyncio.create_task(self._land(batches, cut, after=previous))
@@ -387,3 +387,10 @@ class DirectReads:
             await self.r.dlq.publish(row["subject"], row["payload"], dead_letter_headers(
                 row["headers"], err, origin, seq, self.r.member))
             s.dead_lettered += 1
+
+
+def _payload_bytes(batches: list[Any]) -> int | None:
+    """The payload bytes of a batch read in the driver (None: planned ranges, read by Spark)."""
+    if not batches or not isinstance(batches[0], PartitionBatch):
+        return None
+    return sum(len(d) for b in batches for d in b.data)

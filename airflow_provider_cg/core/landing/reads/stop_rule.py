@@ -25,6 +25,8 @@ import time
 from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
 from airflow_provider_cg.core.landing.modes import StopReason
 
+#: with a byte budget, the most the first batch reads before payloads are measured
+FIRST_SIZED = 1_000
 #: a follower waits at most this long between looks for new messages, and at least this
 #: often re-checks its pin and its deadline
 IDLE_LOOK = 0.25
@@ -42,6 +44,7 @@ class StopRule:
         self._last_read = 0.0  # when a follower's last read began
         self._last_short = False  # whether it found less than a full batch
         self.relieved = False  # a warm successor waits for the pin (``relieve``)
+        self._sized_messages = self._sized_bytes = 0  # what was taken with its payloads' size known
 
     @property
     def following(self) -> bool:
@@ -61,8 +64,12 @@ class StopRule:
             return self.options.max_messages or sys.maxsize
         return self.summary.target
 
-    def took(self, n: int) -> None:
+    def took(self, n: int, payload_bytes: int | None = None) -> None:
+        """``n`` messages taken (with their payloads' size when the reader holds them)."""
         self.taken += n
+        if payload_bytes is not None:
+            self._sized_messages += n
+            self._sized_bytes += payload_bytes
         if self.following:  # the progress line's "backlog left": what it has seen so far
             self.summary.target = max(self.summary.target, self.taken)
 
@@ -71,8 +78,23 @@ class StopRule:
         self.taken -= n
 
     def wanted(self, batch_size: int) -> int:
-        """How many messages the next batch may take."""
-        return min(batch_size, self._target() - self.taken)
+        """How many messages the next batch may take: ``batch_size``, or fewer to keep its
+        payloads within ``batch_bytes`` (admission control: a follower that is behind takes a
+        full budget, one that is caught up what arrived within its commit interval)."""
+        return min(batch_size, self._within_budget(), self._target() - self.taken)
+
+    def _within_budget(self) -> int:
+        """Messages that fit ``batch_bytes`` at the average payload seen so far (what was read,
+        else what landed: the executor path reads in its tasks); unmeasured: ``FIRST_SIZED``."""
+        budget = self.options.batch_bytes
+        if not budget:
+            return sys.maxsize
+        messages, size = self._sized_messages, self._sized_bytes
+        if not messages:
+            messages, size = self.summary.messages_read, self.summary.bytes
+        if not messages:
+            return FIRST_SIZED
+        return max(1, int(budget // max(size / messages, 1.0)))
 
     def revoke(self, why: StopReason | str) -> None:
         self.revoked = why

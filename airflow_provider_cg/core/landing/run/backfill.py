@@ -65,7 +65,7 @@ from airflow_provider_cg.core.groups.config import ElasticGroupConfig, GroupConf
 from airflow_provider_cg.core.groups.reset import GroupReset
 from airflow_provider_cg.core.jetstream.api import DEFAULT_PREFIX, JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
-from airflow_provider_cg.core.jetstream.protocol import ConsumerGone
+from airflow_provider_cg.core.jetstream.protocol import ConsumerGone, PullEnd
 from airflow_provider_cg.core.landing.contract import RESULT_COMMITTED, RESULT_EMPTY, Summary, parse_time
 from airflow_provider_cg.core.landing.modes import StopReason
 from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline, Pipeline, ProcessedBatch
@@ -211,14 +211,18 @@ class WindowReader:
         self.next_seq: int | None = None  # after the last message read (None: from ``start``)
         self.remade = 0
 
-    async def pull(self, batch_size: int, expires: float) -> list:
+    async def pull(self, batch_size: int, expires: float, max_bytes: int | None = None) -> list:
+        """The window's next messages: up to ``batch_size``, within ``max_bytes`` (the server's
+        pull budget; a single message over it is read alone)."""
         for attempt in range(3):
             if self.client is None:
                 start = self.start if self.next_seq is None else self.next_seq
                 self.name, self.client = await _window_reader(self.nc, self.api, self.stream, self.rows, start,
                                                               self.js_prefix)
             try:
-                msgs = await self.client.pull(batch_size, expires=expires, no_wait=True)
+                msgs = await self.client.pull(batch_size, expires=expires, no_wait=True, max_bytes=max_bytes)
+                if not msgs and max_bytes and self.client.last_end is PullEnd.MAX_BYTES:
+                    msgs = await self.client.pull(1, expires=expires, no_wait=True)
             except ConsumerGone as e:
                 if attempt == 2:
                     raise
@@ -347,6 +351,7 @@ async def run_backfill(
     end: dt.datetime | str,
     *,
     batch_size: int = 100_000,
+    batch_bytes: int | None = None,
     pipeline: Pipeline | None = None,
     pull_timeout: float = 5.0,
     js_prefix: str = DEFAULT_PREFIX,
@@ -363,6 +368,8 @@ async def run_backfill(
         raise ConfigError("backfill_end", "must be after backfill_start")
     if batch_size < 1:
         raise ConfigError("batch_size", "must be >= 1")
+    if batch_bytes is not None and batch_bytes < 1:
+        raise ConfigError("batch_bytes", "must be >= 1")
     started = time.monotonic()
     member = window_member(start, end)
     s = Summary(stream, group, BACKFILL_MEMBER, window_start=start.isoformat(), window_end=end.isoformat())
@@ -385,7 +392,7 @@ async def run_backfill(
     reader = WindowReader(nc, api, stream, rows, start, js_prefix)
     try:
         while not s.stop_reason:
-            msgs = await reader.pull(batch_size, pull_timeout)
+            msgs = await reader.pull(batch_size, pull_timeout, batch_bytes)
             if not msgs:
                 s.stop_reason = StopReason.NO_MORE_MESSAGES
                 break
