@@ -195,9 +195,11 @@ def source_taken(source: dict) -> int:
     return int(seq) if seq is not None else max(int(source.get("opt_start_seq") or 1) - 1, 0)
 
 
-def stalled(source: dict, lag: int) -> str | None:
+def stalled(source: dict, lag: int, still_for: float = 0.0) -> str | None:
     """Why a source with ``lag`` messages to take is stalled (None: it is not): it reports an
-    error, or nothing was heard from it for longer than ``STALLED_AFTER_S``."""
+    error, nothing was heard from it for longer than ``STALLED_AFTER_S``, or (``still_for``,
+    as its watcher saw) its stream stored nothing for that long: a source the server hears from
+    can still deliver nothing (seen after a restart while the server's own retry was pending)."""
     if lag <= 0:
         return None
     error = source.get("error")
@@ -206,9 +208,12 @@ def stalled(source: dict, lag: int) -> str | None:
     active = int(source.get("active", 0))  # nanoseconds since it was last heard from; -1: never
     if active < 0 or active > STALLED_AFTER_S * 1e9:
         silent = "never heard from" if active < 0 else f"silent for {active / 1e9:.0f}s"
-        return (f"the origin holds {lag:,} messages its source has not taken, and the source is {silent} (nats-server "
-                "retries with a back-off of up to 2 minutes)")
-    return None
+    elif still_for > STALLED_AFTER_S:
+        silent = f"storing nothing for {still_for:.0f}s"
+    else:
+        return None
+    return (f"the origin holds {lag:,} messages its source has not taken, and the source is {silent} (nats-server "
+            "retries with a back-off of up to 2 minutes)")
 
 
 async def restart(api: JsApi, name: str) -> int:

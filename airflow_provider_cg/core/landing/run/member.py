@@ -91,7 +91,9 @@ log = logging.getLogger("airflow_provider_cg.landing")
 
 MEMBERSHIP_POLL = 0.5  # seconds between looks at the group's config while consuming
 SOURCE_CHECK_EVERY = 10  # membership polls between looks at the group's source (``_heal_source``)
-SOURCE_RESTART_GAP = 30.0  # seconds at least between two restarts of a stalled source by one run
+#: seconds at least between two restarts of a stalled source by one run: a restarted source can
+#: stall again while the server's own retry of it is still pending (its back-off timer)
+SOURCE_RESTART_GAP = 12.0
 MAX_REJOINS = 3  # a run whose member consumer is deleted before its pin joins again this often (in a row)
 
 
@@ -137,6 +139,7 @@ class MemberRun:
         self.pin: Pin | None = None
         self.origin: OriginGuard | None = None  # the origin's life in the sink, checked (``origin_guard.py``)
         self._source_restarted = 0.0  # monotonic time of this run's last restart of a stalled source
+        self._source_stored: tuple[int, float] = (-1, 0.0)  # the sourcing stream's last_seq, and since when
         self._pinned_now = False  # the current assignment got its pin (its deliveries may be in flight)
 
     # --- the lifecycle ---------------------------------------------------------------------
@@ -546,7 +549,10 @@ class MemberRun:
                 filters = [f.filter for f in getattr(a.config, "partitioning_filters", ())]
                 lag = await sourcing.not_taken(self.api, self.options.stream, sourcing.source_taken(source), filters,
                                                int((origin.get("state") or {}).get("last_seq") or 0))
-                why = sourcing.stalled(source, lag)
+                stored, now = int((info.get("state") or {}).get("last_seq") or 0), time.monotonic()
+                if stored != self._source_stored[0]:
+                    self._source_stored = (stored, now)
+                why = sourcing.stalled(source, lag, still_for=now - self._source_stored[1])
                 if why is None:
                     return
                 log.warning("cg member=%s: the group's source into %s is stalled (%s); starting it again",
