@@ -14,8 +14,9 @@ split it into
   ready    launch to warmed up: from then on a batch pays only its own work
 
 Variants, alternating in the same run (``--rounds`` each): ``default`` (what the operator
-submits) and ``c1-jit`` (the driver's JVM with ``-XX:TieredStopAtLevel=1``: C1 compiles only,
-a cheaper start, slower hot code). Prints a table (medians, and each step's ratio to ``default``), writes
+submits), ``c1-jit`` (the driver's JVM with ``-XX:TieredStopAtLevel=1``: C1 compiles only,
+a cheaper start, slower hot code) and ``cds`` (the driver's JVM maps the classes from a
+class-data-sharing archive that one member job's run dumped as it exited). Prints a table (medians, and each step's ratio to ``default``), writes
 ``benchmarks/results/spark_start.json`` and ``spark_start.png``.
 
     .venv/bin/python benchmarks/bench_spark_start.py [--rounds 3] [--variants default,c1-jit]
@@ -48,6 +49,9 @@ STEPS = ("jvm", "session", "warm_up", "ready")
 VARIANTS = {
     "default": ([], {}),
     "c1-jit": (["--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"], {}),
+    # the driver's JVM maps the classes a member job's run loaded from a class-data-sharing
+    # archive dumped at that run's exit (``dump_archive``, once before the rounds)
+    "cds": (["--conf", "spark.driver.extraJavaOptions=-XX:SharedArchiveFile={archive}"], {}),
 }
 PY_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")  # the job's own log lines
 SPARK_LINE = re.compile(r"^(\d\d/\d\d/\d\d \d\d:\d\d:\d\d) ")  # log4j's
@@ -60,8 +64,11 @@ def _py_time(line: str) -> float | None:
     return dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=dt.UTC).timestamp()
 
 
-def one_run(url: str, zip_path: Path, workdir: Path, variant: str, n: int) -> dict:
+def one_run(url: str, zip_path: Path, workdir: Path, variant: str, n: int, java_options: str | None = None) -> dict:
     extra, env_extra = VARIANTS[variant]
+    extra = [a.format(archive=workdir / "member-job.jsa") for a in extra]
+    if java_options is not None:
+        extra = ["--conf", f"spark.driver.extraJavaOptions={java_options}"]
     env = dict(os.environ, CG_NATS_SERVERS=url, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1", TZ="UTC",
                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env_extra)
     cmd = ["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
@@ -136,6 +143,12 @@ def main() -> None:
         asyncio.run(setup(srv.url))
         zip_path = build_core_zip(Path(d) / "cg_core.zip")
         n = 0
+        if "cds" in variants:  # the archive: what one member job's run loaded, dumped as its JVM exits
+            dumped = one_run(srv.url, zip_path, Path(d), "default", 0,
+                             java_options=f"-XX:ArchiveClassesAtExit={Path(d) / 'member-job.jsa'}")
+            size = (Path(d) / "member-job.jsa").stat().st_size if (Path(d) / "member-job.jsa").exists() else 0
+            print(f"class-data-sharing archive dumped by a run of {dumped['total']} s: {size / 2**20:.0f} MiB",
+                  flush=True)
         for r in range(args.rounds):
             for v in variants if r % 2 == 0 else reversed(variants):  # alternate: the machine's drift hits all
                 n += 1
