@@ -205,6 +205,28 @@ def test_the_getting_started_page_as_written(tmp_path):
         rows, distinct = map(int, re.findall(r"\d+", shell.run(read).strip().splitlines()[-1]))
         assert (rows, distinct) == (len(paid), len(paid))  # the followers' orders too, each once
 
+        # a burst over the overflow DAG's threshold while the followers land (getting started
+        # leaves both unpaused): its overflow members join once warm and leave; no partition
+        # waits for a Spark start meanwhile, every order lands once, the membership comes back
+        burst = local(f"python -m airflow_provider_cg.demo --publish-to nats://127.0.0.1:4222 --messages 80000 "
+                      f"--first-order {max(paid) + 1000}")
+        oldest = _OldestPending(nats_port)
+        try:
+            shell.run(burst)
+            paid |= _published(shlex.split(burst), paid)
+            _wait(lambda: any(r["state"] in ("success", "failed") for r in _json(shell.run(
+                "airflow dags list-runs cg_overflow_scaleout -o json 2> /dev/null || true"))), 900,
+                "cg_overflow_scaleout's run", shell.log)
+        finally:
+            worst = oldest.stop()
+        overflow = _json(shell.run("airflow dags list-runs cg_overflow_scaleout -o json"))
+        assert [r["state"] for r in overflow if r["state"] not in ("queued", "running")] == ["success"], overflow
+        print(f"overflow beside followers: the oldest pending order at most {worst:.1f} s old")
+        assert worst < 60, worst  # a partition without a server would wait for a Spark start and more
+        _wait(lambda: tuple(oldest.members()) == ("m1", "m2", "m3"), 120, "the membership restored", shell.log)
+        _wait(lambda: tuple(map(int, re.findall(r"\d+", shell.run(read).strip().splitlines()[-1]))) ==
+              (len(paid), len(paid)), 300, "the burst landed", shell.log)
+
         # stop, as the page says, from a new shell
         (stop,) = page_commands("stop")
         pids = [int(p) for p in (home / PIDS.removeprefix("~/")).read_text().split()]
@@ -245,6 +267,56 @@ def _consecutive_follow_runs(shell: Shell, n: int) -> list[float]:
     runs = done()
     assert all(r["run_id"].startswith("scheduled__") for r in runs), runs  # the scheduler's, none by hand
     return [_epoch(b["start_date"]) - _epoch(a["end_date"]) for a, b in zip(runs, runs[1:], strict=False)]
+
+
+class _OldestPending:
+    """The age of the group's oldest pending message, read every second from the test's side
+    (``group_lag``, as ``cg lag`` reads it) while it runs; ``stop`` returns the largest."""
+
+    def __init__(self, nats_port: int) -> None:
+        import threading
+
+        self.url, self.worst, self._stop = f"nats://127.0.0.1:{nats_port}", 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        import asyncio
+
+        from airflow_provider_cg.core.groups.lag import group_lag
+        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+
+        async def go() -> None:
+            nc = await NatsConnectionSettings(servers=[self.url]).connect()
+            try:
+                while not self._stop.is_set():
+                    lag = await group_lag(nc, "ORDERS", "orders-lake")
+                    self.worst = max(self.worst, lag.oldest_pending_age_s or 0.0)
+                    await asyncio.sleep(1.0)
+            finally:
+                await nc.close()
+
+        asyncio.run(go())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join(30)
+        return self.worst
+
+    def members(self) -> tuple[str, ...]:
+        import asyncio
+
+        from airflow_provider_cg.core.groups.admin import ConsumerGroups
+        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+
+        async def go() -> tuple[str, ...]:
+            nc = await NatsConnectionSettings(servers=[self.url]).connect()
+            try:
+                return tuple((await ConsumerGroups(nc).get("ORDERS", "orders-lake")).config.members)
+            finally:
+                await nc.close()
+
+        return asyncio.run(go())
 
 
 def _alive(pid: int) -> bool:
