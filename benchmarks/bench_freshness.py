@@ -165,8 +165,9 @@ class Lander:
 
     def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
                  spark: bool, zip_path: Path, follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (),
-                 job_logs: Path | None = None, sink: str = "parquet") -> None:
+                 job_logs: Path | None = None, sink: str = "parquet", driver_jvm: str = "operator") -> None:
         self.job_logs = job_logs or workdir / "logs"  # a log file per job there
+        self.driver_jvm = driver_jvm  # "operator": the driver JVM's options the operator gives; "jvm-default": none
         self.sink = sink
         self.url, self.workdir, self.stream, self.members = url, workdir, stream, members
         self.extra = extra  # more job arguments (a transformation)
@@ -205,12 +206,21 @@ class Lander:
                     pass
         return self.cpu_s + running
 
+    def _jvm_conf(self) -> list[str]:
+        """What the operator adds for a local-mode follower's driver JVM (``LOCAL_FOLLOWER_JVM``)."""
+        if self.driver_jvm != "operator" or not self.follow:
+            return []
+        from airflow_provider_cg.hooks.spark_submit import LOCAL_FOLLOWER_JVM
+
+        return [a for k, v in LOCAL_FOLLOWER_JVM.items() for a in ("--conf", f"{k}={v}")]
+
     def _start(self, member: str) -> subprocess.Popen:
         env = dict(os.environ, CG_NATS_SERVERS=self.url, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
                    PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
         launch = (["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
                    "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
-                   "--conf", "spark.sql.shuffle.partitions=2", "--py-files", str(self.zip_path), str(member_job_path())]
+                   "--conf", "spark.sql.shuffle.partitions=2", *self._jvm_conf(), "--py-files", str(self.zip_path),
+                   str(member_job_path())]
                   if self.spark else [sys.executable, str(member_job_path()), "--no-spark"])
         self.jobs += 1
         following = ["--follow", str(self.follow[0]), "--commit-interval", str(self.follow[1])] if self.follow else []
@@ -418,7 +428,8 @@ def backlog_growth(samples: list[tuple[float, int]], seconds: float) -> float:
 def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float | None, rate: float,
              seconds: float, partitions: int, members: int, spark: bool, zip_path: Path,
              publishers: int = 4, layout: str = grouplayout.WORK_QUEUE,
-             follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (), sink: str = "parquet") -> dict:
+             follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (), sink: str = "parquet",
+             driver_jvm: str = "operator") -> dict:
     stream = name.upper()
     names = [f"m{i + 1}" for i in range(members)]
 
@@ -431,7 +442,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
 
     asyncio.run(setup())
     lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow, extra,
-                    workdir / "logs", sink)
+                    workdir / "logs", sink, driver_jvm)
     watch = TableWatch(lander) if sink != "parquet" else None
     thread = threading.Thread(target=lander.run, daemon=True)
     publisher = Publisher(url, stream, rate, seconds, publishers)
@@ -571,6 +582,9 @@ def main() -> None:
     p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
     p.add_argument("--reference-messages", type=int, default=300_000)
     p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
+    p.add_argument("--driver-jvm", default="operator",
+                   help="with --spark: operator (the driver JVM's options the operator gives a local follower: "
+                        "C1 only) and/or jvm-default (none), comma-separated: each case with each")
     p.add_argument("--transform-sql", default=None,
                    help="the jobs' --transform-sql (with --spark), e.g. \"SELECT * FROM batch WHERE origin_seq %% 10 <> 7\"")
     p.add_argument("--workdir", type=Path, default=None,
@@ -601,14 +615,16 @@ def main() -> None:
         for k, members in enumerate(member_counts):
             for i, (schedule, interval, commit_interval) in enumerate(schedules):
                 for j, frac in enumerate(fractions):
-                    for n, sink in enumerate(args.sinks.split(",")):  # the same case into each table
+                    cases = [(sink, jvm) for sink in args.sinks.split(",") for jvm in args.driver_jvm.split(",")]
+                    for n, (sink, jvm) in enumerate(cases):  # the same case into each table, with each JVM
                         row = run_case(srv.url, Path(d), f"F{k}x{i}x{j}x{n}", schedule, interval, reference * frac,
                                        args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
                                        args.layout, (follow_s, commit_interval) if commit_interval is not None else None,
-                                       ("--transform-sql", args.transform_sql) if args.transform_sql else (), sink)
-                        row["fraction"], row["commit_interval_s"] = frac, commit_interval
+                                       ("--transform-sql", args.transform_sql) if args.transform_sql else (), sink,
+                                       jvm)
+                        row["fraction"], row["commit_interval_s"], row["driver_jvm"] = frac, commit_interval, jvm
                         rows.append(row)
-                        print(f"  {sink}: {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
+                        print(f"  {sink} ({jvm}): {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
                               f"published): p50 {row['p50_s']} s, p99 {row['p99_s']} s, max {row['max_s']} s, landed "
                               f"{row['landed_msg_s']:,} msg/s, {row['jobs']} jobs, {row['cpu_us_per_msg']} us CPU/msg "
                               f"({row['cpu_us_per_msg_landing']} landing), hand-overs {row['handovers']} "

@@ -518,7 +518,8 @@ class ConsumerGroupSparkSubmitOperator(BaseOperator):
                 options["packages"] = ",".join([*packages, self.avro_package])
         return spark_submit.submit_hook(
             conn_id=self.conn_id, deploy_mode=self.deploy_mode, secrets=self._secrets(spec), env_vars=self.env_vars,
-            properties_file=self.properties_file, application_args=argv, name=self.name, **options)
+            properties_file=self.properties_file, application_args=argv, name=self.name, follower=bool(spec.follow),
+            **options)
 
     def _submit(self, spec: MemberJobSpec, argv: list[str], summary_file: str) -> dict[str, Any]:
         """spark-submit the job; its summary (or, for a cluster-mode driver, ``submitted``).

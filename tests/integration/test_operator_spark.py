@@ -460,6 +460,34 @@ def test_cluster_master_gets_secrets_in_a_private_properties_file(airflow_env, a
         os.unlink(props_path)
 
 
+def test_a_local_follower_compiles_with_c1_unless_its_conf_says_otherwise(airflow_env, auth_server):
+    """A follower in local mode gets ``spark.driver.defaultJavaOptions=-XX:TieredStopAtLevel=1``
+    (``LOCAL_FOLLOWER_JVM``); a bounded run, a cluster master or the user's own
+    ``defaultJavaOptions`` does not. The commands are inspected, not run."""
+    from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+
+    airflow_env.add_connection("spark_local2", "spark", host="local[2]")
+    airflow_env.add_connection("spark_yarn", "spark", host="yarn")
+    airflow_env.add_connection("nats_auth", "nats", host="127.0.0.1", port=auth_server.port,
+                               login=USER, password=PASSWORD)
+
+    def command(**kwargs) -> str:
+        op = ConsumerGroupSparkSubmitOperator(task_id="t", stream=STREAM, group=GROUP, member="m1", sink_path="/lake",
+                                              nats_conn_id="nats_auth", **kwargs)
+        spec = op.job_spec()
+        hook, props = op.submit_hook(spec, spec.to_argv())
+        if props:
+            os.unlink(props)
+        return " ".join(hook._build_spark_submit_command("cg_member_job.py"))
+
+    c1 = "spark.driver.defaultJavaOptions=-XX:TieredStopAtLevel=1"
+    assert c1 in command(conn_id="spark_local2", follow=600)
+    assert "defaultJavaOptions" not in command(conn_id="spark_local2")  # a bounded run: C2 for its big batches
+    assert "defaultJavaOptions" not in command(conn_id="spark_yarn", follow=600)
+    own = command(conn_id="spark_local2", follow=600, conf={"spark.driver.defaultJavaOptions": "-Xss4m"})
+    assert "spark.driver.defaultJavaOptions=-Xss4m" in own and c1 not in own
+
+
 @pytest.mark.spark
 def test_spark_redacts_the_member_jobs_secret_properties(tmp_path):
     """Real spark-submit with an event log: a secret in ``spark.executorEnv.CG_NATS_CREDS`` (as

@@ -7,6 +7,7 @@ are observed in the job that stages the batch (a metric) and filtered out of wha
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -21,6 +22,7 @@ from airflow_provider_cg.core.landing.transform import TransformError
 if TYPE_CHECKING:
     from collections.abc import Container, Iterable
 
+    import numpy as np
     from pyspark.sql import Column, DataFrame, Observation
 
 #: batches computed again because the sink refused some of their rows, before giving up
@@ -53,6 +55,32 @@ def refuse(bad_records: str, refused: dict[tuple[str, int], str]) -> dict[tuple[
 def origins(table: pa.Table, rows: Iterable[int]) -> list[tuple[str, int]]:
     streams, seqs = table.column("origin_stream"), table.column("origin_seq")
     return [(streams[i].as_py(), int(seqs[i].as_py())) for i in rows]
+
+
+class InputNumbers(Mapping[tuple[str, int], int]):
+    """Each input of a batch, ``(origin_stream, origin_seq)``, to its number as read: made when
+    first looked up, as only a batch whose sink refuses records looks (a dict of every input,
+    built for each batch, was 8 % of a Spark follower's driver CPU)."""
+
+    def __init__(self, table: pa.Table, numbers: np.ndarray) -> None:
+        self._table, self._numbers = table, numbers
+        self._made: dict[tuple[str, int], int] | None = None
+
+    def _map(self) -> dict[tuple[str, int], int]:
+        if self._made is None:
+            keys = zip(self._table.column("origin_stream").to_pylist(), self._table.column("origin_seq").to_pylist(),
+                       strict=True)
+            self._made = dict(zip(keys, self._numbers.tolist(), strict=True))
+        return self._made
+
+    def __getitem__(self, origin: tuple[str, int]) -> int:
+        return self._map()[origin]
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self._map())
+
+    def __len__(self) -> int:
+        return self._table.num_rows
 
 
 def marked_poison(decoded: DataFrame, row: Column, refused: dict[int, str]) -> DataFrame:
@@ -106,7 +134,7 @@ def observe_refusals(frame: DataFrame, why: Column,
     return frame.where(why.isNull()), observation
 
 
-def refused_inputs(metrics: dict, at: dict[tuple[str, int], int],
+def refused_inputs(metrics: dict, at: Mapping[tuple[str, int], int],
                    refused: Container[int]) -> dict[tuple[str, int], str]:
     """The inputs (origin_stream, origin_seq) of the refused rows the job observed, new ones
     only; ``at`` maps each input of the batch to its number. A refused row that names no input

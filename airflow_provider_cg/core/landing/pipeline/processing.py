@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
 from airflow_provider_cg.core.landing.pipeline.bad_records import (
     MAX_REFUSAL_ROUNDS,
+    InputNumbers,
     marked_poison,
     observe_refusals,
     origins,
@@ -229,7 +230,7 @@ class SparkPipeline:
         if fresh.num_rows == 0:
             return ProcessedBatch(nothing_staged(sink, fresh), {}, {}, skipped)
         extra = held.extra_keys(table)
-        at = {origin: int(rows[i]) for i, origin in enumerate(origins(fresh, range(fresh.num_rows)))}
+        at = InputNumbers(fresh, rows)
         refused: dict[int, str] = {}  # inputs whose rows the sink refused: poison (their index as read)
         for _ in range(MAX_REFUSAL_ROUNDS):
             decoded = marked_poison(self.decoder.apply(self._frame(fresh, rows)), F.col(ROW), refused)
