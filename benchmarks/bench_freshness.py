@@ -165,7 +165,9 @@ class Lander:
 
     def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
                  spark: bool, zip_path: Path, follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (),
-                 job_logs: Path | None = None, sink: str = "parquet", driver_jvm: str = "operator") -> None:
+                 job_logs: Path | None = None, sink: str = "parquet", driver_jvm: str = "operator",
+                 master: str = "local[2]") -> None:
+        self.master = master  # local[2], or a standalone master's URL (--standalone)
         self.job_logs = job_logs or workdir / "logs"  # a log file per job there
         self.driver_jvm = driver_jvm  # "operator": the driver JVM's options the operator gives; "jvm-default": none
         self.sink = sink
@@ -208,7 +210,7 @@ class Lander:
 
     def _jvm_conf(self) -> list[str]:
         """What the operator adds for a local-mode follower's driver JVM (``LOCAL_FOLLOWER_JVM``)."""
-        if self.driver_jvm != "operator" or not self.follow:
+        if self.driver_jvm != "operator" or not self.follow or not self.master.startswith("local"):
             return []
         from airflow_provider_cg.hooks.spark_submit import LOCAL_FOLLOWER_JVM
 
@@ -217,7 +219,7 @@ class Lander:
     def _start(self, member: str) -> subprocess.Popen:
         env = dict(os.environ, CG_NATS_SERVERS=self.url, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1",
                    PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-        launch = (["spark-submit", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+        launch = (["spark-submit", "--master", self.master, "--conf", "spark.ui.enabled=false",
                    "--conf", "spark.driver.bindAddress=127.0.0.1", "--conf", "spark.driver.host=127.0.0.1",
                    "--conf", "spark.sql.shuffle.partitions=2", *self._jvm_conf(), "--py-files", str(self.zip_path),
                    str(member_job_path())]
@@ -429,7 +431,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
              seconds: float, partitions: int, members: int, spark: bool, zip_path: Path,
              publishers: int = 4, layout: str = grouplayout.WORK_QUEUE,
              follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (), sink: str = "parquet",
-             driver_jvm: str = "operator") -> dict:
+             driver_jvm: str = "operator", master: str = "local[2]") -> dict:
     stream = name.upper()
     names = [f"m{i + 1}" for i in range(members)]
 
@@ -442,7 +444,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
 
     asyncio.run(setup())
     lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow, extra,
-                    workdir / "logs", sink, driver_jvm)
+                    workdir / "logs", sink, driver_jvm, master)
     watch = TableWatch(lander) if sink != "parquet" else None
     thread = threading.Thread(target=lander.run, daemon=True)
     publisher = Publisher(url, stream, rate, seconds, publishers)
@@ -556,6 +558,16 @@ def plot(rows: list[dict], reference: float, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+class _Stopping:
+    """A standalone cluster as ``contextlib.closing`` wants it: ``close`` stops it."""
+
+    def __init__(self, cluster) -> None:
+        self.cluster, self.master = cluster, cluster.master
+
+    def close(self) -> None:
+        self.cluster.stop()
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--publish-child":
         url, stream, rate, seconds, index = sys.argv[2:7]
@@ -582,6 +594,8 @@ def main() -> None:
     p.add_argument("--layout", default=grouplayout.WORK_QUEUE, choices=layouts.NAMES)
     p.add_argument("--reference-messages", type=int, default=300_000)
     p.add_argument("--spark", action="store_true", help="jobs under spark-submit (JVM start in every run)")
+    p.add_argument("--standalone", action="store_true",
+                   help="with --spark: submit to a Spark standalone master with two 1-core workers on this machine")
     p.add_argument("--driver-jvm", default="operator",
                    help="with --spark: operator (the driver JVM's options the operator gives a local follower: "
                         "C1 only) and/or jvm-default (none), comma-separated: each case with each")
@@ -608,10 +622,17 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     rows: list[dict] = []
     with (contextlib.nullcontext(args.workdir) if args.workdir else tempfile.TemporaryDirectory(prefix="cg-fresh-")) as d, \
-            EmbeddedNatsServer(Path(d) / "nats") as srv:
+            EmbeddedNatsServer(Path(d) / "nats") as srv, contextlib.ExitStack() as stack:
         zip_path = build_core_zip(Path(d) / "cg_core.zip")
         reference = asyncio.run(sourcing_rate(srv.url, args.reference_messages))
         print(f"server sourcing alone: {reference:,.0f} msg/s", flush=True)
+        cluster = None
+        if args.standalone:  # a master and two 1-core workers on this machine, stopped by their PIDs
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.support.spark_standalone import StandaloneCluster
+
+            cluster = stack.enter_context(contextlib.closing(_Stopping(StandaloneCluster(
+                Path(d) / "spark", cores=1, workers=2).start())))
         for k, members in enumerate(member_counts):
             for i, (schedule, interval, commit_interval) in enumerate(schedules):
                 for j, frac in enumerate(fractions):
@@ -621,7 +642,7 @@ def main() -> None:
                                        args.seconds, args.partitions, members, args.spark, zip_path, args.publishers,
                                        args.layout, (follow_s, commit_interval) if commit_interval is not None else None,
                                        ("--transform-sql", args.transform_sql) if args.transform_sql else (), sink,
-                                       jvm)
+                                       jvm, cluster.master if cluster else "local[2]")
                         row["fraction"], row["commit_interval_s"], row["driver_jvm"] = frac, commit_interval, jvm
                         rows.append(row)
                         print(f"  {sink} ({jvm}): {members} members, {schedule} at {frac:.2f}x sourcing ({row['rate_achieved']:,} msg/s "
@@ -665,6 +686,7 @@ def main() -> None:
            "commit_interval_s": commit_intervals[0] if len(commit_intervals) == 1 else commit_intervals, "cpu_x_one_member": cpu,
            "cpu_landing_x_one_member": cpu_landing, "machine": ran_on,
            "publishers": args.publishers, "layout": args.layout, "spark": args.spark,
+           "master": "standalone (2 workers x 1 core)" if args.standalone else "local[2]",
            "transform_sql": args.transform_sql, "cases": rows,
            "highest_sustained": best}
     (RESULTS / f"{args.results}.json").write_text(json.dumps(out, indent=1) + "\n")
