@@ -412,9 +412,9 @@ async def test_a_follower_behind_reads_full_batches_within_its_byte_budget(nc, t
     expected = await publish_orders(nc, STREAM, GROUP, 6_000, 20, payload=payload)
     budget = 200_000  # about 200 messages
 
-    async def trickle() -> None:
-        await asyncio.sleep(3.0)
-        for _ in range(10):
+    async def trickle() -> None:  # once the backlog has landed (however long a busy machine takes)
+        await _rows_above(lake, len(expected) - 1, 12.0)
+        for _ in range(8):
             expected.update(await publish_orders(nc, STREAM, GROUP, 5, 20, payload=payload, wait_sourced=False))
             await asyncio.sleep(0.3)
 
@@ -422,7 +422,7 @@ async def test_a_follower_behind_reads_full_batches_within_its_byte_budget(nc, t
     try:
         summary, _ = await asyncio.gather(run_member_batch(nc, sink, BatchOptions(
             stream=STREAM, group=GROUP, member="m1", batch_size=100_000, batch_bytes=budget, standby_timeout=10,
-            follow=7.0, commit_interval=0.5, read=read)), trickle())
+            follow=30.0, commit_interval=0.5, read=read, max_messages=6_000 + 8 * 5)), trickle())
     finally:
         sink.close()
     assert_exactly_once(parquet_landed(lake), expected)
