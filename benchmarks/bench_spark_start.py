@@ -110,24 +110,30 @@ async def setup(url: str) -> None:
         await nc.close()
 
 
-def plot(summary: dict, path: Path) -> None:
+def stacked_bars(path: Path, names: list[str], layers: dict[str, list[float]], ylabel: str, title: str,
+                 width: float = 8.0) -> None:
+    """A bar per name, its ``layers`` (label: one value per name) stacked, written to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
-    names = list(summary)
+    fig, ax = plt.subplots(figsize=(width, 4))
     bottom = [0.0] * len(names)
-    for step in ("jvm", "session", "warm_up"):
-        vals = [summary[n].get(step) or 0.0 for n in names]
-        ax.bar(names, vals, bottom=bottom, label=step)
+    for label, vals in layers.items():
+        ax.bar(names, vals, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.set_ylabel("seconds (median)")
-    ax.set_title("A Spark follower's start: launch to warmed up")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot(summary: dict, path: Path) -> None:
+    names = list(summary)
+    stacked_bars(path, names, {step: [summary[n].get(step) or 0.0 for n in names] for step in ("jvm", "session", "warm_up")},
+                 "seconds (median)", "A Spark follower's start: launch to warmed up")
 
 
 def main() -> None:

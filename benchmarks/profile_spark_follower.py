@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent))
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_spark_start import stacked_bars  # noqa: E402
+
 from airflow_provider_cg.core.groups.admin import ConsumerGroups  # noqa: E402
 from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter  # noqa: E402
 from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings  # noqa: E402
@@ -276,23 +279,10 @@ def one_run(url: str, zip_path: Path, workdir: Path, variant: str, n: int, args:
 
 
 def plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
     names = list(summary)
-    bottom = [0.0] * len(names)
-    for kind in KINDS:
-        vals = [summary[n]["cpu_us_per_msg"].get(kind, 0.0) for n in names]
-        ax.bar(names, vals, bottom=bottom, label=kind.replace("_", " "))
-        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.set_ylabel("CPU µs per landed message (median)")
-    ax.set_title("A follower's CPU by process, same rate")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    stacked_bars(path, names, {kind.replace("_", " "): [summary[n]["cpu_us_per_msg"].get(kind, 0.0) for n in names]
+                               for kind in KINDS},
+                 "CPU µs per landed message (median)", "A follower's CPU by process, same rate", width=7.0)
 
 
 def main() -> None:

@@ -420,6 +420,7 @@ def test_invalid_arguments_name_the_field(airflow_env):
         ({"sink": "delta", "partition_by": "day(ts)"}, "partition_by"),
         ({"sink": "delta", "delete_when": "op = 'd'"}, "delete_when"),
         ({"application_args": ["--x"]}, "application_args"),
+        ({"batch_bytes": 0}, "batch_bytes"),  # a job option the job would refuse: refused before spark-submit
     ):
         with pytest.raises(ConfigError) as e:
             ConsumerGroupSparkSubmitOperator(**{**base, **kwargs})

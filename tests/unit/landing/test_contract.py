@@ -207,14 +207,15 @@ def test_a_batch_budget_sizes_batches_from_the_payloads_seen():
     rule = StopRule(BatchOptions(stream="S", group="g", member="m1", batch_size=5_000, batch_bytes=100_000,
                                  follow=60.0), summary, time.monotonic())
     assert rule.wanted(5_000) == FIRST_SIZED  # nothing measured yet
-    rule.took(1_000, 500_000)  # 500 B each
+    rule.took(1_000, lambda: 500_000)  # 500 B each
     assert rule.wanted(5_000) == 200
-    rule.took(200, 200 * 2_000)  # bigger payloads now: the average moves
+    rule.took(200, lambda: 200 * 2_000)  # bigger payloads now: the average moves
     assert rule.wanted(5_000) == 100_000 * 1_200 // 900_000
     rule.took(10)  # planned ranges (payloads read by Spark): the landed figures stand in when none is known
     unbudgeted = StopRule(BatchOptions(stream="S", group="g", member="m1", batch_size=5_000, follow=60.0),
                           summary, time.monotonic())
     assert unbudgeted.wanted(5_000) == 5_000
+    unbudgeted.took(5, lambda: pytest.fail("payloads sized without a budget"))  # the read loop pays nothing
     summary.messages_read, summary.bytes = 100, 100 * 4_000
     ranges = StopRule(BatchOptions(stream="S", group="g", member="m1", batch_size=5_000, batch_bytes=100_000,
                                    follow=60.0), summary, time.monotonic())

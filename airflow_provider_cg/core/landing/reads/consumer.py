@@ -124,7 +124,7 @@ class ConsumerReads:
         try:
             while True:
                 if msgs:
-                    r.stop.took(len(msgs), sum(len(m.data) for m in msgs))
+                    r.stop.took(len(msgs), functools.partial(_payload_bytes, msgs))
                     if landing is not None:
                         await r.pin.await_landing(landing, functools.partial(self._in_progress, msgs))
                     if not client.is_pinned and end is None:
@@ -323,3 +323,8 @@ def _in_stream_order(msgs: list) -> bool:
     per-key order). Call after ``build_rows``, which caches each message's parsed ack subject."""
     seqs = np.fromiter((m.stream_seq for m in msgs), np.int64, len(msgs))
     return len(seqs) < 2 or bool(np.all(seqs[1:] > seqs[:-1]))
+
+
+def _payload_bytes(msgs: list) -> int:
+    """The payload bytes of pulled messages (``StopRule.took``, under a byte budget)."""
+    return sum(len(m.data) for m in msgs)

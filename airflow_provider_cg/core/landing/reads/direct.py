@@ -20,6 +20,7 @@ is acknowledged depends on the group:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -321,7 +322,7 @@ class DirectReads:
                         continue
                     s.stop_reason = StopReason.BACKLOG_DRAINED if await r.pin.holds() else StopReason.PIN_LOST
                     break
-                r.stop.took(sum(len(b) for b in batches), _payload_bytes(batches))
+                r.stop.took(sum(len(b) for b in batches), functools.partial(_payload_bytes, batches))
                 previous, landing = landing, None
                 if not r.lander.taken_over and not keeper.done():
                     landing = asyncio.create_task(self._land(batches, cut, after=previous))

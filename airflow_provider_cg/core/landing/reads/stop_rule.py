@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 
 from airflow_provider_cg.core.landing.contract import BatchOptions, Summary
 from airflow_provider_cg.core.landing.modes import StopReason
@@ -64,12 +65,13 @@ class StopRule:
             return self.options.max_messages or sys.maxsize
         return self.summary.target
 
-    def took(self, n: int, payload_bytes: int | None = None) -> None:
-        """``n`` messages taken (with their payloads' size when the reader holds them)."""
+    def took(self, n: int, payload_bytes: Callable[[], int | None] | None = None) -> None:
+        """``n`` messages taken; ``payload_bytes`` says their payloads' size when the reader
+        holds them (asked only under a ``batch_bytes`` budget: the read loop pays nothing else)."""
         self.taken += n
-        if payload_bytes is not None:
+        if self.options.batch_bytes and payload_bytes is not None and (size := payload_bytes()) is not None:
             self._sized_messages += n
-            self._sized_bytes += payload_bytes
+            self._sized_bytes += size
         if self.following:  # the progress line's "backlog left": what it has seen so far
             self.summary.target = max(self.summary.target, self.taken)
 
