@@ -27,7 +27,7 @@ SPARK_APPS_PACKAGE = "airflow_provider_cg.spark_apps"
 EXAMPLE_DAGS_PACKAGE = "airflow_provider_cg.example_dags"
 MEMBER_JOB = "cg_member_job.py"
 #: what a Spark driver imports: everything in core/ but its tools
-DRIVER_PARTS = ("errors.py", "durations.py", "__init__.py", "jetstream", "groups", "landing")
+DRIVER_PARTS = ("errors.py", "durations.py", "__init__.py", "jetstream", "groups", "landing", "streaming")
 
 
 def _sources() -> list[Path]:

@@ -83,14 +83,36 @@ class PartitionPositions:
             self.starts[b.partition] = b.last_seq + 1
         return batches, None
 
-    async def plan(self, count: int) -> tuple[list[ReadRange], int]:
+    async def plan(self, count: int, last_seq: int | None = None) -> tuple[list[ReadRange], int]:
         """The next batch as ranges for Spark tasks to read (``reads/executors.py``), each
-        partition up to one cut; the next batch starts after it."""
-        starts = {p: (self.subjects.get(p) or subject_filter(p), s) for p, s in self.starts.items()}
-        ranges, cut = await plan_ranges(self.reader, starts, count, await self.reader.last_seq())
+        partition up to one cut (at most ``last_seq``, default the stream's last now); the next
+        batch starts after it."""
+        starts = {p: (self._subject(p), s) for p, s in self.starts.items()}
+        ranges, cut = await plan_ranges(self.reader, starts, count,
+                                        await self.reader.last_seq() if last_seq is None else last_seq)
         if ranges:
             self.starts = {p: cut + 1 for p in self.starts}
         return ranges, cut
+
+    def where(self) -> dict[int, int]:
+        """The next sequence to read, per partition (``ALL``: the whole stream)."""
+        return dict(self.starts)
+
+    def place(self, where: dict[int, int]) -> None:
+        """Read on from ``where`` (``where()``'s): a partition it does not name from its first."""
+        self.starts = {p: int(where.get(p, 0)) for p in self.starts}
+
+    def ranges_between(self, start: dict[int, int], end: dict[int, int]) -> list[ReadRange]:
+        """The ranges from ``start`` up to (not including) ``end``, per partition of ``end``
+        (a partition ``start`` does not name: from its first message)."""
+        return [ReadRange(p, self._subject(p), max(1, start.get(p, 0)), e - 1, e - max(1, start.get(p, 0)),
+                          self._stream(p)) for p, e in end.items() if e - 1 >= max(1, start.get(p, 0))]
+
+    def _subject(self, partition: int) -> str:
+        return self.subjects.get(partition) or subject_filter(partition)
+
+    def _stream(self, partition: int) -> str | None:
+        return None
 
     async def ack(self, batches: list[PartitionBatch] | list[ReadRange], _cut: int | None) -> int:
         """One filtered purge per partition; returns how many messages' acks are unknown."""
@@ -120,6 +142,9 @@ class PartitionStreamPositions(PartitionPositions):
         self.reader = readers
         self.starts = {p: 0 for p in partitions}
         self.subjects = {p: subject_filter(ALL) for p in partitions}
+
+    def _stream(self, partition: int) -> str | None:
+        return self.reader.streams[partition]
 
     async def behind(self) -> list[int]:
         """The partitions whose log holds messages from where they are read that their streams
@@ -182,17 +207,35 @@ class ConsumerPosition:
             if mine:  # else only others' messages so far: read on (the next ack moves past them)
                 return mine, cut
 
-    async def plan(self, count: int) -> tuple[list[ReadRange], int]:
-        """The next batch as ranges of the member's subjects up to one cut, for Spark tasks to
-        read (``reads/executors.py``); the next batch starts after the cut."""
+    async def plan(self, count: int, last_seq: int | None = None) -> tuple[list[ReadRange], int]:
+        """The next batch as ranges of the member's subjects up to one cut (at most
+        ``last_seq``, default the stream's last now), for Spark tasks to read
+        (``reads/executors.py``); the next batch starts after the cut."""
         starts = {i: (subject, self.next_seq) for i, subject in enumerate(self.filters)}
-        ranges, cut = await plan_ranges(self.reader, starts, count, await self.reader.last_seq())
+        ranges, cut = await plan_ranges(self.reader, starts, count,
+                                        await self.reader.last_seq() if last_seq is None else last_seq)
         if ranges:
             self.next_seq = cut + 1
         if ranges and self.subjects != self.filters:  # counted by filter, read unfiltered (see above)
             ranges = [ReadRange(ALL, self.subjects[0], min(r.first_seq for r in ranges), cut,
                                 sum(r.messages for r in ranges))]
         return ranges, cut
+
+    def where(self) -> dict[int, int]:
+        """The next sequence to read (one for all the member's subjects: ``ALL``)."""
+        return {ALL: self.next_seq}
+
+    def place(self, where: dict[int, int]) -> None:
+        self.next_seq = int(where.get(ALL, self.next_seq))
+
+    def ranges_between(self, start: dict[int, int], end: dict[int, int]) -> list[ReadRange]:
+        """The ranges of the member's subjects from ``start`` up to (not including) ``end``."""
+        first, last = max(1, start.get(ALL, 0)), end.get(ALL, 0) - 1
+        if last < first:
+            return []
+        if self.subjects != self.filters:
+            return [ReadRange(ALL, self.subjects[0], first, last, last - first + 1)]
+        return [ReadRange(i, f, first, last, last - first + 1) for i, f in enumerate(self.filters)]
 
     async def ack(self, batches: list[PartitionBatch] | list[ReadRange], cut: int | None) -> int:
         """Move the durable past ``cut`` (what ``read`` and ``plan`` returned: never None here);

@@ -237,55 +237,16 @@ class MemberRun:
             log.info("cg member=%s: continuing with partitions %s", self.member, self.assignment.partitions)
 
     async def setup(self) -> Assignment:
-        """The assignment: the member consumer (as orbit creates it; an orbit instance of the
-        member then shares it through the pin, and an existing one is used as it is), its
-        partitions and layout, as the group's config says now."""
-        o = self.options
-        group = await self.groups.get(o.stream, o.group)
-        config = group.config
-        if not in_membership(config, self.member):
-            raise ConfigError("member", f"{self.member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
-        elastic = isinstance(config, ElasticGroupConfig)
-        ack_wait = o.consumer_ack_wait(elastic)
-        layout = await self.groups.layout(group)
-        consumer_stream, consumer = await self.groups.ensure_member_consumer(
-            o.stream, o.group, self.member, ack_wait=ack_wait, layout=layout,
-            max_ack_pending=o.max_ack_pending or (None if elastic else static_max_ack_pending(self.batch_size)),
-        )
-        existing = await self.api.consumer_info(consumer_stream, consumer)
-        if existing is None:
-            raise ConsumerGone(404, "member consumer deleted right after it was ensured")
-        key_rules = partitioning.key_rules(config)
-        return Assignment(
-            config=config, layout=layout, consumer_stream=consumer_stream, consumer=consumer,
-            priority_group=priority_group_of(existing.get("config") or {}) or PRIORITY_GROUP, ack_wait=ack_wait,
-            elastic=elastic, partition_streams=layout.reads_partition_streams,
-            partitions=tuple(partitioning.member_partitions(config, self.member)),
-            filters=tuple(partitioning.member_filter_subjects(config, self.member)),
-            key_rules=key_rules, keys=KeySelector(key_rules))
+        """The assignment as the group's config says now (``member_assignment``)."""
+        return await member_assignment(self.groups, self.api, self.options, self.member, self.batch_size)
 
     async def _open(self, a: Assignment) -> None:
         """The assignment's reader of direct gets, where its stream serves them (else why not,
         with the remedy: ``slow_path``), and its pin."""
-        o = self.options
         self.lander.partition_count = a.config.max_members
         self.layout = a.layout
-        # its partitions are streams of their own: read them, whatever ``read`` says
-        self.reader = a.layout.partition_readers(self.nc, a.consumer_stream, a.partitions, self.api.prefix)
-        direct = read_path(o.read).direct
-        if self.reader is None and direct and (a.elastic or self.api.can_reset_consumers()):
-            read = await self.api.stream_info(a.consumer_stream)
-            if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
-                self.reader = PartitionReader(self.nc, a.consumer_stream, js_prefix=self.api.prefix)
-        self.slow_path = None
-        if self.reader is None and direct:
-            if a.elastic or self.api.can_reset_consumers():
-                self.slow_path = (f"stream {a.consumer_stream} has no direct gets (allow_direct is off): turn "
-                                  f"them on (nats stream edit {a.consumer_stream} --allow-direct) for batched "
-                                  "reads several times faster")
-            else:
-                self.slow_path = ("the server cannot move a static member's durable (nats-server 2.14+ can): "
-                                  "upgrade it for batched reads several times faster")
+        self.reader, self.slow_path = await direct_reader(self.nc, self.api, a, read_path(self.options.read).direct)
+        if self.slow_path:
             log.warning("cg member=%s reads through the consumer, the slow path: %s", self.member, self.slow_path)
         client = PriorityClient(self.nc, a.consumer_stream, a.consumer, a.priority_group)
         self.pin = Pin(self.nc, client, member=self.member, owner=self.owner, anchored=a.partition_streams,
@@ -468,18 +429,9 @@ class MemberRun:
 
     def _positions(self, consumer: str) -> Positions:
         """Where a direct-get reader of this member reads from, and how it acks a range."""
-        a = self.assignment
-        if isinstance(self.reader, PartitionStreamReaders):
-            return PartitionStreamPositions(self.reader, a.partitions)
         if self.reader is None:
             raise ConsumerGroupError("no reader: the member's assignment is closed")
-        if a.elastic:
-            return PartitionPositions(self.reader, a.partitions, a.config.max_members, list(a.filters))
-        only, subjects = None, list(a.filters)
-        if set(a.partitions) == set(range(a.config.max_members)):  # one unfiltered scan, not one each
-            only, subjects = subjects_regex(a.filters), [">"]
-        return ConsumerPosition(self.reader, self.api, a.consumer_stream, consumer, subjects, only,
-                                list(a.filters))
+        return positions_of(self.assignment, self.reader, self.api, consumer)
 
     # --- membership ------------------------------------------------------------------------
 
@@ -678,6 +630,67 @@ class MemberRun:
                     self.layout.partition_store(a.consumer_stream, partition))
         await self.layout.rebuild(self.api, a.consumer_stream, partition)
         self.summary.rebuilt_partitions.append(partition)
+
+
+async def member_assignment(groups: ConsumerGroups, api: JsApi, options: BatchOptions, member: str,
+                            batch_size: int) -> Assignment:
+    """A member's assignment as the group's config says now: its member consumer (as orbit
+    creates it; an orbit instance of the member then shares it through the pin, and an existing
+    one is used as it is), its partitions and layout. Also the streaming source's
+    (``core/streaming/``)."""
+    o = options
+    group = await groups.get(o.stream, o.group)
+    config = group.config
+    if not in_membership(config, member):
+        raise ConfigError("member", f"{member!r} is not a member of group {o.group!r} on stream {o.stream!r}")
+    elastic = isinstance(config, ElasticGroupConfig)
+    ack_wait = o.consumer_ack_wait(elastic)
+    layout = await groups.layout(group)
+    consumer_stream, consumer = await groups.ensure_member_consumer(
+        o.stream, o.group, member, ack_wait=ack_wait, layout=layout,
+        max_ack_pending=o.max_ack_pending or (None if elastic else static_max_ack_pending(batch_size)),
+    )
+    existing = await api.consumer_info(consumer_stream, consumer)
+    if existing is None:
+        raise ConsumerGone(404, "member consumer deleted right after it was ensured")
+    key_rules = partitioning.key_rules(config)
+    return Assignment(
+        config=config, layout=layout, consumer_stream=consumer_stream, consumer=consumer,
+        priority_group=priority_group_of(existing.get("config") or {}) or PRIORITY_GROUP, ack_wait=ack_wait,
+        elastic=elastic, partition_streams=layout.reads_partition_streams,
+        partitions=tuple(partitioning.member_partitions(config, member)),
+        filters=tuple(partitioning.member_filter_subjects(config, member)),
+        key_rules=key_rules, keys=KeySelector(key_rules))
+
+
+async def direct_reader(nc: NATS, api: JsApi, a: Assignment, direct: bool
+                        ) -> tuple[PartitionReader | PartitionStreamReaders | None, str | None]:
+    """The assignment's reader of direct gets (its partition streams', whatever ``direct``
+    says), or None and why not, with the remedy (None when ``direct`` is off: not asked)."""
+    reader = a.layout.partition_readers(nc, a.consumer_stream, a.partitions, api.prefix)
+    if reader is not None or not direct:
+        return reader, None
+    if a.elastic or api.can_reset_consumers():
+        read = await api.stream_info(a.consumer_stream)
+        if (read.get("config") or {}).get("allow_direct"):  # orbit's own streams, and origins, may lack it
+            return PartitionReader(nc, a.consumer_stream, js_prefix=api.prefix), None
+        return None, (f"stream {a.consumer_stream} has no direct gets (allow_direct is off): turn them on "
+                      f"(nats stream edit {a.consumer_stream} --allow-direct) for batched reads several times faster")
+    return None, ("the server cannot move a static member's durable (nats-server 2.14+ can): upgrade it for "
+                  "batched reads several times faster")
+
+
+def positions_of(a: Assignment, reader: PartitionReader | PartitionStreamReaders, api: JsApi,
+                 consumer: str) -> Positions:
+    """Where a direct-get reader of the assignment reads from, and how it acks a range."""
+    if isinstance(reader, PartitionStreamReaders):
+        return PartitionStreamPositions(reader, a.partitions)
+    if a.elastic:
+        return PartitionPositions(reader, a.partitions, a.config.max_members, list(a.filters))
+    only, subjects = None, list(a.filters)
+    if set(a.partitions) == set(range(a.config.max_members)):  # one unfiltered scan, not one each
+        only, subjects = subjects_regex(a.filters), [">"]
+    return ConsumerPosition(reader, api, a.consumer_stream, consumer, subjects, only, list(a.filters))
 
 
 async def run_member_batch(nc: NATS, sink: TwoPhaseSink, options: BatchOptions, pipeline: Pipeline | None = None,

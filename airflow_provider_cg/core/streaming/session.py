@@ -1,0 +1,401 @@
+"""The planning side of the streaming source (``source.py``): each member's pin, held for the
+query's life; micro-batches planned as offsets; what Spark committed, acknowledged.
+
+Spark runs a Python stream reader's planning calls (``initialOffset``, ``latestOffset``,
+``partitions``, ``commit``) one at a time in one long-lived Python process beside the query's
+driver. The session lives there. Its asyncio loop runs in a thread of its own, so between
+Spark's calls it keeps the pins: a pinned client must pull within the consumer's priority
+timeout, and a trigger interval may be longer.
+
+Offsets (``{"<member>": {"<partition>": next sequence}}``, ``"*"``: every partition of the
+member's stream, or a static member's one position) are where a batch ends. A batch's
+messages are acknowledged (an elastic group's purged from its work queue or partition
+streams, a static member's durable moved past them) only once Spark has committed it:
+in ``commit(end)``, and again for ``start`` when the next batch is planned (Spark never calls
+``commit`` for an available-now query's last batch; an ack is idempotent). So a query
+restarted from its checkpoint finds every message of an uncommitted batch still there to read
+again, and none of a committed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
+from airflow_provider_cg.core.groups import partitioning
+from airflow_provider_cg.core.groups.admin import ConsumerGroups
+from airflow_provider_cg.core.groups.config import in_membership
+from airflow_provider_cg.core.groups.consumers import pinned_id
+from airflow_provider_cg.core.jetstream import tasks
+from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.client import PriorityClient
+from airflow_provider_cg.core.jetstream.direct_gets import ALL, ReadRange
+from airflow_provider_cg.core.landing.contract import BatchOptions
+from airflow_provider_cg.core.landing.pipeline.nats_source import batch_plan
+from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, Positions
+from airflow_provider_cg.core.landing.reads.pin import Pin
+from airflow_provider_cg.core.landing.reads.reading import Assignment
+from airflow_provider_cg.core.landing.run.member import direct_reader, member_assignment, positions_of
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from airflow_provider_cg.core.streaming.options import SourceOptions
+
+log = logging.getLogger("airflow_provider_cg.streaming")
+
+T = TypeVar("T")
+#: a source offset: per member, per partition key (``"*"``: ``ALL``), the next sequence
+Offset = dict[str, dict[str, int]]
+#: a Spark call waits at most this long for the session (beyond the pin wait it asks for)
+CALL_TIMEOUT = 120.0
+
+
+class PinNotHeld(ConsumerGroupError):
+    """The query does not hold, or lost, a member's pin: it stops, acknowledging nothing more."""
+
+
+def _key(k: int) -> str:
+    return "*" if k == ALL else str(k)
+
+
+def _part(k: str) -> int:
+    return ALL if k == "*" else int(k)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a task checks before and after it reads (``source.py``): the member consumer still
+    pins this session, as created when it was pinned (``Pin.confirm``'s rule)."""
+
+    stream: str
+    consumer: str
+    pin_id: str
+    created: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stream": self.stream, "consumer": self.consumer, "pin": self.pin_id, "created": self.created}
+
+
+def holder_is(info: dict | None, fence: dict) -> bool:
+    """Whether a member consumer's ``info`` still pins the ``fence``'s client (``Fence.to_dict``)."""
+    if info is None or info.get("created") != fence.get("created"):
+        return False
+    holder = pinned_id(info)
+    return holder is None or holder == fence.get("pin")
+
+
+class MemberHold:
+    """One member of the query: its assignment, direct-get reader, positions and pin."""
+
+    def __init__(self, nc: NATS, options: BatchOptions, member: str, js_prefix: str) -> None:
+        self.nc, self.options, self.member = nc, options, member
+        self.api = JsApi(nc, prefix=js_prefix)
+        self.groups = ConsumerGroups(nc, js_prefix=js_prefix)
+        self.owner = f"{member}/stream-{secrets.token_hex(6)}"
+        self.assignment: Assignment | None = None
+        self.positions: Positions | None = None
+        self.pin: Pin | None = None
+        self.reader: Any = None
+        self.keeper: asyncio.Task | None = None
+        self.acked: dict[int, int] = {}  # the next sequence not yet acknowledged by this session, per key
+        self.first_where: dict[int, int] = {}  # where a new query starts (``initial``)
+
+    async def open(self) -> None:
+        """The assignment, its reader and the pin (waited for up to ``standby_timeout``)."""
+        o = self.options
+        a = self.assignment = await member_assignment(self.groups, self.api, o, self.member, o.batch_size)
+        self.reader, why = await direct_reader(self.nc, self.api, a, True)
+        if self.reader is None:
+            raise ConfigError("stream", f"a streaming query reads by direct gets: {why}")
+        client = PriorityClient(self.nc, a.consumer_stream, a.consumer, a.priority_group)
+        pin = self.pin = Pin(self.nc, client, member=self.member, owner=self.owner, anchored=a.partition_streams,
+                             ack_wait=a.ack_wait)
+        info = await client.consumer_info()
+        pin.adopt_timings(info.get("config") or {}, a.ack_wait)
+        first = await pin.acquire(time.monotonic() + o.standby_timeout, 1, lambda: False)
+        if not first:
+            holder = pinned_id(await client.consumer_info())
+            raise PinNotHeld(
+                f"member {self.member!r} of group {o.group!r}: no pin within pinTimeout ({o.standby_timeout:g} s)"
+                + (f"; another instance holds it (pin id {holder}): stop it, or give a longer pinTimeout to wait "
+                   "as its standby" if holder else "; the server delivered no message to pin it on"))
+        if a.partition_streams:  # pin anchors: nothing to read
+            for m in first:
+                await client.ack(m)
+        pinned = await pin.pinned()
+        self.positions = positions_of(a, self.reader, self.api, a.consumer)
+        if isinstance(self.positions, ConsumerPosition):
+            # the durable's place: its first message not acknowledged (the pinning pull's, unless
+            # an earlier instance's deliveries are still in flight: from its ack floor then)
+            floor = int((pinned.get("ack_floor") or {}).get("stream_seq") or 0)
+            busy = int(pinned.get("num_ack_pending") or 0) > len(first)
+            self.positions.next_seq = floor + 1 if busy else min(m.stream_seq for m in first)
+            self.acked = {ALL: self.positions.next_seq}
+        self.first_where = self.positions.where()
+        self.keeper = asyncio.create_task(pin.keep_until_lost())
+        log.info("cg stream source: pinned member=%s pin_id=%s partitions=%s", self.member, pin.pin_id,
+                 list(a.partitions))
+
+    def fence(self) -> Fence:
+        a, pin = self._assignment(), self._pin()
+        if pin.pin_id is None:
+            raise PinNotHeld(f"member {self.member!r}: the pin was lost")
+        return Fence(a.consumer_stream, a.consumer, pin.pin_id, pin.created)
+
+    async def check_held(self) -> None:
+        """Raises ``PinNotHeld`` when the pin moved (the query stops: nothing more is planned
+        or acknowledged)."""
+        if self.keeper is None or self.keeper.done() or not await self._pin().confirm():
+            raise PinNotHeld(f"member {self.member!r} of group {self.options.group!r}: its pin moved to another "
+                             "instance; the query stops and acknowledges nothing more (the new holder gets what "
+                             "this query did not commit)")
+
+    async def membership_changed(self) -> bool:
+        """Whether the group now gives the member other partitions (an elastic group's
+        membership change, by this project's tools or orbit's)."""
+        a, o = self._assignment(), self.options
+        try:
+            cfg = (await self.groups.get(o.stream, o.group)).config
+        except GroupNotFound:
+            raise ConsumerGroupError(f"group {o.group!r} on stream {o.stream!r} was deleted") from None
+        now = partitioning.member_filter_subjects(cfg, self.member) if in_membership(cfg, self.member) else []
+        return sorted(now) != sorted(a.filters)
+
+    async def hand_over(self) -> None:
+        """After a membership change, with everything Spark committed acknowledged: as orbit's
+        pinned instance does, delete the member consumer (it is made again with the new
+        filters, and the partitions the member lost are free for their new owners), then take
+        the new assignment and its pin."""
+        a, o = self._assignment(), self.options
+        holds = await self._pin().holds()
+        await self.close(release=False)
+        if holds:
+            try:
+                await self.api.delete_consumer(a.consumer_stream, a.consumer)
+            except JetStreamApiError as e:
+                if e.code != 404:
+                    raise
+        cfg = (await self.groups.get(o.stream, o.group)).config
+        if not (in_membership(cfg, self.member) and partitioning.member_partitions(cfg, self.member)):
+            raise ConsumerGroupError(f"member {self.member!r} left group {o.group!r}: it has no partitions to read")
+        log.info("cg stream source: member=%s membership changed; taking its new partitions", self.member)
+        self.acked = {}
+        await self.open()
+
+    async def plan(self, start: dict[int, int], count: int, last_seq: int | None) -> tuple[dict[int, int], int]:
+        """The next batch after ``start``: its end and how many messages it holds (at most
+        ``count``, up to ``last_seq`` when given). Nothing new: ``start`` itself."""
+        positions = self._positions()
+        keys = set(positions.where())
+        begin = {k: start.get(k, self.first_where.get(k, 0)) for k in keys}  # a new partition: from its first
+        positions.place(begin)
+        ranges, cut = await positions.plan(max(1, count), last_seq)
+        if not ranges:
+            return begin, 0
+        return {k: max(s, cut + 1) for k, s in begin.items()}, sum(r.messages for r in ranges)
+
+    async def ranges(self, start: dict[int, int], end: dict[int, int]) -> list[ReadRange]:
+        """A planned batch's ranges, each beginning at its first message still stored (an
+        elastic partition's ``start`` may lie far below it, or name nothing: from the first)."""
+        positions = self._positions()
+        out = []
+        for r in positions.ranges_between(start, end):
+            reader = self.reader[r.partition] if r.stream else self.reader
+            n, first = await reader.count_from(r.subject, r.first_seq)
+            if n and first <= r.last_seq:
+                out.append(ReadRange(r.partition, r.subject, first, r.last_seq, min(n, r.last_seq - first + 1),
+                                     r.stream))
+        return out
+
+    async def ack(self, end: dict[int, int]) -> None:
+        """Acknowledge everything before ``end`` that this session has not yet (Spark has
+        committed it), after making sure the pin is still this query's."""
+        positions = self._positions()
+        todo = {k: e for k, e in end.items() if e > self.acked.get(k, 1) and (k in positions.where())}
+        if not todo:
+            return
+        await self.check_held()
+        done = [ReadRange(k, "", 0, e - 1, 0) for k, e in todo.items()]
+        cut = max(e for e in todo.values()) - 1
+        unknown = await positions.ack(done, cut)
+        if unknown:
+            raise ConsumerGroupError(f"member {self.member!r}: the ack of {unknown} committed messages could not be "
+                                     "confirmed (server unreachable); the query stops, and its restart acknowledges "
+                                     "them again")
+        self.acked.update(todo)
+
+    async def latest(self) -> dict[int, int]:
+        """Where the member's streams end now (for Spark's progress: how far behind it is)."""
+        last = await self.reader.last_seq()
+        return {k: last + 1 for k in self._positions().where()}
+
+    async def close(self, release: bool = True) -> None:
+        keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            await tasks.stop(keeper)
+        pin, reader = self.pin, self.reader
+        self.pin = self.reader = None
+        if pin is not None:
+            if release:
+                await pin.release()
+            await pin.close()
+        if reader is not None:
+            await reader.close()
+
+    def _assignment(self) -> Assignment:
+        if self.assignment is None:
+            raise ConsumerGroupError("the member is not open")
+        return self.assignment
+
+    def _positions(self) -> Positions:
+        if self.positions is None:
+            raise ConsumerGroupError("the member is not open")
+        return self.positions
+
+    def _pin(self) -> Pin:
+        if self.pin is None:
+            raise PinNotHeld(f"member {self.member!r}: no pin (closed)")
+        return self.pin
+
+
+class SourceSession:
+    """The members of one query, on an asyncio loop of their own (see the module docstring).
+    Its methods are Spark's calls, synchronous, with offsets as Spark keeps them."""
+
+    def __init__(self, settings: dict, options: SourceOptions) -> None:
+        self.settings, self.options = settings, options
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="cg-stream-source", daemon=True)
+        self.thread.start()
+        self.nc: NATS | None = None
+        self.holds: dict[str, MemberHold] = {}
+        self.bound: dict[str, int] | None = None  # an available-now query's end, per member
+        self.available_now = False
+        self._turn = 0  # the member whose batch share is planned first, in turn
+        try:
+            self._call(self._open())
+        except BaseException:
+            self.stop()
+            raise
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(
+            timeout or CALL_TIMEOUT + self.options.pin_timeout)
+
+    async def _open(self) -> None:
+        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+
+        o = self.options
+        settings = NatsConnectionSettings.from_mapping({**self.settings, **({"servers": o.servers} if o.servers else {})})
+        settings.name = settings.name or f"cg-stream-{o.stream}-{o.group}"
+        self.nc = await settings.connect()
+        batch = BatchOptions(stream=o.stream, group=o.group, member=o.members[0], standby_timeout=o.pin_timeout,
+                             ack_wait=o.ack_wait)
+        self.holds = {m: MemberHold(self.nc, batch, m, o.js_prefix) for m in o.members}
+        await asyncio.gather(*(h.open() for h in self.holds.values()))
+        if o.starting_position == "latest":
+            for h in self.holds.values():
+                h.first_where = await h.latest()
+
+    # --- Spark's calls -----------------------------------------------------------------------
+
+    def initial_offset(self) -> Offset:
+        return {m: {_key(k): s for k, s in h.first_where.items()} for m, h in self.holds.items()}
+
+    def latest_offset(self, start: Offset, max_messages: int | None) -> Offset:
+        """Everything before ``start`` is committed: acknowledged first. Then the next batch,
+        at most ``max_messages`` (shared by the members, each first in turn)."""
+        return self._call(self._latest_offset(start, max_messages))
+
+    async def _latest_offset(self, start: Offset, max_messages: int | None) -> Offset:
+        await self._ack(start)
+        for h in self.holds.values():
+            await h.check_held()
+            if await h.membership_changed():
+                await h.hand_over()
+        if self.available_now and self.bound is None:
+            self.bound = {m: await h.reader.last_seq() for m, h in self.holds.items()}
+        left = max_messages if max_messages is not None else 10 ** 12
+        out: Offset = {}
+        members = list(self.holds)
+        self._turn = (self._turn + 1) % len(members)
+        for m in members[self._turn:] + members[:self._turn]:
+            h = self.holds[m]
+            begin = {_part(k): int(v) for k, v in (start.get(m) or {}).items()}
+            end, n = await h.plan(begin, left, self.bound.get(m) if self.bound else None) if left > 0 \
+                else ({k: begin.get(k, h.first_where.get(k, 0)) for k in h._positions().where()}, 0)
+            left -= n
+            out[m] = {_key(k): s for k, s in end.items()}
+        return out
+
+    def partitions(self, start: Offset, end: Offset) -> list[tuple[str, list]]:
+        """The batch ``(start, end]`` as tasks: ``(plan, split)`` pairs for ``source.read``,
+        one per range (``min_partitions`` splits them further), each plan fenced by the pin."""
+        return self._call(self._partitions(start, end))
+
+    async def _partitions(self, start: Offset, end: Offset) -> list[tuple[str, list]]:
+        await self._ack(start)
+        out: list[tuple[str, list]] = []
+        ranges_of = {}
+        for m, h in self.holds.items():
+            await h.check_held()
+            ranges_of[m] = await h.ranges({_part(k): int(v) for k, v in (start.get(m) or {}).items()},
+                                          {_part(k): int(v) for k, v in (end.get(m) or {}).items()})
+        total = sum(len(r) for r in ranges_of.values())
+        for m, ranges in ranges_of.items():
+            if not ranges:
+                continue
+            h = self.holds[m]
+            a, positions = h._assignment(), h._positions()
+            per = max(1, -(-(self.options.min_partitions or total) // total)) * len(ranges)
+            plan = json.loads(batch_plan(ranges, stream=a.consumer_stream, origin=positions.origin,
+                                         group=self.options.group, member=m, key_rules=a.key_rules,
+                                         js_prefix=self.options.js_prefix, only=positions.only, parallelism=per))
+            splits = plan.pop("splits")
+            plan["fence"] = h.fence().to_dict()
+            text = json.dumps(plan, separators=(",", ":"))
+            out.extend((text, split) for split in splits)
+        return out
+
+    def commit(self, end: Offset) -> None:
+        self._call(self._ack(end))
+
+    async def _ack(self, end: Offset) -> None:
+        for m, h in self.holds.items():
+            if end.get(m):
+                await h.ack({_part(k): int(v) for k, v in end[m].items()})
+
+    def report_latest(self) -> Offset:
+        async def latest() -> Offset:
+            return {m: {_key(k): s for k, s in (await h.latest()).items()} for m, h in self.holds.items()}
+        return self._call(latest())
+
+    def stop(self) -> None:
+        """Release the pins (a standby, or the next run, gets them now) and close."""
+        async def close() -> None:
+            for h in self.holds.values():
+                try:
+                    await h.close()
+                except Exception as e:  # noqa: BLE001 - the pin's timeout frees it anyway
+                    log.info("cg stream source: member=%s not closed cleanly (%s)", h.member, e)
+            if self.nc is not None:
+                try:
+                    await self.nc.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection
+                    pass
+        if self.loop.is_running():
+            try:
+                self._call(close(), timeout=30.0)
+            except Exception as e:  # noqa: BLE001
+                log.info("cg stream source: not closed cleanly (%s)", e)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=5.0)
