@@ -11,6 +11,7 @@ PUBLIC_MODULES = (
     "airflow_provider_cg.operators.members",
     "airflow_provider_cg.operators.spark",
     "airflow_provider_cg.operators.maintenance",
+    "airflow_provider_cg.operators.streaming",
     "airflow_provider_cg.sensors.overflow",
     "airflow_provider_cg.triggers.overflow",
     "airflow_provider_cg.hooks.nats",
@@ -21,6 +22,7 @@ PUBLIC_MODULES = (
     "airflow_provider_cg.core.errors",
     "airflow_provider_cg.core.landing.transform",
     "airflow_provider_cg.core.landing.modes",
+    "airflow_provider_cg.core.streaming",
 )
 
 

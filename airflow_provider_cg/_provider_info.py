@@ -137,7 +137,8 @@ def provider_info(version: str) -> dict:
             }
         ],
         "hooks": modules("hooks.nats", "hooks.spark_submit"),
-        "operators": modules("operators.groups", "operators.members", "operators.spark", "operators.maintenance"),
+        "operators": modules("operators.groups", "operators.members", "operators.spark", "operators.maintenance",
+                             "operators.streaming"),
         "sensors": modules("sensors.overflow"),
         "triggers": modules("triggers.overflow"),
         # A list of class paths (not python-modules): MessageQueueTrigger(scheme="nats-cg").

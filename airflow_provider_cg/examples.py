@@ -28,6 +28,7 @@ __all__ = [
     "orders_landing",
     "orders_table",
     "paid_orders_asset",
+    "spark_app",
     "table_formats",
 ]
 
@@ -135,3 +136,11 @@ def landing_report(summaries: list[dict[str, Any]] | dict[str, Any]) -> dict[str
     lines.append(f"{'total':<10} {'':<10}" + "".join(f" {totals[k]:>18}" for k in COUNTS))
     print("\n".join(lines))
     return {"members": members, "totals": totals}
+
+
+def spark_app(name: str) -> str:
+    """The path of one of the package's spark-submit applications (``spark_apps/<name>``), e.g.
+    the example streaming application ``cg_stream_windows.py`` (example DAG 7)."""
+    from airflow_provider_cg.core.tools.packaging import spark_app_path
+
+    return str(spark_app_path(name))

@@ -33,7 +33,7 @@ def shipped(airflow_env, monkeypatch):
     assert not bag.import_errors, bag.import_errors
     assert set(bag.dags) == {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout",
                              "cg_overflow_scaleout_sensor", "cg_paid_orders_report", "cg_table_maintenance",
-                             "cg_follow_orders"}
+                             "cg_follow_orders", "cg_stream_windows"}
     return bag.dags
 
 

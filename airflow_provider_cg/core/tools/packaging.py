@@ -137,6 +137,15 @@ def member_job_path() -> Path:
     return path
 
 
+def spark_app_path(name: str) -> Path:
+    """One of the shipped spark-submit applications (``spark_apps/<name>``), e.g. the example
+    streaming application ``cg_stream_windows.py``."""
+    path = _shipped_folder(SPARK_APPS_PACKAGE, "spark_apps") / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{name} is not a file in {SPARK_APPS_PACKAGE} ({path})")
+    return path
+
+
 def example_dags_folder() -> Path:
     """The example DAGs (``dags/`` in the repository, ``airflow_provider_cg/example_dags`` in a wheel)."""
     return _shipped_folder(EXAMPLE_DAGS_PACKAGE, "dags")
