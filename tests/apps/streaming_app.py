@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--stream", required=True)
     ap.add_argument("--raw", action="append", default=[])
     ap.add_argument("--windows", action="append", default=[])
+    ap.add_argument("--sink-batches", action="append", default=[], help="GROUP:MEMBER:PARQUET_DIR")
     ap.add_argument("--checkpoints", required=True)
     ap.add_argument("--trigger", default="1")
     ap.add_argument("--seconds", type=float)
@@ -57,6 +58,15 @@ def main(argv: list[str]) -> int:
         rows = source(group, member).select("origin_stream", "origin_seq", "subject", "partition", "key",
                                             F.col("payload").cast("string").alias("payload_text"), "timestamp")
         queries.append(start(rows, f"raw-{group}-{member}", table))
+    for spec in a.sink_batches:
+        from airflow_provider_cg.core.streaming import SinkBatches
+
+        group, member, lake = spec.split(":", 2)
+        w = source(group, member).writeStream.queryName(f"lake-{group}-{member}") \
+            .foreachBatch(SinkBatches(stream=a.stream, group=group, member=member, sink="parquet", sink_path=lake)) \
+            .option("checkpointLocation", f"{a.checkpoints}/lake-{group}-{member}")
+        w = w.trigger(availableNow=True) if a.trigger == "now" else w.trigger(processingTime=f"{a.trigger} seconds")
+        queries.append(w.start())
     for spec in a.windows:
         group, member, table = spec.split(":", 2)
         orders = source(group, member).select(F.from_json(F.col("payload").cast("string"), ORDER).alias("o")).select("o.*") \

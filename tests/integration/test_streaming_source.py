@@ -240,3 +240,51 @@ async def test_a_query_beside_orbit_consuming_another_member_of_the_group(nc, na
     assert set(pub.orders) - ours - theirs <= unsure
     assert {x.partition for x in landed} <= m1_partitions
     assert_exactly_once(landed, {(STREAM, q): f"k{o['id'] % CUSTOMERS}" for q, o in pub.orders.items() if q in ours})
+
+
+async def test_a_query_through_the_two_phase_writer_shares_its_table_with_the_member_job(
+        nc, nats_server, member_job_zip, tmp_path):
+    """A query lands its member into the provider's Parquet table through ``SinkBatches``
+    (foreachBatch) while orders are published; it is SIGKILLed mid-batch, the member job takes
+    the member over and lands into the same table (finishing what the query left prepared),
+    then the query is restarted from its checkpoint twice (killed once more, then
+    available-now). Every order is in the table once, in per-key order, whichever writer
+    landed it."""
+    from tests.support.member_job import parquet_landed, start_member_job
+
+    rnd = random.Random()
+    await nc.jetstream().add_stream(name=STREAM, subjects=["orders.*"])
+    await ConsumerGroups(nc).create(STREAM, "g", ElasticGroupConfig(3, (PartitioningFilter("orders.*", (1,)),),
+                                                                    members=("m1",)))
+    lake = tmp_path / "lake"
+    args = ["--stream", STREAM, "--sink-batches", f"g:m1:{lake}", "--checkpoints", str(tmp_path / "ck"),
+            "--trigger", "1", "--option", "maxMessagesPerTrigger=400", "--option", "pinTimeout=60"]
+    pub = Publisher(nats_server.url, 6_000, 300.0)
+    pub.start()
+
+    def rows() -> int:
+        return len(parquet_landed(lake)) if lake.exists() else 0
+
+    async def run_until_landing_then_kill() -> None:
+        app = start_streaming_app(member_job_zip, tmp_path / "logs", nats_servers=nats_server.url, args=args)
+        before, deadline = rows(), time.monotonic() + 180
+        while rows() == before:
+            assert app.running() and time.monotonic() < deadline, app.result().describe()
+            await asyncio.sleep(0.3)
+        await asyncio.sleep(rnd.uniform(0.0, 3.0))
+        app.kill()
+
+    await run_until_landing_then_kill()
+    job = await asyncio.to_thread(start_member_job(
+        member_job_zip, tmp_path / "job", nats_servers=nats_server.url, stream=STREAM, group="g", member="m1",
+        sink="parquet", sink_path=lake, spark=False,
+        args=["--standby-timeout", "60", "--idle-timeout", "2", "--batch-size", "300"]).wait, 180)
+    assert job.returncode == 0 and job.summary["messages_read"] > 0, job.describe()
+    await run_until_landing_then_kill()
+    await asyncio.to_thread(pub.join, 120)
+    assert pub.error is None
+    final = await asyncio.to_thread(start_streaming_app(
+        member_job_zip, tmp_path / "logs", nats_servers=nats_server.url,
+        args=[a if a != "1" else "now" for a in args]).wait, 240)
+    assert final.returncode == 0, final.describe()
+    assert_exactly_once(parquet_landed(lake), {(STREAM, q): f"k{o['id'] % CUSTOMERS}" for q, o in pub.orders.items()})

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 
 from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.streaming.batches import SinkBatches
 from airflow_provider_cg.core.streaming.source import SOURCE_NAME, register
 
-__all__ = ["SOURCE_NAME", "member_options", "register"]
+__all__ = ["SOURCE_NAME", "SinkBatches", "member_options", "register"]
 
 #: where ``ConsumerGroupStreamingAppOperator`` names the application's member
 MEMBER_ENV = {"stream": "CG_STREAM", "group": "CG_GROUP", "member": "CG_MEMBER"}

@@ -1,0 +1,139 @@
+"""A ``foreachBatch`` writer that lands a ``cg_member`` query's micro-batches into one of the
+provider's tables (Parquet, Delta, Iceberg, PostgreSQL: ``SinkOptions``) through the member
+job's two-phase protocol (``protocol/two_phase.py``)::
+
+    query = (spark.readStream.format("cg_member").options(**member).load()
+             .writeStream.foreachBatch(SinkBatches(sink="delta", sink_path="/lake/orders", **member))
+             .option("checkpointLocation", "/lake/_checkpoints/orders-m1").start())
+
+Why it is exactly once with every other writer of the table (the member job's live runs,
+backfills, replays): each batch is prepared, marked and committed with its inputs
+``(origin_stream, origin_seq)``, which the table drops when another write holds them already,
+so a batch Spark runs again after a crash lands nothing twice, whatever it was cut into. The
+first batch of a query's run fences the member's partitions in the table and finishes what an
+earlier holder left prepared there (``TwoPhaseLander.take_over``); a writer that later takes
+them over (a member job that got the pin) fences this one out, and its next batch fails
+instead of writing. The source acknowledges a batch only after Spark committed it, which is
+after this writer's commit.
+
+Rows are written as the source gives them (the member job's columns; what the source does
+not carry, ``payload_text`` and ``delivery_count``, is null): transform them in Spark before,
+keeping ``origin_stream`` and ``origin_seq``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError
+from airflow_provider_cg.core.landing.contract import Summary
+from airflow_provider_cg.core.landing.pipeline.processing import ArrowPipeline
+from airflow_provider_cg.core.landing.protocol.two_phase import TwoPhaseLander
+from airflow_provider_cg.core.landing.rows import ROW_SCHEMA, BatchId
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+    from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
+
+__all__ = ["SinkBatches"]
+
+log = logging.getLogger("airflow_provider_cg.streaming")
+
+
+class SinkBatches:
+    """``foreachBatch(SinkBatches(stream=..., group=..., member=..., sink=..., <sink options>))``:
+    see the module docstring. ``settings``: the NATS connection (default: the ``CG_NATS_*``
+    environment), used once per run to learn the member's partitions."""
+
+    def __init__(self, *, stream: str, group: str, member: str, settings: NatsConnectionSettings | None = None,
+                 **sink_options: Any) -> None:
+        from airflow_provider_cg.core.landing.sinks.options import SinkOptions
+
+        self.stream, self.group, self.member, self.settings = stream, group, member, settings
+        self.sink_options = SinkOptions.build(sink_options)  # a bad option fails here, naming it
+        self.sink: TwoPhaseSink | None = None
+        self.lander: TwoPhaseLander | None = None
+        self.summary = Summary(stream, group, member)
+        self.owner = f"{member}/query-{secrets.token_hex(6)}"
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        table = _as_rows(df.toArrow())
+        lander = self._lander()
+        if table.num_rows == 0:
+            return
+        batch = BatchId(self.stream, self.group, self.member, int(batch_id))
+        pipeline = ArrowPipeline()
+        processed = pipeline.process(lander.sink, table, batch)
+
+        async def no_ack() -> int:  # the source acknowledges once Spark committed the batch
+            return 0
+
+        def recompute() -> tuple[BatchId, Any]:
+            again = BatchId(self.stream, self.group, self.member, int(batch_id))
+            return again, pipeline.process(lander.sink, table, again)
+
+        async def land() -> bool:
+            done = await lander.land(batch, processed, table, {}, no_ack, table.num_rows,
+                                     int(pc.sum(pc.binary_length(table.column("payload"))).as_py() or 0),
+                                     recompute=recompute)
+            await lander.finish()
+            return done
+
+        if not asyncio.run(land()) and lander.taken_over:
+            raise ConsumerGroupError(
+                f"member {self.member!r}: another writer took over its partitions in the table (its pin moved): "
+                f"batch {batch_id} was not written, and the query stops")
+
+    def _lander(self) -> TwoPhaseLander:
+        """The sink and the lander, at a run's first batch: the member's partitions fenced in the
+        table, and what an earlier holder left prepared there finished."""
+        if self.lander is not None:
+            return self.lander
+        from airflow_provider_cg.core.groups import partitioning
+        from airflow_provider_cg.core.groups.admin import ConsumerGroups
+        from airflow_provider_cg.core.groups.config import in_membership
+        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+        from airflow_provider_cg.core.landing.sinks.opening import open_sink
+
+        settings = self.settings or NatsConnectionSettings.from_env()
+
+        async def assignment() -> tuple[tuple[int, ...], int]:
+            nc = await settings.connect()
+            try:
+                config = (await ConsumerGroups(nc).get(self.stream, self.group)).config
+            finally:
+                await nc.close()
+            if not in_membership(config, self.member):
+                raise ConfigError("member", f"{self.member!r} is not a member of group {self.group!r}")
+            return tuple(partitioning.member_partitions(config, self.member)), config.max_members
+
+        partitions, count = asyncio.run(assignment())
+        self.sink = open_sink(self.sink_options)
+        lander = TwoPhaseLander(self.sink, self.summary, self.stream, self.group, self.member)
+        lander.partition_count = count
+        asyncio.run(lander.take_over(self.owner, partitions))
+        self.lander = lander
+        return lander
+
+
+def _as_rows(table: pa.Table) -> pa.Table:
+    """A micro-batch in the member job's row layout (``ROW_SCHEMA``), other columns after it."""
+    if "origin_stream" not in table.column_names or "origin_seq" not in table.column_names:
+        raise ConfigError("foreachBatch", "the rows must keep origin_stream and origin_seq (each message's id)")
+    cols, fields = [], []
+    for f in ROW_SCHEMA:
+        cols.append(table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(table.num_rows, f.type))
+        fields.append(f)
+    for name in table.column_names:
+        if name not in ROW_SCHEMA.names:
+            cols.append(table.column(name))
+            fields.append(table.schema.field(name))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
