@@ -44,26 +44,28 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import functions as F
 
     from airflow_provider_cg.core.errors import ConfigError
-    from airflow_provider_cg.core.streaming import member_options, register
+    from airflow_provider_cg.core.streaming import check_options, failure_of, member_options, register
 
+    options = {}
     try:
-        member = member_options()
+        options = member_options()
+        if a.max_messages_per_trigger is not None:
+            options["maxMessagesPerTrigger"] = str(a.max_messages_per_trigger)
+        check_options(options)
     except ConfigError as e:
         print(f"cg_stream_windows: {e}", file=sys.stderr)
         return 1
-    spark = SparkSession.builder.appName(f"cg-windows-{member['member']}").getOrCreate()
+    member = options["member"]
+    spark = SparkSession.builder.appName(f"cg-windows-{member}").getOrCreate()
     register(spark)
-    source = spark.readStream.format("cg_member").options(**member)
-    if a.max_messages_per_trigger:
-        source = source.option("maxMessagesPerTrigger", str(a.max_messages_per_trigger))
-    orders = source.load().select(
+    orders = spark.readStream.format("cg_member").options(**options).load().select(
         F.from_json(F.col("payload").cast("string"), a.schema).alias("o"), F.col("timestamp").alias("stored"))
     windows = (orders.withWatermark("stored", a.watermark)
                .groupBy(F.window("stored", a.window), F.col("o.customer").alias("customer"))
                .agg(F.count(F.lit(1)).alias("orders"), F.sum("o.amount").alias("revenue"))
                .select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"),
                        "customer", "orders", "revenue"))
-    writer = (windows.writeStream.format("delta").outputMode("append").queryName(f"windows-{member['member']}")
+    writer = (windows.writeStream.format("delta").outputMode("append").queryName(f"windows-{member}")
              .option("checkpointLocation", a.checkpoint))
     writer = writer.trigger(availableNow=True) if every is None else writer.trigger(processingTime=every)
     query = writer.start(a.table)
@@ -71,9 +73,10 @@ def main(argv: list[str]) -> int:
         query.awaitTermination(a.seconds)
         query.stop()
     except StreamingQueryException as e:  # one line: the source's error says what and why
-        print(f"cg_stream_windows: the query failed: {str(e).splitlines()[0][:500]}", file=sys.stderr)
-        return 2
-    print(f"cg_stream_windows: member {member['member']}: done", flush=True)
+        message, users = failure_of(e)
+        print(f"cg_stream_windows: the query failed: {message}", file=sys.stderr)
+        return 1 if users else 2
+    print(f"cg_stream_windows: member {member}: done", flush=True)
     return 0
 
 

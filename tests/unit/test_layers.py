@@ -31,7 +31,7 @@ SINKS = f"{LANDING}.sinks"
 
 #: the core: errors and durations beneath everything, then the protocol client, the groups, the
 #: member job, and the tools beside it (never on a driver)
-CORE_LAYERS = layers(("errors", "durations"), "jetstream", "groups", "landing", ("tools", "__init__"))
+CORE_LAYERS = layers(("errors", "durations"), "jetstream", "groups", "landing", "streaming", ("tools", "__init__"))
 
 #: the member job: the contract's words and the rows at the bottom, then the sinks, what Spark
 #: does to a batch, the contract, the two-phase protocol, the read paths, and the run on top

@@ -47,6 +47,7 @@ def test_provider_info_matches_airflow_schema_and_architecture():
         "airflow_provider_cg.operators.members",
         "airflow_provider_cg.operators.spark",
         "airflow_provider_cg.operators.maintenance",
+        "airflow_provider_cg.operators.streaming",
     ]
     assert modules("sensors") == ["airflow_provider_cg.sensors.overflow"]
     assert modules("triggers") == ["airflow_provider_cg.triggers.overflow"]

@@ -48,7 +48,7 @@ from airflow_provider_cg.core.landing.run.member import direct_reader, member_as
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
-    from airflow_provider_cg.core.streaming.options import SourceOptions
+    from airflow_provider_cg.core.streaming.source_options import SourceOptions
 
 log = logging.getLogger("airflow_provider_cg.streaming")
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_cg.core.landing.pipeline.nats_source import READ_FAILED, WORKER, read_split
-from airflow_provider_cg.core.streaming.options import SourceOptions
+from airflow_provider_cg.core.streaming.source_options import SourceOptions
 
 try:  # PySpark 4.0+
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -70,7 +70,7 @@ def register(spark: SparkSession, settings: NatsConnectionSettings | None = None
 
 class MemberSource(DataSource):
     """``spark.readStream.format("cg_member").option("stream", ...).option("group", ...)
-    .option("member", ...).load()`` (options: ``options.OPTIONS``)."""
+    .option("member", ...).load()`` (options: ``source_options.OPTIONS``)."""
 
     settings: dict | None = None
 
