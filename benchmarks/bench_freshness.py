@@ -162,6 +162,10 @@ class Lander:
     # and Spark's first job (the follower's warm-up: up to 10 s here beside the publishers)
     HANDOVER_LEAD = 5.0
     HANDOVER_LEAD_SPARK = 15.0
+    #: what a job's log says once it is warm (``all_ready``), and whether a waiting job keeps a
+    #: pull open on its consumer (the member job's followers do)
+    READY_MARKER = b"cg Spark warmed up"
+    WAITS_PULLING = True
 
     def __init__(self, url: str, workdir: Path, stream: str, members: list[str], interval: float | None,
                  spark: bool, zip_path: Path, follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (),
@@ -281,13 +285,15 @@ class Lander:
                     time.sleep(0.05)
 
 
-async def all_ready(url: str, stream: str, members: list[str], logs: Path | None, timeout: float = 60.0) -> None:
+async def all_ready(url: str, stream: str, members: list[str], logs: Path | None, timeout: float = 60.0,
+                    marker: bytes = Lander.READY_MARKER, pulling: bool = True) -> None:
     """Wait until every member's consumer has a job's pull waiting (for its first message, and
-    with it the pin), and with ``logs`` (spark-submit) until each member's job says Spark has
-    warmed up (``SparkPipeline.warm_up``): the followers started warm."""
+    with it the pin; unless not ``pulling``), and with ``logs`` (spark-submit) until each
+    member's job says ``marker`` (the member job: Spark has warmed up, ``SparkPipeline.warm_up``):
+    the followers started warm."""
 
     def warmed(member: str) -> bool:
-        return logs is None or any(b"cg Spark warmed up" in f.read_bytes() for f in logs.glob(f"{stream}-{member}-*.log"))
+        return logs is None or any(marker in f.read_bytes() for f in logs.glob(f"{stream}-{member}-*.log"))
 
     nc = await NatsConnectionSettings(servers=[url]).connect()
     api = JsApi(nc)
@@ -295,7 +301,8 @@ async def all_ready(url: str, stream: str, members: list[str], logs: Path | None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             infos = [await api.consumer_info(f"{stream}-g", m) for m in members]
-            if all(i and int(i.get("num_waiting") or 0) > 0 for i in infos) and all(map(warmed, members)):
+            if all(i and (int(i.get("num_waiting") or 0) > 0 or not pulling) for i in infos) \
+                    and all(map(warmed, members)):
                 return
             await asyncio.sleep(0.1)
         raise SystemExit(f"{stream}: not every member's job was waiting within {timeout:g} s")
@@ -431,7 +438,7 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
              seconds: float, partitions: int, members: int, spark: bool, zip_path: Path,
              publishers: int = 4, layout: str = grouplayout.WORK_QUEUE,
              follow: tuple[float, float] | None = None, extra: tuple[str, ...] = (), sink: str = "parquet",
-             driver_jvm: str = "operator", master: str = "local[2]") -> dict:
+             driver_jvm: str = "operator", master: str = "local[2]", lander_cls: type[Lander] = Lander) -> dict:
     stream = name.upper()
     names = [f"m{i + 1}" for i in range(members)]
 
@@ -443,8 +450,8 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
         await nc.close()
 
     asyncio.run(setup())
-    lander = Lander(url, workdir, stream, names, interval, spark, zip_path, follow, extra,
-                    workdir / "logs", sink, driver_jvm, master)
+    lander = lander_cls(url, workdir, stream, names, interval, spark, zip_path, follow, extra,
+                        workdir / "logs", sink, driver_jvm, master)
     watch = TableWatch(lander) if sink != "parquet" else None
     thread = threading.Thread(target=lander.run, daemon=True)
     publisher = Publisher(url, stream, rate, seconds, publishers)
@@ -460,7 +467,8 @@ def run_case(url: str, workdir: Path, name: str, schedule: str, interval: float 
         if watch is not None:
             watch.thread.start()
         if follow:  # followers start warm: publishing begins once every member's job waits for it
-            await all_ready(url, stream, names, workdir / "logs" if spark else None)
+            await all_ready(url, stream, names, workdir / "logs" if spark else None,
+                            marker=lander.READY_MARKER, pulling=lander.WAITS_PULLING)
         nonlocal warm_cpu
         warm_cpu = lander.cpu_so_far()
         await publisher.run(landed)

@@ -106,44 +106,68 @@ class MemberHold:
         self.pin: Pin | None = None
         self.reader: Any = None
         self.keeper: asyncio.Task | None = None
+        self.acquiring: asyncio.Task | None = None  # the pin's acquisition (``_acquire``)
+        self.pending: dict[int, int] = {}  # what Spark committed, to acknowledge once pinned
         self.acked: dict[int, int] = {}  # the next sequence not yet acknowledged by this session, per key
         self.first_where: dict[int, int] = {}  # where a new query starts (``initial``)
 
     async def open(self) -> None:
-        """The assignment, its reader and the pin (waited for up to ``standby_timeout``)."""
+        """The assignment, its reader and positions; the pin is acquired in the background
+        (``_acquire``): a member with nothing to deliver pins nobody, and a query may start
+        before its first message. Waits a moment for it, so a member with messages starts pinned."""
         o = self.options
         a = self.assignment = await member_assignment(self.groups, self.api, o, self.member, o.batch_size)
         self.reader, why = await direct_reader(self.nc, self.api, a, True)
         if self.reader is None:
             raise ConfigError("stream", f"a streaming query reads by direct gets: {why}")
         client = PriorityClient(self.nc, a.consumer_stream, a.consumer, a.priority_group)
-        pin = self.pin = Pin(self.nc, client, member=self.member, owner=self.owner, anchored=a.partition_streams,
-                             ack_wait=a.ack_wait)
+        self.pin = Pin(self.nc, client, member=self.member, owner=self.owner, anchored=a.partition_streams,
+                       ack_wait=a.ack_wait)
         info = await client.consumer_info()
-        pin.adopt_timings(info.get("config") or {}, a.ack_wait)
-        first = await pin.acquire(time.monotonic() + o.standby_timeout, 1, lambda: False)
-        if not first:
-            holder = pinned_id(await client.consumer_info())
-            raise PinNotHeld(
-                f"member {self.member!r} of group {o.group!r}: no pin within pinTimeout ({o.standby_timeout:g} s)"
-                + (f"; another instance holds it (pin id {holder}): stop it, or give a longer pinTimeout to wait "
-                   "as its standby" if holder else "; the server delivered no message to pin it on"))
-        if a.partition_streams:  # pin anchors: nothing to read
-            for m in first:
-                await client.ack(m)
-        pinned = await pin.pinned()
+        self.pin.adopt_timings(info.get("config") or {}, a.ack_wait)
         self.positions = positions_of(a, self.reader, self.api, a.consumer)
-        if isinstance(self.positions, ConsumerPosition):
-            # the durable's place: its first message not acknowledged (the pinning pull's, unless
-            # an earlier instance's deliveries are still in flight: from its ack floor then)
-            floor = int((pinned.get("ack_floor") or {}).get("stream_seq") or 0)
-            busy = int(pinned.get("num_ack_pending") or 0) > len(first)
-            self.positions.next_seq = floor + 1 if busy else min(m.stream_seq for m in first)
+        if isinstance(self.positions, ConsumerPosition):  # the durable's place: after what it acknowledged
+            self.positions.next_seq = int((info.get("ack_floor") or {}).get("stream_seq") or 0) + 1
             self.acked = {ALL: self.positions.next_seq}
         self.first_where = self.positions.where()
+        self.acquiring = asyncio.create_task(self._acquire())
+        await asyncio.wait({self.acquiring}, timeout=2.0)
+        if self.acquiring.done():
+            self.acquiring.result()  # (a failure raised here)
+
+    async def _acquire(self) -> None:
+        """Pull as a standby until the server pins this session (then keep the pin). Nobody
+        pinned and nothing delivered within ``pinTimeout``: nothing to read yet, go on waiting;
+        another instance holding the pin that long: ``PinNotHeld``."""
+        o, a, pin = self.options, self._assignment(), self._pin()
+        while True:
+            first = await pin.acquire(time.monotonic() + o.standby_timeout, 1, lambda: False)
+            if first:
+                break
+            holder = pinned_id(await pin.client.consumer_info())
+            if holder:
+                raise PinNotHeld(f"member {self.member!r} of group {o.group!r}: another instance holds its pin (pin "
+                                 f"id {holder}) for longer than pinTimeout ({o.standby_timeout:g} s): stop it, or give "
+                                 "a longer pinTimeout for this query to wait as its standby")
+        if a.partition_streams:  # pin anchors: nothing to read
+            for m in first:
+                await pin.client.ack(m)
+        await pin.pinned()
         self.keeper = asyncio.create_task(pin.keep_until_lost())
         log.info("cg stream source: pinned member=%s pin_id=%s partitions=%s", self.member, pin.pin_id,
                  list(a.partitions))
+
+    def pinned(self) -> bool:
+        """Whether the session holds the pin now (a failed acquisition raises its error)."""
+        if self.acquiring is None or not self.acquiring.done():
+            return False
+        self.acquiring.result()
+        return True
+
+    async def wait_pinned(self) -> None:
+        if self.acquiring is None:
+            raise PinNotHeld(f"member {self.member!r}: not open")
+        await asyncio.shield(self.acquiring)
 
     def fence(self) -> Fence:
         a, pin = self._assignment(), self._pin()
@@ -223,6 +247,10 @@ class MemberHold:
         todo = {k: e for k, e in end.items() if e > self.acked.get(k, 1) and (k in positions.where())}
         if not todo:
             return
+        if not self.pinned():  # acknowledged once pinned: never without the pin
+            self.pending = {k: max(e, self.pending.get(k, 0)) for k, e in todo.items()}
+            return
+        todo = {k: max(e, self.pending.pop(k, 0)) for k, e in todo.items()}
         await self.check_held()
         done = [ReadRange(k, "", 0, e - 1, 0) for k, e in todo.items()]
         cut = max(e for e in todo.values()) - 1
@@ -239,6 +267,9 @@ class MemberHold:
         return {k: last + 1 for k in self._positions().where()}
 
     async def close(self, release: bool = True) -> None:
+        acquiring, self.acquiring = self.acquiring, None
+        if acquiring is not None:
+            await tasks.stop(acquiring)
         keeper, self.keeper = self.keeper, None
         if keeper is not None:
             await tasks.stop(keeper)
@@ -319,9 +350,10 @@ class SourceSession:
     async def _latest_offset(self, start: Offset, max_messages: int | None) -> Offset:
         await self._ack(start)
         for h in self.holds.values():
-            await h.check_held()
-            if await h.membership_changed():
-                await h.hand_over()
+            if h.pinned():
+                await h.check_held()
+                if await h.membership_changed():
+                    await h.hand_over()
         if self.available_now and self.bound is None:
             self.bound = {m: await h.reader.last_seq() for m, h in self.holds.items()}
         left = max_messages if max_messages is not None else 10 ** 12
@@ -333,6 +365,9 @@ class SourceSession:
             begin = {_part(k): int(v) for k, v in (start.get(m) or {}).items()}
             end, n = await h.plan(begin, left, self.bound.get(m) if self.bound else None) if left > 0 \
                 else ({k: begin.get(k, h.first_where.get(k, 0)) for k in h._positions().where()}, 0)
+            if n and not h.pinned():  # its tasks read only while it holds the pin: a message came, it comes
+                await h.wait_pinned()
+                await h.ack(h.pending)
             left -= n
             out[m] = {_key(k): s for k, s in end.items()}
         return out
@@ -347,9 +382,14 @@ class SourceSession:
         out: list[tuple[str, list]] = []
         ranges_of = {}
         for m, h in self.holds.items():
-            await h.check_held()
+            if (end.get(m) or {}) == (start.get(m) or {}):
+                continue
             ranges_of[m] = await h.ranges({_part(k): int(v) for k, v in (start.get(m) or {}).items()},
                                           {_part(k): int(v) for k, v in (end.get(m) or {}).items()})
+            if ranges_of[m]:  # (a batch run again after a restart: its messages are there to pin on)
+                await h.wait_pinned()
+                await h.ack(h.pending)
+                await h.check_held()
         total = sum(len(r) for r in ranges_of.values())
         for m, ranges in ranges_of.items():
             if not ranges:
