@@ -288,3 +288,95 @@ async def test_a_query_through_the_two_phase_writer_shares_its_table_with_the_me
         args=[a if a != "1" else "now" for a in args]).wait, 240)
     assert final.returncode == 0, final.describe()
     assert_exactly_once(parquet_landed(lake), {(STREAM, q): f"k{o['id'] % CUSTOMERS}" for q, o in pub.orders.items()})
+
+
+async def test_a_query_takes_its_new_partitions_when_the_group_grows_and_loses_nothing(
+        nc, nats_server, member_job_zip, tmp_path):
+    """A query reads m1 (every partition) through ``SinkBatches`` while orders are published;
+    m2 joins the group mid-query and the member job lands m2's partitions into the same table.
+    The query acknowledges only what is still m1's, hands its consumer over and goes on with its
+    new partitions (or, when m2's writer fenced a batch of its in flight, stops and is run again
+    from its checkpoint). Every order is in the table once, in per-key order."""
+    from airflow_provider_cg.core.groups import partitioning
+    from tests.support.member_job import parquet_landed, start_member_job
+
+    await nc.jetstream().add_stream(name=STREAM, subjects=["orders.*"])
+    cg = ConsumerGroups(nc)
+    await cg.create(STREAM, "g", ElasticGroupConfig(4, (PartitioningFilter("orders.*", (1,)),), members=("m1",)))
+    lake = tmp_path / "lake"
+    args = ["--stream", STREAM, "--sink-batches", f"g:m1:{lake}", "--checkpoints", str(tmp_path / "ck"),
+            "--trigger", "1", "--option", "maxMessagesPerTrigger=300", "--option", "pinTimeout=60"]
+    pub = Publisher(nats_server.url, 6_000, 250.0)
+    pub.start()
+    app = start_streaming_app(member_job_zip, tmp_path / "logs", nats_servers=nats_server.url, args=args)
+    deadline = time.monotonic() + 180
+    while not lake.exists() or len(parquet_landed(lake)) < 600:
+        assert app.running() and time.monotonic() < deadline, app.result().describe()
+        await asyncio.sleep(0.3)
+    info = await cg.add_members(STREAM, "g", ["m2"])
+    m2 = set(partitioning.member_partitions(info.config, "m2"))
+    assert m2 and m2 != {0, 1, 2, 3}
+
+    def job():
+        return start_member_job(member_job_zip, tmp_path / "job", nats_servers=nats_server.url, stream=STREAM,
+                                group="g", member="m2", sink="parquet", sink_path=lake, spark=False,
+                                args=["--standby-timeout", "20", "--idle-timeout", "2", "--batch-size", "300"])
+
+    while pub.is_alive():  # m2's runs, one after another, while orders come
+        r = await asyncio.to_thread(job().wait, 120)
+        assert r.returncode == 0, r.describe()
+    stopped_by_fence = not app.running()
+    if app.running():
+        await asyncio.sleep(3.0)  # what it has in hand lands
+        app.kill()
+    assert pub.error is None
+    final = await asyncio.to_thread(start_streaming_app(
+        member_job_zip, tmp_path / "logs", nats_servers=nats_server.url,
+        args=[a if a != "1" else "now" for a in args]).wait, 240)
+    assert final.returncode == 0, final.describe()
+    r = await asyncio.to_thread(job().wait, 120)
+    assert r.returncode == 0, r.describe()
+    landed = parquet_landed(lake)
+    assert_exactly_once(landed, {(STREAM, q): f"k{o['id'] % CUSTOMERS}" for q, o in pub.orders.items()})
+    by_m2 = [x for x in landed if x.partition in m2]
+    assert by_m2, "m2's partitions landed nothing"
+    if stopped_by_fence:
+        assert "took over its partitions" in app.result().output, app.result().describe()
+
+
+async def test_a_static_member_read_by_available_now_queries_moves_its_durable(nc, nats_server, member_job_zip,
+                                                                             tmp_path):
+    """A static group (origin partitioned by the server's subject transform): two available-now
+    runs of a query over m1, orders published before each, land exactly m1's orders once and in
+    per-key order; m1's durable stands after them, as orbit's tools read it."""
+    from airflow_provider_cg.core.groups import partitioning
+    from airflow_provider_cg.core.groups.config import StaticGroupConfig
+
+    api = JsApi(nc)
+    await api.add_stream({"name": STREAM, "subjects": ["orders.*"], "storage": "file", "allow_direct": True,
+                          "subject_transform": {"src": "orders.*", "dest": "{{partition(2,1)}}.orders.{{wildcard(1)}}"}})
+    info = await ConsumerGroups(nc).create(STREAM, "s", StaticGroupConfig(2, ("orders.*",), members=("m1", "m2")))
+    mine = set(partitioning.member_partitions(info.config, "m1"))
+    raw = str(tmp_path / "raw")
+    args = ["--stream", STREAM, "--raw", f"s:m1:{raw}", "--checkpoints", str(tmp_path / "ck"), "--trigger", "now",
+            "--option", "maxMessagesPerTrigger=500"]
+    orders: dict[int, dict] = {}
+    for n in (2_000, 1_000):
+        pub = Publisher(nats_server.url, n, 5_000.0)
+        await asyncio.to_thread(pub.run)
+        assert pub.error is None
+        orders.update(pub.orders)
+        r = await asyncio.to_thread(start_streaming_app(member_job_zip, tmp_path / "logs",
+                                                        nats_servers=nats_server.url, args=args).wait, 240)
+        assert r.returncode == 0, r.describe()
+    landed = delta_landed(raw)
+    assert landed and {x.partition for x in landed} <= mine
+    stored = {}  # the origin's subjects (after the transform): which orders are m1's
+    for q in orders:
+        msg = await api.request(f"STREAM.MSG.GET.{STREAM}", {"seq": q})
+        stored[q] = msg["message"]["subject"]
+    expected = {(STREAM, q): f"k{o['id'] % CUSTOMERS}" for q, o in orders.items()
+                if int(stored[q].split(".", 1)[0]) in mine}
+    assert_exactly_once(landed, expected)
+    durable = await api.consumer_info(STREAM, "s-m1")
+    assert int(durable["ack_floor"]["stream_seq"]) >= max(x.origin_seq for x in landed), durable

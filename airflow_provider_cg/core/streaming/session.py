@@ -183,16 +183,18 @@ class MemberHold:
                              "instance; the query stops and acknowledges nothing more (the new holder gets what "
                              "this query did not commit)")
 
-    async def membership_changed(self) -> bool:
-        """Whether the group now gives the member other partitions (an elastic group's
-        membership change, by this project's tools or orbit's)."""
+    async def membership_changed(self) -> tuple[int, ...] | None:
+        """The member's partitions when the group now gives it others than this assignment's (an
+        elastic group's membership change, by this project's tools or orbit's), else None."""
         a, o = self._assignment(), self.options
         try:
             cfg = (await self.groups.get(o.stream, o.group)).config
         except GroupNotFound:
             raise ConsumerGroupError(f"group {o.group!r} on stream {o.stream!r} was deleted") from None
         now = partitioning.member_filter_subjects(cfg, self.member) if in_membership(cfg, self.member) else []
-        return sorted(now) != sorted(a.filters)
+        if sorted(now) == sorted(a.filters):
+            return None
+        return tuple(partitioning.member_partitions(cfg, self.member)) if now else ()
 
     async def hand_over(self) -> None:
         """After a membership change, with everything Spark committed acknowledged: as orbit's
@@ -252,6 +254,15 @@ class MemberHold:
             return
         todo = {k: max(e, self.pending.pop(k, 0)) for k, e in todo.items()}
         await self.check_held()
+        if self._assignment().elastic and (now := await self.membership_changed()) is not None:
+            # partitions that moved away are their new owner's, who may be landing them now:
+            # only what is still this member's is acknowledged (never another's messages)
+            if ALL in todo:
+                e = todo.pop(ALL)
+                todo.update({p: e for p in now})
+            todo = {k: e for k, e in todo.items() if k in now}
+            if not todo:
+                return
         done = [ReadRange(k, "", 0, e - 1, 0) for k, e in todo.items()]
         cut = max(e for e in todo.values()) - 1
         unknown = await positions.ack(done, cut)
@@ -352,7 +363,7 @@ class SourceSession:
         for h in self.holds.values():
             if h.pinned():
                 await h.check_held()
-                if await h.membership_changed():
+                if await h.membership_changed() is not None:
                     await h.hand_over()
         if self.available_now and self.bound is None:
             self.bound = {m: await h.reader.last_seq() for m, h in self.holds.items()}
