@@ -25,11 +25,17 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow_provider_cg.core.errors import ConfigError, ConsumerGroupError, GroupNotFound, JetStreamApiError
+from airflow_provider_cg.core.errors import (
+    ConfigError,
+    ConsumerGroupError,
+    GroupNotFound,
+    JetStreamApiError,
+    ServerUnavailable,
+)
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import in_membership
@@ -37,7 +43,7 @@ from airflow_provider_cg.core.groups.consumers import pinned_id
 from airflow_provider_cg.core.jetstream import tasks
 from airflow_provider_cg.core.jetstream.api import JsApi
 from airflow_provider_cg.core.jetstream.client import PriorityClient
-from airflow_provider_cg.core.jetstream.direct_gets import ALL, ReadRange
+from airflow_provider_cg.core.jetstream.direct_gets import ALL, DirectReadError, ReadRange
 from airflow_provider_cg.core.landing.contract import BatchOptions
 from airflow_provider_cg.core.landing.pipeline.nats_source import batch_plan
 from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, Positions
@@ -57,10 +63,25 @@ T = TypeVar("T")
 Offset = dict[str, dict[str, int]]
 #: a Spark call waits at most this long for the session (beyond the pin wait it asks for)
 CALL_TIMEOUT = 120.0
+#: how long a Spark call retries what a server restart, a leader change or a busy server
+#: interrupts (every step it retries is a read or an idempotent ack) before the query fails
+RETRY_SECONDS = 60.0
 
 
 class PinNotHeld(ConsumerGroupError):
     """The query does not hold, or lost, a member's pin: it stops, acknowledging nothing more."""
+
+
+def transient(e: BaseException) -> bool:
+    """Whether an error is the server's being away or slow for a moment (a restart, a leader
+    change, a timeout), not an answer."""
+    from nats.errors import ConnectionClosedError, NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    if isinstance(e, DirectReadError):
+        return e.retryable
+    return isinstance(e, ServerUnavailable | NatsTimeout | NoRespondersError | ConnectionClosedError | TimeoutError |
+                      ConnectionError)
 
 
 def _key(k: int) -> str:
@@ -108,6 +129,7 @@ class MemberHold:
         self.keeper: asyncio.Task | None = None
         self.acquiring: asyncio.Task | None = None  # the pin's acquisition (``_acquire``)
         self.pending: dict[int, int] = {}  # what Spark committed, to acknowledge once pinned
+        self.done = False  # an available-now query landed all it will: its pin given back
         self.acked: dict[int, int] = {}  # the next sequence not yet acknowledged by this session, per key
         self.first_where: dict[int, int] = {}  # where a new query starts (``initial``)
 
@@ -145,6 +167,8 @@ class MemberHold:
             if first:
                 break
             holder = pinned_id(await pin.client.consumer_info())
+            log.info("cg stream source: member=%s not pinned after %.0f s (%s)", self.member, o.standby_timeout,
+                     f"held by {holder}" if holder else "nothing delivered: no message to read yet")
             if holder:
                 raise PinNotHeld(f"member {self.member!r} of group {o.group!r}: another instance holds its pin (pin "
                                  f"id {holder}) for longer than pinTimeout ({o.standby_timeout:g} s): stop it, or give "
@@ -272,6 +296,18 @@ class MemberHold:
                                      "them again")
         self.acked.update(todo)
 
+    async def finish(self) -> None:
+        """An available-now query has landed and acknowledged everything up to its end: give the
+        pin back now (Spark may end the planning process before ``stop``; a pin left to lapse
+        would keep the member's next run waiting for the consumer's priority timeout)."""
+        self.done = True
+        keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            await tasks.stop(keeper)
+        if self.pin is not None:
+            await self.pin.release()
+            log.info("cg stream source: member=%s landed what it was to land; pin released", self.member)
+
     async def latest(self) -> dict[int, int]:
         """Where the member's streams end now (for Spark's progress: how far behind it is)."""
         last = await self.reader.last_seq()
@@ -331,7 +367,22 @@ class SourceSession:
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(
-            timeout or CALL_TIMEOUT + self.options.pin_timeout)
+            timeout or CALL_TIMEOUT + RETRY_SECONDS + self.options.pin_timeout)
+
+    def _retrying(self, step: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """``_call(step())``, again while the server is away or slow (``transient``) for up to
+        ``RETRY_SECONDS``: a step is a read or an idempotent ack, so doing it again is safe."""
+        async def go() -> T:
+            deadline = time.monotonic() + RETRY_SECONDS
+            while True:
+                try:
+                    return await step()
+                except Exception as e:
+                    if not transient(e) or time.monotonic() > deadline:
+                        raise
+                    log.warning("cg stream source: %s; retrying", str(e)[:200] or type(e).__name__)
+                    await asyncio.sleep(0.5)
+        return self._call(go())
 
     async def _open(self) -> None:
         from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
@@ -356,12 +407,12 @@ class SourceSession:
     def latest_offset(self, start: Offset, max_messages: int | None) -> Offset:
         """Everything before ``start`` is committed: acknowledged first. Then the next batch,
         at most ``max_messages`` (shared by the members, each first in turn)."""
-        return self._call(self._latest_offset(start, max_messages))
+        return self._retrying(lambda: self._latest_offset(start, max_messages))
 
     async def _latest_offset(self, start: Offset, max_messages: int | None) -> Offset:
         await self._ack(start)
         for h in self.holds.values():
-            if h.pinned():
+            if h.pinned() and not h.done:
                 await h.check_held()
                 if await h.membership_changed() is not None:
                     await h.hand_over()
@@ -374,8 +425,10 @@ class SourceSession:
         for m in members[self._turn:] + members[:self._turn]:
             h = self.holds[m]
             begin = {_part(k): int(v) for k, v in (start.get(m) or {}).items()}
-            end, n = await h.plan(begin, left, self.bound.get(m) if self.bound else None) if left > 0 \
+            end, n = await h.plan(begin, left, self.bound.get(m) if self.bound else None) if left > 0 and not h.done \
                 else ({k: begin.get(k, h.first_where.get(k, 0)) for k in h._positions().where()}, 0)
+            if self.bound is not None and n == 0 and left > 0 and not h.done and h.pinned() and not h.pending:
+                await h.finish()  # everything up to the end planned, committed (start) and acknowledged
             if n and not h.pinned():  # its tasks read only while it holds the pin: a message came, it comes
                 await h.wait_pinned()
                 await h.ack(h.pending)
@@ -386,7 +439,7 @@ class SourceSession:
     def partitions(self, start: Offset, end: Offset) -> list[tuple[str, list]]:
         """The batch ``(start, end]`` as tasks: ``(plan, split)`` pairs for ``source.read``,
         one per range (``min_partitions`` splits them further), each plan fenced by the pin."""
-        return self._call(self._partitions(start, end))
+        return self._retrying(lambda: self._partitions(start, end))
 
     async def _partitions(self, start: Offset, end: Offset) -> list[tuple[str, list]]:
         await self._ack(start)
@@ -418,7 +471,7 @@ class SourceSession:
         return out
 
     def commit(self, end: Offset) -> None:
-        self._call(self._ack(end))
+        self._retrying(lambda: self._ack(end))
 
     async def _ack(self, end: Offset) -> None:
         for m, h in self.holds.items():
@@ -428,7 +481,7 @@ class SourceSession:
     def report_latest(self) -> Offset:
         async def latest() -> Offset:
             return {m: {_key(k): s for k, s in (await h.latest()).items()} for m, h in self.holds.items()}
-        return self._call(latest())
+        return self._retrying(latest)
 
     def stop(self) -> None:
         """Release the pins (a standby, or the next run, gets them now) and close."""

@@ -102,6 +102,7 @@ class MemberStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._session is None:
             from airflow_provider_cg.core.streaming.session import SourceSession
 
+            _log_to_stderr()
             self._session = SourceSession(self.settings, self.options)
             self._session.available_now = self._available_now
         return self._session
@@ -169,3 +170,17 @@ def _check_fence(plan: dict, settings: dict) -> None:
     if not holder_is(info, fence):
         raise RuntimeError(f"{PIN_LOST}: member {plan['member']} of group {plan['group']}: its pin moved to another "
                            "instance; this query's batch writes nothing and the query stops")
+
+
+def _log_to_stderr() -> None:
+    """The planning process's own lines (the pins taken and given back) into the driver's log:
+    Spark starts that process with no logging set up, and its standard error is the driver's."""
+    import sys
+
+    logger = logging.getLogger("airflow_provider_cg")
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
