@@ -41,7 +41,8 @@ async def test_a_query_whose_pin_is_taken_stops_and_writes_nothing_after(nc, nat
         "--stream", STREAM, "--raw", f"g:m1:{raw}", "--checkpoints", str(tmp_path / "ck"), "--trigger", "1",
         "--option", "maxMessagesPerTrigger=500"])
     deadline = time.monotonic() + 120
-    while not (tmp_path / "raw" / "_delta_log").exists() or len(read_delta(raw, ["origin_seq"])) < 1000:
+    log = tmp_path / "raw" / "_delta_log"
+    while not (log.exists() and any(log.glob("*.json"))) or len(read_delta(raw, ["origin_seq"])) < 1000:
         assert app.running() and time.monotonic() < deadline, app.result().describe()
         await asyncio.sleep(0.5)
     from tests.support.member_job import start_member_job

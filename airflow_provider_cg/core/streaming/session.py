@@ -107,11 +107,12 @@ class Fence:
 
 
 def holder_is(info: dict | None, fence: dict) -> bool:
-    """Whether a member consumer's ``info`` still pins the ``fence``'s client (``Fence.to_dict``)."""
+    """Whether a member consumer's ``info`` still pins the ``fence``'s client (``Fence.to_dict``).
+    Strictly: a query keeps its pin alive all its life, so a consumer that pins nobody lost it
+    (unpinned, or another instance held it meanwhile and gave it back)."""
     if info is None or info.get("created") != fence.get("created"):
         return False
-    holder = pinned_id(info)
-    return holder is None or holder == fence.get("pin")
+    return pinned_id(info) == fence.get("pin")
 
 
 class MemberHold:
@@ -193,6 +194,15 @@ class MemberHold:
             raise PinNotHeld(f"member {self.member!r}: not open")
         await asyncio.shield(self.acquiring)
 
+    async def _consumer_info(self) -> dict | None:
+        """The member consumer's info (None: gone, or no answer: either way not held)."""
+        try:
+            return await self._pin().client.consumer_info()
+        except ConsumerGroupError as e:
+            if transient(e):
+                raise  # (the Spark call retries it)
+            return None
+
     def fence(self) -> Fence:
         a, pin = self._assignment(), self._pin()
         if pin.pin_id is None:
@@ -202,7 +212,9 @@ class MemberHold:
     async def check_held(self) -> None:
         """Raises ``PinNotHeld`` when the pin moved (the query stops: nothing more is planned
         or acknowledged)."""
-        if self.keeper is None or self.keeper.done() or not await self._pin().confirm():
+        pin = self._pin()
+        if self.keeper is None or self.keeper.done() or not holder_is(await self._consumer_info(), {
+                "created": pin.created, "pin": pin.pin_id}):
             raise PinNotHeld(f"member {self.member!r} of group {self.options.group!r}: its pin moved to another "
                              "instance; the query stops and acknowledges nothing more (the new holder gets what "
                              "this query did not commit)")
