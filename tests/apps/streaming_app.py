@@ -1,10 +1,11 @@
 """A user's streaming application for the tests (``spark-submit`` of this file): queries over
 group members through the ``cg_member`` source, each with its own checkpoint.
 
-- ``--raw GROUP:MEMBER:TABLE``: the member's rows as read into a Delta table (Spark's own
-  Delta sink: idempotent per query and batch);
+- ``--raw GROUP:MEMBER:TABLE``: the member's rows as read into a Delta table (``DeltaBatches``:
+  Spark's own Delta writer in foreachBatch, idempotent by ``txnAppId`` / ``txnVersion``);
 - ``--windows GROUP:MEMBER:TABLE``: orders counted per 10-second event-time window and
-  customer, watermark 5 s, appended into a Delta table as each window closes, with the ids of
+  customer, watermark 5 s, appended into a Delta table by Spark's Delta streaming sink (its own
+  transaction ids: query and batch) as each window closes, with the ids of
   the orders each counted (what the test checks the counts against).
 
 ``--trigger now`` runs available-now (ends when the members' backlog is landed), else a
@@ -19,7 +20,7 @@ import sys
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from airflow_provider_cg.core.streaming import register
+from airflow_provider_cg.core.streaming import DeltaBatches, register
 
 ORDER = "id BIGINT, customer STRING, amount DOUBLE, ts DOUBLE"
 
@@ -57,7 +58,11 @@ def main(argv: list[str]) -> int:
         group, member, table = spec.split(":", 2)
         rows = source(group, member).select("origin_stream", "origin_seq", "subject", "partition", "key",
                                             F.col("payload").cast("string").alias("payload_text"), "timestamp")
-        queries.append(start(rows, f"raw-{group}-{member}", table))
+        # Spark's own Delta writer through foreachBatch, idempotent by txnAppId / txnVersion
+        w = rows.writeStream.queryName(f"raw-{group}-{member}").foreachBatch(DeltaBatches(table, f"raw-{group}-{member}")) \
+            .option("checkpointLocation", f"{a.checkpoints}/raw-{group}-{member}")
+        w = w.trigger(availableNow=True) if a.trigger == "now" else w.trigger(processingTime=f"{a.trigger} seconds")
+        queries.append(w.start())
     for spec in a.sink_batches:
         from airflow_provider_cg.core.streaming import SinkBatches
 

@@ -8,10 +8,10 @@ import os
 import re
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.streaming.batches import SinkBatches
+from airflow_provider_cg.core.streaming.batches import DeltaBatches, SinkBatches
 from airflow_provider_cg.core.streaming.source import SOURCE_NAME, register
 
-__all__ = ["SOURCE_NAME", "SinkBatches", "check_options", "failure_of", "member_options", "register"]
+__all__ = ["SOURCE_NAME", "DeltaBatches", "SinkBatches", "check_options", "failure_of", "member_options", "register"]
 
 #: where ``ConsumerGroupStreamingAppOperator`` names the application's member
 MEMBER_ENV = {"stream": "CG_STREAM", "group": "CG_GROUP", "member": "CG_MEMBER"}

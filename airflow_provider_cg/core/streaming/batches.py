@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
     from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
 
-__all__ = ["SinkBatches"]
+__all__ = ["DeltaBatches", "SinkBatches"]
 
 log = logging.getLogger("airflow_provider_cg.streaming")
 
@@ -122,6 +122,27 @@ class SinkBatches:
         asyncio.run(lander.take_over(self.owner, partitions))
         self.lander = lander
         return lander
+
+
+class DeltaBatches:
+    """``foreachBatch(DeltaBatches(path, app_id))``: each micro-batch appended to the Delta table
+    at ``path`` by Spark's own Delta writer, idempotently: the write carries ``txnAppId``
+    (``app_id``: one per query, kept with its checkpoint) and ``txnVersion`` (Spark's batch id), so
+    a batch Spark runs again after a crash is skipped by the table if it was committed. For a
+    query whose batches need more than one append (several tables, a merge), write each the same
+    way in your own function. ``options``: more options of the write (``partitionBy`` is a list)."""
+
+    def __init__(self, path: str, app_id: str, *, partition_by: list[str] | None = None, **options: str) -> None:
+        if not app_id or not isinstance(app_id, str):
+            raise ConfigError("app_id", "required: one per query, kept with its checkpoint")
+        self.path, self.app_id, self.partition_by, self.options = path, app_id, partition_by, options
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        w = df.write.format("delta").mode("append").option("txnAppId", self.app_id) \
+            .option("txnVersion", int(batch_id)).options(**self.options)
+        if self.partition_by:
+            w = w.partitionBy(*self.partition_by)
+        w.save(self.path)
 
 
 def _as_rows(table: pa.Table) -> pa.Table:
