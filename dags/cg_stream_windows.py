@@ -76,6 +76,7 @@ with DAG(
               "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog"},
         nats_conn_id=NATS_CONN,
         conn_id=_env("SPARK_CONN_ID", "spark_default"),
+        check_backlog=True,  # an available-now run: no Spark for a member with nothing to read
         map_index_template="{{ task.member }}",
     ).expand_kwargs(members.output)
     group >> members >> windows

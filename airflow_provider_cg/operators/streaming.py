@@ -29,14 +29,15 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_provider_cg.core.errors import ConfigError
+from airflow_provider_cg.core.errors import ConfigError, GroupNotFound
 from airflow_provider_cg.core.groups import names as groupnames
+from airflow_provider_cg.core.groups.lag import member_backlog
 from airflow_provider_cg.core.tools.packaging import build_core_zip
 from airflow_provider_cg.hooks import spark_submit
 from airflow_provider_cg.hooks.nats import NatsHook
-from airflow_provider_cg.operators.members import UI_COLOR
+from airflow_provider_cg.operators.members import SETTLE_TIMEOUT, UI_COLOR, member_states, settled_states
 from airflow_provider_cg.operators.spark import SPARK_SUBMIT_OPTIONS, _cache_dir
 
 if TYPE_CHECKING:
@@ -59,6 +60,11 @@ class ConsumerGroupStreamingAppOperator(BaseOperator):
     :param aws_conn_id: ``aws`` connection of tables on S3-compatible storage (``AWS_*``).
     :param pg_conn_id: ``postgres`` connection (``CG_PG_DSN``); ``iceberg_conn_id``: a REST
         catalog (``CG_ICEBERG_CATALOG_*``).
+    :param check_backlog: skip without starting Spark while the member has nothing to read (for
+        an application whose query runs available-now, as example DAG 7's; off by default: a
+        long-running query waits for what comes).
+    :param settle_timeout: before skipping an elastic group's member for an empty backlog, wait
+        up to this long for its work queue to catch up with the origin stream.
     :param partitions: informational (from the fan-out); ``backlog`` likewise.
     :param env_vars: extra driver environment (not secrets: use connections for those).
 
@@ -75,7 +81,8 @@ class ConsumerGroupStreamingAppOperator(BaseOperator):
     def __init__(self, *, application: str, stream: str, group: str, member: str,
                  application_args: Sequence[str] | None = None, nats_conn_id: str = NatsHook.default_conn_name,
                  conn_id: str = "spark_default", aws_conn_id: str | None = None, pg_conn_id: str | None = None,
-                 iceberg_conn_id: str | None = None, partitions: Sequence[int] | None = None,
+                 iceberg_conn_id: str | None = None, check_backlog: bool = False,
+                 settle_timeout: float = SETTLE_TIMEOUT, partitions: Sequence[int] | None = None,
                  backlog: int | None = None, env_vars: dict[str, str] | None = None,
                  properties_file: str | None = None, name: str | None = None,
                  # the SparkSubmitHook's options (SPARK_SUBMIT_OPTIONS), named: Airflow's partial() checks names
@@ -95,6 +102,7 @@ class ConsumerGroupStreamingAppOperator(BaseOperator):
         self.stream, self.group, self.member = stream, group, member
         self.nats_conn_id, self.conn_id = nats_conn_id, conn_id
         self.aws_conn_id, self.pg_conn_id, self.iceberg_conn_id = aws_conn_id, pg_conn_id, iceberg_conn_id
+        self.check_backlog, self.settle_timeout = check_backlog, settle_timeout
         self.partitions = list(partitions) if partitions is not None else None
         self.backlog = backlog
         self.env_vars, self.properties_file = env_vars, properties_file
@@ -123,7 +131,9 @@ class ConsumerGroupStreamingAppOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         try:
             self._checked()
-        except ConfigError as e:
+            if self.check_backlog:
+                self._skip_without_backlog()
+        except (ConfigError, GroupNotFound) as e:
             raise AirflowFailException(str(e)) from e
         secrets = self.hook.get_settings().to_env()  # registers masks
         given = {"pg_conn_id": self.pg_conn_id, "iceberg_conn_id": self.iceberg_conn_id}
@@ -154,6 +164,24 @@ class ConsumerGroupStreamingAppOperator(BaseOperator):
         return {"stream": self.stream, "group": self.group, "member": self.member, "application": self.application,
                 "result": "finished"}
 
+    def _skip_without_backlog(self) -> None:
+        """``check_backlog``: skip (no Spark) while the member has nothing to read."""
+        status = member_states(self.hook, self.stream, self.group)
+        backlog = _backlog(status, self.member)
+        if backlog == 0 and self.settle_timeout > 0:  # the work queue may still be catching up
+            backlog = _backlog(settled_states(self.hook, self.stream, self.group, self.settle_timeout), self.member)
+        if backlog == 0:
+            raise AirflowSkipException(f"member {self.member} has no backlog: Spark not started")
+        self.log.info("member %s: backlog %d: starting the application", self.member, backlog)
+
     def on_kill(self) -> None:
         if self._spark_hook is not None:
             self._spark_hook.on_kill()
+
+
+def _backlog(status: Any, member: str) -> int:
+    m = {m.member: m for m in status.members}.get(member)
+    if m is None or not m.in_membership:
+        raise ConfigError("member", f"{member!r} is not a member of the group")
+    return member_backlog(status, m)
+

@@ -83,9 +83,13 @@ def test_no_dag_runs_once_per_past_interval_when_unpaused(shipped):
 
 def test_every_landing_task_checks_for_work_before_starting_spark(shipped):
     tasks = [(dag_id, t) for dag_id, dag in shipped.items() for t in _landing_tasks(dag)]
-    assert {dag_id for dag_id, _ in tasks} == set(shipped) - {"cg_paid_orders_report", "cg_table_maintenance"}, tasks
+    assert {dag_id for dag_id, _ in tasks} == set(shipped) - {"cg_paid_orders_report", "cg_table_maintenance",
+                                                             "cg_stream_windows"}, tasks
     for dag_id, task in tasks:
         assert _fields(task).get("check_backlog", True) is True, (dag_id, task.task_id)
+    # the streaming example's queries run available-now: its tasks check too (off by default)
+    (stream_task,) = [t for t in shipped["cg_stream_windows"].tasks if t.task_id == "windows"]
+    assert stream_task.partial_kwargs["check_backlog"] is True
 
 
 def test_one_table_one_shape(shipped):
