@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
-    from airflow_provider_cg.core.landing.sinks.shared.two_phase_sink import TwoPhaseSink
 
 __all__ = ["DeltaBatches", "SinkBatches"]
 
@@ -59,7 +58,6 @@ class SinkBatches:
 
         self.stream, self.group, self.member, self.settings = stream, group, member, settings
         self.sink_options = SinkOptions.build(sink_options)  # a bad option fails here, naming it
-        self.sink: TwoPhaseSink | None = None
         self.lander: TwoPhaseLander | None = None
         self.summary = Summary(stream, group, member)
         self.owner = f"{member}/query-{secrets.token_hex(6)}"
@@ -87,7 +85,7 @@ class SinkBatches:
             await lander.finish()
             return done
 
-        if not asyncio.run(land()) and lander.taken_over:
+        if not asyncio.run(land()):  # (only when another writer took over: taken_over)
             raise ConsumerGroupError(
                 f"member {self.member!r}: another writer took over its partitions in the table (its pin moved): "
                 f"batch {batch_id} was not written, and the query stops")
@@ -116,8 +114,7 @@ class SinkBatches:
             return tuple(partitioning.member_partitions(config, self.member)), config.max_members
 
         partitions, count = asyncio.run(assignment())
-        self.sink = open_sink(self.sink_options)
-        lander = TwoPhaseLander(self.sink, self.summary, self.stream, self.group, self.member)
+        lander = TwoPhaseLander(open_sink(self.sink_options), self.summary, self.stream, self.group, self.member)
         lander.partition_count = count
         asyncio.run(lander.take_over(self.owner, partitions))
         self.lander = lander

@@ -94,8 +94,9 @@ def _part(k: str) -> int:
 
 @dataclass(frozen=True)
 class Fence:
-    """What a task checks before and after it reads (``source.py``): the member consumer still
-    pins this session, as created when it was pinned (``Pin.confirm``'s rule)."""
+    """What a task checks before and after it reads (``source.py``), and the session before it
+    plans or acknowledges: the member consumer, as created when it was pinned, pins this
+    session (``holder_is``)."""
 
     stream: str
     consumer: str
@@ -133,6 +134,7 @@ class MemberHold:
         self.done = False  # an available-now query landed all it will: its pin given back
         self.acked: dict[int, int] = {}  # the next sequence not yet acknowledged by this session, per key
         self.first_where: dict[int, int] = {}  # where a new query starts (``initial``)
+        self.planned: tuple[dict[int, int], dict[int, int], list[ReadRange]] | None = None  # the last plan
 
     async def open(self) -> None:
         """The assignment, its reader and positions; the pin is acquired in the background
@@ -212,9 +214,8 @@ class MemberHold:
     async def check_held(self) -> None:
         """Raises ``PinNotHeld`` when the pin moved (the query stops: nothing more is planned
         or acknowledged)."""
-        pin = self._pin()
-        if self.keeper is None or self.keeper.done() or not holder_is(await self._consumer_info(), {
-                "created": pin.created, "pin": pin.pin_id}):
+        if self.keeper is None or self.keeper.done() or self._pin().pin_id is None or \
+                not holder_is(await self._consumer_info(), self.fence().to_dict()):
             raise PinNotHeld(f"member {self.member!r} of group {self.options.group!r}: its pin moved to another "
                              "instance; the query stops and acknowledges nothing more (the new holder gets what "
                              "this query did not commit)")
@@ -250,24 +251,32 @@ class MemberHold:
         if not (in_membership(cfg, self.member) and partitioning.member_partitions(cfg, self.member)):
             raise ConsumerGroupError(f"member {self.member!r} left group {o.group!r}: it has no partitions to read")
         log.info("cg stream source: member=%s membership changed; taking its new partitions", self.member)
-        self.acked = {}
+        self.acked, self.planned = {}, None
         await self.open()
+
+    def begin(self, start: dict[int, int]) -> dict[int, int]:
+        """Where a batch after ``start`` begins in each of the member's partitions now (a
+        partition ``start`` does not name, a new one: from its first message)."""
+        return {k: start.get(k, self.first_where.get(k, 0)) for k in self._positions().where()}
 
     async def plan(self, start: dict[int, int], count: int, last_seq: int | None) -> tuple[dict[int, int], int]:
         """The next batch after ``start``: its end and how many messages it holds (at most
         ``count``, up to ``last_seq`` when given). Nothing new: ``start`` itself."""
-        positions = self._positions()
-        keys = set(positions.where())
-        begin = {k: start.get(k, self.first_where.get(k, 0)) for k in keys}  # a new partition: from its first
+        positions, begin = self._positions(), self.begin(start)
         positions.place(begin)
         ranges, cut = await positions.plan(max(1, count), last_seq)
         if not ranges:
             return begin, 0
-        return {k: max(s, cut + 1) for k, s in begin.items()}, sum(r.messages for r in ranges)
+        end = {k: max(s, cut + 1) for k, s in begin.items()}
+        self.planned = (begin, end, ranges)  # what ``ranges`` gives Spark's next call
+        return end, sum(r.messages for r in ranges)
 
     async def ranges(self, start: dict[int, int], end: dict[int, int]) -> list[ReadRange]:
-        """A planned batch's ranges, each beginning at its first message still stored (an
-        elastic partition's ``start`` may lie far below it, or name nothing: from the first)."""
+        """A planned batch's ranges: as ``plan`` counted them, or for a batch Spark runs again
+        after a restart, each from its first message still stored (an elastic partition's
+        ``start`` may lie far below it, or name nothing: from the first)."""
+        if self.planned is not None and self.planned[:2] == (self.begin(start), end):
+            return self.planned[2]
         positions = self._positions()
         out = []
         for r in positions.ranges_between(start, end):
@@ -438,7 +447,7 @@ class SourceSession:
             h = self.holds[m]
             begin = {_part(k): int(v) for k, v in (start.get(m) or {}).items()}
             end, n = await h.plan(begin, left, self.bound.get(m) if self.bound else None) if left > 0 and not h.done \
-                else ({k: begin.get(k, h.first_where.get(k, 0)) for k in h._positions().where()}, 0)
+                else (h.begin(begin), 0)
             if self.bound is not None and n == 0 and left > 0 and not h.done and h.pinned() and not h.pending:
                 await h.finish()  # everything up to the end planned, committed (start) and acknowledged
             if n and not h.pinned():  # its tasks read only while it holds the pin: a message came, it comes
