@@ -41,7 +41,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs_example_dag_1(installed_wheel
     found = json.loads(installed_wheel.bundles.strip().splitlines()[-1])
     assert found["ours"] == [str(venv)] and found["errors"] == {}, found
     assert {"cg_scheduled_consumption", "cg_backfill", "cg_overflow_scaleout", "cg_paid_orders_report",
-            "cg_table_maintenance"} <= set(
+            "cg_table_maintenance", "cg_stream_windows"} <= set(
         found["dags"]), found
     assert "nats_consumer_groups" in found["plugins"], found
 
@@ -55,8 +55,10 @@ _ONE_PYSPARK = r"""
 import base64, csv, hashlib, importlib.metadata as md, os, sys
 import airflow_provider_cg, pyspark
 print(airflow_provider_cg.__file__)
-from airflow_provider_cg.core.tools.packaging import member_job_path
+from airflow_provider_cg.core.tools.packaging import member_job_path, spark_app_path
 assert member_job_path().is_file(), member_job_path()
+assert spark_app_path("cg_stream_windows.py").is_file()  # example DAG 7's application
+from airflow_provider_cg.core.streaming import SOURCE_NAME, register  # the streaming source, installed
 versions = {d: md.version(d) for d in ("pyspark", "pyspark-client")}
 assert pyspark.__version__ == versions["pyspark"] == versions["pyspark-client"], (pyspark.__version__, versions)
 # every file both distributions install has the content pyspark's own RECORD says
