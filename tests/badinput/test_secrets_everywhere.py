@@ -75,6 +75,7 @@ def test_no_secret_of_any_auth_mode_shows_anywhere(airflow_env, planted, tmp_pat
     from airflow.sdk import DAG
 
     from airflow_provider_cg.operators.spark import ConsumerGroupSparkSubmitOperator
+    from airflow_provider_cg.operators.streaming import ConsumerGroupStreamingAppOperator
     from tests.integration.test_operator_spark import _all_xcoms_and_rendered, _logs
 
     modes, secrets = planted
@@ -89,17 +90,33 @@ def test_no_secret_of_any_auth_mode_shows_anywhere(airflow_env, planted, tmp_pat
     monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
     monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
     airflow_env.add_connection("spark_local", "spark", host="local[1]")
+    app = tmp_path / "stream_app.py"  # a user's streaming application: an available-now query over m1
+    app.write_text("from pyspark.sql import SparkSession\n"
+                   "from airflow_provider_cg.core.streaming import member_options, register\n"
+                   "spark = SparkSession.builder.getOrCreate()\nregister(spark)\n"
+                   "q = spark.readStream.format('cg_member').options(**member_options()).load().writeStream"
+                   ".format('noop').trigger(availableNow=True).option('checkpointLocation', __import__('sys').argv[1])"
+                   ".start()\nq.awaitTermination()\nprint('CG_APP_OFFSETS', q.lastProgress and "
+                   "q.lastProgress['sources'][0]['endOffset'])\n")
     with DAG("cg_secrets_everywhere", schedule=None) as dag:
         for mode in modes:
-            ConsumerGroupSparkSubmitOperator(
+            consume = ConsumerGroupSparkSubmitOperator(
                 task_id=f"consume_{mode}", stream="ORDERS", group="g", member="m1", nats_conn_id=f"nats_{mode}",
                 conn_id="spark_local", sink_path=str(tmp_path / f"lake-{mode}"), idle_timeout=1.0)
+            # the streaming source connects (planning process and tasks) with the same settings
+            consume >> ConsumerGroupStreamingAppOperator(
+                task_id=f"stream_{mode}", stream="ORDERS", group="g", member="m1", nats_conn_id=f"nats_{mode}",
+                conn_id="spark_local", application=str(app), application_args=[str(tmp_path / f"ck-{mode}")])
     result = airflow_env.run_dag(dag)
     for mode in modes:
         assert result.state_of(f"consume_{mode}") == "success", (mode, result.ti_states)
         assert result.xcom(f"consume_{mode}")["rows_written"] == 40, mode
+        assert result.state_of(f"stream_{mode}") == "success", (mode, result.ti_states)
     assert (calls.parent / (calls.name + ".env")).read_text().count("CG_NATS_") > 0  # they did travel, as env
     out = capfd.readouterr()
+    # each application ran its query to its end (the source connected with the task's settings: a
+    # refused connection fails the query, and the task)
+    assert (out.out + out.err + caplog.text + _logs(airflow_env.home)).count("CG_APP_OFFSETS") >= len(modes)
     places = {
         "spark-submit command lines": calls.read_text(),
         "task logs and Spark output": out.out + out.err + caplog.text + _logs(airflow_env.home),
