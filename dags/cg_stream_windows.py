@@ -2,7 +2,8 @@
 
 Each member's task submits the example streaming application (``spark_apps/cg_stream_windows.py``):
 a query over the ``cg_member`` source that counts the orders and their revenue per customer and
-1-minute window of the time JetStream stored them, with a 10-second watermark, and appends each
+1-minute window of the time the group's stream stored them (the
+``timestamp`` column), with a 10-second watermark, and appends each
 closed window's row to a Delta table. The query holds its member's pin while it runs, keeps its
 aggregation state in its checkpoint (one per member), and the source acknowledges a micro-batch's
 orders only after Spark committed it: a task killed and retried goes on from its checkpoint, each

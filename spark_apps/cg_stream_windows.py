@@ -3,7 +3,8 @@ of a consumer group, into a Delta table (``spark-submit`` it with Delta's packag
 does, one task per member).
 
 The ``cg_member`` source reads the member as its pinned client for the query's life; the orders
-are counted per ``--window`` of the time JetStream stored them and per customer, with a
+are counted per ``--window`` of the time the member's stream stored them (the
+``timestamp`` column) and per customer, with a
 ``--watermark`` for late ones, and a window's row is appended once the watermark has passed it.
 Spark's Delta sink and checkpoint make each window's row land once: a restarted application
 (same ``--checkpoint``) goes on from its last committed batch, its aggregation state restored,

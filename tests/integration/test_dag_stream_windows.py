@@ -1,7 +1,7 @@
 """Example DAG 7 (dags/cg_stream_windows.py) with dag.test() against a real nats-server and real
 spark-submit: it creates its group, and each member's task submits the example streaming
 application, whose available-now query appends the closed windows' revenue per customer into a
-Delta table; each closed window holds exactly the origin's orders of its members' partitions."""
+Delta table; each closed window holds exactly the orders its members' partitions stored in it."""
 
 from __future__ import annotations
 
@@ -45,11 +45,18 @@ def test_each_member_task_appends_its_closed_windows_once(airflow_env, nats_conn
             assert (await publish_many(nc, batch)).published == 300
             n += 300
             await asyncio.sleep(0.9)
-        reader = PartitionReader(nc, "ORDERS")
+        # a row's timestamp is when the stream the member reads stored the message: for an elastic
+        # group its work-queue stream, whose sourcing stores it a little after the origin did
+        wq = "ORDERS-orders-windows"
+        for _ in range(600):  # until the work queue has sourced them all
+            if (await nc.jetstream().stream_info(wq)).state.messages >= n:
+                break
+            await asyncio.sleep(0.05)
+        reader = PartitionReader(nc, wq)
         b = await reader.read(ALL, 0, 10_000)
         await reader.close()
         await nc.close()
-        stored = [re.search(rb"Nats-Time-Stamp: (\S+)", h).group(1).decode() for h in b.hdrs]  # the stored time
+        stored = [re.search(rb"Nats-Time-Stamp: (\S+)", h).group(1).decode() for h in b.hdrs]
         return [{**json.loads(p), "ts": pd.Timestamp(t).timestamp()} for p, t in zip(b.data, stored, strict=True)]
 
     orders = asyncio.run(publish())

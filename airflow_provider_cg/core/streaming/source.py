@@ -17,7 +17,8 @@ Three kinds of process take part, each with its part:
 Messages come as rows of ``STREAM_ROWS``: ``origin_stream`` and ``origin_seq`` (where the
 message is in the origin stream: its id), ``subject``, ``partition``, ``key``, ``payload``
 (binary: ``CAST(payload AS STRING)`` for text), ``headers`` (JSON), ``timestamp`` (when the
-origin stored it) and the group and member. Per-key order holds within a partition and batch (a range is read in
+stream read stored it: the origin for a static group, the work-queue stream, a little later,
+for an elastic one) and the group and member. Per-key order holds within a partition and batch (a range is read in
 sequence order; one task per range unless ``minPartitions`` splits it).
 """
 
