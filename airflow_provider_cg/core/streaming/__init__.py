@@ -40,7 +40,7 @@ def check_options(options: dict[str, str]) -> None:
 
 
 #: a provider error as a Python traceback's last line shows it, inside Spark's exception text
-_FAILURE = re.compile(r"^(?:[\w.]+\.)?(ConfigError|PinNotHeld|ConsumerGroupError|GroupNotFound|NatsConnectError|"
+_FAILURE = re.compile(r"^(?:[\w.]+\.)?(ConfigError|StreamWentBack|OriginWentBack|PinNotHeld|ConsumerGroupError|GroupNotFound|NatsConnectError|"
                       r"ServerUnavailable|JetStreamApiError|DirectReadError|RuntimeError): (.+)$", re.M)
 
 
@@ -52,6 +52,6 @@ def failure_of(error: BaseException) -> tuple[str, bool]:
     found = _FAILURE.findall(text)
     if found:
         kind, message = found[-1]
-        return f"{message.strip()[:500]}", kind == "ConfigError"
+        return f"{message.strip()[:1000]}", kind in ("ConfigError", "StreamWentBack", "OriginWentBack")
     return (text.strip().splitlines() or [type(error).__name__])[0][:500], False
 

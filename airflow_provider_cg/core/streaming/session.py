@@ -7,14 +7,25 @@ driver. The session lives there. Its asyncio loop runs in a thread of its own, s
 Spark's calls it keeps the pins: a pinned client must pull within the consumer's priority
 timeout, and a trigger interval may be longer.
 
-Offsets (``{"<member>": {"<partition>": next sequence}}``, ``"*"``: every partition of the
-member's stream, or a static member's one position) are where a batch ends. A batch's
+Offsets (``{"<member>": {"<partition>": next sequence, "@": marks}}``, ``"*"``: every
+partition of the member's stream, or a static member's one position) are where a batch ends. A batch's
 messages are acknowledged (an elastic group's purged from its work queue or partition
 streams, a static member's durable moved past them) only once Spark has committed it:
 in ``commit(end)``, and again for ``start`` when the next batch is planned (Spark never calls
 ``commit`` for an available-now query's last batch; an ack is idempotent). So a query
 restarted from its checkpoint finds every message of an uncommitted batch still there to read
 again, and none of a committed one.
+
+The streams read are checked, not trusted. A store that comes back older (a power loss under
+lazy fsync, a restored snapshot) or a stream created again gives the sequences of messages a
+checkpoint has read to other messages: acknowledging up to the checkpoint's offsets would then
+purge new messages unread, and reading on from them would skip them. So each offset carries the
+**marks** of the streams its member reads (``"@": {"<stream>": [last sequence, its stored
+time]}``, taken when the batch was planned), and before an offset's messages are acknowledged
+or read on from (``_ack``: every planning call and commit begins there) the session asks the
+stream whether it still holds that message there (``origin_guard.find_went_back``, as the member
+job checks its table's marks). A stream that went back below the offset stops the query
+(``StreamWentBack``), nothing acknowledged.
 """
 
 from __future__ import annotations
@@ -41,15 +52,22 @@ from airflow_provider_cg.core.groups.admin import ConsumerGroups
 from airflow_provider_cg.core.groups.config import in_membership
 from airflow_provider_cg.core.groups.consumers import pinned_id
 from airflow_provider_cg.core.jetstream import tasks
-from airflow_provider_cg.core.jetstream.api import JsApi
+from airflow_provider_cg.core.jetstream.api import JsApi, rfc3339, stored_ns
 from airflow_provider_cg.core.jetstream.client import PriorityClient
-from airflow_provider_cg.core.jetstream.direct_gets import ALL, DirectReadError, ReadRange
+from airflow_provider_cg.core.jetstream.direct_gets import (
+    ALL,
+    DirectReadError,
+    PartitionStreamReaders,
+    ReadRange,
+)
 from airflow_provider_cg.core.landing.contract import BatchOptions
 from airflow_provider_cg.core.landing.pipeline.nats_source import batch_plan
+from airflow_provider_cg.core.landing.protocol.origin_guard import find_went_back
 from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, Positions
 from airflow_provider_cg.core.landing.reads.pin import Pin
 from airflow_provider_cg.core.landing.reads.reading import Assignment
 from airflow_provider_cg.core.landing.run.member import direct_reader, member_assignment, positions_of
+from airflow_provider_cg.core.landing.stream_life import OriginMark
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -59,8 +77,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("airflow_provider_cg.streaming")
 
 T = TypeVar("T")
-#: a source offset: per member, per partition key (``"*"``: ``ALL``), the next sequence
-Offset = dict[str, dict[str, int]]
+#: a source offset: per member, per partition key (``"*"``: ``ALL``), the next sequence, and
+#: under ``MARKS`` the marks of the streams read
+Offset = dict[str, dict[str, Any]]
+#: an offset's key for the marks of the streams its member reads: ``{stream: [seq, stored ns]}``
+MARKS = "@"
+ZERO_TIME = "0001-01-01T00:00:00Z"  # Go's zero time, as the server writes an unknown one
 #: a Spark call waits at most this long for the session (beyond the pin wait it asks for)
 CALL_TIMEOUT = 120.0
 #: how long a Spark call retries what a server restart, a leader change or a busy server
@@ -70,6 +92,32 @@ RETRY_SECONDS = 60.0
 
 class PinNotHeld(ConsumerGroupError):
     """The query does not hold, or lost, a member's pin: it stops, acknowledging nothing more."""
+
+
+class StreamWentBack(ConfigError):
+    """A stream a member reads no longer holds what the query's checkpoint read from it: the
+    query stops, nothing acknowledged (see the module docstring)."""
+
+    def __init__(self, member: str, stream: str, mark: OriginMark, to_seq: int | None, last_seq: int) -> None:
+        self.stream, self.to_seq = stream, to_seq
+        where = (f"went back to sequence {to_seq}" if to_seq is not None
+                 else f"no longer holds its message at {mark.seq} (it ends at {last_seq})")
+        super().__init__("stream", (
+            f"stream {stream!r}, which member {member!r} reads, {where}: this query's checkpoint read it up to "
+            f"{mark.seq} (stored {rfc3339(mark.ts)}), so its messages after {to_seq if to_seq is not None else '?'} "
+            "are others, or gone (its server came back on an older copy of its store, or the stream was created "
+            "again). Nothing was acknowledged; the query stops. To read what the group holds now, start the query "
+            "from a new checkpoint (landing through SinkBatches into a table that has the old messages: with "
+            f"stream_life=\"went-back:<R>\" as its refusal says)"))
+
+
+def _where(offset: dict | None) -> dict[int, int]:
+    """A member's offset as positions: partition (``ALL``) to the next sequence."""
+    return {_part(k): int(v) for k, v in (offset or {}).items() if k != MARKS}
+
+
+def _marks(offset: dict | None) -> dict[str, tuple[int, int]]:
+    return {stream: (int(v[0]), int(v[1])) for stream, v in ((offset or {}).get(MARKS) or {}).items()}
 
 
 def transient(e: BaseException) -> bool:
@@ -135,6 +183,7 @@ class MemberHold:
         self.acked: dict[int, int] = {}  # the next sequence not yet acknowledged by this session, per key
         self.first_where: dict[int, int] = {}  # where a new query starts (``initial``)
         self.planned: tuple[dict[int, int], dict[int, int], list[ReadRange]] | None = None  # the last plan
+        self.verified: set[tuple[str, int, int, int]] = set()  # marks checked, per connection (``check_marks``)
 
     async def open(self) -> None:
         """The assignment, its reader and positions; the pin is acquired in the background
@@ -329,6 +378,45 @@ class MemberHold:
             await self.pin.release()
             log.info("cg stream source: member=%s landed what it was to land; pin released", self.member)
 
+    def streams_read(self) -> dict[str, Any]:
+        """The streams the member's messages are read from, with their readers (a partition
+        stream each, or the work queue, or a static member's origin)."""
+        if isinstance(self.reader, PartitionStreamReaders):
+            return {r.stream: r for r in self.reader.readers.values()}
+        return {self.reader.stream: self.reader}
+
+    async def marks(self) -> dict[str, list[int]]:
+        """Each stream read's last message now, ``[sequence, stored time]`` (``MARKS``): taken
+        when a batch is planned, so it is at or after the batch's last message."""
+        out = {}
+        for stream, reader in self.streams_read().items():
+            state = (await reader.api.stream_info(stream)).get("state") or {}
+            seq, ts = int(state.get("last_seq") or 0), stored_ns({"time": state.get("last_ts") or ZERO_TIME})
+            if seq > 0 and ts > 0:  # (a store recovered empty may not know its last message's time)
+                out[stream] = [seq, ts]
+        return out
+
+    async def check_marks(self, offset: dict) -> None:
+        """``StreamWentBack`` unless each stream read still holds its mark of ``offset`` (or went
+        back only past what ``offset`` has read). A mark is asked once per connection: a server
+        that comes back older is one the connection was made to again."""
+        where, reconnects = _where(offset), int((getattr(self.nc, "stats", None) or {}).get("reconnects", 0))
+        streams = self.streams_read()
+        for stream, (seq, ts) in _marks(offset).items():
+            if (stream, seq, ts, reconnects) in self.verified or stream not in streams:
+                continue
+            went = await find_went_back(streams[stream].api, stream, OriginMark(stream, seq, ts))
+            if went is not None:
+                read_to = max([e - 1 for k, e in where.items() if self._stream_of(k) == stream] or [0])
+                if went.to_seq is None or went.to_seq < read_to:
+                    raise StreamWentBack(self.member, stream, went.mark, went.to_seq, went.last_seq)
+            self.verified.add((stream, seq, ts, reconnects))
+
+    def _stream_of(self, key: int) -> str:
+        if isinstance(self.reader, PartitionStreamReaders):
+            return self.reader.readers[key].stream if key in self.reader.readers else ""
+        return self.reader.stream
+
     async def latest(self) -> dict[int, int]:
         """Where the member's streams end now (for Spark's progress: how far behind it is)."""
         last = await self.reader.last_seq()
@@ -445,7 +533,7 @@ class SourceSession:
         self._turn = (self._turn + 1) % len(members)
         for m in members[self._turn:] + members[:self._turn]:
             h = self.holds[m]
-            begin = {_part(k): int(v) for k, v in (start.get(m) or {}).items()}
+            begin = _where(start.get(m))
             end, n = await h.plan(begin, left, self.bound.get(m) if self.bound else None) if left > 0 and not h.done \
                 else (h.begin(begin), 0)
             if self.bound is not None and n == 0 and left > 0 and not h.done and h.pinned() and not h.pending:
@@ -454,7 +542,8 @@ class SourceSession:
                 await h.wait_pinned()
                 await h.ack(h.pending)
             left -= n
-            out[m] = {_key(k): s for k, s in end.items()}
+            marks = (await h.marks()) if n else (start.get(m) or {}).get(MARKS)
+            out[m] = {**{_key(k): s for k, s in end.items()}, **({MARKS: marks} if marks else {})}
         return out
 
     def partitions(self, start: Offset, end: Offset) -> list[tuple[str, list]]:
@@ -467,10 +556,9 @@ class SourceSession:
         out: list[tuple[str, list]] = []
         ranges_of = {}
         for m, h in self.holds.items():
-            if (end.get(m) or {}) == (start.get(m) or {}):
+            if _where(end.get(m)) == _where(start.get(m)):
                 continue
-            ranges_of[m] = await h.ranges({_part(k): int(v) for k, v in (start.get(m) or {}).items()},
-                                          {_part(k): int(v) for k, v in (end.get(m) or {}).items()})
+            ranges_of[m] = await h.ranges(_where(start.get(m)), _where(end.get(m)))
             if ranges_of[m]:  # (a batch run again after a restart: its messages are there to pin on)
                 await h.wait_pinned()
                 await h.ack(h.pending)
@@ -495,9 +583,12 @@ class SourceSession:
         self._retrying(lambda: self._ack(end))
 
     async def _ack(self, end: Offset) -> None:
+        """Acknowledge what ``end`` says was committed, once its streams are checked (``MARKS``):
+        every planning call begins here, with the offset it reads on from."""
         for m, h in self.holds.items():
             if end.get(m):
-                await h.ack({_part(k): int(v) for k, v in end[m].items()})
+                await h.check_marks(end[m])
+                await h.ack(_where(end[m]))
 
     def report_latest(self) -> Offset:
         async def latest() -> Offset:
