@@ -100,7 +100,11 @@ async def _make(nc, layout: str) -> tuple[str, str]:
     """The stream and the group of a layout: an elastic group in its work queue or partition
     streams, or a static group reading its origin; returns (stream, subject prefix)."""
     from airflow_provider_cg.core.groups.admin import ConsumerGroups
-    from airflow_provider_cg.core.groups.config import ElasticGroupConfig, PartitioningFilter, StaticGroupConfig
+    from airflow_provider_cg.core.groups.config import (
+        ElasticGroupConfig,
+        PartitioningFilter,
+        StaticGroupConfig,
+    )
 
     api = JsApi(nc)
     if layout == "static":
