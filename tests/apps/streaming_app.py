@@ -31,6 +31,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--raw", action="append", default=[])
     ap.add_argument("--windows", action="append", default=[])
     ap.add_argument("--sink-batches", action="append", default=[], help="GROUP:MEMBER:PARQUET_DIR")
+    ap.add_argument("--stream-life", help="SinkBatches' stream_life")
     ap.add_argument("--checkpoints", required=True)
     ap.add_argument("--trigger", default="1")
     ap.add_argument("--seconds", type=float)
@@ -68,7 +69,8 @@ def main(argv: list[str]) -> int:
 
         group, member, lake = spec.split(":", 2)
         w = source(group, member).writeStream.queryName(f"lake-{group}-{member}") \
-            .foreachBatch(SinkBatches(stream=a.stream, group=group, member=member, sink="parquet", sink_path=lake)) \
+            .foreachBatch(SinkBatches(stream=a.stream, group=group, member=member, stream_life=a.stream_life,
+                                      sink="parquet", sink_path=lake)) \
             .option("checkpointLocation", f"{a.checkpoints}/lake-{group}-{member}")
         w = w.trigger(availableNow=True) if a.trigger == "now" else w.trigger(processingTime=f"{a.trigger} seconds")
         queries.append(w.start())

@@ -16,6 +16,12 @@ them over (a member job that got the pin) fences this one out, and its next batc
 instead of writing. The source acknowledges a batch only after Spark committed it, which is
 after this writer's commit.
 
+The origin is checked as the member job checks it (``protocol/origin_guard.py``): the table's
+lives of the stream and its marks, before the first batch and before each batch is committed.
+An origin that went back below what the table landed fails the batch (``OriginWentBack``:
+nothing written, so nothing acknowledged) until ``stream_life="went-back:<R>"`` says to land
+what came after R beside the lost messages, under a life key of their own.
+
 Rows are written as the source gives them (the member job's columns; what the source does
 not carry, ``payload_text`` and ``delivery_count``, is null): transform them in Spark before,
 keeping ``origin_stream`` and ``origin_seq``.
@@ -50,13 +56,17 @@ log = logging.getLogger("airflow_provider_cg.streaming")
 class SinkBatches:
     """``foreachBatch(SinkBatches(stream=..., group=..., member=..., sink=..., <sink options>))``:
     see the module docstring. ``settings``: the NATS connection (default: the ``CG_NATS_*``
-    environment), used once per run to learn the member's partitions."""
+    environment), made for each batch (the member's partitions, the origin's checks);
+    ``stream_life``: as the member job's ``--stream-life``."""
 
     def __init__(self, *, stream: str, group: str, member: str, settings: NatsConnectionSettings | None = None,
-                 **sink_options: Any) -> None:
+                 stream_life: str | None = None, **sink_options: Any) -> None:
         from airflow_provider_cg.core.landing.sinks.options import SinkOptions
+        from airflow_provider_cg.core.landing.stream_life import LifeChoice
 
         self.stream, self.group, self.member, self.settings = stream, group, member, settings
+        LifeChoice.parse(stream_life)  # a bad one fails here, naming it
+        self.stream_life = stream_life
         self.sink_options = SinkOptions.build(sink_options)  # a bad option fails here, naming it
         self.lander: TwoPhaseLander | None = None
         self.summary = Summary(stream, group, member)
@@ -64,59 +74,68 @@ class SinkBatches:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         table = _as_rows(df.toArrow())
-        lander = self._lander()
-        if table.num_rows == 0:
-            return
-        batch = BatchId(self.stream, self.group, self.member, int(batch_id))
-        pipeline = ArrowPipeline()
-        processed = pipeline.process(lander.sink, table, batch)
+        if not asyncio.run(self._land(table, int(batch_id))):  # (only when another writer took over)
+            raise ConsumerGroupError(
+                f"member {self.member!r}: another writer took over its partitions in the table (its pin moved): "
+                f"batch {batch_id} was not written, and the query stops")
 
-        async def no_ack() -> int:  # the source acknowledges once Spark committed the batch
-            return 0
+    async def _land(self, table: pa.Table, batch_id: int) -> bool:
+        """One micro-batch through the two-phase protocol, on a connection of its own (each
+        batch runs in an event loop of its own)."""
+        from airflow_provider_cg.core.jetstream.api import JsApi
+        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
 
-        def recompute() -> tuple[BatchId, Any]:
-            again = BatchId(self.stream, self.group, self.member, int(batch_id))
-            return again, pipeline.process(lander.sink, table, again)
+        nc = await (self.settings or NatsConnectionSettings.from_env()).connect()
+        try:
+            api = JsApi(nc)
+            lander = self.lander or await self._take_over(api)
+            guard = lander.origin
+            if guard is None:
+                raise ConsumerGroupError("SinkBatches: the origin was not checked")
+            guard.api = api  # (the connection of this batch's event loop)
+            if table.num_rows == 0:
+                return True
+            table = guard.keys.apply(table)  # under the key of the origin's life they belong to
+            batch = BatchId(self.stream, self.group, self.member, batch_id)
+            pipeline = ArrowPipeline()
+            processed = await asyncio.to_thread(pipeline.process, lander.sink, table, batch)
 
-        async def land() -> bool:
+            async def no_ack() -> int:  # the source acknowledges once Spark committed the batch
+                return 0
+
+            def recompute() -> tuple[BatchId, Any]:
+                again = BatchId(self.stream, self.group, self.member, batch_id)
+                return again, pipeline.process(lander.sink, table, again)
+
             done = await lander.land(batch, processed, table, {}, no_ack, table.num_rows,
                                      int(pc.sum(pc.binary_length(table.column("payload"))).as_py() or 0),
                                      recompute=recompute)
             await lander.finish()
             return done
+        finally:
+            await nc.close()
 
-        if not asyncio.run(land()):  # (only when another writer took over: taken_over)
-            raise ConsumerGroupError(
-                f"member {self.member!r}: another writer took over its partitions in the table (its pin moved): "
-                f"batch {batch_id} was not written, and the query stops")
-
-    def _lander(self) -> TwoPhaseLander:
+    async def _take_over(self, api: Any) -> TwoPhaseLander:
         """The sink and the lander, at a run's first batch: the member's partitions fenced in the
-        table, and what an earlier holder left prepared there finished."""
-        if self.lander is not None:
-            return self.lander
+        table, what an earlier holder left prepared there finished, and the origin checked
+        against the table (``OriginGuard.open``)."""
         from airflow_provider_cg.core.groups import partitioning
         from airflow_provider_cg.core.groups.admin import ConsumerGroups
-        from airflow_provider_cg.core.groups.config import in_membership
-        from airflow_provider_cg.core.jetstream.connection import NatsConnectionSettings
+        from airflow_provider_cg.core.groups.config import ElasticGroupConfig, in_membership
+        from airflow_provider_cg.core.landing.protocol.origin_guard import OriginGuard
         from airflow_provider_cg.core.landing.sinks.opening import open_sink
 
-        settings = self.settings or NatsConnectionSettings.from_env()
-
-        async def assignment() -> tuple[tuple[int, ...], int]:
-            nc = await settings.connect()
-            try:
-                config = (await ConsumerGroups(nc).get(self.stream, self.group)).config
-            finally:
-                await nc.close()
-            if not in_membership(config, self.member):
-                raise ConfigError("member", f"{self.member!r} is not a member of group {self.group!r}")
-            return tuple(partitioning.member_partitions(config, self.member)), config.max_members
-
-        partitions, count = asyncio.run(assignment())
-        lander = TwoPhaseLander(open_sink(self.sink_options), self.summary, self.stream, self.group, self.member)
-        lander.partition_count = count
-        asyncio.run(lander.take_over(self.owner, partitions))
+        config = (await ConsumerGroups(api.nc, js_prefix=api.prefix).get(self.stream, self.group)).config
+        if not in_membership(config, self.member):
+            raise ConfigError("member", f"{self.member!r} is not a member of group {self.group!r}")
+        sink = await asyncio.to_thread(open_sink, self.sink_options)
+        lander = TwoPhaseLander(sink, self.summary, self.stream, self.group, self.member)
+        lander.partition_count = config.max_members
+        await lander.take_over(self.owner, tuple(partitioning.member_partitions(config, self.member)))
+        lander.origin = await OriginGuard.open(api, sink, self.stream, self.stream_life,
+                                               reads_origin=not isinstance(config, ElasticGroupConfig),
+                                               group=self.group)
+        self.summary.origin_key = lander.origin.keys.current
         self.lander = lander
         return lander
 
