@@ -145,7 +145,8 @@ async def test_a_store_that_comes_back_older_stops_a_restarted_query_before_it_a
     """A checkpoint read up to 800; the server comes back on a copy of its store taken at 500 and
     takes 300 other messages at 501-800. Acknowledging the checkpoint's offset would purge them
     unread (reading on from it would skip them): the query stops naming where the stream went
-    back, nothing acknowledged. A new checkpoint then reads the 300 new ones."""
+    back, nothing acknowledged. With failOnDataLoss false the query reads on from there: the 300
+    new ones."""
     from airflow_provider_cg.core.streaming.session import StreamWentBack
     from tests.support.store_copy import StoreCopy
 
@@ -200,18 +201,25 @@ async def test_a_store_that_comes_back_older_stops_a_restarted_query_before_it_a
                 assert int(info["ack_floor"]["stream_seq"]) == 500  # the durable was not moved past them
         finally:
             await asyncio.to_thread(s.stop)
-        # a new checkpoint reads the new messages
-        s = await asyncio.to_thread(_session, nats_server.url)
+        # failOnDataLoss false: the same checkpoint reads on from where the stream went back,
+        # the 300 new messages and nothing else
+        s = await asyncio.to_thread(_session, nats_server.url, failOnDataLoss="false")
         try:
-            start = s.initial_offset()
-            end = await asyncio.to_thread(s.latest_offset, start, 100_000)
-            plans = await asyncio.to_thread(s.partitions, start, end)
-            assert plans
+            end = await asyncio.to_thread(s.latest_offset, checkpoint, 100_000)
+            hold = s.holds["m1"]
+            assert hold.planned is not None
+            first = min(r.first_seq for r in hold.planned[2])
+            counted = sum(r.messages for r in hold.planned[2])
+            if layout == "static":
+                assert first == 501 and {r.last_seq for r in hold.planned[2]} == {800}
+            else:
+                assert counted == 300 and first > 0
+            assert await asyncio.to_thread(s.partitions, checkpoint, end)
             await asyncio.to_thread(s.commit, end)
             if layout != "static":
                 assert await _left(nc, s) == 0
             else:
-                info = await JsApi(nc).consumer_info(stream, s.holds["m1"].assignment.consumer)
+                info = await JsApi(nc).consumer_info(stream, hold.assignment.consumer)
                 assert int(info["ack_floor"]["stream_seq"]) == 800
         finally:
             await asyncio.to_thread(s.stop)

@@ -25,7 +25,9 @@ time]}``, taken when the batch was planned), and before an offset's messages are
 or read on from (``_ack``: every planning call and commit begins there) the session asks the
 stream whether it still holds that message there (``origin_guard.find_went_back``, as the member
 job checks its table's marks). A stream that went back below the offset stops the query
-(``StreamWentBack``), nothing acknowledged.
+(``StreamWentBack``), nothing acknowledged; with ``failOnDataLoss`` false the query reads on
+from where the stream went back instead (``MemberHold.rewound``), as Kafka's source reads on
+from the earliest offset it still has.
 """
 
 from __future__ import annotations
@@ -106,9 +108,10 @@ class StreamWentBack(ConfigError):
             f"stream {stream!r}, which member {member!r} reads, {where}: this query's checkpoint read it up to "
             f"{mark.seq} (stored {rfc3339(mark.ts)}), so its messages after {to_seq if to_seq is not None else '?'} "
             "are others, or gone (its server came back on an older copy of its store, or the stream was created "
-            "again). Nothing was acknowledged; the query stops. To read what the group holds now, start the query "
-            "from a new checkpoint (landing through SinkBatches into a table that has the old messages: with "
-            f"stream_life=\"went-back:<R>\" as its refusal says)"))
+            "again). Nothing was acknowledged; the query stops. To read on from where it went back, keeping the "
+            "query's state, run it with option failOnDataLoss=false; or start it from a new checkpoint (through "
+            "SinkBatches into a table that holds the lost messages: with stream_life=\"went-back:<R>\" as the "
+            "table's refusal says)"))
 
 
 def _where(offset: dict | None) -> dict[int, int]:
@@ -184,6 +187,9 @@ class MemberHold:
         self.first_where: dict[int, int] = {}  # where a new query starts (``initial``)
         self.planned: tuple[dict[int, int], dict[int, int], list[ReadRange]] | None = None  # the last plan
         self.verified: set[tuple[str, int, int, int]] = set()  # marks checked, per connection (``check_marks``)
+        #: where a stream that went back is read on from (``failOnDataLoss`` false): per mark of
+        #: the checkpoint's offset, its positions there and the ones that replace them
+        self.rewound: dict[tuple[str, int, int], dict[int, tuple[int, int]]] = {}
 
     async def open(self) -> None:
         """The assignment, its reader and positions; the pin is acquired in the background
@@ -396,21 +402,40 @@ class MemberHold:
                 out[stream] = [seq, ts]
         return out
 
-    async def check_marks(self, offset: dict) -> None:
+    async def check_marks(self, offset: dict, fail: bool = True) -> None:
         """``StreamWentBack`` unless each stream read still holds its mark of ``offset`` (or went
-        back only past what ``offset`` has read). A mark is asked once per connection: a server
-        that comes back older is one the connection was made to again."""
+        back only past what ``offset`` has read); not ``fail``: the positions of ``offset`` in
+        such a stream are replaced by where it went back (``rewound``). A mark is asked once per
+        connection: a server that comes back older is one the connection was made to again."""
         where, reconnects = _where(offset), int((getattr(self.nc, "stats", None) or {}).get("reconnects", 0))
         streams = self.streams_read()
         for stream, (seq, ts) in _marks(offset).items():
             if (stream, seq, ts, reconnects) in self.verified or stream not in streams:
                 continue
             went = await find_went_back(streams[stream].api, stream, OriginMark(stream, seq, ts))
-            if went is not None:
-                read_to = max([e - 1 for k, e in where.items() if self._stream_of(k) == stream] or [0])
-                if went.to_seq is None or went.to_seq < read_to:
+            keys = [k for k in where if self._stream_of(k) == stream]
+            if went is not None and (went.to_seq is None or went.to_seq < max([where[k] - 1 for k in keys] or [0])):
+                if fail:
                     raise StreamWentBack(self.member, stream, went.mark, went.to_seq, went.last_seq)
+                # from the first message after the last one it still holds of the checkpoint's
+                # (not knowing which: from where the group is, which may read some again)
+                again = {k: went.to_seq + 1 if went.to_seq is not None else self.first_where.get(k, 0) for k in keys}
+                self.rewound[(stream, seq, ts)] = {k: (where[k], again[k]) for k in keys if where[k] > again[k]}
+                log.warning("cg stream source: member=%s: stream %s went back to %s, below this query's checkpoint "
+                            "(read up to %d); failOnDataLoss is false: reading on from there", self.member, stream,
+                            went.to_seq if went.to_seq is not None else "an unknown sequence", seq)
             self.verified.add((stream, seq, ts, reconnects))
+
+    def where_of(self, offset: dict | None) -> dict[int, int]:
+        """The positions of the member's ``offset``, those of a checkpoint in a stream that went
+        back replaced (``rewound``: the offset is known by its marks, since after a rollback the
+        same positions name other messages)."""
+        where = _where(offset)
+        for stream, (seq, ts) in _marks(offset).items():
+            for k, (old, again) in self.rewound.get((stream, seq, ts), {}).items():
+                if where.get(k) == old:
+                    where[k] = again
+        return where
 
     def _stream_of(self, key: int) -> str:
         if isinstance(self.reader, PartitionStreamReaders):
@@ -533,7 +558,7 @@ class SourceSession:
         self._turn = (self._turn + 1) % len(members)
         for m in members[self._turn:] + members[:self._turn]:
             h = self.holds[m]
-            begin = _where(start.get(m))
+            begin = h.where_of(start.get(m))
             end, n = await h.plan(begin, left, self.bound.get(m) if self.bound else None) if left > 0 and not h.done \
                 else (h.begin(begin), 0)
             if self.bound is not None and n == 0 and left > 0 and not h.done and h.pinned() and not h.pending:
@@ -556,9 +581,9 @@ class SourceSession:
         out: list[tuple[str, list]] = []
         ranges_of = {}
         for m, h in self.holds.items():
-            if _where(end.get(m)) == _where(start.get(m)):
-                continue
-            ranges_of[m] = await h.ranges(_where(start.get(m)), _where(end.get(m)))
+            if (end.get(m) or {}) == (start.get(m) or {}):  # (after a stream went back, positions
+                continue                                     # may repeat: the marks tell them apart)
+            ranges_of[m] = await h.ranges(h.where_of(start.get(m)), _where(end.get(m)))
             if ranges_of[m]:  # (a batch run again after a restart: its messages are there to pin on)
                 await h.wait_pinned()
                 await h.ack(h.pending)
@@ -587,8 +612,8 @@ class SourceSession:
         every planning call begins here, with the offset it reads on from."""
         for m, h in self.holds.items():
             if end.get(m):
-                await h.check_marks(end[m])
-                await h.ack(_where(end[m]))
+                await h.check_marks(end[m], self.options.fail_on_data_loss)
+                await h.ack(h.where_of(end[m]))
 
     def report_latest(self) -> Offset:
         async def latest() -> Offset:

@@ -32,6 +32,8 @@ OPTIONS = {
     "ackWait": "ack wait (s) of a member consumer the source creates (default: the group kind's)",
     "servers": "NATS server URLs, comma-separated, without credentials (default: the registered settings')",
     "jsPrefix": "the JetStream API prefix (default $JS.API)",
+    "failOnDataLoss": "true (default): a stream read that went back below the checkpoint stops the query; false: "
+                      "the query reads on from where the stream went back",
 }
 
 
@@ -59,6 +61,7 @@ class SourceOptions:
     ack_wait: float | None = None
     servers: tuple[str, ...] = ()
     js_prefix: str = "$JS.API"
+    fail_on_data_loss: bool = True
 
     @classmethod
     def parse(cls, given: Mapping[str, str]) -> SourceOptions:
@@ -96,6 +99,9 @@ class SourceOptions:
         prefix = (values.get("jsPrefix") or "$JS.API").strip()
         if not prefix or any(c in prefix for c in " *>"):
             raise ConfigError("jsPrefix", "must be a subject prefix without spaces or wildcards")
+        fail = (values.get("failOnDataLoss") or "true").strip().lower()
+        if fail not in ("true", "false"):
+            raise ConfigError("failOnDataLoss", f"must be true or false (got {values['failOnDataLoss']!r})")
         return cls(
             stream=values["stream"].strip(), group=values["group"].strip(), members=members,
             starting_position=start,
@@ -103,5 +109,5 @@ class SourceOptions:
             pin_timeout=_positive("pinTimeout", values.get("pinTimeout"), float) or 30.0,
             min_partitions=_positive("minPartitions", values.get("minPartitions"), int),  # type: ignore[arg-type]
             ack_wait=_positive("ackWait", values.get("ackWait"), float),
-            servers=servers, js_prefix=prefix,
+            servers=servers, js_prefix=prefix, fail_on_data_loss=fail == "true",
         )

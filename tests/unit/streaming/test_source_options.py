@@ -14,10 +14,11 @@ BASE = {"stream": "ORDERS", "group": "lake", "member": "m1"}
 def test_the_options_spark_gives_in_any_case_are_read():
     o = SourceOptions.parse({"STREAM": "ORDERS", "Group": "lake", "members": "m1, m2", "maxmessagespertrigger": "500",
                              "pinTimeout": "2.5", "minPartitions": "4", "startingPosition": "LATEST",
-                             "servers": "nats://127.0.0.1:4222,127.0.0.1:4223"})
+                             "servers": "nats://127.0.0.1:4222,127.0.0.1:4223", "FAILONDATALOSS": "False"})
     assert o.members == ("m1", "m2") and o.max_messages == 500 and o.pin_timeout == 2.5 and o.min_partitions == 4
     assert o.starting_position == "latest" and o.servers == ("nats://127.0.0.1:4222", "127.0.0.1:4223")
     assert SourceOptions.parse(BASE).pin_timeout == 30.0 and SourceOptions.parse(BASE).max_messages is None
+    assert not o.fail_on_data_loss and SourceOptions.parse(BASE).fail_on_data_loss
 
 
 @pytest.mark.parametrize("given,field,rule", [
@@ -35,6 +36,7 @@ def test_the_options_spark_gives_in_any_case_are_read():
     ({**BASE, "startingPosition": "earliest"}, "startingPosition", "group, latest"),
     ({**BASE, "servers": "nats://user:s3cret@127.0.0.1:4222"}, "servers", "must not carry credentials"),
     ({**BASE, "jsPrefix": "$JS.*"}, "jsPrefix", "wildcards"),
+    ({**BASE, "failOnDataLoss": "no"}, "failOnDataLoss", "true or false"),
     ({**BASE, "startingOffsets": "earliest"}, "startingOffsets", "unknown option"),
     ({**BASE, "path": "/x"}, "path", "takes no path"),
 ])
