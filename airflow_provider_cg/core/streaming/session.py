@@ -47,7 +47,6 @@ from airflow_provider_cg.core.errors import (
     ConsumerGroupError,
     GroupNotFound,
     JetStreamApiError,
-    ServerUnavailable,
 )
 from airflow_provider_cg.core.groups import partitioning
 from airflow_provider_cg.core.groups.admin import ConsumerGroups
@@ -58,12 +57,11 @@ from airflow_provider_cg.core.jetstream.api import JsApi, rfc3339, stored_ns
 from airflow_provider_cg.core.jetstream.client import PriorityClient
 from airflow_provider_cg.core.jetstream.direct_gets import (
     ALL,
-    DirectReadError,
     PartitionStreamReaders,
     ReadRange,
 )
 from airflow_provider_cg.core.landing.contract import BatchOptions
-from airflow_provider_cg.core.landing.pipeline.nats_source import batch_plan
+from airflow_provider_cg.core.landing.pipeline.nats_source import batch_plan, server_away
 from airflow_provider_cg.core.landing.protocol.origin_guard import find_went_back
 from airflow_provider_cg.core.landing.reads.direct import ConsumerPosition, Positions
 from airflow_provider_cg.core.landing.reads.pin import Pin
@@ -90,6 +88,12 @@ CALL_TIMEOUT = 120.0
 #: how long a Spark call retries what a server restart, a leader change or a busy server
 #: interrupts (every step it retries is a read or an idempotent ack) before the query fails
 RETRY_SECONDS = 60.0
+
+
+#: why else a query finds its pin gone: the server keeps no pin across a restart or a leader
+#: change, and lets it lapse after the consumer's priority timeout without a pull
+PIN_LOST_WHY = (" or the server let it go (a server restart or leader change, or the query stalled past the "
+                "consumer's priority timeout)")
 
 
 class PinNotHeld(ConsumerGroupError):
@@ -121,18 +125,6 @@ def _where(offset: dict | None) -> dict[int, int]:
 
 def _marks(offset: dict | None) -> dict[str, tuple[int, int]]:
     return {stream: (int(v[0]), int(v[1])) for stream, v in ((offset or {}).get(MARKS) or {}).items()}
-
-
-def transient(e: BaseException) -> bool:
-    """Whether an error is the server's being away or slow for a moment (a restart, a leader
-    change, a timeout), not an answer."""
-    from nats.errors import ConnectionClosedError, NoRespondersError
-    from nats.errors import TimeoutError as NatsTimeout
-
-    if isinstance(e, DirectReadError):
-        return e.retryable
-    return isinstance(e, ServerUnavailable | NatsTimeout | NoRespondersError | ConnectionClosedError | TimeoutError |
-                      ConnectionError)
 
 
 def _key(k: int) -> str:
@@ -256,7 +248,7 @@ class MemberHold:
         try:
             return await self._pin().client.consumer_info()
         except ConsumerGroupError as e:
-            if transient(e):
+            if server_away(e):
                 raise  # (the Spark call retries it)
             return None
 
@@ -272,8 +264,8 @@ class MemberHold:
         if self.keeper is None or self.keeper.done() or self._pin().pin_id is None or \
                 not holder_is(await self._consumer_info(), self.fence().to_dict()):
             raise PinNotHeld(f"member {self.member!r} of group {self.options.group!r}: its pin moved to another "
-                             "instance; the query stops and acknowledges nothing more (the new holder gets what "
-                             "this query did not commit)")
+                             f"instance{PIN_LOST_WHY}; the query stops and acknowledges nothing more (the new holder, "
+                             "or the query restarted from its checkpoint, gets what this query did not commit)")
 
     async def membership_changed(self) -> tuple[int, ...] | None:
         """The member's partitions when the group now gives it others than this assignment's (an
@@ -504,7 +496,7 @@ class SourceSession:
             timeout or CALL_TIMEOUT + RETRY_SECONDS + self.options.pin_timeout)
 
     def _retrying(self, step: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        """``_call(step())``, again while the server is away or slow (``transient``) for up to
+        """``_call(step())``, again while the server is away or slow (``server_away``) for up to
         ``RETRY_SECONDS``: a step is a read or an idempotent ack, so doing it again is safe."""
         async def go() -> T:
             deadline = time.monotonic() + RETRY_SECONDS
@@ -512,7 +504,7 @@ class SourceSession:
                 try:
                     return await step()
                 except Exception as e:
-                    if not transient(e) or time.monotonic() > deadline:
+                    if not server_away(e) or time.monotonic() > deadline:
                         raise
                     log.warning("cg stream source: %s; retrying", str(e)[:200] or type(e).__name__)
                     await asyncio.sleep(0.5)

@@ -24,12 +24,20 @@ sequence order; one task per range unless ``minPartitions`` splits it).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_cg.core.landing.pipeline.nats_source import READ_FAILED, WORKER, read_split
+from airflow_provider_cg.core.landing.pipeline.nats_source import (
+    READ_FAILED,
+    READ_RETRY_SECONDS,
+    WORKER,
+    read_split,
+    server_away,
+)
 from airflow_provider_cg.core.streaming.source_options import SourceOptions
 
 try:  # PySpark 4.0+
@@ -152,25 +160,34 @@ class MemberStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def _check_fence(plan: dict, settings: dict) -> None:
     """Fail the task unless the member consumer still pins the query (``session.Fence``)."""
     from airflow_provider_cg.core.jetstream.api import JsApi
-    from airflow_provider_cg.core.streaming.session import holder_is
+    from airflow_provider_cg.core.streaming.session import PIN_LOST_WHY, holder_is
 
     fence = plan["fence"]
 
     async def look() -> dict | None:
-        nc = await WORKER.get(settings, f"cg-read-{plan['member']}")
-        return await JsApi(nc, prefix=plan["js_prefix"]).consumer_info(fence["stream"], fence["consumer"])
+        """The member consumer's info, asked again while the server is away (``server_away``)
+        for up to ``READ_RETRY_SECONDS``, as the read itself is: a task that cannot tell
+        writes nothing."""
+        deadline = time.monotonic() + READ_RETRY_SECONDS
+        while True:
+            try:
+                nc = await WORKER.get(settings, f"cg-read-{plan['member']}")
+                return await JsApi(nc, prefix=plan["js_prefix"]).consumer_info(fence["stream"], fence["consumer"])
+            except Exception as e:
+                await WORKER.drop()
+                if not server_away(e) or time.monotonic() > deadline:
+                    raise RuntimeError(f"{READ_FAILED}: member {plan['member']}'s consumer: "
+                                       f"{type(e).__name__}: {e}") from None
+            await asyncio.sleep(0.5)
 
     loop = WORKER.event_loop()
     try:
         info = loop.run_until_complete(look())
-    except Exception as e:  # noqa: BLE001 - a task that cannot tell writes nothing: Spark retries it
-        loop.run_until_complete(WORKER.drop())
-        raise RuntimeError(f"{READ_FAILED}: member {plan['member']}'s consumer: {type(e).__name__}: {e}") from None
     finally:
         WORKER.done()
     if not holder_is(info, fence):
         raise RuntimeError(f"{PIN_LOST}: member {plan['member']} of group {plan['group']}: its pin moved to another "
-                           "instance; this query's batch writes nothing and the query stops")
+                           f"instance{PIN_LOST_WHY}; this query's batch writes nothing and the query stops")
 
 
 def _log_to_stderr() -> None:

@@ -242,12 +242,26 @@ async def _read(plan: dict, settings: dict, rng: ReadRange) -> AsyncGenerator[Pa
                 return
             finally:
                 await reader.close()
-        except (DirectReadError, OSError, ConnectionError, TimeoutError) as e:
+        except Exception as e:
             await WORKER.drop()  # not trusted again
-            if not getattr(e, "retryable", True) or time.monotonic() > deadline:
+            if not server_away(e) or time.monotonic() > deadline:
                 raise RuntimeError(f"{READ_FAILED}: {rng.stream or plan['stream']} {rng.subject} "
-                                   f"[{rng.first_seq}, {rng.last_seq}]: {e}") from None
-        except Exception as e:  # a refused connect (NatsConnectError) and the like: no retry helps
-            await WORKER.drop()
-            raise RuntimeError(f"{READ_FAILED}: {type(e).__name__}: {e}") from None
+                                   f"[{rng.first_seq}, {rng.last_seq}]: {type(e).__name__}: {e}") from None
         await asyncio.sleep(0.5)
+
+
+def server_away(e: BaseException) -> bool:
+    """Whether a task's read failed because the server is away for a moment (a restart, a leader
+    change: worth reading again from where it stopped), not because of an answer or a refusal
+    that no retry changes (credentials, TLS, a deleted stream)."""
+    from nats.errors import ConnectionClosedError, NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+
+    from airflow_provider_cg.core.errors import NatsConnectError, ServerUnavailable
+
+    if isinstance(e, NatsConnectError):
+        return e.reason in ("unreachable", "timeout")
+    if isinstance(e, DirectReadError):
+        return e.retryable
+    return isinstance(e, ServerUnavailable | NatsTimeout | NoRespondersError | ConnectionClosedError | OSError |
+                      ConnectionError | TimeoutError)
