@@ -28,11 +28,11 @@ DELTA_CONF = ("--conf", "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExte
 
 
 def start_streaming_app(zip_path, workdir, *, nats_servers: str, args: list[str], name: str = "app",
-                        env: dict[str, str] | None = None, app: Path = APP) -> MemberJob:
+                        env: dict[str, str] | None = None, app: Path = APP, master: str = "local[2]") -> MemberJob:
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     bindir = os.path.dirname(sys.executable)
-    cmd = [os.path.join(bindir, "spark-submit"), "--master", "local[2]", "--driver-java-options",
+    cmd = [os.path.join(bindir, "spark-submit"), "--master", master, "--driver-java-options",
            "-XX:TieredStopAtLevel=1", "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
            "--packages", DELTA_SPARK_PACKAGE, *DELTA_CONF, "--py-files", str(zip_path), str(app), *args]
     tag = f"{name}-{time.monotonic_ns()}"
