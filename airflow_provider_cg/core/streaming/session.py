@@ -110,8 +110,9 @@ class StreamWentBack(ConfigError):
                  else f"no longer holds its message at {mark.seq} (it ends at {last_seq})")
         super().__init__("stream", (
             f"stream {stream!r}, which member {member!r} reads, {where}: this query's checkpoint read it up to "
-            f"{mark.seq} (stored {rfc3339(mark.ts)}), so its messages after {to_seq if to_seq is not None else '?'} "
-            "are others, or gone (its server came back on an older copy of its store, or the stream was created "
+            f"{mark.seq} (stored {rfc3339(mark.ts)}), so "
+            + (f"its messages after {to_seq}" if to_seq is not None else "some of the messages it read")
+            + " are others, or gone (its server came back on an older copy of its store, or the stream was created "
             "again). Nothing was acknowledged; the query stops. To read on from where it went back, keeping the "
             "query's state, run it with option failOnDataLoss=false; or start it from a new checkpoint (through "
             "SinkBatches into a table that holds the lost messages: with stream_life=\"went-back:<R>\" as the "
