@@ -98,9 +98,12 @@ async def test_sigkill_at_each_step_of_a_batch_then_rerun(nc, nats_server, membe
     assert (a["recovered_aborted"], a["recovered_committed"]) == (1, 0), a
     assert a["rows_written"] == n and a["duplicates_skipped"] == 0, a
     assert (b["recovered_aborted"], b["recovered_committed"]) == (0, 1), b
-    # the recovered batch landed all 1000 rows; its unacked part came back and was acked as
-    # landed at once (no second write of it)
-    assert b["rows_written"] == n and b["messages_read"] == n - batch and b["duplicates_skipped"] == 0, b
+    # the recovered batch landed all its rows; its unacked part came back and was acked as
+    # landed at once (no second write of it). What the rerun reads: every message after the
+    # crashed batch, and of that batch at most what was left unacked (an ack the killed job had
+    # sent but the server had not taken yet comes back too: two of them once, under load)
+    assert b["rows_written"] == n and b["duplicates_skipped"] == 0, b
+    assert n - batch <= b["messages_read"] <= left["mid_ack"], (b["messages_read"], left["mid_ack"])
     assert (c["recovered_aborted"], c["recovered_committed"]) == (0, 1), c
     assert c["rows_written"] == n and c["messages_read"] == n - batch and c["duplicates_skipped"] == 0, c
 
