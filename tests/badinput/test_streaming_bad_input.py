@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from airflow_provider_cg.core.errors import ConfigError
-from airflow_provider_cg.core.streaming import failure_of
+from airflow_provider_cg.core.streaming import DeltaBatches, SinkBatches, failure_of
 from airflow_provider_cg.core.tools.packaging import spark_app_path
 
 pytest_plugins = ["tests.airflow_conftest"]
@@ -64,3 +64,15 @@ def test_the_streaming_operator_refuses_bad_arguments(airflow_env, tmp_path):
     airflow_env.add_connection("spark_local", "spark", host="local[1]")
     with pytest.raises(AirflowFailException, match="application: no such file"):
         op(conn_id="spark_local").execute({})
+
+
+@pytest.mark.parametrize("make,field", [
+    (lambda: SinkBatches(stream="ORDERS", group="lake", member="m1", stream_life="back:3", sink="parquet",
+                         sink_path="/nowhere"), "stream_life"),
+    (lambda: SinkBatches(stream="ORDERS", group="lake", member="m1", sink="nowhere"), "sink"),
+    (lambda: DeltaBatches("/nowhere", ""), "app_id"),
+])
+def test_a_writer_refuses_bad_arguments_naming_them_before_any_batch(make, field):
+    with pytest.raises(ConfigError) as e:
+        make()
+    assert e.value.field == field, str(e.value)

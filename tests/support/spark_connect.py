@@ -5,13 +5,13 @@ and stopped by its PID; the provider's core is on its Python workers' path (``--
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from airflow_provider_cg.core.tools.server import free_port
+from tests.support.spark_standalone import stop_group
 
 STARTED = b"Spark Connect server started"
 
@@ -56,14 +56,5 @@ class SparkConnectServer:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(10)
+        if proc is not None:
+            stop_group(proc, 30.0)

@@ -68,14 +68,21 @@ class StandaloneCluster:
 
     def stop(self) -> None:
         for p in reversed(self.procs):
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                    p.wait(20)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    p.wait(10)
+            stop_group(p)
         self.procs.clear()
+
+
+def stop_group(p: subprocess.Popen, timeout: float = 20.0) -> None:
+    """Stop a process the test started in a session of its own, with its children: SIGTERM to
+    its group, SIGKILL if it is still there after ``timeout``."""
+    if p.poll() is not None:
+        return
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(timeout)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(10)

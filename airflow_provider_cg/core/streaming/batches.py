@@ -74,6 +74,8 @@ class SinkBatches:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         table = _as_rows(df.toArrow())
+        if table.num_rows == 0 and self.lander is not None:
+            return  # (the first batch takes the member over even when empty)
         if not asyncio.run(self._land(table, int(batch_id))):  # (only when another writer took over)
             raise ConsumerGroupError(
                 f"member {self.member!r}: another writer took over its partitions in the table (its pin moved): "

@@ -179,7 +179,8 @@ class MemberHold:
         self.acked: dict[int, int] = {}  # the next sequence not yet acknowledged by this session, per key
         self.first_where: dict[int, int] = {}  # where a new query starts (``initial``)
         self.planned: tuple[dict[int, int], dict[int, int], list[ReadRange]] | None = None  # the last plan
-        self.verified: set[tuple[str, int, int, int]] = set()  # marks checked, per connection (``check_marks``)
+        #: per stream, the last mark checked and the connection's reconnects then (``check_marks``)
+        self.verified: dict[str, tuple[int, int, int]] = {}
         #: where a stream that went back is read on from (``failOnDataLoss`` false): per mark of
         #: the checkpoint's offset, its positions there and the ones that replace them
         self.rewound: dict[tuple[str, int, int], dict[int, tuple[int, int]]] = {}
@@ -387,9 +388,11 @@ class MemberHold:
     async def marks(self) -> dict[str, list[int]]:
         """Each stream read's last message now, ``[sequence, stored time]`` (``MARKS``): taken
         when a batch is planned, so it is at or after the batch's last message."""
+        streams = self.streams_read()
+        infos = await asyncio.gather(*(r.api.stream_info(s) for s, r in streams.items()))
         out = {}
-        for stream, reader in self.streams_read().items():
-            state = (await reader.api.stream_info(stream)).get("state") or {}
+        for stream, info in zip(streams, infos, strict=True):
+            state = info.get("state") or {}
             seq, ts = int(state.get("last_seq") or 0), stored_ns({"time": state.get("last_ts") or ZERO_TIME})
             if seq > 0 and ts > 0:  # (a store recovered empty may not know its last message's time)
                 out[stream] = [seq, ts]
@@ -403,7 +406,7 @@ class MemberHold:
         where, reconnects = _where(offset), int((getattr(self.nc, "stats", None) or {}).get("reconnects", 0))
         streams = self.streams_read()
         for stream, (seq, ts) in _marks(offset).items():
-            if (stream, seq, ts, reconnects) in self.verified or stream not in streams:
+            if self.verified.get(stream) == (seq, ts, reconnects) or stream not in streams:
                 continue
             went = await find_went_back(streams[stream].api, stream, OriginMark(stream, seq, ts))
             keys = [k for k in where if self._stream_of(k) == stream]
@@ -417,7 +420,7 @@ class MemberHold:
                 log.warning("cg stream source: member=%s: stream %s went back to %s, below this query's checkpoint "
                             "(read up to %d); failOnDataLoss is false: reading on from there", self.member, stream,
                             went.to_seq if went.to_seq is not None else "an unknown sequence", seq)
-            self.verified.add((stream, seq, ts, reconnects))
+            self.verified[stream] = (seq, ts, reconnects)
 
     def where_of(self, offset: dict | None) -> dict[int, int]:
         """The positions of the member's ``offset``, those of a checkpoint in a stream that went
